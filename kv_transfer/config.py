@@ -1,0 +1,42 @@
+"""The connector's settings, read from vLLM's `kv_transfer_config.kv_connector_extra_config`.
+
+The worker process that builds the engine writes them (see `pdserve.engine`); both connector roles
+read the same values, so the scheduler can advertise the address the worker-side server binds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+CONNECTOR_NAME = "PDConnector"
+CONNECTOR_MODULE = "kv_transfer.connector"
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    transport: Literal["tcp", "torch"] = "tcp"
+    host: str = "127.0.0.1"          # where the producer's transfer server binds and is reached
+    port: int = 0                    # producer: transfer server port (must be fixed, not 0, to advertise)
+    model: str = ""                  # compared at handshake
+    lease_s: float = 30.0            # producer: how long KV waits for its consumer
+    pull_timeout_s: float = 30.0     # consumer: one pull's socket/collective timeout
+    max_parallel_pulls: int = 4
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("tcp", "torch"):
+            raise ValueError(f"transport must be 'tcp' or 'torch', not {self.transport!r}")
+        if self.lease_s <= 0 or self.pull_timeout_s <= 0:
+            raise ValueError("lease_s and pull_timeout_s must be positive seconds")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port {self.port} is not a TCP port")
+
+    @classmethod
+    def from_extra(cls, extra: dict | None) -> "ConnectorConfig":
+        extra = dict(extra or {})
+        known = {name: extra[name] for name in cls.__dataclass_fields__ if name in extra}
+        return cls(**known)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"

@@ -1,0 +1,93 @@
+"""pdserve's vLLM KV connector, loaded with
+
+    KVTransferConfig(kv_connector="PDConnector", kv_connector_module_path="kv_transfer.connector",
+                     kv_role="kv_producer" | "kv_consumer", kv_load_failure_policy="recompute",
+                     kv_connector_extra_config=ConnectorConfig fields)
+
+vLLM builds it twice: the SCHEDULER role in the engine core (`PDScheduler`: decides, no bytes) and
+the WORKER role in the model runner (`PDWorker`: moves bytes, no decisions). They share only the
+per-step metadata of `kv_transfer.metadata`. This class only dispatches to the right half.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+)
+
+from kv_transfer.config import ConnectorConfig
+from kv_transfer.metadata import PDConnectorMetadata
+from kv_transfer.scheduler_side import PDScheduler
+from kv_transfer.worker_side import PDWorker
+
+
+class PDConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        transfer = vllm_config.kv_transfer_config
+        config = ConnectorConfig.from_extra(transfer.kv_connector_extra_config)
+        block_size = vllm_config.cache_config.block_size
+        self._scheduler: PDScheduler | None = None
+        self._worker: PDWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = PDScheduler(config, transfer.engine_id or "", block_size)
+        else:
+            self._worker = PDWorker(config, transfer.is_kv_producer, transfer.is_kv_consumer, block_size,
+                                    kv_cache_config.num_blocks)
+
+    # ---- scheduler role --------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> PDConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output) -> None:
+        self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request, block_ids)
+
+    # ---- worker role ---------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if isinstance(meta, PDConnectorMetadata):
+            self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # pulls complete between steps (load_kv_async); nothing loads mid-forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return None  # pull-based: the consumer reads the producer's cache, nothing is pushed
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving, failed = self._worker.get_transfer_results()
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving, failed_recving=failed)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        result = self.get_transfer_results(finished_req_ids)
+        return result.finished_sending or None, result.finished_recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_invalid_block_ids()
+
+    def build_connector_worker_meta(self):
+        return self._worker.take_worker_meta()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()

@@ -1,0 +1,65 @@
+"""What the connector's two halves tell each other each engine step.
+
+scheduler -> worker (`PDConnectorMetadata`): leases to hold (producer), pulls to run and producer
+leases to release (consumer). worker -> scheduler (`PDWorkerMeta`): how each finished pull went,
+so the decode request's final output can report bytes, seconds and errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    transfer_id: str
+    request_id: str
+    block_ids: tuple[int, ...]
+    num_tokens: int
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class PullSpec:
+    request_id: str
+    transfer_id: str
+    address: str
+    remote_block_ids: tuple[int, ...]
+    local_block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    transfer_id: str
+    address: str
+
+
+@dataclass
+class PDConnectorMetadata(KVConnectorMetadata):
+    grants: list[LeaseGrant] = field(default_factory=list)
+    pulls: list[PullSpec] = field(default_factory=list)
+    releases: list[ReleaseSpec] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PullReport:
+    num_bytes: int
+    num_blocks: int
+    seconds: float
+    error: str = ""
+
+    def as_params(self) -> dict:
+        return {"kv_transfer_bytes": self.num_bytes, "kv_transfer_blocks": self.num_blocks,
+                "kv_transfer_s": self.seconds, "kv_load_error": self.error}
+
+
+@dataclass
+class PDWorkerMeta(KVConnectorWorkerMetadata):
+    reports: dict[str, PullReport] = field(default_factory=dict)
+
+    def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
+        if isinstance(other, PDWorkerMeta):
+            self.reports.update(other.reports)
+        return self

@@ -1,0 +1,94 @@
+"""The connector's scheduler half, in the engine-core process. It decides, it never moves bytes.
+
+Producer (request carries `do_remote_decode`): when the prefill request finishes normally, its
+prompt blocks are kept (`request_finished -> True`) under a lease granted to the worker half, and
+the returned params name them for the consumer:
+
+    {"do_remote_prefill": True, "transfer_id", "remote_address", "remote_engine_id",
+     "remote_block_ids", "remote_num_tokens"}
+
+Consumer (request carries those params): the producer's prompt tokens beyond the local prefix-cache
+hit are reported as loaded asynchronously; after vLLM allocates blocks, the worker half is asked to
+pull the producer's blocks into the unhashed ones. If nothing needs pulling, or the request ends
+before it is scheduled, the producer's lease is released instead, so its blocks are never stranded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kv_transfer.config import ConnectorConfig
+from kv_transfer.metadata import LeaseGrant, PDConnectorMetadata, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
+
+
+class PDScheduler:
+    def __init__(self, config: ConnectorConfig, engine_id: str, block_size: int):
+        self.config = config
+        self.engine_id = engine_id
+        self.block_size = block_size
+        self._next = PDConnectorMetadata()
+        self._reports: dict[str, PullReport] = {}
+
+    # ---- consumer ----------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params or {}
+        if not params.get("do_remote_prefill"):
+            return 0, False
+        count = int(params["remote_num_tokens"]) - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        params = request.kv_transfer_params or {}
+        if not params.get("do_remote_prefill"):
+            return
+        params["do_remote_prefill"] = False  # one transfer per request, even if called twice
+        if num_external_tokens <= 0:
+            self._next.releases.append(ReleaseSpec(params["transfer_id"], params["remote_address"]))
+            return
+        group = blocks.blocks[0]
+        num_local_hits = sum(block.block_hash is not None and not block.is_null for block in group)
+        local_ids = blocks.get_unhashed_block_ids()
+        remote_ids = params["remote_block_ids"][num_local_hits : num_local_hits + len(local_ids)]
+        self._next.pulls.append(PullSpec(request.request_id, params["transfer_id"], params["remote_address"],
+                                         tuple(remote_ids), tuple(local_ids)))
+
+    def update_connector_output(self, connector_output) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, PDWorkerMeta):
+            self._reports.update(meta.reports)
+
+    # ---- both ----------------------------------------------------------------------------------
+    def build_connector_meta(self, scheduler_output) -> PDConnectorMetadata:
+        meta, self._next = self._next, PDConnectorMetadata()
+        return meta
+
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        params = request.kv_transfer_params or {}
+        if params.get("do_remote_decode"):
+            return self._finish_producer(request, block_ids, params)
+        if params.get("do_remote_prefill"):  # ended before its blocks were allocated
+            self._next.releases.append(ReleaseSpec(params["transfer_id"], params["remote_address"]))
+        report = self._reports.pop(request.request_id, None)
+        return False, (report.as_params() if report else None)
+
+    def _finish_producer(self, request, block_ids: list[int], params: dict) -> tuple[bool, dict | None]:
+        from vllm.v1.request import RequestStatus
+
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+            return False, None  # aborted or errored: free now, nobody will pull
+        num_tokens = len(request.prompt_token_ids or ())
+        prompt_blocks = tuple(block_ids[: math.ceil(num_tokens / self.block_size)])
+        if not prompt_blocks:
+            return False, None
+        transfer_id = params["transfer_id"]
+        self._next.grants.append(LeaseGrant(transfer_id, request.request_id, prompt_blocks, num_tokens,
+                                            self.config.lease_s))
+        return True, {
+            "do_remote_prefill": True,
+            "transfer_id": transfer_id,
+            "remote_address": self.config.address,
+            "remote_engine_id": self.engine_id,
+            "remote_block_ids": list(prompt_blocks),
+            "remote_num_tokens": num_tokens,
+        }

@@ -1,0 +1,122 @@
+"""The connector's worker half, in the model-runner process. It moves bytes, it never decides.
+
+Producer: serves pulls of leased blocks from a `TransferServer`, reports released and expired
+leases as `finished_sending`. Consumer: runs each requested pull on a small thread pool, releases
+the producer's lease once the bytes are in, and reports the request as `finished_recving` (and, on
+failure, as `failed_recving` with its blocks invalid, so vLLM's `kv_load_failure_policy` applies).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from kv_transfer.config import ConnectorConfig
+from kv_transfer.consumer import PullClient
+from kv_transfer.layout import KVLayout
+from kv_transfer.leases import Lease, LeaseTable
+from kv_transfer.metadata import PDConnectorMetadata, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
+from kv_transfer.producer import TransferServer
+from kv_transfer.wire import TransferError
+
+logger = logging.getLogger(__name__)
+
+
+class PDWorker:
+    def __init__(self, config: ConnectorConfig, is_producer: bool, is_consumer: bool, block_size: int,
+                 num_blocks: int):
+        self.config = config
+        self.is_producer, self.is_consumer = is_producer, is_consumer
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.leases = LeaseTable()
+        self.server: TransferServer | None = None
+        self.client: PullClient | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: dict[str, tuple[PullSpec, Future]] = {}
+        self._invalid_block_ids: set[int] = set()
+        self._reports: dict[str, PullReport] = {}
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        layout = KVLayout(kv_caches, self.num_blocks)
+        compat = layout.compat(self.config.model, self.block_size)
+        if self.is_producer:
+            self.server = TransferServer(layout, compat, self.leases, self.config.host, self.config.port)
+            logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
+        if self.is_consumer:
+            self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s)
+            self._pool = ThreadPoolExecutor(self.config.max_parallel_pulls, thread_name_prefix="pdserve-kv-pull")
+
+    def start_load_kv(self, meta: PDConnectorMetadata) -> None:
+        for grant in meta.grants:
+            self.leases.grant(Lease(grant.transfer_id, grant.request_id, grant.block_ids, grant.num_tokens,
+                                    time.monotonic() + grant.lease_s))
+        for pull in meta.pulls:
+            self._inflight[pull.request_id] = (pull, self._require_pool().submit(self._pull, pull))
+        for release in meta.releases:
+            self._require_pool().submit(self._release, release)
+
+    def get_transfer_results(self) -> tuple[set[str], set[str], set[str]]:
+        """(finished_sending, finished_recving, failed_recving) since the last call."""
+        expired = self.leases.expire()
+        if expired:
+            logger.warning("released %d KV leases nobody pulled in time: %s", len(expired),
+                           [lease.transfer_id for lease in expired])
+        finished_sending = self.leases.take_released()
+        finished_recving, failed_recving = set(), set()
+        for request_id, (pull, future) in list(self._inflight.items()):
+            if not future.done():
+                continue
+            del self._inflight[request_id]
+            finished_recving.add(request_id)
+            report = future.result()
+            self._reports[request_id] = report
+            if report.error:
+                failed_recving.add(request_id)
+                self._invalid_block_ids.update(pull.local_block_ids)
+        return finished_sending, finished_recving, failed_recving
+
+    def take_invalid_block_ids(self) -> set[int]:
+        invalid, self._invalid_block_ids = self._invalid_block_ids, set()
+        return invalid
+
+    def take_worker_meta(self) -> PDWorkerMeta | None:
+        if not self._reports:
+            return None
+        meta, self._reports = PDWorkerMeta(self._reports), {}
+        return meta
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.client is not None:
+            self.client.close()
+
+    def _pull(self, pull: PullSpec) -> PullReport:
+        """Never raises: a failure becomes a report with `error` set."""
+        assert self.client is not None
+        started = time.perf_counter()
+        try:
+            result = self.client.pull(pull.address, pull.transfer_id, pull.remote_block_ids, pull.local_block_ids)
+        except (TransferError, OSError, ValueError) as error:
+            logger.warning("KV pull for %s failed, the prompt will be recomputed: %s", pull.request_id, error)
+            self._release(ReleaseSpec(pull.transfer_id, pull.address))
+            return PullReport(0, 0, time.perf_counter() - started, str(error))
+        self._release(ReleaseSpec(pull.transfer_id, pull.address))
+        return PullReport(result.num_bytes, result.num_blocks, result.seconds)
+
+    def _release(self, release: ReleaseSpec) -> None:
+        assert self.client is not None
+        try:
+            self.client.release(release.address, release.transfer_id)
+        except (TransferError, OSError) as error:  # the producer's lease expiry frees it instead
+            logger.warning("could not release KV %s at %s: %s", release.transfer_id, release.address, error)
+
+    def _require_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            raise RuntimeError("this worker is not a KV consumer (kv_role must be kv_consumer or kv_both)")
+        return self._pool

@@ -1,0 +1,60 @@
+"""The `pdserve` command line: one subcommand per job, each defined in its own module.
+
+A subcommand module exposes `register(subparsers)`, which adds its parser and sets
+`func=<callable(args) -> int>` as the parser default. Modules are imported lazily by name so
+`pdserve --help` stays fast and a subcommand's heavy imports (vLLM, torch) load only when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (subcommand module, one-line summary shown before the module is imported)
+SUBCOMMANDS: dict[str, str] = {
+    "pdserve.commands.make_model": "write a small Hugging Face checkpoint (tiny or bench) to a folder",
+    "pdserve.commands.up": "start a local cluster: redis, router, prefill and decode workers",
+    "pdserve.commands.worker": "run one prefill or decode worker (used by `up`, Ray and Kubernetes)",
+    "pdserve.commands.router": "run the router (gRPC + OpenAI-compatible HTTP)",
+    "pdserve.commands.demo": "send a few prompts through a running cluster and print timings",
+}
+
+DESCRIPTION = """\
+pdserve serves an LLM with prefill and decode on separate vLLM workers: a router sends each
+prompt to a prefill worker, the KV cache travels to a decode worker, which streams the tokens.
+
+Start here:
+  pdserve make-model --size tiny --out models/tiny   # a small model to serve
+  pdserve up --model models/tiny                     # a local cluster, until Ctrl-C
+  pdserve demo --target 127.0.0.1:50051              # a few prompts through it
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdserve", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as missing:
+            if missing.name and module_name.startswith(missing.name):
+                continue  # a subcommand not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

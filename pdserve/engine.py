@@ -1,0 +1,89 @@
+"""Builds the vLLM engine inside a worker, for one of three roles.
+
+- prefill: KV producer; its connector serves the prompt's blocks to decode workers.
+- decode: KV consumer; loads remote prompts, and can also run a short prompt alone.
+- colocated: no connector; vLLM as it is (the baseline and the reference for correctness).
+
+Everything that must match across the cluster for KV bytes to be interchangeable (dtype, block
+size) comes from one `EngineSettings`; the connector re-checks it at every handshake.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig
+
+Role = Literal["prefill", "decode", "colocated"]
+_KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    model: str
+    dtype: str = "bfloat16"
+    block_size: int = 32
+    max_model_len: int = 2048
+    kv_cache_bytes: int = 256 << 20
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    cpu_cores: str = ""   # CPU hosts: cores the engine's threads are bound to, e.g. "0" or "0-1"; "" = vLLM's choice
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size % 32:
+            raise ValueError(f"block_size {self.block_size}: vLLM's CPU backend needs a positive multiple of 32")
+        if self.kv_cache_bytes < (1 << 20):
+            raise ValueError(f"kv_cache_bytes {self.kv_cache_bytes} is too small for any KV block")
+        if self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def engine_args(settings: EngineSettings, role: Role, connector: ConnectorConfig | None = None,
+                engine_id: str = ""):
+    """vLLM `AsyncEngineArgs` for `role`; prefill and decode need a `connector` config."""
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    if settings.cpu_cores:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_cores
+    kv_transfer_config = None
+    if role != "colocated":
+        if connector is None:
+            raise ValueError(f"a {role} engine needs a KV connector config")
+        kv_transfer_config = KVTransferConfig(
+            kv_connector=CONNECTOR_NAME,
+            kv_connector_module_path=CONNECTOR_MODULE,
+            kv_role=_KV_ROLES[role],
+            engine_id=engine_id or None,
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config=asdict(connector),
+        )
+    return AsyncEngineArgs(
+        model=settings.model,
+        dtype=settings.dtype,
+        block_size=settings.block_size,
+        max_model_len=settings.max_model_len,
+        kv_cache_memory_bytes=settings.kv_cache_bytes,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        enforce_eager=True,
+        seed=settings.seed,
+        kv_transfer_config=kv_transfer_config,
+        disable_log_stats=True,
+    )
+
+
+def start_engine(settings: EngineSettings, role: Role, connector: ConnectorConfig | None = None,
+                 engine_id: str = ""):
+    """An `AsyncLLM`; call from inside a running event loop, in a `__main__`-guarded process."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(engine_args(settings, role, connector, engine_id))
