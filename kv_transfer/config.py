@@ -16,7 +16,8 @@ CONNECTOR_MODULE = "kv_transfer.connector"
 @dataclass(frozen=True)
 class ConnectorConfig:
     transport: Literal["tcp", "torch"] = "tcp"
-    host: str = "127.0.0.1"          # where the producer's transfer server binds and is reached
+    host: str = "127.0.0.1"          # where consumers reach the producer's transfer server
+    bind_host: str = ""              # where it listens; "" = `host` (use 0.0.0.0 in containers)
     port: int = 0                    # producer: transfer server port (must be fixed, not 0, to advertise)
     model: str = ""                  # compared at handshake
     lease_s: float = 30.0            # producer: how long KV waits for its consumer

@@ -35,6 +35,15 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def release_transfer(address: str, transfer_id: str, timeout_s: float = 5.0) -> bool:
+    """Tells the producer at `address` it may free the transfer's blocks; True if it still held them.
+
+    Used by the consumer after a pull, and by the router (through the prefill worker) on abort."""
+    with socket.create_connection(split_address(address), timeout=timeout_s) as sock:
+        send_message(sock, {"op": "RELEASE", "transfer_id": transfer_id})
+        return bool(expect(recv_message(sock), "RELEASED")["found"])
+
+
 class _Connection:
     def __init__(self, sock: socket.socket, channel: DataChannel):
         self.sock, self.channel = sock, channel
@@ -78,10 +87,7 @@ class PullClient:
         return PullResult(expected, len(local_block_ids), time.perf_counter() - started)
 
     def release(self, address: str, transfer_id: str) -> bool:
-        """Tells the producer it may free the transfer's blocks; True if it still held them."""
-        with socket.create_connection(split_address(address), timeout=self.timeout_s) as sock:
-            send_message(sock, {"op": "RELEASE", "transfer_id": transfer_id})
-            return bool(expect(recv_message(sock), "RELEASED")["found"])
+        return release_transfer(address, transfer_id, self.timeout_s)
 
     def close(self) -> None:
         with self._lock:
@@ -122,4 +128,4 @@ class PullClient:
         connection.close()
 
 
-__all__ = ["PullClient", "PullResult", "split_address"]
+__all__ = ["PullClient", "PullResult", "release_transfer", "split_address"]

@@ -58,12 +58,13 @@ class LeaseTable:
             return self._active[transfer_id]
 
     def release(self, transfer_id: str) -> bool:
-        """Releases the lease; True if it was active. Unknown ids leave a tombstone."""
+        """Releases the lease; True if it was active. Either way the id is tombstoned, so a late
+        grant is released on arrival and a late pull is refused at once."""
         with self._cond:
+            self._tombstones[transfer_id] = self._clock() + self.TOMBSTONE_S
+            self._cond.notify_all()
             lease = self._active.pop(transfer_id, None)
             if lease is None:
-                self._tombstones[transfer_id] = self._clock() + self.TOMBSTONE_S
-                self._cond.notify_all()
                 return False
             self._released.add(lease.request_id)
             return True

@@ -28,6 +28,7 @@ class PullSpec:
     address: str
     remote_block_ids: tuple[int, ...]
     local_block_ids: tuple[int, ...]
+    num_tokens: int   # prompt tokens whose KV the pull delivers
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,13 @@ class PullReport:
     num_bytes: int
     num_blocks: int
     seconds: float
+    num_tokens: int = 0
     error: str = ""
 
     def as_params(self) -> dict:
         return {"kv_transfer_bytes": self.num_bytes, "kv_transfer_blocks": self.num_blocks,
-                "kv_transfer_s": self.seconds, "kv_load_error": self.error}
+                "kv_transfer_s": self.seconds, "kv_loaded_tokens": 0 if self.error else self.num_tokens,
+                "kv_load_error": self.error}
 
 
 @dataclass

@@ -45,14 +45,14 @@ class TransferServer:
         self._io_timeout_s = io_timeout_s
         self._listener = socket.create_server((host, port), reuse_port=False)
         self._listener.settimeout(0.5)
-        self.address = f"{host}:{self._listener.getsockname()[1]}"
+        self.port = self._listener.getsockname()[1]
         self.stats = ProducerStats()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="pdserve-kv-server", daemon=True)
 
-    def start(self) -> str:
+    def start(self) -> int:
         self._thread.start()
-        return self.address
+        return self.port
 
     def stop(self) -> None:
         self._stopping.set()

@@ -51,7 +51,7 @@ class PDScheduler:
         local_ids = blocks.get_unhashed_block_ids()
         remote_ids = params["remote_block_ids"][num_local_hits : num_local_hits + len(local_ids)]
         self._next.pulls.append(PullSpec(request.request_id, params["transfer_id"], params["remote_address"],
-                                         tuple(remote_ids), tuple(local_ids)))
+                                         tuple(remote_ids), tuple(local_ids), num_external_tokens))
 
     def update_connector_output(self, connector_output) -> None:
         meta = connector_output.kv_connector_worker_meta

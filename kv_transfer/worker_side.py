@@ -43,7 +43,8 @@ class PDWorker:
         layout = KVLayout(kv_caches, self.num_blocks)
         compat = layout.compat(self.config.model, self.block_size)
         if self.is_producer:
-            self.server = TransferServer(layout, compat, self.leases, self.config.host, self.config.port)
+            self.server = TransferServer(layout, compat, self.leases, self.config.bind_host or self.config.host,
+                                         self.config.port)
             logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
         if self.is_consumer:
             self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s)
@@ -105,9 +106,9 @@ class PDWorker:
         except (TransferError, OSError, ValueError) as error:
             logger.warning("KV pull for %s failed, the prompt will be recomputed: %s", pull.request_id, error)
             self._release(ReleaseSpec(pull.transfer_id, pull.address))
-            return PullReport(0, 0, time.perf_counter() - started, str(error))
+            return PullReport(0, 0, time.perf_counter() - started, pull.num_tokens, str(error))
         self._release(ReleaseSpec(pull.transfer_id, pull.address))
-        return PullReport(result.num_bytes, result.num_blocks, result.seconds)
+        return PullReport(result.num_bytes, result.num_blocks, result.seconds, pull.num_tokens)
 
     def _release(self, release: ReleaseSpec) -> None:
         assert self.client is not None

@@ -48,7 +48,7 @@ class DecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("token_ids", "finished", "finish_reason", "kv_transfer_bytes", "kv_transfer_s", "kv_transfer_blocks", "num_cached_tokens", "kv_load_error")
+    __slots__ = ("token_ids", "finished", "finish_reason", "kv_transfer_bytes", "kv_transfer_s", "kv_transfer_blocks", "num_cached_tokens", "kv_load_error", "kv_loaded_tokens")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class DecodeResponse(_message.Message):
     KV_TRANSFER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KV_LOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    KV_LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
     finish_reason: str
@@ -65,7 +66,8 @@ class DecodeResponse(_message.Message):
     kv_transfer_blocks: int
     num_cached_tokens: int
     kv_load_error: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_s: _Optional[float] = ..., kv_transfer_blocks: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., kv_load_error: _Optional[str] = ...) -> None: ...
+    kv_loaded_tokens: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_s: _Optional[float] = ..., kv_transfer_blocks: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., kv_load_error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ...) -> None: ...
 
 class WorkerAbortRequest(_message.Message):
     __slots__ = ("request_id", "transfer_id")
@@ -86,7 +88,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("role", "num_waiting", "num_running", "kv_blocks_used", "kv_blocks_total", "pending_transfers", "recent_ttft_s", "recent_tpot_s", "num_inflight")
+    __slots__ = ("role", "num_waiting", "num_running", "kv_blocks_used", "kv_blocks_total", "pending_transfers", "recent_ttft_s", "recent_tpot_s", "num_inflight", "prompt_tokens_computed", "prompt_tokens_external", "prompt_tokens_local_hit", "worker_id")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +98,10 @@ class Load(_message.Message):
     RECENT_TTFT_S_FIELD_NUMBER: _ClassVar[int]
     RECENT_TPOT_S_FIELD_NUMBER: _ClassVar[int]
     NUM_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_EXTERNAL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_LOCAL_HIT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     role: str
     num_waiting: int
     num_running: int
@@ -105,4 +111,8 @@ class Load(_message.Message):
     recent_ttft_s: float
     recent_tpot_s: float
     num_inflight: int
-    def __init__(self, role: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., pending_transfers: _Optional[int] = ..., recent_ttft_s: _Optional[float] = ..., recent_tpot_s: _Optional[float] = ..., num_inflight: _Optional[int] = ...) -> None: ...
+    prompt_tokens_computed: int
+    prompt_tokens_external: int
+    prompt_tokens_local_hit: int
+    worker_id: str
+    def __init__(self, role: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., pending_transfers: _Optional[int] = ..., recent_ttft_s: _Optional[float] = ..., recent_tpot_s: _Optional[float] = ..., num_inflight: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., prompt_tokens_external: _Optional[int] = ..., prompt_tokens_local_hit: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,35 @@
+"""Engine options shared by every command that starts a vLLM engine (worker, up, bench baselines)."""
+
+from __future__ import annotations
+
+import argparse
+
+from pdserve.engine import EngineSettings
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine (must match across the cluster)")
+    group.add_argument("--model", required=True, help="a Hugging Face checkpoint directory (see `pdserve make-model`)")
+    group.add_argument("--dtype", default="bfloat16", help="weights and KV cache dtype (default: %(default)s)")
+    group.add_argument("--block-size", type=int, default=32, help="KV block size in tokens; a multiple of 32 on CPU")
+    group.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + output, in tokens")
+    group.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache memory per engine, MiB")
+    group.add_argument("--max-num-seqs", type=int, default=64, help="most requests an engine batches at once")
+    group.add_argument("--no-prefix-caching", action="store_true", help="disable vLLM's prefix cache")
+    group.add_argument("--seed", type=int, default=0, help="engine sampling seed")
+
+
+def engine_settings(args: argparse.Namespace, cpu_cores: str = "") -> EngineSettings:
+    return EngineSettings(
+        model=args.model, dtype=args.dtype, block_size=args.block_size, max_model_len=args.max_model_len,
+        kv_cache_bytes=args.kv_cache_mb << 20, max_num_seqs=args.max_num_seqs,
+        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, cpu_cores=cpu_cores,
+    )
+
+
+def engine_option_argv(settings: EngineSettings) -> list[str]:
+    """The command-line form of `settings`, to start a child process with the same engine."""
+    argv = ["--model", settings.model, "--dtype", settings.dtype, "--block-size", str(settings.block_size),
+            "--max-model-len", str(settings.max_model_len), "--kv-cache-mb", str(settings.kv_cache_bytes >> 20),
+            "--max-num-seqs", str(settings.max_num_seqs), "--seed", str(settings.seed)]
+    return argv + ([] if settings.enable_prefix_caching else ["--no-prefix-caching"])

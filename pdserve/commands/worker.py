@@ -1,0 +1,55 @@
+"""`pdserve worker`: one prefill or decode worker process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from pdserve.commands.engine_options import add_engine_options, engine_settings
+
+HELP = """\
+Runs one vLLM engine as a pdserve worker: serves the Worker gRPC API (and grpc.health.v1),
+registers itself in Redis under a TTL lease it renews every heartbeat, and drains in-flight
+requests on SIGTERM. `pdserve up` starts these for you; run one by hand to add capacity.
+"""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("worker", help="run one prefill or decode worker", description=HELP,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--role", choices=["prefill", "decode"], required=True)
+    parser.add_argument("--redis-url", required=True, help="the cluster's registry, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument("--cluster", default="default", help="cluster name: the registry key prefix")
+    parser.add_argument("--worker-id", default=None, help="unique id in the registry (default: random)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in containers)")
+    parser.add_argument("--advertise-host", default=os.environ.get("PDSERVE_ADVERTISE_HOST"),
+                        help="address others reach this worker at (default: --host; env PDSERVE_ADVERTISE_HOST)")
+    parser.add_argument("--grpc-port", type=int, default=0, help="Worker gRPC port (0: any free port)")
+    parser.add_argument("--kv-port", type=int, default=0, help="prefill: KV transfer port (0: any free port)")
+    parser.add_argument("--transport", choices=["tcp", "torch"], default="tcp",
+                        help="KV transport: tcp sockets, or torch.distributed p2p (gloo on CPU, nccl on GPU)")
+    parser.add_argument("--cpu-cores", default="", help="CPU hosts: cores to bind the engine to, e.g. 0 or 0-1")
+    parser.add_argument("--lease-s", type=float, default=30.0, help="prefill: how long KV waits for its consumer")
+    parser.add_argument("--ttl-s", type=float, default=3.0, help="registry lease; a dead worker vanishes after it")
+    parser.add_argument("--heartbeat-s", type=float, default=1.0, help="registry refresh interval")
+    parser.add_argument("--ready-file", default=None, help="write the gRPC address here once serving")
+    add_engine_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdserve.worker.config import WorkerConfig
+    from pdserve.worker.main import run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    extra = {"worker_id": args.worker_id} if args.worker_id else {}
+    config = WorkerConfig(
+        role=args.role, engine=engine_settings(args, args.cpu_cores), redis_url=args.redis_url,
+        cluster=args.cluster, bind_host=args.host, advertise_host=args.advertise_host or args.host,
+        grpc_port=args.grpc_port, kv_port=args.kv_port, transport=args.transport, lease_s=args.lease_s,
+        heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, **extra,
+    )
+    asyncio.run(run_worker(config, ready_file=args.ready_file))
+    return 0

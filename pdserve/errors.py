@@ -1,0 +1,81 @@
+"""pdserve's typed errors and the one table that maps them to gRPC and HTTP status codes.
+
+Raise a `ServeError` subclass anywhere on the request path; the service edges (gRPC servicers,
+the HTTP app, the SDK) translate with `grpc_code`, `http_status` and `from_grpc_code`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class ServeError(Exception):
+    """Base: `message` is safe to show to the client; `field` names the offending input, if any."""
+
+    kind = "internal_error"
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidRequest(ServeError):
+    kind = "invalid_request_error"
+
+
+class Overloaded(ServeError):
+    kind = "overloaded"
+
+
+class NoHealthyWorker(ServeError):
+    kind = "service_unavailable"
+
+
+class Cancelled(ServeError):
+    kind = "cancelled"
+
+
+class DeadlineExceeded(ServeError):
+    kind = "timeout"
+
+
+class InternalError(ServeError):
+    kind = "internal_error"
+
+
+# error type -> (gRPC status, HTTP status). 499 is the de facto "client closed request".
+STATUS_TABLE: dict[type[ServeError], tuple[grpc.StatusCode, int]] = {
+    InvalidRequest: (grpc.StatusCode.INVALID_ARGUMENT, 400),
+    Overloaded: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+    NoHealthyWorker: (grpc.StatusCode.UNAVAILABLE, 503),
+    Cancelled: (grpc.StatusCode.CANCELLED, 499),
+    DeadlineExceeded: (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+    InternalError: (grpc.StatusCode.INTERNAL, 500),
+    ServeError: (grpc.StatusCode.INTERNAL, 500),
+}
+
+
+def grpc_code(error: ServeError) -> grpc.StatusCode:
+    return STATUS_TABLE[_entry(error)][0]
+
+
+def http_status(error: ServeError) -> int:
+    return STATUS_TABLE[_entry(error)][1]
+
+
+def from_grpc_code(code: grpc.StatusCode, message: str) -> ServeError:
+    """The typed error for a status received from a peer (a worker, or the router in the SDK)."""
+    for error_type, (status, _) in STATUS_TABLE.items():
+        if status == code and error_type is not ServeError:
+            return error_type(message)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return InvalidRequest(message)
+    return InternalError(message) if code != grpc.StatusCode.UNKNOWN else InternalError(message or "unknown error")
+
+
+def _entry(error: ServeError) -> type[ServeError]:
+    for error_type in type(error).__mro__:
+        if error_type in STATUS_TABLE:
+            return error_type
+    return ServeError

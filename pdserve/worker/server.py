@@ -1,0 +1,86 @@
+"""The process around one vLLM engine: gRPC `Worker` service, health, registry lease, drain.
+
+Role behaviour lives in `prefill_worker.handler` and `decode_worker.handler`; this module is what
+both roles share. Life of the process:
+
+    start engine -> serve gRPC -> heartbeat into Redis every heartbeat_s
+    SIGTERM/SIGINT -> health NOT_SERVING, leave the registry (no new work is routed here),
+                      wait for in-flight requests (up to drain_timeout_s), stop the engine
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import grpc
+
+from pdserve.errors import InvalidRequest, ServeError, grpc_code
+from pdserve.worker.config import WorkerConfig
+from pdserve.worker.load import EngineLoad
+from pdserve.v1 import worker_pb2, worker_pb2_grpc
+
+@dataclass
+class WorkerRuntime:
+    """What a role handler may use: the engine, the config, and the in-flight bookkeeping."""
+
+    config: WorkerConfig
+    engine: object
+    load: EngineLoad
+    kv_address: str = ""
+    inflight: dict[str, str] = field(default_factory=dict)  # request id -> transfer id ("" if none)
+
+    @property
+    def model_name(self) -> str:
+        return os.path.basename(os.path.normpath(self.config.engine.model))
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, runtime: WorkerRuntime, handler):
+        self.runtime = runtime
+        self.handler = handler
+
+    async def Prefill(self, request, context):
+        self.runtime.inflight[request.request_id] = request.transfer_id
+        try:
+            return await self.handler.prefill(request)
+        except (ServeError, ValueError) as error:
+            await context.abort(grpc_code(as_serve_error(error)), str(error))
+        finally:
+            self.runtime.inflight.pop(request.request_id, None)
+
+    async def Decode(self, request, context):
+        self.runtime.inflight[request.request_id] = ""
+        try:
+            async for response in self.handler.decode(request):
+                yield response
+        except (ServeError, ValueError) as error:
+            await context.abort(grpc_code(as_serve_error(error)), str(error))
+        finally:
+            self.runtime.inflight.pop(request.request_id, None)
+
+    async def Abort(self, request, context):
+        found = request.request_id in self.runtime.inflight
+        await self.runtime.engine.abort(request.request_id)
+        if request.transfer_id:
+            found = await self.handler.release(request.transfer_id) or found
+        return worker_pb2.WorkerAbortResponse(found=found)
+
+    async def GetLoad(self, request, context):
+        load = self.runtime.load
+        return worker_pb2.Load(
+            role=self.runtime.config.role, worker_id=self.runtime.config.worker_id,
+            num_waiting=load.num_waiting, num_running=load.num_running,
+            kv_blocks_used=load.kv_blocks_used, kv_blocks_total=load.kv_blocks_total,
+            pending_transfers=load.pending_transfers, recent_ttft_s=load.recent_ttft_s,
+            recent_tpot_s=load.recent_tpot_s, num_inflight=len(self.runtime.inflight),
+            prompt_tokens_computed=load.prompt_tokens_computed, prompt_tokens_external=load.prompt_tokens_external,
+            prompt_tokens_local_hit=load.prompt_tokens_local_hit,
+        )
+
+
+def as_serve_error(error: Exception) -> ServeError:
+    """vLLM rejects bad input (too long, bad ids) with ValueError: that is the client's error."""
+    if isinstance(error, ServeError):
+        return error
+    return InvalidRequest(str(error))

@@ -1,0 +1,64 @@
+"""The prefill role: run the prompt, return its first token and the KV handle for a decode worker.
+
+The engine is a KV producer: when the one-token request finishes, the connector keeps the prompt's
+blocks under a lease and returns `kv_transfer_params` naming them. If the request is already over
+at its first token (EOS, a stop string, or max_tokens 1), nobody will pull: the lease is released
+here at once, so the blocks are freed now rather than at lease expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from kv_transfer.consumer import release_transfer
+from kv_transfer.wire import TransferError
+from pdserve.errors import InvalidRequest
+from pdserve.sampling import Sampling
+from pdserve.v1 import worker_pb2
+
+
+class PrefillHandler:
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    async def prefill(self, request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse:
+        from vllm.inputs import TokensPrompt
+
+        if not request.transfer_id:
+            raise InvalidRequest("transfer_id is required for a prefill", field="transfer_id")
+        sampling = Sampling.from_proto(request.sampling)
+        kv_params = {"do_remote_decode": True, "transfer_id": request.transfer_id}
+        params = sampling.with_max_tokens(1).to_vllm(extra_args={"kv_transfer_params": kv_params})
+        started = time.perf_counter()
+        final = None
+        async for output in self.runtime.engine.generate(
+            TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)), params, request.request_id
+        ):
+            final = output
+        completion = final.outputs[0]
+        stopped = completion.finish_reason == "stop" or sampling.max_tokens == 1
+        handle = final.kv_transfer_params or {}
+        if stopped and handle:
+            await self.release(request.transfer_id)
+            handle = {}
+        return worker_pb2.PrefillResponse(
+            first_token_id=completion.token_ids[0],
+            finished=stopped,
+            finish_reason=completion.finish_reason or "",
+            kv_transfer_params_json=json.dumps(handle) if handle else "",
+            engine_s=time.perf_counter() - started,
+            num_cached_tokens=final.num_cached_tokens or 0,
+        )
+
+    async def decode(self, request):
+        raise InvalidRequest("this is a prefill worker: send Decode to a decode worker")
+        yield  # pragma: no cover - makes this an async generator like the decode role's
+
+    async def release(self, transfer_id: str) -> bool:
+        """Frees the KV this worker holds for `transfer_id` (no-op if already released)."""
+        try:
+            return await asyncio.to_thread(release_transfer, self.runtime.kv_address, transfer_id)
+        except (TransferError, OSError):
+            return False  # the lease expires on its own
