@@ -1,0 +1,10 @@
+"""The load generator: workloads in, `vllm bench serve`-compatible measurements out.
+
+- `workload`: `RequestSpec` and the arrival processes / length distributions / traces that build them
+- `prompts`: token-id prompts for a spec (shared prefixes, deterministic per seed)
+- `targets/`: the systems under test behind one `Target` protocol (OpenAI HTTP, pdserve gRPC)
+- `runner`: sends a workload (open loop at arrival times, or fixed concurrency) and records every request
+- `metrics`: TTFT, TPOT, ITL, E2EL, throughput, SLO attainment, goodput (pure)
+- `sweep`: the goodput search over offered rates (pure)
+- `harness`, `jobs`, `report`, `plots`: progress bars, tables, JSON and PNGs for `pdserve load`
+"""

@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, str] = {
     "pdserve.commands.worker": "run one prefill or decode worker (used by `up`, Ray and Kubernetes)",
     "pdserve.commands.router": "run the router (gRPC + OpenAI-compatible HTTP)",
     "pdserve.commands.demo": "send a few prompts through a running cluster and print timings",
+    "pdserve.commands.load": "measure an endpoint under load (latency, throughput, SLO attainment) or sweep for goodput",
+    "pdserve.commands.plan": "choose prefill/decode pool sizes for a workload and SLOs by simulation",
 }
 
 DESCRIPTION = """\

@@ -34,6 +34,7 @@ def register(subparsers) -> None:
     parser.add_argument("--lease-s", type=float, default=30.0, help="prefill: how long KV waits for its consumer")
     parser.add_argument("--ttl-s", type=float, default=3.0, help="registry lease; a dead worker vanishes after it")
     parser.add_argument("--heartbeat-s", type=float, default=1.0, help="registry refresh interval")
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
     parser.add_argument("--ready-file", default=None, help="write the gRPC address here once serving")
     add_engine_options(parser)
     parser.set_defaults(func=run)
@@ -51,5 +52,5 @@ def run(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port, kv_port=args.kv_port, transport=args.transport, lease_s=args.lease_s,
         heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, **extra,
     )
-    asyncio.run(run_worker(config, ready_file=args.ready_file))
+    asyncio.run(run_worker(config, ready_file=args.ready_file, metrics_port=args.metrics_port))
     return 0

@@ -13,6 +13,7 @@ from grpc_health.v1._async import HealthServicer
 
 from kv_transfer.config import ConnectorConfig
 from pdserve.engine import engine_args
+from pdserve.metrics import WORKER_GAUGES
 from pdserve.registry import Registry, WorkerRecord
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.config import WorkerConfig, free_port
@@ -64,8 +65,11 @@ def _record(runtime: WorkerRuntime, grpc_address: str, draining: bool) -> Worker
 async def _heartbeat(registry: Registry, runtime: WorkerRuntime, grpc_address: str, stop: asyncio.Event) -> None:
     config = runtime.config
     while not stop.is_set():
+        record = _record(runtime, grpc_address, draining=False)
+        for name, gauge in WORKER_GAUGES.items():
+            gauge.set(getattr(record, name))
         try:
-            await registry.heartbeat(_record(runtime, grpc_address, draining=False), config.ttl_s)
+            await registry.heartbeat(record, config.ttl_s)
         except OSError as error:  # redis down: keep serving, the lease lapses and routers stop sending
             logger.warning("registry heartbeat failed: %s", error)
         try:
@@ -74,7 +78,11 @@ async def _heartbeat(registry: Registry, runtime: WorkerRuntime, grpc_address: s
             pass
 
 
-async def run_worker(config: WorkerConfig, ready_file: str | None = None) -> None:
+async def run_worker(config: WorkerConfig, ready_file: str | None = None, metrics_port: int = 0) -> None:
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=config.bind_host)
     load = EngineLoad()
     engine, kv_address = _start_engine(config, load)
     runtime = WorkerRuntime(config, engine, load, kv_address=kv_address)

@@ -1,0 +1,1 @@
+"""Routing decisions: pure functions over the registry's view of the workers. No I/O here."""

@@ -1,0 +1,133 @@
+"""Benchmark metrics with `vllm bench serve`'s definitions and JSON key names (pure functions).
+
+Per successful request (times from sending it):
+- TTFT: first content chunk; E2EL: last content chunk;
+- TPOT: (E2EL - TTFT) / (output_tokens - 1), only for output_tokens > 1 (for SLO checks a
+  one-token output has TPOT 0, as in vLLM's goodput);
+- ITL: the gaps between consecutive content chunks, pooled over all requests.
+Statistics are mean, median, std and percentiles (numpy's linear interpolation) in ms; an empty
+list reads 0 as in vLLM. Throughputs divide by the run duration and count successful requests
+only. `failed` counts every unsuccessful request (errors and timeouts); `timed_out` is the
+subset that hit the per-request timeout, so completed + failed == every request sent.
+
+SLO attainment is the share of *all sent* requests that succeeded and met every SLO given (a
+failed request misses); `request_goodput` is vLLM's: good requests per second of duration.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadgen.runner import RequestRecord
+
+DEFAULT_PERCENTILES = (90.0, 99.0)
+PHASES = ("queued", "prefill", "kv_transfer", "decode")
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency objectives a request must all meet to count as good; None = not checked."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2el_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s", "e2el_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"SLO {name} must be > 0 seconds (or None to skip it), got {value}")
+
+    @property
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2el_s))
+
+    def as_ms(self) -> dict[str, float]:
+        """vLLM's `--goodput` form: {"ttft": ms, "tpot": ms, "e2el": ms} for the SLOs set."""
+        pairs = (("ttft", self.ttft_s), ("tpot", self.tpot_s), ("e2el", self.e2el_s))
+        return {name: value * 1000 for name, value in pairs if value is not None}
+
+
+def tpot_s(record: RequestRecord) -> float | None:
+    """None for a failed request or a single-token output."""
+    if not record.ok or record.output_tokens <= 1:
+        return None
+    return (record.e2el_s - record.ttft_s) / (record.output_tokens - 1)
+
+
+def meets_slo(record: RequestRecord, slo: SLO) -> bool:
+    if not record.ok:
+        return False
+    checks = ((record.ttft_s, slo.ttft_s), (tpot_s(record) or 0.0, slo.tpot_s), (record.e2el_s, slo.e2el_s))
+    return all(limit is None or value <= limit for value, limit in checks)
+
+
+def slo_attainment(records: Sequence[RequestRecord], slo: SLO) -> float:
+    """Share of the requests (failed ones included, as misses) meeting every SLO; 0 if none."""
+    return sum(meets_slo(r, slo) for r in records) / len(records) if records else 0.0
+
+
+def distribution_ms(name: str, values_s: Sequence[float],
+                    percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """mean/median/std/pXX of `values_s` in ms under vLLM's keys, e.g. mean_ttft_ms, p99_ttft_ms."""
+    values = np.asarray(values_s if len(values_s) else [0.0], dtype=float) * 1000
+    stats = {f"mean_{name}_ms": float(np.mean(values)), f"median_{name}_ms": float(np.median(values)),
+             f"std_{name}_ms": float(np.std(values))}
+    for p in percentiles:
+        stats[f"p{int(p) if int(p) == p else p}_{name}_ms"] = float(np.percentile(values, p))
+    return stats
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | None = None,
+              percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+    """The run's metrics under vLLM's result keys, plus timed_out, slo_attainment, errors and
+    (for pdserve targets) per-phase distributions."""
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    good = [r for r in records if r.ok]
+    total_input = sum(r.prompt_tokens for r in good)
+    total_output = sum(r.output_tokens for r in good)
+    summary: dict[str, Any] = {
+        "duration": duration_s,
+        "num_prompts": len(records),
+        "completed": len(good),
+        "failed": len(records) - len(good),
+        "timed_out": sum(r.status == "timeout" for r in records),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": len(good) / duration_s,
+        "request_goodput": None,
+        "slo_attainment": None,
+        "output_throughput": total_output / duration_s,
+        "total_token_throughput": (total_input + total_output) / duration_s,
+        "output_len_mismatches": sum(r.output_tokens != r.requested_output_tokens for r in good),
+        "errors_by_kind": dict(Counter(r.error[:160] for r in records if not r.ok).most_common()),
+    }
+    if slo is not None and slo.is_set:
+        summary["request_goodput"] = sum(meets_slo(r, slo) for r in records) / duration_s
+        summary["slo_attainment"] = slo_attainment(records, slo)
+    summary |= distribution_ms("ttft", [r.ttft_s for r in good], percentiles)
+    summary |= distribution_ms("tpot", [t for r in good if (t := tpot_s(r)) is not None], percentiles)
+    summary |= distribution_ms("itl", [gap for r in good for gap in r.itls_s], percentiles)
+    summary |= distribution_ms("e2el", [r.e2el_s for r in good], percentiles)
+    summary |= phase_breakdown(good, percentiles)
+    return summary
+
+
+def phase_breakdown(records: Sequence[RequestRecord],
+                    percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """Distributions of pdserve's per-phase timings; empty when no response carried them."""
+    timed = [r.phases for r in records if r.phases is not None]
+    if not timed:
+        return {}
+    stats: dict[str, float] = {}
+    for phase in PHASES:
+        stats |= distribution_ms(phase, [getattr(t, f"{phase}_s") for t in timed], percentiles)
+    stats["mean_kv_bytes"] = float(np.mean([t.kv_bytes for t in timed]))
+    stats["total_kv_bytes"] = float(sum(t.kv_bytes for t in timed))
+    return stats

@@ -1,0 +1,96 @@
+"""Goodput search: the highest offered rate at which >= `target` of requests meet their SLOs.
+
+Pure decision code over a `measure(rate_rps) -> attainment` callable (a real benchmark run, a
+simulator, or a known curve in tests). Attainment is assumed to fall as the rate rises.
+
+1. Bracket: probe `start_rps`; while it passes, double (up to `max_rps`); while it fails,
+   halve (down to `min_rps`). This yields a passing rate `lo` below a failing rate `hi`.
+2. Bisect between them until (hi - lo) <= rel_tol * hi or `max_probes` probes are spent.
+
+The answer is always a rate that was measured and passed (0 when even `min_rps` fails, and
+`max_rps` when it passes); every probe is returned, so a noisy, non-monotone curve is visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    start_rps: float = 1.0
+    min_rps: float = 0.05
+    max_rps: float = 64.0
+    target: float = 0.9  # required SLO attainment (DistServe: 90%)
+    rel_tol: float = 0.05
+    max_probes: int = 12
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_rps <= self.start_rps <= self.max_rps:
+            raise ValueError(
+                f"need 0 < min_rps <= start_rps <= max_rps, got {self.min_rps}, {self.start_rps}, {self.max_rps}"
+            )
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target attainment must be in (0, 1], got {self.target}")
+        if not 0 < self.rel_tol < 1:
+            raise ValueError(f"rel_tol must be in (0, 1), got {self.rel_tol}")
+        if self.max_probes < 1:
+            raise ValueError(f"max_probes must be >= 1, got {self.max_probes}")
+
+
+@dataclass(frozen=True)
+class Probe:
+    rate_rps: float
+    attainment: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    goodput_rps: float  # highest passing rate found (0.0: none passed)
+    probes: tuple[Probe, ...]  # in the order measured
+    bracketed: bool  # False when the answer sits at min_rps/max_rps or probes ran out first
+
+    @property
+    def curve(self) -> list[tuple[float, float]]:
+        """(rate, attainment) sorted by rate, for plotting."""
+        return sorted((p.rate_rps, p.attainment) for p in self.probes)
+
+
+def find_goodput(measure: Callable[[float], float], config: SearchConfig = SearchConfig()) -> SearchResult:
+    probes: list[Probe] = []
+
+    def probe(rate_rps: float) -> bool:
+        attainment = float(measure(rate_rps))
+        probes.append(Probe(rate_rps, attainment, attainment >= config.target))
+        return probes[-1].passed
+
+    lo, hi = _bracket(probe, config, lambda: len(probes))
+    if lo is None:
+        return SearchResult(0.0, tuple(probes), bracketed=False)
+    if hi is None:
+        return SearchResult(lo, tuple(probes), bracketed=False)
+    while hi - lo > config.rel_tol * hi and len(probes) < config.max_probes:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if probe(mid) else (lo, mid)
+    return SearchResult(lo, tuple(probes), bracketed=hi - lo <= config.rel_tol * hi)
+
+
+def _bracket(probe: Callable[[float], bool], config: SearchConfig,
+             spent: Callable[[], int]) -> tuple[float | None, float | None]:
+    """(passing lo, failing hi); lo None: nothing passed; hi None: nothing failed."""
+    rate = config.start_rps
+    if probe(rate):
+        while rate < config.max_rps and spent() < config.max_probes:
+            higher = min(rate * 2, config.max_rps)
+            if not probe(higher):
+                return rate, higher
+            rate = higher
+        return rate, None
+    while rate > config.min_rps and spent() < config.max_probes:
+        lower = max(rate / 2, config.min_rps)
+        if probe(lower):
+            return lower, rate
+        rate = lower
+    return None, rate

@@ -1,0 +1,176 @@
+"""A local cluster of processes: a private Redis, a router, prefill and decode workers.
+
+Used by `pdserve up`, the demo, the tests, the benchmarks and the planner's local actuator.
+Each process is `pdserve <command>` in its own process group; `add_worker`/`remove_worker`
+change the pools while the cluster runs (removal is SIGTERM: the worker drains first).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pdserve.commands.engine_options import engine_option_argv
+from pdserve.engine import EngineSettings
+from pdserve.redis_server import RedisServer, start_redis
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    engine: EngineSettings
+    num_prefill: int = 1
+    num_decode: int = 1
+    transport: Literal["tcp", "torch"] = "tcp"
+    cluster: str = "default"
+    grpc_port: int = 0
+    http_port: int = 0
+    cpu_cores: dict[str, str] = field(default_factory=dict)   # role -> cores, e.g. {"prefill": "0", "decode": "1"}
+    lease_s: float = 30.0
+    ttl_s: float = 3.0
+    local_prefill_max_tokens: int = 0
+    log_dir: str = ""
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    ready_file: Path
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            return self.popen.wait()
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec):
+        self.spec = spec
+        self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="pdserve-logs-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.redis: RedisServer | None = None
+        self.router: Process | None = None
+        self.workers: dict[str, Process] = {}
+        self._ids = itertools.count()
+        self.grpc_target = ""
+        self.http_url = ""
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 240.0) -> "LocalCluster":
+        try:
+            self.redis = start_redis()
+            self.router = self._spawn("router", self._router_argv())
+            for role, count in (("prefill", self.spec.num_prefill), ("decode", self.spec.num_decode)):
+                for _ in range(count):
+                    self.add_worker(role, wait=False)
+            self.wait_ready([self.router, *self.workers.values()], timeout_s)
+            self.grpc_target, self.http_url = self.router.ready_file.read_text().split()
+            return self
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for process in [*self.workers.values(), self.router]:
+            if process is not None:
+                process.signal(signal.SIGTERM)
+        for process in [*self.workers.values(), self.router]:
+            if process is not None:
+                process.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- pools ---------------------------------------------------------------------------------
+    def add_worker(self, role: Role, wait: bool = True, timeout_s: float = 240.0) -> str:
+        worker_id = f"{role}-{next(self._ids)}"
+        process = self._spawn(worker_id, self._worker_argv(role, worker_id))
+        self.workers[worker_id] = process
+        if wait:
+            self.wait_ready([process], timeout_s)
+        return worker_id
+
+    def remove_worker(self, worker_id: str, timeout_s: float = 60.0) -> int:
+        """Drains and stops the worker (SIGTERM); returns its exit code."""
+        return self.workers.pop(worker_id).stop(timeout_s)
+
+    def kill_worker(self, worker_id: str) -> None:
+        """SIGKILL, as a crash: no drain, no deregistration."""
+        process = self.workers.pop(worker_id)
+        process.signal(signal.SIGKILL)
+        process.popen.wait()
+
+    def worker_ids(self, role: Role) -> list[str]:
+        return [w for w in self.workers if w.startswith(role)]
+
+    def worker_address(self, worker_id: str) -> str:
+        return self.workers[worker_id].ready_file.read_text().strip()
+
+    # ---- processes -----------------------------------------------------------------------------
+    def _router_argv(self) -> list[str]:
+        s = self.spec
+        return ["router", "--model", s.engine.model, "--redis-url", self.redis.url, "--cluster", s.cluster,
+                "--grpc-port", str(s.grpc_port), "--http-port", str(s.http_port),
+                "--max-model-len", str(s.engine.max_model_len),
+                "--local-prefill-max-tokens", str(s.local_prefill_max_tokens)]
+
+    def _worker_argv(self, role: Role, worker_id: str) -> list[str]:
+        s = self.spec
+        return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", self.redis.url,
+                "--cluster", s.cluster, "--transport", s.transport, "--cpu-cores", s.cpu_cores.get(role, ""),
+                "--lease-s", str(s.lease_s), "--ttl-s", str(s.ttl_s), *engine_option_argv(s.engine)]
+
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        ready = self.log_dir / f"{name}.ready"
+        ready.unlink(missing_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        env = os.environ | {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+                            "PYTHONUNBUFFERED": "1"}
+        popen = subprocess.Popen([sys.executable, "-m", "pdserve.cli", *argv, "--ready-file", str(ready)],
+                                 stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+        return Process(name, popen, ready, log_path)
+
+    def wait_ready(self, processes: list[Process], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for process in processes:
+            while not (process.ready_file.exists() and process.ready_file.read_text().strip()):
+                if not process.alive():
+                    raise RuntimeError(f"{process.name} exited with {process.popen.returncode}; "
+                                       f"last log lines:\n{_tail(process.log_path)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{process.name} not ready within {timeout_s}s; log:\n{_tail(process.log_path)}")
+                time.sleep(0.1)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"

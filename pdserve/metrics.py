@@ -1,0 +1,38 @@
+"""Prometheus metrics of the router and the workers (names prefixed `pdserve_`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# router
+REQUESTS = Counter("pdserve_requests_total", "Requests finished by the router, by outcome", ["outcome"])
+TTFT = Histogram("pdserve_ttft_seconds", "Router receive to first token", buckets=_LATENCY_BUCKETS_S)
+E2E = Histogram("pdserve_e2e_seconds", "Router receive to last token", buckets=_LATENCY_BUCKETS_S)
+KV_BYTES = Counter("pdserve_kv_transfer_bytes_total", "KV bytes moved prefill -> decode")
+KV_SECONDS = Histogram("pdserve_kv_transfer_seconds", "Time a decode worker spent pulling one request's KV",
+                       buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+KV_LOAD_FAILURES = Counter("pdserve_kv_load_failures_total", "Pulls that failed and were recomputed")
+WORKER_FAILURES = Counter("pdserve_worker_failures_total", "RPCs to workers that failed and were retried", ["role"])
+
+# worker
+WORKER_GAUGES = {
+    name: Gauge(f"pdserve_worker_{name}", help_text)
+    for name, help_text in {
+        "num_running": "Requests the engine is running",
+        "num_waiting": "Requests waiting in the engine",
+        "kv_blocks_used": "KV blocks in use",
+        "kv_blocks_total": "KV blocks in the cache",
+        "num_inflight": "Requests inside the worker's RPC handlers",
+    }.items()
+}
+
+
+def observe_finished(timings) -> None:
+    REQUESTS.labels("ok").inc()
+    TTFT.observe(timings.ttft_s)
+    E2E.observe(timings.e2e_s)
+    if timings.kv_transfer_bytes:
+        KV_BYTES.inc(timings.kv_transfer_bytes)
+        KV_SECONDS.observe(timings.kv_transfer_s)

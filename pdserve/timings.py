@@ -1,0 +1,32 @@
+"""Per-phase timings of one request: made by the router, carried on the last message, read by clients."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class Timings:
+    """Per-phase breakdown of one request, all seconds measured at the router unless noted."""
+
+    queued_s: float = 0.0          # receive -> prefill (or decode-only) RPC sent
+    prefill_s: float = 0.0         # prefill RPC round trip (includes the prefill engine's queue)
+    kv_transfer_bytes: int = 0     # measured by the decode worker's connector
+    kv_transfer_s: float = 0.0     # measured by the decode worker's connector
+    kv_transfer_blocks: int = 0
+    decode_s: float = 0.0          # decode RPC sent -> last token
+    ttft_s: float = 0.0            # receive -> first token ready to send
+    e2e_s: float = 0.0             # receive -> last token ready to send
+    prefill_worker: str = ""
+    decode_worker: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    decode_computed_prompt_tokens: int = 0
+    disaggregated: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_proto(cls, message) -> "Timings":
+        return cls(**{f.name: getattr(message, f.name) for f in fields(cls)})

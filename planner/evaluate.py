@@ -1,0 +1,60 @@
+"""The simulator as the search's oracle: attainment at a rate, and pool sizes for a load.
+
+These close over a workload, the engine settings and the fitted model, and are what
+`pdserve plan` and the online planner pass to `planner.search` and `planner.decision`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from loadgen.metrics import SLO
+from loadgen.workload import RequestSpec, combine, poisson, uniform_lengths
+from planner.decision import PlanFn
+from planner.perf_model import PerfModel
+from planner.pool_sizes import PoolSizes
+from planner.search import AttainmentFn, SearchSettings, fewest_devices
+from planner.simulator import SimSettings, Topology, simulate
+
+WorkloadAt = Callable[[float], Sequence[RequestSpec]]  # rate_rps -> the requests sent at that rate
+
+
+def make_attainment_fn(workload_at: WorkloadAt, settings: SimSettings, model: PerfModel,
+                       slo: SLO) -> AttainmentFn:
+    """attainment(topology, rate): the share of `workload_at(rate)` meeting `slo` in simulation.
+    Results are memoized per (topology, rate)."""
+    cache: dict[tuple[Topology, float], float] = {}
+
+    def attainment(topology: Topology, rate_rps: float) -> float:
+        key = (topology, rate_rps)
+        if key not in cache:
+            cache[key] = simulate(workload_at(rate_rps), topology, settings, model).attainment(slo)
+        return cache[key]
+
+    return attainment
+
+
+def synthetic_workload(num_requests: int, mean_prompt_tokens: float, mean_output_tokens: float,
+                       range_ratio: float = 0.5, seed: int = 0) -> WorkloadAt:
+    """Poisson arrivals at the asked rate, lengths uniform within +-range_ratio of the means."""
+    lengths = uniform_lengths(num_requests, max(1, round(mean_prompt_tokens)), max(1, round(mean_output_tokens)),
+                              range_ratio, seed)
+    return lambda rate_rps: combine(poisson(rate_rps, num_requests, seed), lengths)
+
+
+def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices: int,
+                 search: SearchSettings = SearchSettings(), num_requests: int = 500,
+                 range_ratio: float = 0.5, seed: int = 0) -> PlanFn:
+    """plan(rate, mean prompt, mean output) -> the fewest disaggregated pool sizes meeting the
+    SLOs at that load in simulation, or None if none within `max_devices` does."""
+
+    def plan(rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float) -> PoolSizes | None:
+        workload_at = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)
+        answer = fewest_devices(make_attainment_fn(workload_at, settings, model, slo), rate_rps, max_devices, search,
+                                include_colocated=False)
+        if answer.disaggregated is None:
+            return None
+        topology = answer.disaggregated[0]
+        return PoolSizes(prefill=topology.num_prefill, decode=topology.num_decode)
+
+    return plan

@@ -1,0 +1,174 @@
+"""A performance model fitted to a profile: the time of each phase, in stated functional forms.
+
+Forms (n = tokens, seconds):
+
+- prefill step over chunks [s_i, s_i + k_i):  a + b * sum(k_i) + c * sum((s_i + k_i)^2 - s_i^2)
+  A whole prompt of n tokens chunked by k therefore costs  ceil(n/k) * a + b*n + c*n^2:
+  the per-step overhead is paid once per chunk, the attention term telescopes to n^2.
+- decode step:   a + b * batch_size + c * context_tokens   (context summed over the batch)
+- KV transfer:   latency + kv_bytes / bandwidth            (one line per transport)
+- colocated (mixed) step, vLLM's chunked prefill riding with decodes: one overhead
+  max(a_prefill, a_decode) plus both pools' per-token terms.
+
+Coefficients are fitted by least squares on relative error (rows weighted 1/measured, so a
+10 ms step counts as much as a 1 s prefill) with non-negative coefficients (the best subset
+is kept when an unconstrained fit goes negative). The fit error is the mean absolute
+percentage error (MAPE) per phase, over the profile's own rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.profile import Profile
+
+
+@dataclass(frozen=True)
+class PrefillCoeffs:
+    step_s: float
+    per_token_s: float
+    per_token2_s: float
+
+
+@dataclass(frozen=True)
+class DecodeCoeffs:
+    step_s: float
+    per_seq_s: float
+    per_context_token_s: float
+
+
+@dataclass(frozen=True)
+class TransferCoeffs:
+    latency_s: float
+    bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not self.bytes_per_s > 0:
+            raise ValueError(f"TransferCoeffs.bytes_per_s must be > 0, got {self.bytes_per_s}")
+
+
+@dataclass(frozen=True)
+class PerfModel:
+    """Predicts phase times. Every method is pure and returns seconds >= 0."""
+
+    prefill: PrefillCoeffs
+    decode: DecodeCoeffs
+    transfer: dict[str, TransferCoeffs] = field(default_factory=dict)
+
+    def prefill_step_s(self, num_tokens: int, attention_units: float) -> float:
+        """One prefill-only step computing `num_tokens` whose attention units are
+        sum((s+k)^2 - s^2) over its chunks; 0 for an empty step."""
+        if num_tokens <= 0:
+            return 0.0
+        p = self.prefill
+        return p.step_s + p.per_token_s * num_tokens + p.per_token2_s * attention_units
+
+    def prefill_s(self, prompt_tokens: int, chunk_tokens: int) -> float:
+        """A whole prompt alone, chunked by `chunk_tokens` (what the profile measures)."""
+        num_chunks = -(-prompt_tokens // chunk_tokens)
+        p = self.prefill
+        return num_chunks * p.step_s + p.per_token_s * prompt_tokens + p.per_token2_s * prompt_tokens**2
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        if batch_size <= 0:
+            return 0.0
+        d = self.decode
+        return d.step_s + d.per_seq_s * batch_size + d.per_context_token_s * context_tokens
+
+    def mixed_step_s(self, prefill_tokens: int, attention_units: float,
+                     batch_size: int, context_tokens: int) -> float:
+        """A colocated step: prefill chunks and decodes in one forward pass."""
+        if prefill_tokens <= 0:
+            return self.decode_step_s(batch_size, context_tokens)
+        if batch_size <= 0:
+            return self.prefill_step_s(prefill_tokens, attention_units)
+        p, d = self.prefill, self.decode
+        return (max(p.step_s, d.step_s) + p.per_token_s * prefill_tokens + p.per_token2_s * attention_units
+                + d.per_seq_s * batch_size + d.per_context_token_s * context_tokens)
+
+    def transfer_s(self, kv_bytes: int, transport: str) -> float:
+        coeffs = self.transfer.get(transport)
+        if coeffs is None:
+            raise KeyError(f"transport {transport!r} is not in the profile; "
+                           f"measured transports: {sorted(self.transfer)}")
+        return coeffs.latency_s + kv_bytes / coeffs.bytes_per_s
+
+
+@dataclass(frozen=True)
+class FitReport:
+    model: PerfModel
+    prefill_mape: float
+    decode_mape: float
+    transfer_mape: dict[str, float]
+
+    def lines(self) -> list[str]:
+        p, d = self.model.prefill, self.model.decode
+        out = [
+            f"prefill step  = {p.step_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us*tokens"
+            f" + {p.per_token2_s * 1e9:.4f} ns*tokens^2   (MAPE {self.prefill_mape:.1%})",
+            f"decode step   = {d.step_s * 1e3:.3f} ms + {d.per_seq_s * 1e3:.4f} ms*batch"
+            f" + {d.per_context_token_s * 1e6:.4f} us*context   (MAPE {self.decode_mape:.1%})",
+        ]
+        for name, t in sorted(self.model.transfer.items()):
+            out.append(f"kv transfer [{name}] = {t.latency_s * 1e3:.3f} ms + bytes / "
+                       f"{t.bytes_per_s / 1e9:.3f} GB/s   (MAPE {self.transfer_mape[name]:.1%})")
+        return out
+
+
+def fit_nonnegative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Least squares on relative error with every coefficient >= 0.
+
+    Solves each subset of columns (there are at most three) and keeps the non-negative
+    solution with the smallest weighted residual; dropped columns get 0.
+    """
+    weights = 1.0 / measured
+    a, y = features * weights[:, None], measured * weights
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale  # unit columns: n^2 and a constant differ by 1e7
+    best, best_residual = np.zeros(features.shape[1]), math.inf
+    columns = range(features.shape[1])
+    for size in range(features.shape[1], 0, -1):
+        for subset in itertools.combinations(columns, size):
+            coef, *_ = np.linalg.lstsq(a[:, subset], y, rcond=None)
+            if np.any(coef < 0):
+                continue
+            residual = float(np.sum((a[:, subset] @ coef - y) ** 2))
+            if residual < best_residual - 1e-15:
+                best, best_residual = np.zeros(features.shape[1]), residual
+                best[list(subset)] = coef
+    return best / scale
+
+
+def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
+def fit_perf_model(profile: Profile) -> FitReport:
+    """Fit every phase of `profile`; the report carries the model and its MAPE per phase."""
+    pre = np.array([[r.num_chunks, r.prompt_tokens, r.prompt_tokens**2] for r in profile.prefill], float)
+    pre_y = np.array([r.prefill_s for r in profile.prefill])
+    pre_c = fit_nonnegative(pre, pre_y)
+
+    dec = np.array([[1.0, r.batch_size, r.context_tokens] for r in profile.decode])
+    dec_y = np.array([r.step_s for r in profile.decode])
+    dec_c = fit_nonnegative(dec, dec_y)
+
+    transfer, transfer_mape = {}, {}
+    for name in profile.transports:
+        rows = [r for r in profile.kv_transfer if r.transport == name]
+        x = np.array([[1.0, r.kv_bytes] for r in rows])
+        y = np.array([r.transfer_s for r in rows])
+        c = fit_nonnegative(x, y)
+        if c[1] <= 0:
+            raise ValueError(f"kv_transfer rows for {name!r} do not grow with kv_bytes; "
+                             "re-measure with sizes that differ by at least 10x")
+        transfer[name] = TransferCoeffs(latency_s=float(c[0]), bytes_per_s=float(1.0 / c[1]))
+        transfer_mape[name] = mape(x @ c, y)
+
+    model = PerfModel(PrefillCoeffs(*map(float, pre_c)), DecodeCoeffs(*map(float, dec_c)), transfer)
+    return FitReport(model, mape(pre @ pre_c, pre_y), mape(dec @ dec_c, dec_y), transfer_mape)

@@ -1,0 +1,252 @@
+"""The profile file: what `pdserve profile` measured on one host, for one model and engine setup.
+
+A profile is JSON with a format tag and a version. Version 1 holds:
+
+- `hardware`: cpu model, core count, device ("cpu" or a GPU name);
+- `model`: name, layers, hidden size, attention and KV heads, dtype, KV block size;
+- `engine`: the vLLM settings the measurements were taken with (they bound a step:
+  `max_num_batched_tokens` is the chunk size / token budget, `max_num_seqs` the batch cap,
+  `kv_cache_memory_bytes` the KV capacity per instance);
+- three measured tables:
+  `prefill`  one request alone: `prefill_s` for `prompt_tokens`, chunked by `chunk_tokens`;
+  `decode`   one engine step: `step_s` for `batch_size` sequences holding `context_tokens` in total;
+  `kv_transfer` one transfer: `transfer_s` for `kv_bytes` over `transport`.
+
+`load_profile` validates everything on load and names the field and the fix in its errors;
+the returned `Profile` is frozen. `save_profile` writes the same format back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+PROFILE_FORMAT = "pdserve-profile"
+PROFILE_VERSION = 1
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+MIN_PREFILL_ROWS = 3  # the prefill form has three coefficients
+MIN_DECODE_ROWS = 3
+MIN_TRANSFER_ROWS_PER_TRANSPORT = 2
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message says which field and how to fix it."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ProfileError(message)
+
+
+def _positive_int(owner: str, name: str, value: Any) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+             f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+def _positive_float(owner: str, name: str, value: Any) -> None:
+    _require(isinstance(value, (int, float)) and not isinstance(value, bool)
+             and math.isfinite(value) and value > 0,
+             f"{owner}.{name} must be a positive number of seconds, got {value!r}")
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    cpu_model: str
+    num_cores: int
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        _positive_int("hardware", "num_cores", self.num_cores)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    dtype: str
+    block_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "block_size"):
+            _positive_int("model", name, getattr(self, name))
+        _require(self.dtype in DTYPE_BYTES,
+                 f"model.dtype {self.dtype!r} is unknown; use one of {sorted(DTYPE_BYTES)}")
+        _require(self.hidden_size % self.num_attention_heads == 0,
+                 f"model.hidden_size {self.hidden_size} is not a multiple of "
+                 f"num_attention_heads {self.num_attention_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer, every KV head."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    vllm_version: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_cache_memory_bytes: int
+    enforce_eager: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes"):
+            _positive_int("engine", name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class PrefillSample:
+    prompt_tokens: int
+    chunk_tokens: int
+    prefill_s: float
+
+    def __post_init__(self) -> None:
+        _positive_int("prefill[]", "prompt_tokens", self.prompt_tokens)
+        _positive_int("prefill[]", "chunk_tokens", self.chunk_tokens)
+        _positive_float("prefill[]", "prefill_s", self.prefill_s)
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.prompt_tokens // self.chunk_tokens)
+
+
+@dataclass(frozen=True)
+class DecodeSample:
+    batch_size: int
+    context_tokens: int
+    step_s: float
+
+    def __post_init__(self) -> None:
+        _positive_int("decode[]", "batch_size", self.batch_size)
+        _positive_int("decode[]", "context_tokens", self.context_tokens)
+        _positive_float("decode[]", "step_s", self.step_s)
+
+
+@dataclass(frozen=True)
+class TransferSample:
+    transport: str
+    kv_bytes: int
+    transfer_s: float
+
+    def __post_init__(self) -> None:
+        _require(bool(self.transport), "kv_transfer[].transport must name a transport, e.g. 'tcp'")
+        _positive_int("kv_transfer[]", "kv_bytes", self.kv_bytes)
+        _positive_float("kv_transfer[]", "transfer_s", self.transfer_s)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One host + model + engine setup and its measured tables. Immutable and validated."""
+
+    hardware: HardwareInfo
+    model: ModelInfo
+    engine: EngineSettings
+    prefill: tuple[PrefillSample, ...]
+    decode: tuple[DecodeSample, ...]
+    kv_transfer: tuple[TransferSample, ...]
+    created_at: str = ""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        lengths = {row.prompt_tokens for row in self.prefill}
+        _require(len(lengths) >= MIN_PREFILL_ROWS,
+                 f"prefill needs rows for at least {MIN_PREFILL_ROWS} distinct prompt lengths to fit "
+                 f"a + b*n + c*n^2, got {sorted(lengths)}; measure more prompt lengths")
+        batches = {row.batch_size for row in self.decode}
+        _require(len(self.decode) >= MIN_DECODE_ROWS and len(batches) >= 2,
+                 f"decode needs >= {MIN_DECODE_ROWS} rows over >= 2 batch sizes, got {len(self.decode)} "
+                 f"rows over batch sizes {sorted(batches)}; measure more batch sizes")
+        for transport in self.transports:
+            sizes = {row.kv_bytes for row in self.kv_transfer if row.transport == transport}
+            _require(len(sizes) >= MIN_TRANSFER_ROWS_PER_TRANSPORT,
+                     f"kv_transfer for {transport!r} needs >= 2 distinct kv_bytes to fit "
+                     f"latency + bytes/bandwidth, got {sorted(sizes)}")
+
+    @property
+    def transports(self) -> tuple[str, ...]:
+        return tuple(sorted({row.transport for row in self.kv_transfer}))
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """KV blocks one instance holds, from `kv_cache_memory_bytes` and the model's block size."""
+        return self.engine.kv_cache_memory_bytes // self.model.kv_bytes_per_block
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    _require(isinstance(data, dict), f"{where} must be a JSON object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    _require(not unknown, f"{where} has unknown keys {unknown}; known keys are {sorted(names)}")
+    try:
+        return cls(**data)
+    except TypeError as error:  # a missing required key
+        raise ProfileError(f"{where}: {error}; known keys are {sorted(names)}") from error
+    except ProfileError as error:
+        raise ProfileError(f"{where}: {error}") from error
+
+
+def _rows(cls: type, data: dict[str, Any], key: str) -> tuple[Any, ...]:
+    rows = data.get(key)
+    _require(isinstance(rows, (list, tuple)), f"profile.{key} must be a list of measured rows")
+    return tuple(_build(cls, row, f"profile.{key}[{i}]") for i, row in enumerate(rows))
+
+
+def profile_from_dict(data: dict[str, Any]) -> Profile:
+    """Validate a decoded JSON document and build the `Profile`; raises `ProfileError`."""
+    _require(isinstance(data, dict), "a profile must be a JSON object")
+    _require(data.get("format") == PROFILE_FORMAT,
+             f"not a pdserve profile: 'format' is {data.get('format')!r}, expected {PROFILE_FORMAT!r}")
+    version = data.get("version")
+    _require(version == PROFILE_VERSION,
+             f"profile version {version!r} is not readable by this pdserve (it reads version "
+             f"{PROFILE_VERSION}); re-run `pdserve profile` to write a current one")
+    return Profile(
+        hardware=_build(HardwareInfo, data.get("hardware"), "profile.hardware"),
+        model=_build(ModelInfo, data.get("model"), "profile.model"),
+        engine=_build(EngineSettings, data.get("engine"), "profile.engine"),
+        prefill=_rows(PrefillSample, data, "prefill"),
+        decode=_rows(DecodeSample, data, "decode"),
+        kv_transfer=_rows(TransferSample, data, "kv_transfer"),
+        created_at=str(data.get("created_at", "")),
+        notes=str(data.get("notes", "")),
+    )
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    body = asdict(profile)
+    return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **body}
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ProfileError(f"{path} is not valid JSON ({error}); re-run `pdserve profile`") from error
+    return profile_from_dict(data)
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Write `profile` as JSON: sections indented, one measured row per line."""
+    body = profile_to_dict(profile)
+    tables = ("prefill", "decode", "kv_transfer")
+    head = {key: value for key, value in body.items() if key not in tables}
+    parts = [f"{json.dumps(key)}: {json.dumps(value, indent=2)}" for key, value in head.items()]
+    for key in tables:
+        rows = ",\n".join(f"  {json.dumps(row)}" for row in body[key])
+        parts.append(f"{json.dumps(key)}: [\n{rows}\n]")
+    Path(path).write_text("{\n" + ",\n".join(parts) + "\n}\n")

@@ -1,0 +1,1 @@
+"""Profile files shipped with pdserve: the example profile and its generator."""

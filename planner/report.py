@@ -1,0 +1,125 @@
+"""Tables, JSON and plots of a goodput search (what `pdserve plan` prints and writes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from planner.search import FewestDevices, RateSearch, SplitSearch
+
+
+def search_table(result: SplitSearch, target: float) -> Table:
+    table = Table(title=f"goodput per topology (highest rate with >= {target:.0%} of requests meeting the SLOs)")
+    for name, justify in (("topology", "left"), ("devices", "right"), ("rate req/s", "right"),
+                          ("req/s/device", "right"), ("attainment", "right"), ("", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    marks = {id(result.best): "best", id(result.best_colocated): "best colocated"}
+    for r in result.disaggregated + result.colocated:
+        table.add_row(r.topology.label, str(r.topology.devices), f"{r.max_rate_rps:.3f}",
+                      f"{r.goodput_per_device:.3f}", f"{r.attainment:.1%}", marks.get(id(r), ""),
+                      style="bold green" if id(r) in marks else None)
+    return table
+
+
+def detail_table(title: str, rows: dict[str, dict[str, Any]]) -> Table:
+    """Simulated latency at a chosen operating point; rows: label -> loadgen summary dict."""
+    table = Table(title=title + " (ms)")
+    columns = ("slo_attainment", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+               "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p99_itl_ms")
+    headers = ("attain", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p99")
+    table.add_column("topology@req/s", no_wrap=True)
+    for header in headers:
+        table.add_column(header, justify="right")
+    for label, summary in rows.items():
+        cells = [f"{summary[c]:.1%}" if c == "slo_attainment" else f"{summary[c]:.4g}" for c in columns]
+        table.add_row(label, *cells)
+    return table
+
+
+def fewest_table(answer: FewestDevices, target: float) -> Table:
+    table = Table(title=f"fewest devices meeting the SLOs for >= {target:.0%} of requests at "
+                        f"{answer.rate_rps:g} req/s")
+    for name in ("mode", "topology", "devices", "attainment"):
+        table.add_column(name)
+    for mode, found in (("disaggregated", answer.disaggregated), ("colocated", answer.colocated)):
+        if found is None:
+            table.add_row(mode, "none within the device cap", "-", "-")
+        else:
+            topology, value = found
+            table.add_row(mode, topology.label, str(topology.devices), f"{value:.1%}")
+    return table
+
+
+def search_json(result: SplitSearch) -> dict[str, Any]:
+    def one(r: RateSearch) -> dict[str, Any]:
+        return {"topology": r.topology.label, "num_prefill": r.topology.num_prefill,
+                "num_decode": r.topology.num_decode, "num_colocated": r.topology.num_colocated,
+                "devices": r.topology.devices, "max_rate_rps": r.max_rate_rps,
+                "goodput_per_device": r.goodput_per_device, "attainment": r.attainment,
+                "samples": [{"rate_rps": rate, "attainment": value} for rate, value in r.samples]}
+
+    return {"results": [one(r) for r in result.disaggregated + result.colocated],
+            "best": result.best.topology.label if result.best else None,
+            "best_colocated": result.best_colocated.topology.label if result.best_colocated else None}
+
+
+def plot_search(result: SplitSearch, target: float, path: Path, title: str) -> Path:
+    """Left: goodput per device of every topology. Right: attainment vs rate of the two best."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(13, 4.8))
+    everything = result.disaggregated + result.colocated
+    best = {id(result.best), id(result.best_colocated)}
+    colors = ["tab:orange" if r.topology.is_colocated else "tab:blue" for r in everything]
+    positions = range(len(everything))
+    drawn = bars.bar(positions, [r.goodput_per_device for r in everything], color=colors)
+    for bar, r in zip(drawn, everything):
+        if id(r) in best:
+            bar.set_edgecolor("black")
+            bar.set_linewidth(2)
+    bars.set_xticks(list(positions), [r.topology.label for r in everything], rotation=45, ha="right")
+    bars.set_ylabel("goodput per device (req/s)")
+    bars.set_title("blue: disaggregated N prefill + M decode, orange: colocated (best outlined)")
+    for r, color in ((result.best, "tab:blue"), (result.best_colocated, "tab:orange")):
+        if r is None:
+            continue
+        samples = sorted(r.samples)
+        curves.plot([s[0] for s in samples], [s[1] for s in samples], "o-", color=color,
+                    label=f"{r.topology.label}: {r.max_rate_rps:.2f} req/s")
+    curves.axhline(target, color="gray", linestyle="--", label=f"target {target:.0%}")
+    curves.set_xlabel("offered rate (req/s)")
+    curves.set_ylabel("share of requests meeting TTFT and TPOT SLOs")
+    curves.set_title("attainment vs rate (search samples)")
+    curves.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_fewest(checked: list[tuple[str, float]], answer: FewestDevices, target: float, path: Path) -> Path:
+    """Attainment at the asked rate of every topology the reverse search simulated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(checked) + 2), 4.5))
+    colors = ["tab:orange" if label.endswith("C") else "tab:blue" for label, _ in checked]
+    ax.bar(range(len(checked)), [value for _, value in checked], color=colors)
+    ax.set_xticks(list(range(len(checked))), [label for label, _ in checked], rotation=45, ha="right")
+    ax.axhline(target, color="gray", linestyle="--")
+    ax.set_ylabel("share meeting the SLOs")
+    ax.set_title(f"attainment at {answer.rate_rps:g} req/s of each topology tried (in search order)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

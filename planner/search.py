@@ -1,0 +1,217 @@
+"""Goodput search over pool sizes, as pure functions of an attainment oracle.
+
+`attainment(topology, rate_rps) -> float` is the share of requests meeting every SLO when the
+workload arrives at `rate_rps` (the simulator provides it, tests pass a formula). The search
+assumes attainment does not rise with the rate and does not fall with more instances.
+
+- `max_rate`: the highest rate with attainment >= target (DistServe's goodput), by doubling or
+  halving to a bracket and then bisection to a relative tolerance;
+- `search_splits`: every split N prefill + M decode with N + M <= budget (and K colocated,
+  K <= budget); the best is the highest goodput per device (ties: fewer devices);
+- `fewest_devices`: the reverse question, the smallest N + M (and K) meeting the target at a
+  given rate, walking the staircase of minimal M for each N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.simulator.config import Topology
+
+AttainmentFn = Callable[[Topology, float], float]
+Progress = Callable[[str], None]
+MAX_BRACKET_STEPS = 40
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    target_attainment: float = 0.9
+    rate_hint_rps: float = 1.0  # first rate tried, per device
+    rel_tol: float = 0.02  # bisection stops when (hi - lo) <= rel_tol * lo
+    min_rate_rps: float = 1e-3  # below this a topology counts as never meeting the SLOs
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_attainment <= 1:
+            raise ValueError(f"target_attainment must be in (0, 1], e.g. 0.9; got {self.target_attainment}")
+        if not (self.rate_hint_rps > 0 and self.min_rate_rps > 0 and 0 < self.rel_tol < 1):
+            raise ValueError("rate_hint_rps and min_rate_rps must be > 0 and rel_tol in (0, 1), got "
+                             f"{self.rate_hint_rps}, {self.min_rate_rps}, {self.rel_tol}")
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    """The highest rate found for one topology; `samples` are every (rate, attainment) tried."""
+
+    topology: Topology
+    max_rate_rps: float  # 0.0 when even min_rate_rps misses the target
+    attainment: float  # at max_rate_rps
+    samples: tuple[tuple[float, float], ...]
+
+    @property
+    def goodput_per_device(self) -> float:
+        return self.max_rate_rps / self.topology.devices
+
+
+@dataclass(frozen=True)
+class SplitSearch:
+    disaggregated: tuple[RateSearch, ...]
+    colocated: tuple[RateSearch, ...]
+
+    @property
+    def best(self) -> RateSearch | None:
+        return _best(self.disaggregated)
+
+    @property
+    def best_colocated(self) -> RateSearch | None:
+        return _best(self.colocated)
+
+
+@dataclass(frozen=True)
+class FewestDevices:
+    """The answer to "how few devices meet the SLOs at this rate"; None where none within the cap."""
+
+    rate_rps: float
+    disaggregated: tuple[Topology, float] | None  # (topology, attainment)
+    colocated: tuple[Topology, float] | None
+
+
+def _best(results: tuple[RateSearch, ...]) -> RateSearch | None:
+    feasible = [r for r in results if r.max_rate_rps > 0]
+    if not feasible:
+        return None
+    return max(feasible, key=lambda r: (r.goodput_per_device, -r.topology.devices, r.max_rate_rps))
+
+
+def max_rate(attainment: Callable[[float], float], settings: SearchSettings,
+             rate_hint_rps: float | None = None) -> tuple[float, float, tuple[tuple[float, float], ...]]:
+    """(max rate meeting the target, attainment there, samples). 0.0 if none >= min_rate_rps."""
+    target = settings.target_attainment
+    samples: list[tuple[float, float]] = []
+
+    def passes(rate: float) -> bool:
+        value = attainment(rate)
+        samples.append((rate, value))
+        return value >= target
+
+    rate = rate_hint_rps or settings.rate_hint_rps
+    if passes(rate):
+        lo, hi = rate, None
+        for _ in range(MAX_BRACKET_STEPS):
+            if not passes(lo * 2):
+                hi = lo * 2
+                break
+            lo *= 2
+        if hi is None:
+            raise ValueError(f"attainment still >= {target} at {lo:g} req/s: the attainment function "
+                             "does not fall with the rate; check the workload and SLOs")
+    else:
+        lo, hi = 0.0, rate
+        while hi / 2 >= settings.min_rate_rps:
+            if passes(hi / 2):
+                lo = hi / 2
+                break
+            hi /= 2
+        if lo == 0.0:
+            return 0.0, min(samples, key=lambda s: s[0])[1], tuple(samples)
+    while hi - lo > settings.rel_tol * lo:
+        mid = (lo + hi) / 2
+        if passes(mid):
+            lo = mid
+        else:
+            hi = mid
+    at_lo = max(value for rate, value in samples if rate == lo)
+    return lo, at_lo, tuple(samples)
+
+
+def search_topology(attainment: AttainmentFn, topology: Topology, settings: SearchSettings) -> RateSearch:
+    rate, value, samples = max_rate(lambda r: attainment(topology, r), settings,
+                                    settings.rate_hint_rps * topology.devices)
+    return RateSearch(topology, rate, value, samples)
+
+
+def enumerate_splits(budget_devices: int) -> list[Topology]:
+    """Every N prefill + M decode with N, M >= 1 and N + M <= budget, smallest first."""
+    if budget_devices < 2:
+        raise ValueError(f"a disaggregated split needs a budget of >= 2 devices, got {budget_devices}")
+    return [Topology.disaggregated(n, total - n) for total in range(2, budget_devices + 1) for n in range(1, total)]
+
+
+def search_splits(attainment: AttainmentFn, budget_devices: int, settings: SearchSettings = SearchSettings(),
+                  include_colocated: bool = True, progress: Progress | None = None) -> SplitSearch:
+    """Goodput of every split within the budget (and of K colocated instances, K <= budget)."""
+    splits = enumerate_splits(budget_devices)
+    colocated = [Topology.colocated(k) for k in range(1, budget_devices + 1)] if include_colocated else []
+    results = []
+    for topology in splits + colocated:
+        results.append(search_topology(attainment, topology, settings))
+        if progress:
+            progress(topology.label)
+    return SplitSearch(tuple(r for r in results if not r.topology.is_colocated),
+                       tuple(r for r in results if r.topology.is_colocated))
+
+
+def fewest_devices(attainment: AttainmentFn, rate_rps: float, max_devices: int,
+                   settings: SearchSettings = SearchSettings(), include_colocated: bool = True,
+                   progress: Progress | None = None) -> FewestDevices:
+    """The smallest topology meeting the target at `rate_rps`, at most `max_devices` instances."""
+    target = settings.target_attainment
+
+    def check(topology: Topology) -> float:
+        value = attainment(topology, rate_rps)
+        if progress:
+            progress(topology.label)
+        return value
+
+    best: tuple[Topology, float] | None = None
+    m_pass: int | None = None  # smallest passing M for the previous N: M for this N is no larger
+    for n in range(1, max_devices):
+        if best is not None and n + 1 >= best[0].devices:
+            break
+        m, value = _min_decode(check, n, m_pass, max_devices - n, target)
+        if m is None:
+            continue
+        m_pass = m
+        if value is not None and (best is None or n + m < best[0].devices):
+            best = (Topology.disaggregated(n, m), value)
+    colocated = None
+    if include_colocated:
+        for k in range(1, max_devices + 1):
+            value = check(Topology.colocated(k))
+            if value >= target:
+                colocated = (Topology.colocated(k), value)
+                break
+    return FewestDevices(rate_rps, best, colocated)
+
+
+def _min_decode(check: Callable[[Topology], float], n: int, m_pass: int | None, m_max: int,
+                target: float) -> tuple[int | None, float | None]:
+    """Smallest passing M for N = n, and its attainment.
+
+    Without a bound: (None, None) if (n, m_max) misses, else bisection over 1..m_max. Given that
+    (n-1, m_pass) passed, (n, m_pass) passes too and M <= m_pass: step down while M - 1 still
+    passes. If no smaller M passes the value is None: (n, m_pass) cannot beat (n-1, m_pass), so
+    it is not simulated.
+    """
+    if m_pass is None:
+        if m_max < 1:
+            return None, None
+        value = check(Topology.disaggregated(n, m_max))
+        if value < target:
+            return None, None
+        lo, hi = 0, m_max  # (n, lo) misses (lo = 0 by definition), (n, hi) passes
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            mid_value = check(Topology.disaggregated(n, mid))
+            if mid_value >= target:
+                hi, value = mid, mid_value
+            else:
+                lo = mid
+        return hi, value
+    m, value = m_pass, None
+    while m > 1:
+        lower = check(Topology.disaggregated(n, m - 1))
+        if lower < target:
+            break
+        m, value = m - 1, lower
+    return m, value

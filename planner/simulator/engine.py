@@ -1,0 +1,146 @@
+"""The discrete-event loop: arrivals, step ends and transfer completions on one heap.
+
+Routing is the router's least-loaded policy (`planner.simulator.routing`): the prefill instance
+with the fewest requests in flight, then the decode instance with the fewest requests in flight
+and the least KV in use, chosen when prefill finishes (as the router does) or at arrival
+(`decode_pick`). Colocated instances are chosen the same way.
+
+Events at the same instant are all applied before any idle instance plans its next step, so two
+requests arriving together share a step; at one instant arrivals come first, then transfer
+completions, then step ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import Any
+
+from planner.perf_model import PerfModel
+from planner.simulator import routing
+from planner.simulator.config import SimSettings, SimulationError, Topology
+from planner.simulator.instances import ColocatedInstance, DecodeInstance, PrefillInstance
+from planner.simulator.result import SimResult
+from planner.simulator.state import ItlLog, SimRequest
+
+ARRIVAL, TRANSFER_DONE, STEP_END = 0, 1, 2
+Instance = PrefillInstance | DecodeInstance | ColocatedInstance
+
+
+def simulate(requests: Sequence[Any], topology: Topology, settings: SimSettings, model: PerfModel) -> SimResult:
+    """Replay `requests` (objects with arrival_s, prompt_tokens, output_tokens, e.g.
+    `loadgen.workload.RequestSpec`) through `topology`. Deterministic; every request finishes.
+
+    Raises `SimulationError` for a request that could never fit one instance's KV cache.
+    Prefix caching and conditional disaggregation are not modelled (every prompt is prefilled
+    in full on a prefill instance), nor KV memory on prefill instances.
+    """
+    sim_requests = [SimRequest(i, float(r.arrival_s), int(r.prompt_tokens), int(r.output_tokens))
+                    for i, r in enumerate(requests)]
+    _check_requests(sim_requests, settings)
+    return _Cluster(topology, settings, model).run(sim_requests)
+
+
+def _check_requests(requests: list[SimRequest], settings: SimSettings) -> None:
+    for r in requests:
+        if r.prompt_tokens < 1 or r.output_tokens < 1 or r.arrival_s < 0:
+            raise SimulationError(f"request {r.index} needs prompt_tokens >= 1, output_tokens >= 1 and "
+                                  f"arrival_s >= 0; got {r.prompt_tokens}, {r.output_tokens}, {r.arrival_s}")
+        needed = settings.blocks_for(r.prompt_tokens + r.output_tokens)
+        if needed > settings.num_kv_blocks:
+            raise SimulationError(
+                f"request {r.index} ({r.prompt_tokens} prompt + {r.output_tokens} output tokens) needs "
+                f"{needed} KV blocks but an instance holds {settings.num_kv_blocks}; raise "
+                "kv_cache_memory_bytes or cap the workload's lengths")
+
+
+class _Cluster:
+    def __init__(self, topology: Topology, settings: SimSettings, model: PerfModel) -> None:
+        self.topology, self.settings = topology, settings
+        self.itl = ItlLog()
+        self.prefill = [PrefillInstance(i, settings, model) for i in range(topology.num_prefill)]
+        self.decode = [DecodeInstance(i, settings, model, self.itl) for i in range(topology.num_decode)]
+        self.colocated = [ColocatedInstance(i, settings, model, self.itl) for i in range(topology.num_colocated)]
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self._dirty: dict[int, Instance] = {}
+
+    def _push(self, at_s: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self._heap, (at_s, kind, self._seq, payload))
+        self._seq += 1
+
+    def run(self, requests: list[SimRequest]) -> SimResult:
+        for request in requests:
+            self._push(request.arrival_s, ARRIVAL, request)
+        heap = self._heap
+        while heap:
+            now, kind, _, payload = heapq.heappop(heap)
+            if kind == ARRIVAL:
+                self._on_arrival(payload)
+            elif kind == TRANSFER_DONE:
+                instance, request = payload
+                instance.transfer_done(request)
+                self._dirty[id(instance)] = instance
+            else:
+                self._on_step_end(payload, now)
+            if not heap or heap[0][0] > now:
+                self._start_steps(now)
+        unfinished = [r.index for r in requests if r.finish_s is None]
+        if unfinished:
+            raise SimulationError(f"{len(unfinished)} requests never finished (first: {unfinished[:5]}); "
+                                  "this is a simulator bug, please report it with the workload")
+        busy = {"prefill": [i.busy_s for i in self.prefill], "decode": [i.busy_s for i in self.decode],
+                "colocated": [i.busy_s for i in self.colocated]}
+        return SimResult.from_requests(requests, self.topology, self.itl, busy)
+
+    def _start_steps(self, now: float) -> None:
+        for instance in self._dirty.values():
+            end_s = instance.start_step(now)
+            if end_s is not None:
+                self._push(end_s, STEP_END, instance)
+        self._dirty.clear()
+
+    def _on_arrival(self, request: SimRequest) -> None:
+        if self.colocated:
+            instance = routing.pick(self.colocated)
+            instance.enqueue(request)
+        else:
+            instance = routing.pick(self.prefill)
+            instance.enqueue(request)
+            if self.settings.decode_pick == "arrival" and request.output_tokens > 1:
+                self._assign_decode(request)
+        self._dirty[id(instance)] = instance
+
+    def _assign_decode(self, request: SimRequest) -> DecodeInstance:
+        instance = routing.pick(self.decode)
+        instance.assigned += 1
+        request.decode_instance = instance.index
+        return instance
+
+    def _on_step_end(self, instance: Instance, now: float) -> None:
+        self._dirty[id(instance)] = instance
+        if isinstance(instance, PrefillInstance):
+            for request in instance.finish_step(now):
+                self._hand_off(request, now)
+        elif isinstance(instance, DecodeInstance):
+            _, started = instance.finish_step(now)
+            self._push_transfers(instance, started)
+        else:
+            instance.finish_step(now)
+
+    def _hand_off(self, request: SimRequest, now: float) -> None:
+        """Prefill is done and the first token is out; move the request to a decode instance."""
+        if request.output_tokens == 1:  # nothing left to decode
+            request.transfer_start_s = request.transfer_end_s = now
+            request.first_decode_token_s = request.finish_s = now
+            return
+        if request.decode_instance is None:
+            decode = self._assign_decode(request)
+        else:
+            decode = self.decode[request.decode_instance]
+        self._push_transfers(decode, decode.enqueue(request, now))
+        self._dirty[id(decode)] = decode
+
+    def _push_transfers(self, decode: DecodeInstance, started: list[SimRequest]) -> None:
+        for request in started:
+            self._push(request.transfer_end_s, TRANSFER_DONE, (decode, request))

@@ -1,0 +1,240 @@
+"""The three kinds of simulated engine instance, each a step loop driven by the event loop.
+
+Protocol with the loop: `start_step(now)` returns the step's end time (or None when there is
+nothing to run or a step is already running); `finish_step(now)` applies the step and returns
+what happened. Scheduling mirrors vLLM v1: FCFS, running work first, chunked prefill within a
+token budget, at most `max_num_seqs` requests admitted, head-of-line blocking on KV blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from planner.perf_model import PerfModel
+from planner.simulator.config import SimSettings
+from planner.simulator.state import DecodeBatch, ItlLog, SimRequest
+
+Chunk = tuple[SimRequest, int]
+
+
+def plan_chunks(queue: Iterable[SimRequest], budget: int, max_seqs: int, now: float,
+                plan: list[Chunk]) -> tuple[int, float]:
+    """Give FCFS chunks of `queue` up to `budget` tokens, appending (request, tokens) to `plan`.
+    Returns (tokens, attention units). Every planned request but the last completes its prompt."""
+    tokens, units = 0, 0.0
+    for request in queue:
+        if budget <= 0 or len(plan) >= max_seqs:
+            break
+        start = request.prefilled_tokens
+        chunk = min(request.prompt_tokens - start, budget)
+        plan.append((request, chunk))
+        tokens += chunk
+        budget -= chunk
+        units += (start + chunk) ** 2 - start**2
+        if request.prefill_start_s is None:
+            request.prefill_start_s = now
+    return tokens, units
+
+
+def apply_chunks(queue: deque[SimRequest], plan: list[Chunk], now: float) -> list[SimRequest]:
+    """Credit the planned chunks; pop and return the requests whose prompt is now complete
+    (their first token is sampled at the end of this step)."""
+    completed = []
+    for request, chunk in plan:
+        request.prefilled_tokens += chunk
+        if request.prefilled_tokens == request.prompt_tokens:
+            if queue[0] is request:  # FCFS: completed requests are at the front
+                queue.popleft()
+            else:
+                queue.remove(request)
+            request.first_token_s = now
+            completed.append(request)
+    return completed
+
+
+class PrefillInstance:
+    """Prefill only; a request is in flight here until its first token."""
+
+    def __init__(self, index: int, settings: SimSettings, model: PerfModel) -> None:
+        self.index, self._settings, self._model = index, settings, model
+        self.queue: deque[SimRequest] = deque()
+        self.busy_s = 0.0
+        self._plan: list[Chunk] = []
+        self._running = False
+
+    def in_flight(self) -> int:
+        return len(self.queue)
+
+    def kv_usage(self) -> float:
+        return 0.0
+
+    def enqueue(self, request: SimRequest) -> None:
+        self.queue.append(request)
+
+    def start_step(self, now: float) -> float | None:
+        if self._running or not self.queue:
+            return None
+        s = self._settings
+        tokens, units = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
+        duration = self._model.prefill_step_s(tokens, units)
+        self._running, self.busy_s = True, self.busy_s + duration
+        return now + duration
+
+    def finish_step(self, now: float) -> list[SimRequest]:
+        completed = apply_chunks(self.queue, self._plan, now)
+        self._plan, self._running = [], False
+        return completed
+
+
+class DecodeInstance:
+    """Decode only. A request waits for KV blocks, pulls its KV over one link (transfers into one
+    instance are serialized), joins the running batch at the next step boundary.
+    A request is in flight here (`assigned`) from routing until its last token."""
+
+    def __init__(self, index: int, settings: SimSettings, model: PerfModel, itl: ItlLog) -> None:
+        self.index, self._settings, self._model, self._itl = index, settings, model, itl
+        self.waiting: deque[SimRequest] = deque()
+        self.batch = DecodeBatch()
+        self.assigned = 0
+        self.used_blocks = 0
+        self.admitted = 0
+        self.busy_s = 0.0
+        self._link_free_s = 0.0
+        self._ready: list[SimRequest] = []
+        self._first_step: list[SimRequest] = []
+        self._step_start_s: float | None = None
+
+    def in_flight(self) -> int:
+        return self.assigned
+
+    def kv_usage(self) -> float:
+        return self.used_blocks / self._settings.num_kv_blocks
+
+    def enqueue(self, request: SimRequest, now: float) -> list[SimRequest]:
+        """Queue a prefilled request; returns the requests whose transfer starts now."""
+        self.waiting.append(request)
+        return self._admit(now)
+
+    def _admit(self, now: float) -> list[SimRequest]:
+        s, started = self._settings, []
+        while self.waiting and self.admitted < s.max_num_seqs:
+            request = self.waiting[0]
+            blocks = s.blocks_for(request.prompt_tokens + request.output_tokens)
+            if self.used_blocks + blocks > s.num_kv_blocks:
+                break
+            self.waiting.popleft()
+            request.blocks, self.used_blocks, self.admitted = blocks, self.used_blocks + blocks, self.admitted + 1
+            request.transfer_start_s = max(now, self._link_free_s)
+            kv_bytes = s.kv_bytes_for(request.prompt_tokens)
+            request.transfer_end_s = request.transfer_start_s + self._model.transfer_s(kv_bytes, s.transport)
+            self._link_free_s = request.transfer_end_s
+            started.append(request)
+        return started
+
+    def transfer_done(self, request: SimRequest) -> None:
+        self._ready.append(request)
+
+    def start_step(self, now: float) -> float | None:
+        if self._step_start_s is not None:
+            return None
+        for request in self._ready:
+            self.batch.join(request, request.output_tokens - 1, request.prompt_tokens + 1)
+        self._first_step, self._ready = self._ready, []
+        if self.batch.size == 0:
+            return None
+        duration = self._model.decode_step_s(self.batch.size, self.batch.context_tokens)
+        self._step_start_s, self.busy_s = now, self.busy_s + duration
+        return now + duration
+
+    def finish_step(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
+        """Returns (finished requests, requests whose transfer starts now)."""
+        self._itl.record_step(now - self._step_start_s, self.batch.size - len(self._first_step))
+        for request in self._first_step:
+            request.first_decode_token_s = now
+        finished = self.batch.advance()
+        for request in finished:
+            request.finish_s = now
+            self.used_blocks -= request.blocks
+            self.admitted -= 1
+            self.assigned -= 1
+        self._step_start_s, self._first_step = None, []
+        return finished, self._admit(now)
+
+
+class ColocatedInstance:
+    """vLLM alone: decodes (one token each) and prefill chunks share a step's token budget.
+    A request reserves its whole sequence's blocks when it is first scheduled, and is in flight
+    (`assigned`) from arrival to its last token."""
+
+    def __init__(self, index: int, settings: SimSettings, model: PerfModel, itl: ItlLog) -> None:
+        self.index, self._settings, self._model, self._itl = index, settings, model, itl
+        self.waiting: deque[SimRequest] = deque()
+        self.prefilling: deque[SimRequest] = deque()
+        self.batch = DecodeBatch()
+        self.assigned = 0
+        self.used_blocks = 0
+        self.busy_s = 0.0
+        self._ready: list[SimRequest] = []
+        self._first_step: list[SimRequest] = []
+        self._plan: list[Chunk] = []
+        self._step_start_s: float | None = None
+
+    def in_flight(self) -> int:
+        return self.assigned
+
+    def kv_usage(self) -> float:
+        return self.used_blocks / self._settings.num_kv_blocks
+
+    def enqueue(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+        self.assigned += 1
+
+    def _admit_one(self) -> bool:
+        s, request = self._settings, self.waiting[0]
+        blocks = s.blocks_for(request.prompt_tokens + request.output_tokens)
+        admitted = len(self.prefilling) + self.batch.size + len(self._ready)
+        if self.used_blocks + blocks > s.num_kv_blocks or admitted >= s.max_num_seqs:
+            return False
+        self.prefilling.append(self.waiting.popleft())
+        request.blocks, self.used_blocks = blocks, self.used_blocks + blocks
+        return True
+
+    def start_step(self, now: float) -> float | None:
+        if self._step_start_s is not None:
+            return None
+        for request in self._ready:
+            self.batch.join(request, request.output_tokens - 1, request.prompt_tokens + 1)
+        self._first_step, self._ready = self._ready, []
+        s = self._settings
+        budget = s.token_budget - self.batch.size
+        tokens, units = plan_chunks(self.prefilling, budget, s.max_num_seqs, now, self._plan)
+        while self.waiting and tokens < budget and self._admit_one():
+            more, more_units = plan_chunks((self.prefilling[-1],), budget - tokens, s.max_num_seqs, now, self._plan)
+            tokens, units = tokens + more, units + more_units
+        if tokens == 0 and self.batch.size == 0:
+            return None
+        duration = self._model.mixed_step_s(tokens, units, self.batch.size, self.batch.context_tokens)
+        self._step_start_s, self.busy_s = now, self.busy_s + duration
+        return now + duration
+
+    def finish_step(self, now: float) -> list[SimRequest]:
+        """Returns the requests finished by this step."""
+        if self.batch.size:
+            self._itl.record_step(now - self._step_start_s, self.batch.size - len(self._first_step))
+        for request in self._first_step:
+            request.first_decode_token_s = now
+        finished = self.batch.advance()
+        for request in apply_chunks(self.prefilling, self._plan, now):
+            request.transfer_start_s = request.transfer_end_s = now
+            if request.output_tokens == 1:
+                request.first_decode_token_s = now
+                finished.append(request)
+            else:
+                self._ready.append(request)
+        for request in finished:
+            request.finish_s = now
+            self.used_blocks -= request.blocks
+            self.assigned -= 1
+        self._step_start_s, self._plan, self._first_step = None, [], []
+        return finished

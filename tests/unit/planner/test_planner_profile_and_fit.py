@@ -1,0 +1,98 @@
+"""The profile file format and the performance model fitted to it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planner.perf_model import fit_nonnegative, fit_perf_model
+from planner.profile import (
+    PROFILE_VERSION,
+    DecodeSample,
+    PrefillSample,
+    ProfileError,
+    TransferSample,
+    load_profile,
+    profile_from_dict,
+    profile_to_dict,
+    save_profile,
+)
+from planner.profiles.example import EXAMPLE_PROFILE_PATH, build_example_profile
+
+
+def test_checked_in_example_profile_is_what_its_generator_builds():
+    assert load_profile(EXAMPLE_PROFILE_PATH) == build_example_profile()
+
+
+def test_example_profile_derives_kv_sizes_of_the_bench_model():
+    profile = build_example_profile()
+    # 2 (K, V) x 12 layers x 4 KV heads x 64 head dim x 2 bytes (bf16)
+    assert profile.model.kv_bytes_per_token == 12_288
+    assert profile.model.kv_bytes_per_block == 393_216
+    assert profile.num_kv_blocks == (1 << 30) // 393_216 == 2730
+    assert profile.transports == ("tcp",)
+
+
+def test_save_then_load_round_trips(tmp_path):
+    path = tmp_path / "profile.json"
+    save_profile(build_example_profile(), path)
+    assert load_profile(path) == build_example_profile()
+    assert json.loads(path.read_text())["version"] == PROFILE_VERSION
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(version=99), "profile version 99 is not readable"),
+    (lambda d: d.update(format="other"), "not a pdserve profile"),
+    (lambda d: d["model"].update(dtype="int3"), "model.dtype 'int3' is unknown"),
+    (lambda d: d["model"].update(colour="red"), r"profile.model has unknown keys \['colour'\]"),
+    (lambda d: d["engine"].pop("max_num_seqs"), "profile.engine: .*max_num_seqs"),
+    (lambda d: d.update(prefill=d["prefill"][:2]), "prefill needs rows for at least 3 distinct prompt lengths"),
+    (lambda d: d["decode"][0].update(step_s=-1.0), r"profile.decode\[0\]: decode\[\].step_s must be a positive number"),
+    (lambda d: d.update(kv_transfer=d["kv_transfer"][:1]), "kv_transfer for 'tcp' needs >= 2 distinct kv_bytes"),
+])
+def test_invalid_profiles_are_refused_with_the_field_named(mutate, message):
+    data = profile_to_dict(build_example_profile())
+    mutate(data)
+    with pytest.raises(ProfileError, match=message):
+        profile_from_dict(data)
+
+
+def test_fit_recovers_known_coefficients_from_exact_synthetic_tables():
+    a, b, c = 0.02, 3e-4, 5e-8
+    prefill = tuple(PrefillSample(n, k, -(-n // k) * a + b * n + c * n * n)
+                    for n, k in [(64, 2048), (256, 2048), (1000, 2048), (2048, 2048), (2048, 256), (1500, 512)])
+    decode = tuple(DecodeSample(bs, ctx, 0.008 + 0.0012 * bs + 4e-7 * ctx)
+                   for bs, ctx in [(1, 100), (4, 2000), (16, 3000), (32, 40000), (8, 8000)])
+    transfer = tuple(TransferSample("torch", size, 0.002 + size / 5e9) for size in (100_000, 1_000_000, 10_000_000))
+    profile = build_example_profile()
+    profile = type(profile)(profile.hardware, profile.model, profile.engine, prefill, decode, transfer)
+    report = fit_perf_model(profile)
+    p, d, t = report.model.prefill, report.model.decode, report.model.transfer["torch"]
+    assert (p.step_s, p.per_token_s, p.per_token2_s) == pytest.approx((a, b, c), rel=1e-6)
+    assert (d.step_s, d.per_seq_s, d.per_context_token_s) == pytest.approx((0.008, 0.0012, 4e-7), rel=1e-6)
+    assert (t.latency_s, t.bytes_per_s) == pytest.approx((0.002, 5e9), rel=1e-6)
+    assert report.prefill_mape < 1e-9 and report.decode_mape < 1e-9 and report.transfer_mape["torch"] < 1e-9
+
+
+def test_fit_keeps_coefficients_non_negative():
+    # y = 2x exactly, plus a column that would take a negative weight: it is dropped (0)
+    x = np.array([[1.0, 1.0], [2.0, 1.0], [3.0, 1.0], [4.0, 1.0]])
+    y = np.array([1.9, 4.0, 6.0, 8.1])
+    coef = fit_nonnegative(x, y)
+    assert coef[1] == 0.0 and coef[0] > 0
+
+
+def test_example_profile_fit_reports_its_error_and_matches_the_anchors():
+    report = fit_perf_model(build_example_profile())
+    model = report.model
+    assert model.prefill_s(1024, 2048) == pytest.approx(0.30, rel=0.03)
+    assert model.decode_step_s(1, 512) == pytest.approx(0.011, rel=0.05)
+    assert model.decode_step_s(8, 8 * 512) == pytest.approx(0.022, rel=0.06)
+    assert model.decode_step_s(32, 32 * 512) == pytest.approx(0.071, rel=0.08)
+    assert model.transfer_s(2_000_000_000, "tcp") == pytest.approx(1.0, rel=0.02)
+    assert report.prefill_mape < 0.02 and report.decode_mape < 0.05 and report.transfer_mape["tcp"] < 0.02
+    assert any("MAPE" in line and "decode" in line for line in report.lines())
+    with pytest.raises(KeyError, match="transport 'nccl' is not in the profile"):
+        model.transfer_s(1, "nccl")

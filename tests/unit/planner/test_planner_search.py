@@ -1,0 +1,93 @@
+"""The goodput search on a synthetic model with a known optimum.
+
+Model: N prefill + M decode serve up to min(3N, 2M) req/s (prefill does 3 req/s per device,
+decode 2); K colocated instances serve 1.1K req/s. Below capacity every request meets the SLOs,
+above it half do. Goodput per device is best at N:M = 2:3 (1.2 req/s per device).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.search import SearchSettings, enumerate_splits, fewest_devices, max_rate, search_splits
+from planner.simulator import Topology
+
+
+def capacity_rps(topology: Topology) -> float:
+    if topology.is_colocated:
+        return 1.1 * topology.num_colocated
+    return min(3.0 * topology.num_prefill, 2.0 * topology.num_decode)
+
+
+def synthetic_attainment(topology: Topology, rate_rps: float) -> float:
+    return 1.0 if rate_rps <= capacity_rps(topology) else 0.5
+
+
+def test_enumerate_splits_covers_every_n_plus_m_within_the_budget():
+    labels = [t.label for t in enumerate_splits(4)]
+    assert labels == ["1P+1D", "1P+2D", "2P+1D", "1P+3D", "2P+2D", "3P+1D"]
+
+
+def test_search_finds_the_known_optimal_split_and_its_rate():
+    seen: list[str] = []
+    result = search_splits(synthetic_attainment, 5, SearchSettings(rel_tol=0.01), progress=seen.append)
+    assert result.best.topology == Topology.disaggregated(2, 3)
+    assert 6.0 / 1.01 <= result.best.max_rate_rps <= 6.0
+    assert result.best.goodput_per_device == pytest.approx(1.2, rel=0.01)
+    assert result.best.attainment == 1.0
+    assert result.best_colocated.goodput_per_device == pytest.approx(1.1, rel=0.01)
+    assert len(result.disaggregated) == 10 and len(result.colocated) == 5
+    assert seen[0] == "1P+1D" and seen[-1] == "5C" and len(seen) == 15
+
+
+def test_every_rate_found_is_within_tolerance_below_capacity():
+    result = search_splits(synthetic_attainment, 4, SearchSettings(rel_tol=0.02))
+    for r in result.disaggregated + result.colocated:
+        cap = capacity_rps(r.topology)
+        assert cap / 1.02 <= r.max_rate_rps <= cap, r.topology.label
+
+
+def test_max_rate_is_zero_when_even_the_lowest_rate_misses():
+    rate, value, samples = max_rate(lambda r: 0.2, SearchSettings(min_rate_rps=0.1, rate_hint_rps=1.0))
+    assert rate == 0.0 and value == 0.2
+    assert [s[0] for s in samples] == [1.0, 0.5, 0.25, 0.125]
+
+
+def test_max_rate_refuses_an_attainment_that_never_falls():
+    with pytest.raises(ValueError, match="does not fall with the rate"):
+        max_rate(lambda r: 1.0, SearchSettings())
+
+
+@pytest.mark.parametrize("rate, disaggregated, colocated", [
+    (2.0, Topology.disaggregated(1, 1), Topology.colocated(2)),
+    (6.0, Topology.disaggregated(2, 3), Topology.colocated(6)),
+    (7.0, Topology.disaggregated(3, 4), Topology.colocated(7)),
+])
+def test_fewest_devices_answers_the_reverse_question(rate, disaggregated, colocated):
+    calls: list[str] = []
+    answer = fewest_devices(synthetic_attainment, rate, max_devices=16, progress=calls.append)
+    assert answer.disaggregated == (disaggregated, 1.0)
+    assert answer.colocated == (colocated, 1.0)
+    assert len(calls) < 40  # a staircase walk, not all 120 splits of up to 16 devices
+
+
+def test_fewest_devices_says_none_when_the_cap_is_too_small():
+    answer = fewest_devices(synthetic_attainment, 7.0, max_devices=6)
+    assert answer.disaggregated is None and answer.colocated is None
+
+
+def test_plan_fn_over_the_simulator_sizes_pools_for_the_online_planner():
+    from loadgen.metrics import SLO
+    from planner.evaluate import make_plan_fn
+    from planner.perf_model import fit_perf_model
+    from planner.pool_sizes import PoolSizes
+    from planner.profiles.example import build_example_profile
+    from planner.simulator import SimSettings
+
+    profile = build_example_profile()
+    plan = make_plan_fn(SimSettings.from_profile(profile), fit_perf_model(profile).model,
+                        SLO(ttft_s=1.0, tpot_s=0.05), max_devices=6, num_requests=200)
+    low, high = plan(0.5, 512, 128), plan(5.0, 512, 128)
+    assert low == PoolSizes(prefill=1, decode=1)
+    assert high is not None and high.decode > low.decode and high.total <= 6
+    assert plan(100.0, 512, 128) is None
