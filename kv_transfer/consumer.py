@@ -60,6 +60,7 @@ class PullClient:
         self.transport = get_transport(transport)
         self.timeout_s = timeout_s
         self._connections: dict[str, _Connection] = {}
+        self._dialing: dict[str, threading.Lock] = {}  # address -> held while a handshake runs
         self._lock = threading.Lock()
 
     def pull(self, address: str, transfer_id: str, remote_block_ids: Sequence[int],
@@ -96,14 +97,19 @@ class PullClient:
             connection.close()
 
     def _connect(self, address: str) -> _Connection:
+        """The open connection to `address`, or a new one. Concurrent first pulls to one producer
+        wait for a single handshake (a second one would open a data channel nobody closes)."""
         with self._lock:
-            existing = self._connections.get(address)
-        if existing is not None:
-            return existing
-        connection = self._handshake(address)
-        with self._lock:
-            self._connections.setdefault(address, connection)
-            return self._connections[address]
+            dialing = self._dialing.setdefault(address, threading.Lock())
+        with dialing:
+            with self._lock:
+                existing = self._connections.get(address)
+            if existing is not None:
+                return existing
+            connection = self._handshake(address)
+            with self._lock:
+                self._connections[address] = connection
+            return connection
 
     def _handshake(self, address: str) -> _Connection:
         sock = socket.create_connection(split_address(address), timeout=self.timeout_s)

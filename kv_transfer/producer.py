@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 class ProducerStats:
     transfers: int = 0
     bytes_sent: int = 0
+    data_channels: int = 0    # handshakes that opened a data channel
     refused_handshakes: int = 0
     missing_transfers: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -95,6 +96,7 @@ class TransferServer:
             return None
         transport = get_transport(hello["transport"])
         send_message(sock, {"op": "WELCOME"})
+        self.stats.add(data_channels=1)
         return transport.producer_channel(sock, hello, self.layout.device)
 
     def _serve_one(self, sock: socket.socket, channel: DataChannel | None, message: dict) -> None:

@@ -20,6 +20,7 @@ from typing import Literal
 
 from pdserve.commands.engine_options import engine_option_argv
 from pdserve.engine import EngineSettings
+from pdserve.orphans import die_with_parent
 from pdserve.redis_server import RedisServer, start_redis
 
 Role = Literal["prefill", "decode"]
@@ -154,7 +155,7 @@ class LocalCluster:
                             "PYTHONUNBUFFERED": "1"}
         popen = subprocess.Popen([sys.executable, "-m", "pdserve.cli", *argv, "--ready-file", str(ready)],
                                  stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=die_with_parent())
         return Process(name, popen, ready, log_path)
 
     def wait_ready(self, processes: list[Process], timeout_s: float) -> None:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from pdserve.worker.config import free_port
+from pdserve.orphans import die_with_parent
 
 
 class RedisNotFound(RuntimeError):
@@ -50,7 +51,7 @@ def start_redis(port: int = 0, timeout_s: float = 10.0) -> RedisServer:
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent(),
     )
     server = RedisServer(process, port, workdir)
     deadline = time.monotonic() + timeout_s

@@ -20,6 +20,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         self.lifecycle = lifecycle
         self.model_name = model_name
         self._running: dict[str, asyncio.Task] = {}
+        self._aborted: set[str] = set()
 
     async def Generate(self, request: pb.GenerateRequest, context):
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
@@ -33,12 +34,21 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                 yield chunk_to_proto(chunk)
         except ServeError as error:
             await context.abort(grpc_code(error), error.message)
+        except asyncio.CancelledError:
+            if request_id not in self._aborted:
+                raise  # the client went away: nobody to tell
+            # An Abort RPC cancelled this stream: the lifecycle has released its blocks on the way
+            # out; the client still waits, so end its stream with a status it can act on.
+            await context.abort(grpc.StatusCode.CANCELLED, f"request {request_id} was aborted")
         finally:
             self._running.pop(request_id, None)
+            self._aborted.discard(request_id)
 
     async def Abort(self, request: pb.AbortRequest, context):
+        """Cancels a running Generate; its stream ends with CANCELLED. `found` is False when unknown."""
         task = self._running.get(request.request_id)
         if task is not None:
+            self._aborted.add(request.request_id)
             task.cancel()
         return pb.AbortResponse(found=task is not None)
 

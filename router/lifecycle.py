@@ -88,24 +88,23 @@ class Lifecycle:
         started = time.perf_counter()
         timings = Timings(prompt_tokens=len(request.prompt_token_ids))
         decoder = self.tokenizer.stream_decoder()
-        disaggregate = self.config.policy.disaggregate(len(request.prompt_token_ids), bool(self.pool.workers("prefill")))
-        kv_json, generated, prefilled = "", [], None
+        generated: list[int] = []
+        prefilled = None
         completed = False
         try:
             timings.queued_s = time.perf_counter() - started
-            if disaggregate:
-                prefilled = await self._prefill(request, timings)
+            if self.config.policy.disaggregate(len(request.prompt_token_ids), bool(self.pool.workers("prefill"))):
+                prefilled = await self._prefill(request, timings)  # None: no prefill worker; decode computes it
+            if prefilled is not None:
                 generated.append(prefilled.first_token_id)
                 timings.ttft_s = time.perf_counter() - started
-                done = prefilled.finished
-                if done:
+                if prefilled.finished:
                     timings.output_tokens = 1
-                yield self._chunk(request, [prefilled.first_token_id], decoder, done,
-                                  prefilled.finish_reason if done else "", timings if done else None, started)
-                if done:
                     completed = True
+                    yield self._chunk(request, generated, decoder, True, prefilled.finish_reason, timings, started)
                     return
-                kv_json = prefilled.kv_transfer_params_json
+                yield self._chunk(request, generated, decoder, False, "", None, started)
+            kv_json = prefilled.kv_transfer_params_json if prefilled else ""
             abandon = (lambda: asyncio.ensure_future(self._release(prefilled, request.request_id))) if prefilled else None
             async for chunk in self._decode(request, kv_json, generated, timings, decoder, started, abandon):
                 yield chunk
@@ -120,7 +119,7 @@ class Lifecycle:
             metrics.observe_finished(timings)
         return Chunk(request.request_id, list(token_ids), decoder.step(list(token_ids)), finished, reason, timings)
 
-    async def _prefill(self, request: GenerationRequest, timings: Timings) -> _Prefilled:
+    async def _prefill(self, request: GenerationRequest, timings: Timings) -> _Prefilled | None:
         transfer_id = uuid.uuid4().hex
         message = worker_pb2.PrefillRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
                                             sampling=request.sampling.to_proto(), transfer_id=transfer_id)
@@ -142,7 +141,9 @@ class Lifecycle:
             timings.disaggregated = True
             return _Prefilled(worker, reply.first_token_id, reply.finished, reply.finish_reason,
                               reply.kv_transfer_params_json, transfer_id)
-        raise NoHealthyWorker(f"no prefill worker could take the request (tried {len(tried)})")
+        logger.warning("no prefill worker could take %s (tried %d): decode computes the prompt",
+                       request.request_id, len(tried))
+        return None
 
     async def _decode(self, request, kv_json, generated, timings, decoder, started, abandon_kv) -> AsyncIterator[Chunk]:
         """Streams decode output; `generated` (the tokens already sent) grows as tokens arrive.

@@ -19,6 +19,9 @@ class RouterTokenizer:
         self.vocab_size = int(config.get("vocab_size", len(self._hf)))
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt; an empty prompt is the client's error, not a lone BOS token."""
+        if not text:
+            raise InvalidRequest("the prompt is empty", field="prompt")
         return self._fast.encode(text).ids
 
     def render_chat(self, messages: list[dict]) -> list[int]:

@@ -88,7 +88,7 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("role", "num_waiting", "num_running", "kv_blocks_used", "kv_blocks_total", "pending_transfers", "recent_ttft_s", "recent_tpot_s", "num_inflight", "prompt_tokens_computed", "prompt_tokens_external", "prompt_tokens_local_hit", "worker_id")
+    __slots__ = ("role", "num_waiting", "num_running", "kv_blocks_used", "kv_blocks_total", "pending_transfers", "recent_ttft_s", "recent_tpot_s", "num_inflight", "prompt_tokens_computed", "prompt_tokens_external", "prompt_tokens_local_hit", "worker_id", "generation_tokens")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class Load(_message.Message):
     PROMPT_TOKENS_EXTERNAL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_LOCAL_HIT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     role: str
     num_waiting: int
     num_running: int
@@ -115,4 +116,5 @@ class Load(_message.Message):
     prompt_tokens_external: int
     prompt_tokens_local_hit: int
     worker_id: str
-    def __init__(self, role: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., pending_transfers: _Optional[int] = ..., recent_ttft_s: _Optional[float] = ..., recent_tpot_s: _Optional[float] = ..., num_inflight: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., prompt_tokens_external: _Optional[int] = ..., prompt_tokens_local_hit: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    generation_tokens: int
+    def __init__(self, role: _Optional[str] = ..., num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., pending_transfers: _Optional[int] = ..., recent_ttft_s: _Optional[float] = ..., recent_tpot_s: _Optional[float] = ..., num_inflight: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., prompt_tokens_external: _Optional[int] = ..., prompt_tokens_local_hit: _Optional[int] = ..., worker_id: _Optional[str] = ..., generation_tokens: _Optional[int] = ...) -> None: ...

@@ -22,6 +22,7 @@ class EngineLoad:
     prompt_tokens_computed: int = 0
     prompt_tokens_external: int = 0
     prompt_tokens_local_hit: int = 0
+    generation_tokens: int = 0
     recent_ttft_s: float = 0.0
     recent_tpot_s: float = 0.0
 
@@ -36,6 +37,7 @@ class EngineLoad:
         self.prompt_tokens_computed += tokens.computed
         self.prompt_tokens_external += tokens.external_kv_transfer
         self.prompt_tokens_local_hit += tokens.local_cache_hit
+        self.generation_tokens += stats.num_generation_tokens
         for ttft_s in stats.time_to_first_tokens_iter:
             self.recent_ttft_s = _ewma(self.recent_ttft_s, ttft_s)
         for itl_s in stats.inter_token_latencies_iter:

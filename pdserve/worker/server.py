@@ -75,7 +75,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             pending_transfers=load.pending_transfers, recent_ttft_s=load.recent_ttft_s,
             recent_tpot_s=load.recent_tpot_s, num_inflight=len(self.runtime.inflight),
             prompt_tokens_computed=load.prompt_tokens_computed, prompt_tokens_external=load.prompt_tokens_external,
-            prompt_tokens_local_hit=load.prompt_tokens_local_hit,
+            prompt_tokens_local_hit=load.prompt_tokens_local_hit, generation_tokens=load.generation_tokens,
         )
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import pytest
 
-from cluster_helpers import HERE, engine_settings, make_prompts
+from cluster_helpers import HERE, engine_settings, make_prompts, start_cluster
 
 @pytest.fixture(scope="session")
 def prompts(tiny_model) -> list[dict]:
@@ -26,3 +26,11 @@ def reference_outputs(tiny_model, prompts, tmp_path_factory) -> list[list[int]]:
                     str(folder / "prompts.json"), str(folder / "out.json")], check=True, timeout=600,
                    stdout=subprocess.DEVNULL)
     return json.loads((folder / "out.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def tcp_cluster(tiny_model, tmp_path_factory):
+    """One prefill + one decode worker over the tcp transport, shared by the integration modules."""
+    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-tcp"), "tcp")
+    yield cluster
+    cluster.stop()

@@ -11,11 +11,16 @@ from cluster_helpers import blocks_for, kv_bytes_per_block, start_cluster, wait_
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module", params=["tcp", "torch"])
-def cluster(request, tiny_model, tmp_path_factory):
-    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp(f"cluster-{request.param}"), request.param)
+@pytest.fixture(scope="module")
+def torch_cluster(tiny_model, tmp_path_factory):
+    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-torch"), "torch")
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(params=["tcp", "torch"])
+def cluster(request):
+    return request.getfixturevalue(f"{request.param}_cluster")
 
 
 def test_greedy_tokens_match_colocated_vllm_and_the_prompt_kv_was_loaded(cluster, tiny_model, prompts,

@@ -78,3 +78,22 @@ def test_pull_from_a_dead_producer_fails_fast():
     with pytest.raises((TransferError, OSError)):
         client.pull("127.0.0.1:1", "t1", [1], [1])
     assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("transport", ["tcp", "torch"])
+def test_concurrent_first_pulls_to_one_producer_share_one_handshake(producer, transport):
+    from concurrent.futures import ThreadPoolExecutor
+
+    source, leases, address, server = producer
+    for i in range(6):
+        leases.grant(Lease(f"c{i}", f"r{i}", (i,), 10, time.monotonic() + 30))
+    target = _caches(1)
+    layout = KVLayout(target, 32)
+    client = PullClient(layout, layout.compat("tiny", 32), transport)
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda i: client.pull(address, f"c{i}", [i], [10 + i]), range(6)))
+    assert [r.num_blocks for r in results] == [1] * 6
+    assert server.stats.data_channels == 1
+    for name in source:
+        assert torch.equal(source[name][0:6], target[name][10:16])
+    client.close()

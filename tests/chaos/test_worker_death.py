@@ -1,0 +1,101 @@
+"""Workers killed with SIGKILL: leases lapse, the router routes around them, no request is lost,
+and with no decode worker left requests fail fast instead of hanging.
+
+The tests run in order on one cluster (1 prefill + 2 decode, 2 s registry TTL, 3 s KV lease)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import httpx
+import pytest
+import redis
+
+from pdserve.client import Client, NoHealthyWorker
+from pdserve.registry import worker_key
+from pdserve.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
+
+from cluster_helpers import start_cluster, wait_until_idle, worker_load
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+TTL_S = 2.0
+LEASE_S = 3.0
+KILLED: dict[str, str] = {}  # what one test killed, for the next (the tests run in order)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model, tmp_path_factory):
+    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("chaos"), "tcp", num_decode=2, ttl_s=TTL_S,
+                            lease_s=LEASE_S)
+    yield cluster
+    cluster.stop()
+
+
+def _registered(cluster, worker_id: str) -> bool:
+    return bool(redis.Redis.from_url(cluster.redis.url).exists(worker_key("default", worker_id)))
+
+
+def test_kv_nobody_pulls_is_freed_when_its_lease_expires(cluster):
+    prefill_id = cluster.worker_ids("prefill")[0]
+    with grpc.insecure_channel(cluster.worker_address(prefill_id)) as channel:
+        sampling = generation_pb2.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        reply = worker_pb2_grpc.WorkerStub(channel).Prefill(worker_pb2.PrefillRequest(
+            request_id="orphan", prompt_token_ids=list(range(10, 74)), sampling=sampling, transfer_id="orphan"))
+    assert reply.kv_transfer_params_json  # held for a consumer that never comes (as if it died)
+    time.sleep(1.2)
+    assert worker_load(cluster, prefill_id).kv_blocks_used == 2
+    loads = wait_until_idle(cluster, timeout_s=LEASE_S + 5)
+    assert loads[prefill_id].kv_blocks_used == 0
+
+
+def test_a_request_survives_its_decode_worker_being_killed_mid_stream(cluster):
+    with Client(cluster.grpc_target) as client:
+        stream = client.generate("Keep going no matter what.", max_tokens=1500, temperature=0, ignore_eos=True)
+        chunks = [next(stream) for _ in range(5)]
+        serving = [w for w in cluster.worker_ids("decode") if worker_load(cluster, w).num_running > 0]
+        assert len(serving) == 1
+        cluster.kill_worker(serving[0])
+        chunks += list(stream)
+    timings = chunks[-1].timings
+    assert sum(len(c.token_ids) for c in chunks) == 1500 and chunks[-1].finish_reason == "length"
+    assert timings.decode_worker != serving[0]
+    KILLED["decode"] = serving[0]
+
+
+def test_the_killed_worker_leaves_the_registry_within_its_ttl_and_gets_no_more_work(cluster):
+    killed = KILLED["decode"]
+    deadline = time.monotonic() + TTL_S + 1.5
+    while _registered(cluster, killed) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _registered(cluster, killed)
+    survivor = cluster.worker_ids("decode")[0]
+    with Client(cluster.grpc_target) as client:
+        used = {list(client.generate("where do I go?", max_tokens=3, ignore_eos=True))[-1].timings.decode_worker
+                for _ in range(5)}
+    assert used == {survivor}
+
+
+def test_with_the_prefill_worker_dead_requests_still_complete_on_decode(cluster):
+    cluster.kill_worker(cluster.worker_ids("prefill")[0])
+    with Client(cluster.grpc_target) as client:
+        chunks = list(client.generate("no prefill pool left", max_tokens=4, temperature=0, ignore_eos=True))
+    assert sum(len(c.token_ids) for c in chunks) == 4
+    assert chunks[-1].timings.disaggregated is False
+
+
+def test_with_no_decode_worker_alive_requests_fail_fast_with_unavailable(cluster):
+    cluster.kill_worker(cluster.worker_ids("decode")[0])
+    with Client(cluster.grpc_target) as client:
+        started = time.monotonic()
+        with pytest.raises(NoHealthyWorker):
+            list(client.generate("anyone there?", max_tokens=4))
+        assert time.monotonic() - started < 5.0  # right after the kill: retried, quarantined, refused
+        time.sleep(TTL_S + 0.5)
+        started = time.monotonic()
+        with pytest.raises(NoHealthyWorker):
+            list(client.generate("anyone there?", max_tokens=4))
+        assert time.monotonic() - started < 1.0
+    response = httpx.post(f"{cluster.http_url}/v1/completions", json={"prompt": "anyone?", "max_tokens": 4}, timeout=10)
+    assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"

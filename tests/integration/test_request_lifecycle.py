@@ -1,0 +1,146 @@
+"""Cancel, abort and bad input on a real cluster: nothing leaks, errors are the client's and say why."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import httpx
+import pytest
+
+from pdserve.client import Cancelled, Client, InvalidRequest
+from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+from cluster_helpers import wait_until_idle, worker_load
+
+pytestmark = pytest.mark.integration
+
+LONG_OUTPUT = 2000  # several seconds of decoding on the tiny model: a cancel cuts it short
+
+
+def _assert_idle(cluster):
+    loads = wait_until_idle(cluster)
+    assert {w: (l.kv_blocks_used, l.pending_transfers, l.num_running) for w, l in loads.items()} == \
+        {w: (0, 0, 0) for w in loads}
+
+
+def test_client_cancel_mid_stream_frees_blocks_on_both_sides(tcp_cluster):
+    decode_id = tcp_cluster.worker_ids("decode")[0]
+    before = worker_load(tcp_cluster, decode_id).generation_tokens
+    with Client(tcp_cluster.grpc_target) as client:
+        stream = client.generate("Cancel me.", max_tokens=LONG_OUTPUT, ignore_eos=True)
+        received = [next(stream) for _ in range(4)]
+        assert worker_load(tcp_cluster, decode_id).kv_blocks_used > 0  # the decode side holds the request
+        stream.close()  # the client walks away mid-stream
+    assert sum(len(c.token_ids) for c in received) >= 4
+    _assert_idle(tcp_cluster)
+    generated = worker_load(tcp_cluster, decode_id).generation_tokens - before
+    assert generated < LONG_OUTPUT - 1, "the decode engine kept generating after the client left"
+
+
+def test_abort_rpc_ends_the_stream_as_cancelled_and_frees_blocks(tcp_cluster):
+    with Client(tcp_cluster.grpc_target) as client:
+        stream = client.generate("Abort me from another thread.", max_tokens=LONG_OUTPUT, ignore_eos=True,
+                                 request_id="abort-me")
+        next(stream)
+        assert client.abort("abort-me") is True
+        with pytest.raises(Cancelled):
+            for _ in stream:
+                pass
+        assert client.abort("abort-me") is False  # gone
+    _assert_idle(tcp_cluster)
+
+
+def test_prefilled_kv_nobody_pulls_is_freed_by_an_abort_naming_its_transfer(tcp_cluster):
+    """The router's cancel path for a request cancelled between prefill and decode."""
+    prefill_id = tcp_cluster.worker_ids("prefill")[0]
+    with grpc.insecure_channel(tcp_cluster.worker_address(prefill_id)) as channel:
+        worker = worker_pb2_grpc.WorkerStub(channel)
+        sampling = generation_pb2.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        reply = worker.Prefill(worker_pb2.PrefillRequest(request_id="orphan", prompt_token_ids=list(range(10, 110)),
+                                                         sampling=sampling, transfer_id="orphan-transfer"))
+        assert reply.kv_transfer_params_json and not reply.finished
+        time.sleep(1.5)  # one heartbeat of load reports
+        assert worker_load(tcp_cluster, prefill_id).kv_blocks_used == 4  # 100 tokens, held under the lease
+        found = worker.Abort(worker_pb2.WorkerAbortRequest(request_id="orphan", transfer_id="orphan-transfer"))
+        assert found.found is True
+    _assert_idle(tcp_cluster)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"token_ids": []}, "prompt"),
+        ({"token_ids": [11] * 3000}, "prompt"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": -5}, "max_tokens"),
+        ({"prompt": "hi", "temperature": -0.5}, "temperature"),
+        ({"prompt": "hi", "top_p": 0.0}, "top_p"),
+        ({"token_ids": [10**6]}, "token"),
+    ],
+)
+def test_bad_input_over_grpc_is_invalid_argument_naming_the_field(tcp_cluster, kwargs, field):
+    with Client(tcp_cluster.grpc_target) as client:
+        with pytest.raises(InvalidRequest) as error:
+            list(client.generate(**kwargs))
+    assert field in error.value.message
+
+
+def test_raw_grpc_status_for_bad_input_is_invalid_argument(tcp_cluster):
+    with grpc.insecure_channel(tcp_cluster.grpc_target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        request = generation_pb2.GenerateRequest(text="hi", sampling=generation_pb2.SamplingParams(max_tokens=0))
+        with pytest.raises(grpc.RpcError) as error:
+            list(stub.Generate(request))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_tokens" in error.value.details()
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"prompt": "", "max_tokens": 4}, "prompt"),
+        ({"prompt": "x " * 3000, "max_tokens": 4}, "prompt"),
+        ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
+        ({"prompt": "hi", "temperature": -1}, "temperature"),
+        ({"prompt": "hi", "max_tokens": 4, "frobnicate": True}, "frobnicate"),
+        ({"max_tokens": 4}, "prompt"),
+    ],
+)
+def test_bad_input_over_http_is_400_with_an_openai_error_naming_the_field(tcp_cluster, body, field):
+    response = httpx.post(f"{tcp_cluster.http_url}/v1/completions", json=body, timeout=30)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and field in error["message"]
+
+
+def test_the_cluster_keeps_serving_after_bad_input(tcp_cluster):
+    with Client(tcp_cluster.grpc_target) as client:
+        chunks = list(client.generate("Still here?", max_tokens=5, temperature=0, ignore_eos=True))
+    assert sum(len(c.token_ids) for c in chunks) == 5 and chunks[-1].finish_reason == "length"
+    _assert_idle(tcp_cluster)
+
+
+def test_http_completions_stream_chat_and_models(tcp_cluster):
+    base = tcp_cluster.http_url
+    whole = httpx.post(f"{base}/v1/completions", json={"prompt": "Hello", "max_tokens": 6, "temperature": 0,
+                                                         "ignore_eos": True}, timeout=30).json()
+    assert whole["usage"]["completion_tokens"] == 6 and whole["choices"][0]["finish_reason"] == "length"
+    with httpx.stream("POST", f"{base}/v1/completions", timeout=30,
+                      json={"prompt": "Hello", "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True,
+                            "stream_options": {"include_usage": True}}) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    import json
+
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == whole["choices"][0]["text"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+    chat = httpx.post(f"{base}/v1/chat/completions", timeout=30,
+                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}).json()
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant"
+    models = httpx.get(f"{base}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
