@@ -128,6 +128,7 @@ def phase_breakdown(records: Sequence[RequestRecord],
     stats: dict[str, float] = {}
     for phase in PHASES:
         stats |= distribution_ms(phase, [getattr(t, f"{phase}_s") for t in timed], percentiles)
-    stats["mean_kv_bytes"] = float(np.mean([t.kv_bytes for t in timed]))
-    stats["total_kv_bytes"] = float(sum(t.kv_bytes for t in timed))
+    stats["mean_kv_transfer_bytes"] = float(np.mean([t.kv_transfer_bytes for t in timed]))
+    stats["total_kv_transfer_bytes"] = float(sum(t.kv_transfer_bytes for t in timed))
+    stats["disaggregated_requests"] = sum(t.disaggregated for t in timed)
     return stats

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from loadgen.metrics import SLO, tpot_s  # noqa: E402
 from loadgen.runner import RequestRecord  # noqa: E402
@@ -74,6 +75,10 @@ def _log_scale_if_wide(ax: plt.Axes, values_ms: Sequence[float]) -> None:
     positive = [v for v in values_ms if v > 0]
     if positive and max(positive) > 30 * min(positive):
         ax.set_xscale("log")
+        decades = np.log10(max(positive) / min(positive))
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0) if decades <= 3 else (1.0,)))  # 100, 200, 500 ...
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:

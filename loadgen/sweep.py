@@ -13,7 +13,7 @@ The answer is always a rate that was measured and passed (0 when even `min_rps` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -94,3 +94,25 @@ def _bracket(probe: Callable[[float], bool], config: SearchConfig,
             return lower, rate
         rate = lower
     return None, rate
+
+
+def goodput_on_grid(curve: Sequence[tuple[float, float]], target: float = 0.9) -> tuple[float, bool]:
+    """The goodput from attainment measured on a fixed grid of rates (`[(rate_rps, attainment)]`),
+    as benchmarks that interleave systems rate by rate measure it; returns (goodput_rps, bracketed).
+
+    Walking up from the lowest rate, the goodput lies between the last passing rate and the first
+    failing one; it is the linear interpolation of the `target` crossing between those two points
+    (bracketed=True). When the lowest rate already fails it is 0.0, and when no rate fails it is the
+    highest rate (both bracketed=False: the true value lies outside the grid). A rate passing again
+    above the first failure is ignored: the answer is where service first breaks.
+    """
+    if not curve:
+        raise ValueError("the curve is empty: measure at least one rate")
+    points = sorted(curve)
+    if points[0][1] < target:
+        return 0.0, False
+    for (lo_rps, lo_att), (hi_rps, hi_att) in zip(points, points[1:]):
+        if hi_att < target:
+            share = (lo_att - target) / (lo_att - hi_att)
+            return lo_rps + share * (hi_rps - lo_rps), True
+    return points[-1][0], False

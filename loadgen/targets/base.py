@@ -17,13 +17,15 @@ from loadgen.prompts import Prompt
 
 @dataclass(frozen=True)
 class PhaseTimings:
-    """Per-phase breakdown a pdserve response carries on its final message."""
+    """Per-phase breakdown a pdserve response carries on its final message (`pdserve.timings.Timings`).
+    disaggregated: False when the router ran the request on a decode worker alone (no transfer)."""
 
     queued_s: float
     prefill_s: float
     kv_transfer_s: float
-    kv_bytes: int
+    kv_transfer_bytes: int
     decode_s: float
+    disaggregated: bool = True
 
 
 @dataclass(frozen=True)

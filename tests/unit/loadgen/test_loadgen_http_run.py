@@ -41,7 +41,8 @@ async def test_every_request_is_accounted_for_including_errors_and_timeouts(serv
     assert [len(r.itls_s) for r in ok] == [4, 7, 0, 5, 3]
     assert all(r.ttft_s >= TTFT_S for r in ok)
     assert statistics.median(g for r in ok for g in r.itls_s) == pytest.approx(ITL_S, abs=0.008)
-    assert all(abs(r.sent_s - r.scheduled_s) < 0.05 for r in result.records)
+    # open loop: never early, and not serialized behind the 5 s stall (generous bound: shared, noisy machine)
+    assert all(r.scheduled_s - 0.005 <= r.sent_s < r.scheduled_s + 1.0 for r in result.records)
 
     summary = summarize(result.records, result.duration_s)
     assert (summary["completed"], summary["failed"], summary["timed_out"]) == (5, 3, 1)

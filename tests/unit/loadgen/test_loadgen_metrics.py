@@ -71,7 +71,8 @@ def test_phase_breakdown_for_responses_that_carry_timings():
     assert s["mean_prefill_ms"] == pytest.approx(60)
     assert s["mean_kv_transfer_ms"] == pytest.approx(30)
     assert s["mean_decode_ms"] == pytest.approx(150)
-    assert (s["mean_kv_bytes"], s["total_kv_bytes"]) == (2000.0, 4000.0)
+    assert (s["mean_kv_transfer_bytes"], s["total_kv_transfer_bytes"]) == (2000.0, 4000.0)
+    assert s["disaggregated_requests"] == 2
     assert "mean_prefill_ms" not in summarize([C], duration_s=1.0)
 
 

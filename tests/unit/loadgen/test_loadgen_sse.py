@@ -1,11 +1,8 @@
-"""SSE decoding and OpenAI completion chunks, and the pdserve SDK chunk conversion, on plain values."""
-
-from types import SimpleNamespace
+"""SSE decoding and OpenAI completion chunks, on plain values."""
 
 import pytest
 
-from loadgen.targets.base import Delta, PhaseTimings, TargetError
-from loadgen.targets.pdserve_grpc import chunk_to_delta
+from loadgen.targets.base import Delta, TargetError
 from loadgen.targets.sse import SSEDecoder, error_message, parse_completion_chunk
 
 
@@ -36,12 +33,3 @@ def test_error_message_reads_openai_and_vllm_bodies():
     assert error_message('{"error": {"message": "too long"}}') == "too long"
     assert error_message('{"message": "bad model", "code": 404}') == "bad model"
     assert error_message("plain text") == "plain text"
-
-
-def test_pdserve_chunks_carry_token_counts_and_final_phase_timings():
-    timings = SimpleNamespace(queued_s=0.001, prefill_s=0.2, kv_transfer_s=0.01, kv_bytes=4096, decode_s=0.5)
-    first = SimpleNamespace(token_ids=[5, 6], text="ab", finished=False, timings=None)
-    last = SimpleNamespace(token_ids=[], text="", finished=True, timings=timings)
-    assert chunk_to_delta(first) == Delta(content=True, text="ab", num_tokens=2)
-    assert chunk_to_delta(last) == Delta(content=False, text="", num_tokens=0,
-                                         phases=PhaseTimings(0.001, 0.2, 0.01, 4096, 0.5))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from loadgen.sweep import SearchConfig, find_goodput
+from loadgen.sweep import SearchConfig, find_goodput, goodput_on_grid
 
 
 def step(threshold_rps):
@@ -47,3 +47,16 @@ def test_probe_budget_is_respected():
 def test_config_errors_say_what_to_fix():
     with pytest.raises(ValueError, match="min_rps <= start_rps <= max_rps"):
         SearchConfig(start_rps=10.0, max_rps=5.0)
+
+
+def test_grid_goodput_interpolates_the_first_crossing_of_the_target():
+    curve = [(2.0, 0.5), (0.5, 1.0), (1.0, 0.95), (1.5, 0.85), (3.0, 0.95)]  # unsorted; noisy pass at 3.0
+    goodput, bracketed = goodput_on_grid(curve, target=0.9)
+    assert goodput == pytest.approx(1.25) and bracketed  # halfway from 0.95 @ 1.0 to 0.85 @ 1.5
+
+
+def test_grid_goodput_outside_the_grid_is_flagged():
+    assert goodput_on_grid([(0.5, 0.8), (1.0, 0.2)]) == (0.0, False)
+    assert goodput_on_grid([(0.5, 1.0), (1.0, 0.9)]) == (1.0, False)  # exactly the target passes
+    with pytest.raises(ValueError, match="empty"):
+        goodput_on_grid([])

@@ -1,0 +1,252 @@
+"""Results of `goodput_vs_vllm.py`: goodput per system and SLO pair (pure), then tables (rich and
+markdown), a JSON file and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loadgen.metrics import PHASES, SLO, tpot_s
+import matplotlib.pyplot as plt
+
+from loadgen.plots import plot_latency_cdfs  # also selects matplotlib's Agg backend
+from loadgen.runner import RunResult
+from loadgen.sweep import goodput_on_grid
+
+NOISY_OTHER_CORES = 0.25  # other processes averaging more than this during a run make it "noisy"
+SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D"}
+
+
+@dataclass(frozen=True)
+class SLOPair:
+    name: str  # "tight" / "loose"
+    slo: SLO
+
+    def describe(self) -> str:
+        return f"TTFT <= {self.slo.ttft_s * 1000:g} ms, TPOT <= {self.slo.tpot_s * 1000:g} ms"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    system: str  # "A" or "B"
+    rate_rps: float
+    result: RunResult
+    summaries: dict[str, dict[str, Any]]  # SLO pair name -> loadgen.metrics.summarize(...)
+    other_load_cores: float  # CPU other processes used during the run (goodput_vs_vllm_noise)
+    restarted: bool  # the system was found dead before this run and restarted
+    attempts: int = 1  # > 1: earlier attempts were noisy and measured again (this is the quietest)
+
+
+# ------------------------------------------------------------------------------------------ pure
+
+
+def attainment_curves(measurements: Sequence[Measurement], pair: str) -> dict[str, list[tuple[float, float]]]:
+    """system -> [(rate, attainment)] sorted by rate."""
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for m in sorted(measurements, key=lambda m: (m.system, m.rate_rps)):
+        curves.setdefault(m.system, []).append((m.rate_rps, m.summaries[pair]["slo_attainment"]))
+    return curves
+
+
+def is_noisy(m: Measurement) -> bool:
+    return m.other_load_cores > NOISY_OTHER_CORES
+
+
+def quiet_runs(measurements: Sequence[Measurement]) -> list[Measurement]:
+    """The runs goodput is computed from: each system's quiet runs (a run during which other
+    processes took more than NOISY_OTHER_CORES of the two cores measured them, not the system);
+    a system without any quiet run keeps all of its runs."""
+    kept = []
+    for system in sorted({m.system for m in measurements}):
+        runs = [m for m in measurements if m.system == system]
+        kept += [m for m in runs if not is_noisy(m)] or runs
+    return kept
+
+
+def goodputs(measurements: Sequence[Measurement], pairs: Sequence[SLOPair],
+             target: float) -> dict[str, dict[str, tuple[float, bool]]]:
+    """pair -> system -> (goodput_rps, bracketed), from each system's quiet runs on the rate grid."""
+    return {p.name: {system: goodput_on_grid(curve, target)
+                     for system, curve in attainment_curves(quiet_runs(measurements), p.name).items()}
+            for p in pairs}
+
+
+def ratio(b_rps: float, a_rps: float) -> float | None:
+    """B/A; None when both are 0, inf when only A is."""
+    if a_rps == 0:
+        return None if b_rps == 0 else float("inf")
+    return b_rps / a_rps
+
+
+def format_goodput(value: tuple[float, bool], rates: Sequence[float]) -> str:
+    goodput_rps, bracketed = value
+    if bracketed:
+        return f"{goodput_rps:.2f}"
+    return f"< {min(rates):g}" if goodput_rps == 0 else f">= {goodput_rps:g}"
+
+
+# -------------------------------------------------------------------------------------- tables
+
+
+def goodput_rows(found: dict[str, dict[str, tuple[float, bool]]], pairs: Sequence[SLOPair],
+                 rates: Sequence[float]) -> tuple[list[str], list[list[str]]]:
+    headers = ["SLO pair", "A goodput (req/s)", "B goodput (req/s)", "B / A"]
+    rows = []
+    for p in pairs:
+        a, b = found[p.name]["A"], found[p.name]["B"]
+        r = ratio(b[0], a[0])
+        exact = a[1] and b[1]
+        rows.append([f"{p.name}: {p.describe()}", format_goodput(a, rates), format_goodput(b, rates),
+                     "n/a" if r is None else f"{r:.2f}" + ("" if exact else " (bound)")])
+    return headers, rows
+
+
+def per_rate_rows(measurements: Sequence[Measurement], pairs: Sequence[SLOPair]) -> tuple[list[str], list[list[str]]]:
+    headers = ["rate (req/s)", "system", "sent", "ok/failed/timeout", *(f"attain {p.name}" for p in pairs),
+               "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms", "other cores"]
+    rows = []
+    for m in sorted(measurements, key=lambda m: (m.rate_rps, m.system)):
+        s = m.summaries[pairs[0].name]
+        rows.append([f"{m.rate_rps:g}", m.system, str(s["num_prompts"]),
+                     f"{s['completed']}/{s['failed'] - s['timed_out']}/{s['timed_out']}",
+                     *(f"{m.summaries[p.name]['slo_attainment']:.0%}" for p in pairs),
+                     f"{s['median_ttft_ms']:.0f}", f"{s['p90_ttft_ms']:.0f}", f"{s['median_tpot_ms']:.1f}",
+                     f"{s['p90_tpot_ms']:.1f}", f"{m.other_load_cores:.2f}{_notes(m)}"])
+    return headers, rows
+
+
+def _notes(m: Measurement) -> str:
+    notes = [("noisy: not used for goodput", is_noisy(m)), ("restarted", m.restarted),
+             (f"attempt {m.attempts}", m.attempts > 1)]
+    return "".join(f" ({text})" for text, applies in notes if applies)
+
+
+def phase_rows(measurements: Sequence[Measurement], pair: str) -> tuple[list[str], list[list[str]]]:
+    """pdserve's own per-phase breakdown (means and p90s, ms) at each rate."""
+    headers = ["rate (req/s)", "prefill mean", "prefill p90", "KV transfer mean", "KV transfer p90",
+               "decode mean", "KV MiB / request", "TTFT p90 (client)"]
+    rows = []
+    for m in sorted((m for m in measurements if m.system == "B"), key=lambda m: m.rate_rps):
+        s = m.summaries[pair]
+        if "mean_prefill_ms" not in s:
+            continue
+        rows.append([f"{m.rate_rps:g}", f"{s['mean_prefill_ms']:.0f}", f"{s['p90_prefill_ms']:.0f}",
+                     f"{s['mean_kv_transfer_ms']:.0f}", f"{s['p90_kv_transfer_ms']:.0f}", f"{s['mean_decode_ms']:.0f}",
+                     f"{s['mean_kv_transfer_bytes'] / 2**20:.1f}", f"{s['p90_ttft_ms']:.0f}"])
+    return headers, rows
+
+
+def rich_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    table = Table(title=title)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+# -------------------------------------------------------------------------------------- output
+
+
+def report(config, measurements: Sequence[Measurement], console: Console, wall_s: float, argv: Sequence[str]) -> None:
+    """Print the tables; write <label>.json, <label>.md and the PNGs under config.out_dir."""
+    pairs, rates = config.slo_pairs, config.rates_rps
+    found = goodputs(measurements, pairs, config.attainment_target)
+    sections = [("Goodput (>= 90% of requests within both SLOs)", goodput_rows(found, pairs, rates)),
+                ("Per run", per_rate_rows(measurements, pairs)),
+                ("B: pdserve's per-phase breakdown (ms)", phase_rows(measurements, pairs[0].name))]
+    for title, (headers, rows) in sections:
+        console.print(rich_table(title, headers, rows))
+    noisy = [m for m in measurements if is_noisy(m)]
+    console.print(f"wall time {wall_s / 60:.1f} min; {len(noisy)} of {len(measurements)} runs noisy "
+                  f"(other processes > {NOISY_OTHER_CORES} cores)")
+    out, label = config.out_dir, config.label
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [_write_json(config, measurements, found, wall_s, argv), _write_markdown(config, sections, wall_s, noisy)]
+    paths += [_plot_attainment(config, measurements, p, found[p.name]) for p in pairs]
+    paths += _plot_cdfs(config, measurements)
+    console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _write_json(config, measurements, found, wall_s: float, argv: Sequence[str]):
+    payload = {
+        "command": " ".join(argv), "wall_s": wall_s, "cpu_count": os.cpu_count(),
+        "config": {k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
+                   for k, v in asdict(config).items()},
+        "slo_pairs": {p.name: p.slo.as_ms() for p in config.slo_pairs},
+        "goodput_rps": {pair: {s: {"goodput_rps": g, "bracketed": b} for s, (g, b) in by_system.items()}
+                        for pair, by_system in found.items()},
+        "ratio_b_over_a": {pair: ratio(v["B"][0], v["A"][0]) for pair, v in found.items()},
+        "runs": [_run_json(m) for m in measurements],
+    }
+    path = config.out_dir / f"{config.label}.json"
+    path.write_text(json.dumps(payload, indent=1, default=str))
+    return path
+
+
+def _run_json(m: Measurement) -> dict[str, Any]:
+    records = m.result.records
+    return {"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
+            "restarted": m.restarted, "attempts": m.attempts, "summaries": m.summaries,
+            "requests": {"status": [r.status for r in records], "error": [r.error for r in records],
+                         "prompt_tokens": [r.prompt_tokens for r in records],
+                         "output_tokens": [r.output_tokens for r in records],
+                         "ttft_s": [r.ttft_s for r in records], "tpot_s": [tpot_s(r) for r in records],
+                         "e2el_s": [r.e2el_s for r in records], "sent_s": [r.sent_s for r in records],
+                         **{f"{phase}_s": [getattr(r.phases, f"{phase}_s", None) for r in records] for phase in PHASES}}}
+
+
+def _write_markdown(config, sections, wall_s: float, noisy: Sequence[Measurement]):
+    parts = [f"_{wall_s / 60:.1f} min; {len(noisy)} noisy runs (other processes > {NOISY_OTHER_CORES} cores)_"]
+    parts += [f"**{title}**\n\n{markdown_table(headers, rows)}" for title, (headers, rows) in sections]
+    path = config.out_dir / f"{config.label}.md"
+    path.write_text("\n\n".join(parts) + "\n")
+    return path
+
+
+def _plot_attainment(config, measurements, pair: SLOPair, found: dict[str, tuple[float, bool]]):
+    """Attainment vs rate per system: quiet runs as a line (the goodput's input), noisy runs as x."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    quiet = attainment_curves(quiet_runs(measurements), pair.name)
+    for system, points in sorted(quiet.items()):
+        label = SYSTEM_LABELS[system]
+        line, = ax.plot(*zip(*points), marker="o", label=label)
+        noisy = [(m.rate_rps, m.summaries[pair.name]["slo_attainment"]) for m in measurements
+                 if m.system == system and is_noisy(m) and (m.rate_rps, m.summaries[pair.name]["slo_attainment"]) not in points]
+        if noisy:
+            ax.scatter(*zip(*noisy), marker="x", s=60, color=line.get_color(), label=f"{label}: noisy run (not used)")
+        goodput_rps = found[system][0]
+        if goodput_rps:
+            ax.axvline(goodput_rps, color=line.get_color(), linestyle=":", label=f"{label} goodput {goodput_rps:.2f} req/s")
+    ax.axhline(config.attainment_target, color="red", linestyle="--", label=f"target {config.attainment_target:.0%}")
+    ax.set(xlabel="offered rate (req/s)", ylabel="SLO attainment", ylim=(0, 1.05),
+           title=f"{pair.name} SLOs: {pair.describe()}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    path = config.out_dir / f"{config.label}_attainment_{pair.name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_cdfs(config, measurements) -> list:
+    paths = []
+    tight = config.slo_pairs[0].slo
+    for rate in config.cdf_rates_rps:
+        at_rate = sorted((m for m in measurements if m.rate_rps == rate), key=lambda m: m.system)  # A first
+        runs = {SYSTEM_LABELS[m.system]: m.result.records for m in at_rate}
+        if runs:
+            paths.append(plot_latency_cdfs(runs, config.out_dir / f"{config.label}_cdf_{rate:g}rps.png", tight))
+    return paths

@@ -1,0 +1,99 @@
+"""The load generator against real servers: vLLM's own OpenAI server and a pdserve cluster (1
+prefill + 1 decode, tcp), both on the tiny model. Every request sent is accounted for, failures
+included: a prompt longer than the context is rejected (an error) and a run whose timeout no
+request can meet times out entirely. pdserve's records carry the per-phase breakdown.
+
+One server at a time (2 shared cores): each fixture serves one test and stops after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cluster_helpers import engine_settings, start_cluster
+from loadgen.metrics import summarize
+from loadgen.prompts import PromptSynthesizer
+from loadgen.runner import RunConfig, RunResult, run
+from loadgen.targets.openai_http import OpenAICompletionsTarget
+from loadgen.targets.pdserve_grpc import PdserveGrpcTarget
+from loadgen.vllm_server import VllmOpenAIServer
+from loadgen.workload import RequestSpec, combine, poisson, uniform_lengths
+
+pytestmark = pytest.mark.integration
+
+NUM_REQUESTS = 12
+TOO_LONG_INDEX = 5  # this request's prompt alone exceeds the 2048-token context
+PROMPTS = PromptSynthesizer(seed=3)  # ids in [10, 250): inside the tiny model's vocabulary
+
+
+def workload(max_model_len: int) -> list[RequestSpec]:
+    lengths = uniform_lengths(NUM_REQUESTS, prompt_mean=96, output_mean=12, range_ratio=0.5, seed=3)
+    lengths[TOO_LONG_INDEX] = (max_model_len + 10, 8)
+    return combine(poisson(4.0, NUM_REQUESTS, seed=3), lengths)
+
+
+def measure(target, specs: list[RequestSpec], config: RunConfig) -> RunResult:
+    async def go() -> RunResult:
+        await target.open()
+        try:
+            return await run(target, specs, PROMPTS, config)
+        finally:
+            await target.close()
+
+    return asyncio.run(go())
+
+
+def check_accounting(make_target, max_model_len: int) -> RunResult:
+    """A run that must partly fail, checked request by request; then a run where all time out."""
+    specs = workload(max_model_len)
+    result = measure(make_target(), specs, RunConfig(warmup_requests=2, request_timeout_s=120.0))
+    statuses = [r.status for r in result.records]
+    assert len(result.records) == NUM_REQUESTS and [r.index for r in result.records] == list(range(NUM_REQUESTS))
+    assert statuses.count("ok") + statuses.count("error") + statuses.count("timeout") == NUM_REQUESTS
+    assert statuses[TOO_LONG_INDEX] == "error" and statuses.count("ok") == NUM_REQUESTS - 1
+    ok = [r for r in result.records if r.ok]
+    assert [r.output_tokens for r in ok] == [s.output_tokens for i, s in enumerate(specs) if i != TOO_LONG_INDEX]
+    assert all(len(r.chunk_times_s) >= 1 and r.ttft_s <= r.e2el_s for r in ok)
+    summary = summarize(result.records, result.duration_s)
+    assert (summary["completed"], summary["failed"], summary["timed_out"]) == (NUM_REQUESTS - 1, 1, 0)
+    assert summary["output_len_mismatches"] == 0
+
+    hopeless = measure(make_target(), specs[:3], RunConfig(request_timeout_s=0.001))
+    assert [r.status for r in hopeless.records] == ["timeout"] * 3
+    return result
+
+
+@pytest.fixture
+def vllm_server(tiny_model, tmp_path):
+    with VllmOpenAIServer(engine_settings(tiny_model), log_path=tmp_path / "vllm.log") as server:
+        yield server
+
+
+@pytest.fixture
+def pdserve_cluster(tiny_model, tmp_path):
+    cluster = start_cluster(tiny_model, tmp_path, "tcp")
+    yield cluster
+    cluster.stop()
+
+
+def test_vllm_openai_server_run_accounts_for_every_request(vllm_server, tiny_model):
+    result = check_accounting(lambda: OpenAICompletionsTarget(vllm_server.url),
+                              engine_settings(tiny_model).max_model_len)
+    assert result.records[TOO_LONG_INDEX].error.startswith("TargetError: HTTP 400")
+    assert all(r.phases is None for r in result.records)  # vLLM reports no phases
+
+
+def test_pdserve_run_accounts_for_every_request_and_carries_phase_timings(pdserve_cluster, tiny_model):
+    result = check_accounting(lambda: PdserveGrpcTarget(pdserve_cluster.grpc_target),
+                              engine_settings(tiny_model).max_model_len)
+    error = result.records[TOO_LONG_INDEX].error
+    assert error.startswith("TargetError: invalid_request_error:") and "2058" in error
+    ok = [r for r in result.records if r.ok]
+    assert all(r.phases is not None and r.phases.disaggregated for r in ok)
+    assert all(r.phases.prefill_s > 0 and r.phases.decode_s > 0 and r.phases.kv_transfer_bytes > 0 for r in ok)
+    summary = summarize(result.records, result.duration_s)
+    assert summary["disaggregated_requests"] == NUM_REQUESTS - 1 and summary["mean_prefill_ms"] > 0
+    # the server's view and the client's agree: prefill ends before the client sees the first token
+    assert all(r.phases.queued_s + r.phases.prefill_s <= r.ttft_s for r in ok)
