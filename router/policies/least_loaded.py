@@ -1,8 +1,15 @@
 """Pick the least-loaded worker of a role.
 
-Load is what the worker last reported (running + waiting requests, KV blocks in use) plus what this
-router has sent it since (in-flight here), so a burst between two registry refreshes spreads out
-instead of piling onto the worker that looked idle a moment ago.
+Two signals, of different freshness:
+- `router_inflight`: the requests this router has in flight there, exact and current;
+- `reported_requests`: running + waiting as the worker last reported into the registry (up to a
+  heartbeat, ~1 s, old). It includes other routers' requests, but also this router's requests of a
+  second ago that may be long finished.
+
+The score is this router's in-flight count plus a discounted share of whatever the worker reports
+beyond it (other routers' work, or staleness). Taking the larger of the two instead let a stale
+report of a burst steer every request of the next second to the other worker, and under a closed
+loop that skew fed itself (seen: 38 of 38 requests on one of two decode workers).
 """
 
 from __future__ import annotations
@@ -19,9 +26,15 @@ class Candidate:
     router_inflight: int       # requests this router has in flight there
 
 
+REPORTED_EXCESS_WEIGHT = 0.5  # how much of the reported load beyond our own in-flight we believe
+KV_USAGE_WEIGHT = 4.0         # a full KV cache weighs as much as four requests
+
+
 def load_score(candidate: Candidate) -> float:
     """Lower is better: requests dominate, KV pressure breaks ties (and matters near full)."""
-    return max(candidate.reported_requests, candidate.router_inflight) + 4.0 * candidate.kv_usage
+    beyond_ours = max(0, candidate.reported_requests - candidate.router_inflight)
+    return (candidate.router_inflight + REPORTED_EXCESS_WEIGHT * beyond_ours
+            + KV_USAGE_WEIGHT * candidate.kv_usage)
 
 
 def pick_least_loaded(candidates: Sequence[Candidate], exclude: frozenset[str] = frozenset()) -> Candidate | None:
