@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, str] = {
     "pdserve.commands.demo": "send a few prompts through a running cluster and print timings",
     "pdserve.commands.load": "measure an endpoint under load (latency, throughput, SLO attainment) or sweep for goodput",
     "pdserve.commands.plan": "choose prefill/decode pool sizes for a workload and SLOs by simulation",
+    "pdserve.commands.profile": "measure prefill, decode and KV transfer times on this host into a profile",
+    "pdserve.commands.planner": "the online SLA planner: resize the pools from live load every interval",
 }
 
 DESCRIPTION = """\

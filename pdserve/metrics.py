@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -29,7 +32,13 @@ WORKER_GAUGES = {
 }
 
 
+# Called with the `Timings` of every request the router finishes (router/live_stats.py adds its window).
+FINISHED_OBSERVERS: list[Callable[[Any], None]] = []
+
+
 def observe_finished(timings) -> None:
+    for observer in FINISHED_OBSERVERS:
+        observer(timings)
     REQUESTS.labels("ok").inc()
     TTFT.observe(timings.ttft_s)
     E2E.observe(timings.e2e_s)

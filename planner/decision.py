@@ -4,15 +4,25 @@ Pure: no clock, no I/O. The loop around it reads the load, calls `decide`, and h
 to an actuator. The steps, each named in `Decision.reasons` when it changes something:
 
 1. predict the next interval's arrival rate from the recent ones (`predictor`);
-2. ask `plan(rate, mean_prompt, mean_output)` (the search over the simulator) for the fewest
-   pool sizes meeting the SLOs; grow a pool to the plan at the predicted rate, shrink it only to
+1b. correct the model by what it gets wrong: with a `predict` function, the correction of each
+   SLO is observed p90 / the model's p90 for the replicas that were serving (`ready`) at the
+   observed load, clamped to [min_correction, max_correction]; the plan must then meet the SLO
+   divided by it (Dynamo's SLA planner does the same). A model that misses a cost the cluster
+   pays (RPC and streaming overhead, a noisy neighbour) is thereby scaled to what is observed, so
+   the plan agrees with the observations instead of undoing the guard below after each cooldown;
+2. ask `plan(rate, mean_prompt, mean_output, slo_scale)` (the search over the simulator) for the
+   fewest pool sizes meeting the SLOs; grow a pool to the plan at the predicted rate, shrink it only to
    the plan at the predicted rate plus `scale_down_headroom` (hysteresis: no flapping at a
    boundary);
 3. reactive guard: a pool whose observed p90 breaks its SLO grows by one and never shrinks,
    whatever the model says (the model can be wrong; observations win);
+3b. a pool with replicas still starting (`ready` below `current`) holds its size: what was
+   observed predates them, so growing again would add replicas for load they will absorb, and
+   shrinking would judge the new size by latencies measured without it;
 4. move at most `max_step_up` / `max_step_down` replicas per pool per decision;
 5. cooldown: no growth within `scale_up_cooldown_s` and no shrink within
-   `scale_down_cooldown_s` of the last scaling action;
+   `scale_down_cooldown_s` of the last scaling action (the loop restarts this clock when the
+   replicas a scale-up asked for start serving: a change is judged by its effect);
 6. clamp to the per-pool bounds (always applied, cooldown or not).
 """
 
@@ -24,7 +34,18 @@ from typing import Literal
 
 from planner.pool_sizes import ROLES, PoolSizes, Role
 
-PlanFn = Callable[[float, float, float], PoolSizes | None]
+@dataclass(frozen=True)
+class SloScale:
+    """What the plan must meet, as multiples of the SLOs (1 / the model's correction)."""
+
+    ttft: float = 1.0
+    tpot: float = 1.0
+
+
+# plan(rate_rps, mean_prompt_tokens, mean_output_tokens, slo_scale) -> fewest sizes, or None
+PlanFn = Callable[[float, float, float, SloScale], PoolSizes | None]
+# predict(sizes, rate_rps, mean_prompt_tokens, mean_output_tokens) -> the model's (TTFT p90, TPOT p90) s
+PredictFn = Callable[[PoolSizes, float, float, float], tuple[float | None, float | None]]
 Predictor = Literal["last", "moving_average", "trend"]
 
 
@@ -40,6 +61,7 @@ class ObservedLoad:
     current: PoolSizes
     seconds_since_last_scale: float
     rate_history_rps: tuple[float, ...] = ()  # earlier intervals, oldest first
+    ready: PoolSizes | None = None  # replicas serving now (None: unknown, taken as all of `current`)
 
     def __post_init__(self) -> None:
         if self.arrival_rate_rps < 0 or any(r < 0 for r in self.rate_history_rps):
@@ -61,6 +83,8 @@ class PlannerConfig:
     scale_down_headroom: float = 0.2
     predictor: Predictor = "trend"
     window: int = 3  # intervals the predictor looks at (including the current one)
+    min_correction: float = 0.5  # bounds on observed / modelled latency (step 1b)
+    max_correction: float = 10.0
 
     def __post_init__(self) -> None:
         if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0):
@@ -76,6 +100,9 @@ class PlannerConfig:
         if self.scale_down_headroom < 0:
             raise ValueError(f"scale_down_headroom must be >= 0 (0.2 = shrink only with 20% to spare), "
                              f"got {self.scale_down_headroom}")
+        if not 0 < self.min_correction <= 1 <= self.max_correction:
+            raise ValueError(f"need 0 < min_correction <= 1 <= max_correction, got {self.min_correction}, "
+                             f"{self.max_correction}")
         if self.predictor not in ("last", "moving_average", "trend") or self.window < 1:
             raise ValueError(f"predictor must be last|moving_average|trend and window >= 1, got "
                              f"{self.predictor!r}, {self.window}")
@@ -106,12 +133,14 @@ def predict_rate(rates_rps: tuple[float, ...], predictor: Predictor, window: int
     return max(0.0, y_mean + slope * (n - x_mean))
 
 
-def decide(state: ObservedLoad, config: PlannerConfig, plan: PlanFn) -> Decision:
+def decide(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, predict: PredictFn | None = None) -> Decision:
     """The target pool sizes for the next interval. See the module docstring for the rules."""
     rate = predict_rate(state.rate_history_rps + (state.arrival_rate_rps,), config.predictor, config.window)
     reasons: list[str] = [f"predicted {rate:.3g} req/s ({config.predictor})"]
-    wanted = _planned(state, config, plan, rate, reasons)
+    scale = correction(state, config, predict, reasons) if predict is not None else SloScale()
+    wanted = _planned(state, config, plan, rate, scale, reasons)
     wanted = _reactive(state, config, wanted, reasons)
+    wanted = _wait_for_starting(state, wanted, reasons)
     sizes = {}
     for role in ROLES:
         current, value = state.current.of(role), wanted[role]
@@ -125,16 +154,34 @@ def decide(state: ObservedLoad, config: PlannerConfig, plan: PlanFn) -> Decision
     return Decision(state.current, PoolSizes(**sizes), rate, tuple(reasons))
 
 
-def _planned(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, rate: float,
+def correction(state: ObservedLoad, config: PlannerConfig, predict: PredictFn, reasons: list[str]) -> SloScale:
+    """Step 1b: SLO multipliers from observed / modelled p90s; 1 where either is unknown."""
+    serving = state.ready if state.ready is not None else state.current
+    if serving.prefill < 1 or serving.decode < 1 or state.arrival_rate_rps <= 0:
+        return SloScale()
+    modelled = predict(serving, state.arrival_rate_rps, state.mean_prompt_tokens, state.mean_output_tokens)
+    factors = []
+    for observed, model in zip((state.ttft_p90_s, state.tpot_p90_s), modelled):
+        if observed is None or model is None or model <= 0:
+            factors.append(1.0)
+            continue
+        factors.append(min(config.max_correction, max(config.min_correction, observed / model)))
+    if factors != [1.0, 1.0]:
+        reasons.append(f"model correction at {serving}: TTFT x{factors[0]:.2f}, TPOT x{factors[1]:.2f} "
+                       "(observed p90 / modelled)")
+    return SloScale(ttft=1 / factors[0], tpot=1 / factors[1])
+
+
+def _planned(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, rate: float, scale: SloScale,
              reasons: list[str]) -> dict[Role, int]:
     if rate <= 0:
         reasons.append("no traffic predicted: minimum sizes")
         return config.min_sizes.as_dict()
-    up = plan(rate, state.mean_prompt_tokens, state.mean_output_tokens)
+    up = plan(rate, state.mean_prompt_tokens, state.mean_output_tokens, scale)
     if up is None:
         reasons.append("no pool sizes in the search meet the SLOs at this load: maximum sizes")
         return config.max_sizes.as_dict()
-    down = plan(rate * (1 + config.scale_down_headroom), state.mean_prompt_tokens, state.mean_output_tokens)
+    down = plan(rate * (1 + config.scale_down_headroom), state.mean_prompt_tokens, state.mean_output_tokens, scale)
     wanted: dict[Role, int] = {}
     for role in ROLES:
         current = state.current.of(role)
@@ -161,6 +208,18 @@ def _reactive(state: ObservedLoad, config: PlannerConfig, wanted: dict[Role, int
         if observed is not None and observed > slo and out[role] <= current:
             out[role] = current + 1
             reasons.append(f"{role}: observed p90 {name} {observed:.3g}s > SLO {slo:.3g}s: +1")
+    return out
+
+
+def _wait_for_starting(state: ObservedLoad, wanted: dict[Role, int], reasons: list[str]) -> dict[Role, int]:
+    if state.ready is None:
+        return wanted
+    out = dict(wanted)
+    for role in ROLES:
+        current, starting = state.current.of(role), state.current.of(role) - state.ready.of(role)
+        if starting > 0 and out[role] != current:
+            out[role] = current
+            reasons.append(f"{role}: hold at {current}, {starting} replica(s) still starting")
     return out
 
 

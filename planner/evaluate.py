@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from loadgen.metrics import SLO
 from loadgen.workload import RequestSpec, combine, poisson, uniform_lengths
-from planner.decision import PlanFn
+from planner.decision import PlanFn, PredictFn, SloScale
 from planner.perf_model import PerfModel
 from planner.pool_sizes import PoolSizes
 from planner.search import AttainmentFn, SearchSettings, fewest_devices
@@ -45,16 +47,36 @@ def synthetic_workload(num_requests: int, mean_prompt_tokens: float, mean_output
 def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices: int,
                  search: SearchSettings = SearchSettings(), num_requests: int = 500,
                  range_ratio: float = 0.5, seed: int = 0) -> PlanFn:
-    """plan(rate, mean prompt, mean output) -> the fewest disaggregated pool sizes meeting the
-    SLOs at that load in simulation, or None if none within `max_devices` does."""
+    """plan(rate, mean prompt, mean output, slo_scale) -> the fewest disaggregated pool sizes meeting
+    the SLOs (each multiplied by its `slo_scale`) at that load in simulation, or None if none
+    within `max_devices` does."""
 
-    def plan(rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float) -> PoolSizes | None:
+    def plan(rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float,
+             slo_scale: SloScale = SloScale()) -> PoolSizes | None:
         workload_at = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)
-        answer = fewest_devices(make_attainment_fn(workload_at, settings, model, slo), rate_rps, max_devices, search,
-                                include_colocated=False)
+        scaled = SLO(ttft_s=slo.ttft_s * slo_scale.ttft if slo.ttft_s else None,
+                     tpot_s=slo.tpot_s * slo_scale.tpot if slo.tpot_s else None, e2el_s=slo.e2el_s)
+        answer = fewest_devices(make_attainment_fn(workload_at, settings, model, scaled), rate_rps, max_devices,
+                                search, include_colocated=False)
         if answer.disaggregated is None:
             return None
         topology = answer.disaggregated[0]
         return PoolSizes(prefill=topology.num_prefill, decode=topology.num_decode)
 
     return plan
+
+
+def make_predict_fn(settings: SimSettings, model: PerfModel, num_requests: int = 500, range_ratio: float = 0.5,
+                    seed: int = 0) -> PredictFn:
+    """predict(sizes, rate, mean prompt, mean output) -> simulated (TTFT p90, TPOT p90) in seconds
+    of the same synthetic workload `make_plan_fn` plans with (TPOT None if no output > 1 token)."""
+
+    def predict(sizes: PoolSizes, rate_rps: float, mean_prompt_tokens: float,
+                mean_output_tokens: float) -> tuple[float | None, float | None]:
+        requests = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)(rate_rps)
+        result = simulate(requests, Topology.disaggregated(sizes.prefill, sizes.decode), settings, model)
+        tpot = result.tpot_s
+        tpot = tpot[~np.isnan(tpot)]
+        return float(np.percentile(result.ttft_s, 90)), (float(np.percentile(tpot, 90)) if len(tpot) else None)
+
+    return predict

@@ -71,24 +71,29 @@ class ModelInfo:
     num_kv_heads: int
     dtype: str
     block_size: int
+    head_dim: int = 0  # 0: hidden_size / num_attention_heads (models whose config has no head_dim)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "block_size"):
             _positive_int("model", name, getattr(self, name))
         _require(self.dtype in DTYPE_BYTES,
                  f"model.dtype {self.dtype!r} is unknown; use one of {sorted(DTYPE_BYTES)}")
-        _require(self.hidden_size % self.num_attention_heads == 0,
+        _require(isinstance(self.head_dim, int) and self.head_dim >= 0,
+                 f"model.head_dim must be an integer >= 0 (0: hidden_size / num_attention_heads), "
+                 f"got {self.head_dim!r}")
+        _require(self.head_dim > 0 or self.hidden_size % self.num_attention_heads == 0,
                  f"model.hidden_size {self.hidden_size} is not a multiple of "
-                 f"num_attention_heads {self.num_attention_heads}")
+                 f"num_attention_heads {self.num_attention_heads}; give model.head_dim")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def kv_head_dim(self) -> int:
+        """The per-head size of K and V: `head_dim` when given, else hidden_size / heads."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V, every layer, every KV head."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+        return 2 * self.num_layers * self.num_kv_heads * self.kv_head_dim * DTYPE_BYTES[self.dtype]
 
     @property
     def kv_bytes_per_block(self) -> int:

@@ -18,6 +18,7 @@ from pdserve.v1 import generation_pb2_grpc
 from router.grpc_api import GenerationService
 from router.http_api import create_app
 from router.lifecycle import Lifecycle, RouterConfig
+from router.live_stats import start_load_publisher
 from router.pool import WorkerPool
 from router.tokenizer import RouterTokenizer
 
@@ -41,6 +42,7 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     pool = WorkerPool(registry)
     await pool.start()
     lifecycle = Lifecycle(config.router, pool, RouterTokenizer(config.model))
+    load_publisher = start_load_publisher(config.redis_url, config.cluster, lambda: lifecycle.inflight)
 
     server = grpc.aio.server()
     generation_pb2_grpc.add_GenerationServicer_to_server(GenerationService(lifecycle, model_name), server)
@@ -70,5 +72,6 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     http.should_exit = True
     await server.stop(grace=5.0)
     await http_task
+    load_publisher.cancel()
     await pool.close()
     await registry.close()

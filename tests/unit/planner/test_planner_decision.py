@@ -1,7 +1,9 @@
 """The online decision core as tables: observed state in, target pool sizes out.
 
 The plan stub is the synthetic model of test_planner_search: prefill serves 3 req/s per
-replica, decode 2, so the fewest sizes for rate r are (ceil(r/3), ceil(r/2)).
+replica, decode 2, so the fewest sizes for rate r are (ceil(r/3), ceil(r/2)); an SLO scaled by s
+(a corrected model) leaves s times that per replica. The predict stub is a model that always
+expects p90 TTFT 0.5 s and TPOT 0.05 s.
 """
 
 from __future__ import annotations
@@ -11,14 +13,20 @@ from dataclasses import replace
 
 import pytest
 
-from planner.decision import Decision, ObservedLoad, PlannerConfig, decide, predict_rate
+from planner.decision import Decision, ObservedLoad, PlannerConfig, SloScale, decide, predict_rate
 from planner.pool_sizes import PoolSizes
 
 
-def plan(rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float) -> PoolSizes | None:
+def plan(rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float,
+         slo_scale: SloScale = SloScale()) -> PoolSizes | None:
     if rate_rps > 60:
         return None  # beyond what the search may use
-    return PoolSizes(prefill=math.ceil(rate_rps / 3), decode=math.ceil(rate_rps / 2))
+    return PoolSizes(prefill=math.ceil(round(rate_rps / (3 * slo_scale.ttft), 9)),
+                     decode=math.ceil(round(rate_rps / (2 * slo_scale.tpot), 9)))
+
+
+def predict(sizes: PoolSizes, rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float):
+    return 0.5, 0.05
 
 
 CONFIG = PlannerConfig(ttft_slo_s=1.0, tpot_slo_s=0.1, min_sizes=PoolSizes(1, 1), max_sizes=PoolSizes(8, 8),
@@ -27,10 +35,10 @@ CONFIG = PlannerConfig(ttft_slo_s=1.0, tpot_slo_s=0.1, min_sizes=PoolSizes(1, 1)
 
 
 def state(rate: float, current: tuple[int, int], since_s: float = 300.0, ttft_p90_s: float | None = 0.5,
-          tpot_p90_s: float | None = 0.05) -> ObservedLoad:
+          tpot_p90_s: float | None = 0.05, ready: tuple[int, int] | None = None) -> ObservedLoad:
     return ObservedLoad(arrival_rate_rps=rate, mean_prompt_tokens=512, mean_output_tokens=128,
                         ttft_p90_s=ttft_p90_s, tpot_p90_s=tpot_p90_s, current=PoolSizes(*current),
-                        seconds_since_last_scale=since_s)
+                        seconds_since_last_scale=since_s, ready=PoolSizes(*ready) if ready else None)
 
 
 CASES = [
@@ -57,6 +65,14 @@ CASES = [
      "no traffic predicted"),
     ("an infeasible load goes toward the maximum", state(100.0, (2, 2)), {}, (4, 4), "maximum sizes"),
     ("bounds apply even during cooldown", state(4.0, (0, 0), since_s=0), {}, (1, 1), "clamped to bounds [1, 8]"),
+    ("a pool with replicas still starting does not grow again", state(9.0, (2, 2), ready=(2, 1)), {}, (3, 2),
+     "decode: hold at 2, 1 replica(s) still starting"),
+    ("starting replicas do not stop the observed-TPOT guard of a ready pool", state(4.0, (2, 2), tpot_p90_s=0.15,
+     ready=(1, 2)), {}, (2, 3), "observed p90 TPOT 0.15s > SLO 0.1s"),
+    ("starting replicas hold the guard of their own pool", state(4.0, (2, 2), tpot_p90_s=0.15, ready=(2, 1)), {},
+     (2, 2), "decode: hold at 2, 1 replica(s) still starting"),
+    ("starting replicas hold a shrink of their pool only", state(1.0, (3, 4), ready=(3, 3)), {}, (2, 4),
+     "decode: hold at 4, 1 replica(s) still starting"),
 ]
 
 
@@ -66,6 +82,31 @@ def test_decision_table(name, observed, overrides, expected, reason):
     assert decision.target == PoolSizes(*expected)
     assert decision.changed == (decision.target != observed.current)
     assert any(reason in r for r in decision.reasons), decision.reasons
+
+
+CORRECTION_CASES = [
+    # name, state, expected target, a reason that must be given
+    ("observed TPOT twice the model's doubles the decode need", state(4.0, (2, 2), tpot_p90_s=0.1), (2, 4),
+     "model correction at 2P+2D: TTFT x1.00, TPOT x2.00"),
+    ("a model that is right changes nothing", state(4.0, (2, 2), ttft_p90_s=0.5, tpot_p90_s=0.05), (2, 2),
+     "predicted 4 req/s"),
+    ("the correction is clamped", state(4.0, (2, 2), tpot_p90_s=5.0), (2, 4), "TPOT x10.00"),
+    ("a pessimistic model lets pools shrink", state(4.0, (3, 3), ttft_p90_s=0.25), (2, 3), "TTFT x0.50"),
+    ("the correction compares with the replicas that served", state(4.0, (2, 3), tpot_p90_s=0.1, ready=(2, 2)),
+     (2, 3), "model correction at 2P+2D"),
+]
+
+
+@pytest.mark.parametrize("name, observed, expected, reason", CORRECTION_CASES, ids=[c[0] for c in CORRECTION_CASES])
+def test_model_correction_table(name, observed, expected, reason):
+    decision = decide(observed, CONFIG, plan, predict)
+    assert decision.target == PoolSizes(*expected)
+    assert any(reason in r for r in decision.reasons), decision.reasons
+
+
+def test_no_correction_without_observations():
+    decision = decide(state(4.0, (2, 2), ttft_p90_s=None, tpot_p90_s=None), CONFIG, plan, predict)
+    assert decision.target == PoolSizes(2, 2) and not any("correction" in r for r in decision.reasons)
 
 
 @pytest.mark.parametrize("rates, predictor, window, expected", [

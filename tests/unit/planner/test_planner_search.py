@@ -78,6 +78,7 @@ def test_fewest_devices_says_none_when_the_cap_is_too_small():
 
 def test_plan_fn_over_the_simulator_sizes_pools_for_the_online_planner():
     from loadgen.metrics import SLO
+    from planner.decision import SloScale
     from planner.evaluate import make_plan_fn
     from planner.perf_model import fit_perf_model
     from planner.pool_sizes import PoolSizes
@@ -91,3 +92,19 @@ def test_plan_fn_over_the_simulator_sizes_pools_for_the_online_planner():
     assert low == PoolSizes(prefill=1, decode=1)
     assert high is not None and high.decode > low.decode and high.total <= 6
     assert plan(100.0, 512, 128) is None
+    tighter = plan(5.0, 512, 128, SloScale(ttft=1.0, tpot=0.4))  # TPOT 20 ms instead of 50
+    assert tighter is not None and tighter.decode > high.decode
+
+
+def test_predict_fn_expects_lower_tpot_from_more_decode_workers():
+    from planner.evaluate import make_predict_fn
+    from planner.perf_model import fit_perf_model
+    from planner.pool_sizes import PoolSizes
+    from planner.profiles.example import build_example_profile
+    from planner.simulator import SimSettings
+
+    profile = build_example_profile()
+    predict = make_predict_fn(SimSettings.from_profile(profile), fit_perf_model(profile).model, num_requests=200)
+    ttft_one, tpot_one = predict(PoolSizes(1, 1), 3.0, 512, 128)
+    ttft_three, tpot_three = predict(PoolSizes(1, 3), 3.0, 512, 128)
+    assert tpot_three < tpot_one and 0 < ttft_one and 0 < ttft_three

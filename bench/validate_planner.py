@@ -1,0 +1,129 @@
+"""Do the planner's predictions hold? Run the real cluster under loadgen at several rates and compare
+measured with simulated p50/p90 TTFT and TPOT and SLO attainment, per profile.
+
+    python bench/validate_planner.py --model models/tiny --profile planner/profiles/tiny_2cpu.json \\
+        --profile planner/profiles/tiny_2cpu_served.json --rates 2,6,10,14 --ttft-slo-ms 100 --tpot-slo-ms 15
+
+One real 1P+1D cluster (prefill on core 0, decode on core 1, the engine settings of the first
+profile) serves a Poisson workload at each rate; the very same request list (arrivals and
+lengths) is simulated through 1P+1D with each profile's fitted model. Prints a table of
+measured / simulated values and errors, and writes <out-dir>/validation.json and .png.
+Without --rates, the rates are 30/60/90/120% of the first profile's simulated goodput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rich.console import Console  # noqa: E402
+
+from loadgen.harness import WorkloadConfig, make_target, run_with_progress  # noqa: E402
+from loadgen.metrics import SLO, summarize  # noqa: E402
+from loadgen.prompts import PromptSynthesizer  # noqa: E402
+from loadgen.runner import RunConfig  # noqa: E402
+from planner.evaluate import make_attainment_fn  # noqa: E402
+from planner.perf_model import fit_perf_model  # noqa: E402
+from planner.profile import Profile, load_profile  # noqa: E402
+from planner.search import SearchSettings, max_rate  # noqa: E402
+from planner.simulator import SimSettings, Topology, simulate  # noqa: E402
+from planner.validation import Comparison, error_table, plot_validation, to_json  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="checkpoint the cluster serves (the profiles' model)")
+    p.add_argument("--profile", type=Path, action="append", required=True,
+                   help="profile to simulate with; repeat to compare several (e.g. --through engine and cluster)")
+    p.add_argument("--rates", help="comma-separated offered rates, req/s (default: from the first profile)")
+    p.add_argument("--duration-s", type=float, default=40.0, help="seconds of arrivals per rate (default 40)")
+    p.add_argument("--min-requests", type=int, default=40, help="at least this many requests per rate (default 40)")
+    p.add_argument("--input-len", type=int, default=128, help="mean prompt tokens (default 128)")
+    p.add_argument("--output-len", type=int, default=64, help="mean output tokens (default 64)")
+    p.add_argument("--range-ratio", type=float, default=0.5, help="lengths uniform in mean x (1 +- r) (default 0.5)")
+    p.add_argument("--ttft-slo-ms", type=float, default=200.0, help="TTFT SLO (default 200)")
+    p.add_argument("--tpot-slo-ms", type=float, default=20.0, help="TPOT SLO (default 20)")
+    p.add_argument("--transport", default="tcp", choices=["tcp", "torch"], help="the cluster's KV transport")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", type=Path, default=REPO / "out" / "validate_planner")
+    return p.parse_args(argv)
+
+
+def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str) -> list[float]:
+    fit = fit_perf_model(profile)
+    attainment = make_attainment_fn(lambda rate: workload.build(rate_rps=rate), SimSettings.from_profile(profile, transport),
+                                    fit.model, slo)
+    goodput, _, _ = max_rate(lambda rate: attainment(Topology.disaggregated(1, 1), rate), SearchSettings())
+    if goodput <= 0:
+        raise SystemExit("the first profile meets the SLOs at no rate; give --rates or looser SLOs")
+    return [round(goodput * share, 3) for share in (0.3, 0.6, 0.9, 1.2)]
+
+
+def start_cluster(model: Path, profile: Profile, transport: str, log_dir: Path):
+    from pdserve.engine import EngineSettings
+    from pdserve.launcher import ClusterSpec, LocalCluster
+
+    engine = EngineSettings(model=str(model), dtype=profile.model.dtype, block_size=profile.model.block_size,
+                            kv_cache_bytes=profile.engine.kv_cache_memory_bytes, max_num_seqs=profile.engine.max_num_seqs)
+    spec = ClusterSpec(engine=engine, transport=transport, cpu_cores={"prefill": "0", "decode": "1"},
+                       log_dir=str(log_dir))
+    return LocalCluster(spec).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    profiles = {path.stem: load_profile(path) for path in args.profile}
+    first = next(iter(profiles.values()))
+    slo = SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3)
+    workload = WorkloadConfig(kind="random", arrival="poisson", rate_rps=1.0, num_requests=args.min_requests,
+                              prompt_mean=args.input_len, output_mean=args.output_len, range_ratio=args.range_ratio,
+                              seed=args.seed)
+    rates = ([float(r) for r in args.rates.split(",")] if args.rates
+             else auto_rates(first, workload, slo, args.transport))
+    models = {name: (SimSettings.from_profile(p, args.transport), fit_perf_model(p).model) for name, p in profiles.items()}
+    console.print(f"rates {rates} req/s; SLOs TTFT {args.ttft_slo_ms:g} ms, TPOT {args.tpot_slo_ms:g} ms; "
+                  f"models {list(profiles)}")
+    comparisons: list[Comparison] = []
+    cluster = start_cluster(args.model, first, args.transport, args.out_dir / "logs")
+    try:
+        prompts = PromptSynthesizer(seed=args.seed, token_id_high=min(250, first_vocab(args.model)))
+        for rate in rates:
+            count = max(args.min_requests, round(rate * args.duration_s))
+            specs = workload.build(rate_rps=rate, num_requests=count)
+            result = asyncio.run(run_with_progress(make_target("pdserve", cluster.grpc_target), specs, prompts,
+                                                   RunConfig(warmup_requests=4), f"{rate:g} req/s"))
+            measured = summarize(result.records, result.duration_s, slo)
+            if measured["failed"]:
+                console.print(f"[red]{measured['failed']} requests failed at {rate:g} req/s: "
+                              f"{measured['errors_by_kind']}[/red]")
+            for name, (settings, model) in models.items():
+                simulated = simulate(specs, Topology.disaggregated(1, 1), settings, model).summary(slo)
+                comparisons.append(Comparison(rate, name, measured, simulated))
+    finally:
+        cluster.stop()
+    console.print(error_table(comparisons, f"measured vs simulated, 1P+1D, {args.model.name}"))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "validation.json").write_text(json.dumps(
+        {"model": args.model.name, "profiles": [str(p) for p in args.profile], "slo_ms": slo.as_ms(),
+         "workload": {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio},
+         **to_json(comparisons)}, indent=1))
+    png = plot_validation(comparisons, args.out_dir / "validation.png",
+                          f"{args.model.name} 1P+1D: measured vs simulated (TTFT<={args.ttft_slo_ms:g} ms, "
+                          f"TPOT<={args.tpot_slo_ms:g} ms)")
+    console.print(f"wrote {args.out_dir / 'validation.json'} and {png}")
+    return 0
+
+
+def first_vocab(model: Path) -> int:
+    return int(json.loads((model / "config.json").read_text())["vocab_size"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""`pdserve profile`: measure the engine and the KV transports on this host, write a profile file.
+Argument parsing only; the work is in `planner.profiler.job`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pdserve.commands.engine_options import add_engine_options, engine_settings
+
+DESCRIPTION = """\
+Measure what the planner needs to know about this host, for one model and engine setup:
+  - prefill time against prompt tokens (one request alone, chunked by the engine's token budget);
+  - decode step time against batch size and total context (concurrent requests, ignore_eos);
+  - KV transfer time against bytes, for each transport (the real transports over loopback).
+--through engine (default) times one colocated vLLM engine bound to --cpu-cores, the cores one
+worker gets. --through cluster times a real 1P+1D local cluster at the client (prefill worker on
+the first of --cluster-cores, decode on the second), so the router's and the gRPC hops' per-token
+costs are in the profile too: on small models and few cores they are as large as the engine's,
+and the planner's predictions hold only with them. Either way the profile describes one device
+per worker. Give the same engine options your workers run with.
+
+Writes OUT (a versioned JSON profile recording hardware, model and engine settings) and OUT with
+a .png suffix (measured points and the fitted model), and prints the fit and its error.
+`pdserve plan --profile OUT` and `pdserve planner --profile OUT` read it. A full run takes a few
+minutes; --quick measures the fewest points the fits accept (about a minute on the tiny model).
+"""
+
+EPILOG = """\
+examples:
+  pdserve profile --model models/bench --out profiles/bench.json
+  pdserve profile --model models/tiny --quick --transports tcp --out /tmp/tiny.json
+  pdserve profile --model models/bench --through cluster --cluster-cores 0,1 --out profiles/bench_served.json
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("profile", help="measure prefill, decode and KV transfer times on this host",
+                              description=DESCRIPTION, epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("profile.json"), help="profile file to write (default profile.json)")
+    p.add_argument("--transports", default="tcp,torch",
+                   help="comma-separated KV transports to measure: tcp, torch (default tcp,torch)")
+    p.add_argument("--cpu-cores", default="0",
+                   help="cores to bind the engine to, as one worker is bound (default 0; '' = vLLM's choice)")
+    p.add_argument("--through", choices=["engine", "cluster"], default="engine",
+                   help="time the engine alone, or a real 1P+1D cluster at the client (default engine)")
+    p.add_argument("--cluster-cores", default="0,1",
+                   help="--through cluster: PREFILL,DECODE core sets of the two workers (default 0,1)")
+    p.add_argument("--quick", action="store_true", help="fewest points (tests, smoke runs): about a minute")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    add_engine_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from rich.console import Console
+
+    from planner.profile import ProfileError
+    from planner.profiler.job import ProfileJob, run_profile
+    from planner.profiler.plan import PlanError
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        job = ProfileJob(engine=engine_settings(args, args.cpu_cores),
+                         transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
+                         quick=args.quick, out=args.out, show_progress=not args.no_progress, path=args.through,
+                         cluster_cores=_two_core_sets(args.cluster_cores))
+        console = Console()
+        outcome = run_profile(job, console)
+    except (PlanError, ProfileError, ValueError, FileNotFoundError) as bad:
+        raise SystemExit(f"pdserve profile: {bad}") from bad
+    console.print(f"wrote {outcome.profile_path} and {outcome.plot_path} in {outcome.elapsed_s:.0f} s")
+    return 0
+
+
+def _two_core_sets(text: str) -> tuple[str, str]:
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"--cluster-cores takes PREFILL,DECODE core sets such as 0,1; got {text!r}")
+    return parts[0], parts[1]

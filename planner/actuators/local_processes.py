@@ -1,0 +1,127 @@
+"""`pdserve worker` processes the planner starts next to a running cluster (found by its Redis).
+
+The `WorkerBackend` of `planner.actuators.local.LocalActuator` for `pdserve planner --actuator
+local`: the cluster (router, first workers) was started by someone else, e.g. `pdserve up`; these
+workers join it through the registry exactly as `pdserve up`'s own do. Each worker is one process
+group (`pdserve.launcher.Process`); `stop_all()` drains them all (the planner owns them).
+
+CPU placement: `cpu_cores` gives each role a rotation of core sets; a new worker takes the first
+set no live worker of its role holds (else the least used), so on a 2-core host a second decode
+worker can go to the core the first one does not use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdserve.commands.engine_options import engine_option_argv
+from pdserve.orphans import die_with_parent
+from pdserve.engine import EngineSettings
+from pdserve.launcher import Process
+from planner.actuators.base import ROLES, Role
+
+
+@dataclass(frozen=True)
+class WorkerLaunchSpec:
+    redis_url: str
+    cluster: str
+    engine: EngineSettings
+    transport: str = "tcp"
+    cpu_cores: dict[str, tuple[str, ...]] = field(default_factory=dict)  # role -> core sets, e.g. ("1", "0")
+    lease_s: float = 30.0
+    ttl_s: float = 3.0
+    log_dir: str = ""
+    id_prefix: str = "planned"
+
+    def __post_init__(self) -> None:
+        if not self.redis_url:
+            raise ValueError("redis_url is empty: give the cluster's registry, e.g. redis://127.0.0.1:6379/0")
+        if self.transport not in ("tcp", "torch"):
+            raise ValueError(f"transport must be tcp or torch (the cluster's), got {self.transport!r}")
+        unknown = set(self.cpu_cores) - set(ROLES)
+        if unknown:
+            raise ValueError(f"cpu_cores has roles {sorted(unknown)}; use prefill and/or decode")
+
+
+class WorkerProcesses:
+    """Starts, lists and drains worker processes. Not thread-safe for concurrent adds; the
+    actuator serializes them (removals may run in other threads)."""
+
+    def __init__(self, spec: WorkerLaunchSpec) -> None:
+        self.spec = spec
+        self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="pdserve-planner-workers-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._processes: dict[str, Process] = {}
+        self._cores: dict[str, str] = {}
+        self._ids = itertools.count()
+
+    def add_worker(self, role: Role, wait: bool = True, timeout_s: float = 240.0) -> str:
+        worker_id = f"{role}-{self.spec.id_prefix}-{os.getpid()}-{next(self._ids)}"
+        cores = self._pick_cores(role)
+        ready = self.log_dir / f"{worker_id}.ready"
+        ready.unlink(missing_ok=True)
+        log_path = self.log_dir / f"{worker_id}.log"
+        env = os.environ | {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+                            "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "pdserve.cli", *self._argv(role, worker_id, cores), "--ready-file", str(ready)]
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=die_with_parent())
+        self._processes[worker_id] = Process(worker_id, popen, ready, log_path)
+        self._cores[worker_id] = cores
+        if wait:
+            self.wait_ready(worker_id, timeout_s)
+        return worker_id
+
+    def wait_ready(self, worker_id: str, timeout_s: float = 240.0) -> None:
+        """Until the worker wrote its ready file (it serves and is registered); raises if it exited."""
+        process = self._processes[worker_id]
+        deadline = time.monotonic() + timeout_s
+        while not (process.ready_file.exists() and process.ready_file.read_text().strip()):
+            if not process.alive():
+                raise RuntimeError(f"worker {worker_id} exited with {process.popen.returncode}; see {process.log_path}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {worker_id} not ready within {timeout_s:g} s; see {process.log_path}")
+            time.sleep(0.1)
+
+    def remove_worker(self, worker_id: str, timeout_s: float = 90.0) -> int:
+        """SIGTERM: the worker drains (finishes in-flight requests) and exits; returns its exit code."""
+        process = self._processes.pop(worker_id)
+        self._cores.pop(worker_id, None)
+        return process.stop(timeout_s)
+
+    def worker_ids(self, role: Role) -> list[str]:
+        """Live workers of `role` (starting or serving), oldest first; exited ones are forgotten."""
+        for worker_id, process in list(self._processes.items()):
+            if not process.alive():
+                self._processes.pop(worker_id, None)
+                self._cores.pop(worker_id, None)
+        return [w for w in self._processes if w.startswith(f"{role}-")]
+
+    def cores_of(self, worker_id: str) -> str:
+        return self._cores[worker_id]
+
+    def stop_all(self) -> None:
+        for worker_id in list(self._processes):
+            self.remove_worker(worker_id)
+
+    def _pick_cores(self, role: Role) -> str:
+        choices = self.spec.cpu_cores.get(role, ())
+        if not choices:
+            return ""
+        used = Counter(self._cores[w] for w in self.worker_ids(role))
+        return min(choices, key=lambda cores: (used[cores], choices.index(cores)))
+
+    def _argv(self, role: Role, worker_id: str, cores: str) -> list[str]:
+        s = self.spec
+        return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", s.redis_url, "--cluster", s.cluster,
+                "--transport", s.transport, "--cpu-cores", cores, "--lease-s", str(s.lease_s), "--ttl-s", str(s.ttl_s),
+                *engine_option_argv(s.engine)]

@@ -1,0 +1,199 @@
+"""The online SLA planner's loop: read live load -> `decide` -> actuator, every interval.
+
+One tick:
+1. read every router's live-load summary and the worker registry from Redis (`planner.live`);
+   no router published: hold (missing data is not "no load") and say so;
+2. ask the actuator for the pools' desired sizes (`current`), build `ObservedLoad`;
+3. `planner.decision.decide` (pure; it runs the simulator-backed search in a thread);
+4. apply a changed target, one `actuator.scale(role, n)` per changed pool;
+5. publish the decision for observability:
+       pdserve:{cluster}:planner:decision    JSON of the last tick (SET, expires after 10 intervals)
+       pdserve:{cluster}:planner:decisions   the last 100 ticks, newest first (LPUSH + LTRIM)
+
+Actuator and Redis errors are logged and published, never fatal: the next tick tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from redis.exceptions import RedisError
+
+from pdserve.registry import Registry
+from planner.actuators.base import ROLES, Actuator
+from planner.decision import Decision, ObservedLoad, PlanFn, PlannerConfig, PredictFn, decide
+from planner.live import merge_loads, observed_load, read_router_loads, ready_sizes
+from planner.pool_sizes import PoolSizes
+
+logger = logging.getLogger(__name__)
+HISTORY_LENGTH = 100
+
+
+def decision_key(cluster: str) -> str:
+    return f"pdserve:{cluster}:planner:decision"
+
+
+def decisions_key(cluster: str) -> str:
+    return f"pdserve:{cluster}:planner:decisions"
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    cluster: str
+    interval_s: float = 10.0
+    fallback_prompt_tokens: float = 512.0  # lengths assumed before any request finished
+    fallback_output_tokens: float = 128.0
+    dry_run: bool = False  # decide and publish, never call `actuator.scale`
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise ValueError(f"interval_s must be > 0 seconds, got {self.interval_s}")
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The performance model as the decision core asks it: `plan` sizes a load, `predict` says what
+    latency the model expects at given sizes (None: no model correction). `fit` is for display."""
+
+    plan: PlanFn
+    predict: PredictFn | None = None
+    fit: object | None = None
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What one tick saw and did; `decision` is None when it held for lack of data."""
+
+    at_s: float  # wall clock
+    observed: ObservedLoad | None
+    decision: Decision | None
+    applied: bool
+    note: str = ""
+    errors: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> str:
+        body = {"at_s": self.at_s, "applied": self.applied, "note": self.note, "errors": list(self.errors)}
+        if self.observed is not None:
+            observed = asdict(self.observed)
+            if math.isinf(observed["seconds_since_last_scale"]):
+                observed["seconds_since_last_scale"] = None  # never scaled (JSON has no infinity)
+            body["observed"] = observed
+        if self.decision is not None:
+            d = self.decision
+            body |= {"current": d.current.as_dict(), "target": d.target.as_dict(), "changed": d.changed,
+                     "predicted_rate_rps": d.predicted_rate_rps, "reasons": list(d.reasons)}
+        return json.dumps(body)
+
+
+class PlannerLoop:
+    """Owns the loop's memory (rate history, last scale time, last lengths); the rest is stateless."""
+
+    def __init__(self, redis, registry: Registry, settings: LoopSettings, config: PlannerConfig, oracle: Oracle,
+                 actuator: Actuator, clock: Callable[[], float] = time.monotonic) -> None:
+        self.redis, self.registry, self.settings, self.config = redis, registry, settings, config
+        self.oracle, self.actuator, self.clock = oracle, actuator, clock
+        self._rates: deque[float] = deque(maxlen=max(1, config.window - 1))
+        self._last_scale_s: float | None = None
+        self._last_ready: PoolSizes | None = None
+        self._lengths = (settings.fallback_prompt_tokens, settings.fallback_output_tokens)
+        self.ticks: deque[Tick] = deque(maxlen=HISTORY_LENGTH)  # the latest, for callers and tests
+
+    @classmethod
+    def connect(cls, redis_url: str, settings: LoopSettings, config: PlannerConfig, oracle: Oracle,
+                actuator: Actuator) -> "PlannerLoop":
+        import redis.asyncio as aioredis
+
+        return cls(aioredis.from_url(redis_url), Registry(redis_url, settings.cluster), settings, config, oracle,
+                   actuator)
+
+    async def close(self) -> None:
+        await self.registry.close()
+        await self.redis.aclose()
+
+    async def tick(self) -> Tick:
+        errors: list[str] = []
+        loads = await read_router_loads(self.redis, self.settings.cluster)
+        live = merge_loads(loads)
+        if live is None:
+            return await self._finish(Tick(time.time(), None, None, False, "held: no router published live load"))
+        if live.mean_prompt_tokens is not None:
+            self._lengths = (live.mean_prompt_tokens, live.mean_output_tokens)
+        try:
+            current = PoolSizes.from_mapping(await asyncio.to_thread(self.actuator.current))
+        except (RuntimeError, OSError) as error:  # the actuator's typed errors say what to fix
+            return await self._finish(Tick(time.time(), None, None, False, f"held: actuator unavailable: {error}"))
+        ready = ready_sizes(await self.registry.workers())
+        self._note_new_replicas(ready)
+        since_s = math.inf if self._last_scale_s is None else self.clock() - self._last_scale_s
+        observed = observed_load(live, current, ready, since_s, tuple(self._rates), self._lengths)
+        self._rates.append(live.arrival_rate_rps)
+        decision = await asyncio.to_thread(decide, observed, self.config, self.oracle.plan, self.oracle.predict)
+        if self.settings.dry_run:
+            return await self._finish(Tick(time.time(), observed, decision, False, "dry run: not applied"))
+        applied = decision.changed and await self._apply(decision, errors)
+        return await self._finish(Tick(time.time(), observed, decision, applied, errors=tuple(errors)))
+
+    def _note_new_replicas(self, ready: PoolSizes) -> None:
+        """Restarts the cooldown clock when a pool gains serving replicas after a scale-up.
+
+        The cooldown exists to judge a change by its effect; a replica that took minutes to boot has
+        had no effect until it serves, so a cooldown counted from the decision alone could shrink the
+        pool the moment the new replica arrives. A pool that loses replicas (a crash) does not restart
+        the clock: its replacement must not wait."""
+        previous, self._last_ready = self._last_ready, ready
+        if self._last_scale_s is not None and previous is not None and any(
+                ready.of(role) > previous.of(role) for role in ROLES):
+            self._last_scale_s = self.clock()
+
+    async def _apply(self, decision: Decision, errors: list[str]) -> bool:
+        applied = False
+        for role in ROLES:
+            if decision.target.of(role) == decision.current.of(role):
+                continue
+            try:
+                await asyncio.to_thread(self.actuator.scale, role, decision.target.of(role))
+                applied = True
+            except (RuntimeError, ValueError, OSError) as error:  # the actuator's typed errors say what to fix
+                errors.append(f"scale {role} to {decision.target.of(role)}: {error}")
+                logger.error("planner: %s", errors[-1])
+        if applied:
+            self._last_scale_s = self.clock()
+        return applied
+
+    async def _finish(self, tick: Tick) -> Tick:
+        self.ticks.append(tick)
+        payload = tick.to_json()
+        try:
+            ttl_ms = int(10 * self.settings.interval_s * 1000)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(decision_key(self.settings.cluster), payload, px=ttl_ms)
+                pipe.lpush(decisions_key(self.settings.cluster), payload)
+                pipe.ltrim(decisions_key(self.settings.cluster), 0, HISTORY_LENGTH - 1)
+                await pipe.execute()
+        except (RedisError, OSError) as error:
+            logger.warning("planner: could not publish the decision: %s", error)
+        return tick
+
+    async def run(self, stop: asyncio.Event, on_tick: Callable[[Tick], None] | None = None) -> None:
+        """Tick every `interval_s` (measured start to start) until `stop` is set."""
+        while not stop.is_set():
+            started = self.clock()
+            try:
+                tick = await self.tick()
+                if on_tick is not None:
+                    on_tick(tick)
+            except (RedisError, OSError) as error:
+                logger.warning("planner: tick failed, retrying next interval: %s", error)
+            remaining = self.settings.interval_s - (self.clock() - started)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, remaining))
+            except TimeoutError:
+                pass
+

@@ -1,0 +1,203 @@
+"""`pdserve profile`'s work: measure transfers and the engine, write the profile, report the fit.
+
+Order: KV transfers first (no engine running, so they do not compete with it), then prefill and
+decode timings along one of two paths (`ProfileJob.path`):
+- "engine": one colocated vLLM engine (prefix caching off) bound to `cpu_cores`, the cores one
+  worker gets: the engine's own costs;
+- "cluster": a real 1P+1D local cluster, timed at the client: the engine plus the router, the
+  gRPC hops and the workers' per-token handling (`planner.profiler.cluster_probe`).
+Either way a profile describes one device per worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pdserve.engine import EngineSettings as WorkerEngineSettings
+from planner.perf_model import FitReport, fit_perf_model
+from planner.profile import (
+    DecodeSample,
+    EngineSettings,
+    ModelInfo,
+    PrefillSample,
+    Profile,
+    TransferSample,
+    save_profile,
+)
+from planner.profiler.host import hardware_info, model_info
+from planner.profiler.plan import ProfilePlan, make_plan
+from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    engine: WorkerEngineSettings
+    transports: tuple[str, ...] = ("tcp", "torch")
+    quick: bool = False
+    out: Path = Path("profile.json")
+    show_progress: bool = True
+    path: Literal["engine", "cluster"] = "engine"
+    cluster_cores: tuple[str, str] = ("0", "1")  # path "cluster": the prefill and the decode worker's cores
+
+    def __post_init__(self) -> None:
+        unknown = set(self.transports) - {"tcp", "torch"}
+        if not self.transports or unknown:
+            raise ValueError(f"--transports must list tcp and/or torch, got {','.join(self.transports) or 'nothing'}")
+        if self.path not in ("engine", "cluster"):
+            raise ValueError(f"--through must be engine or cluster, got {self.path!r}")
+
+
+@dataclass(frozen=True)
+class ProfileOutcome:
+    profile: Profile
+    fit: FitReport
+    profile_path: Path
+    plot_path: Path
+    elapsed_s: float
+
+
+def _progress(show: bool) -> Progress:
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[last]}"), TimeElapsedColumn())
+    return Progress(*columns, disable=not show)
+
+
+def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
+    """Measure, write `job.out` and `<job.out stem>.png`, print the fit. Takes minutes (`quick`: ~1)."""
+    started = time.perf_counter()
+    engine = replace(job.engine, enable_prefix_caching=False)
+    if job.path == "cluster":
+        engine = replace(engine, cpu_cores="")  # each worker gets its own cores from `cluster_cores`
+    model = model_info(engine.model, engine.dtype, engine.block_size)
+    plan = make_plan(engine.max_model_len, engine.max_num_seqs, engine.kv_cache_bytes // model.kv_bytes_per_token,
+                     engine.block_size, job.quick)
+    total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports)
+    with _progress(job.show_progress) as progress:
+        task = progress.add_task("profiling", total=total, last="")
+
+        def advance(label: str) -> None:
+            progress.update(task, advance=1, last=label)
+
+        transfers = _measure_transfers(model, job.transports, plan, advance)
+        if job.path == "engine":
+            prefill, decode, budget, version = asyncio.run(_measure_engine(engine, plan, advance))
+        else:
+            prefill, decode, budget, version = _measure_cluster(engine, job, plan, advance)
+    cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
+    profile = Profile(
+        hardware=hardware_info(engine.cpu_cores if job.path == "engine" else job.cluster_cores[1]), model=model,
+        engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,
+                              kv_cache_memory_bytes=engine.kv_cache_bytes, enforce_eager=True),
+        prefill=prefill, decode=decode, kv_transfer=transfers,
+        created_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        notes=f"pdserve profile --through {job.path}{' --quick' if job.quick else ''}; cores {cores}; "
+              + ("colocated vLLM engine" if job.path == "engine" else "1P+1D cluster timed at the client")
+              + ", prefix caching off",
+    )
+    job.out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(profile, job.out)
+    fit = fit_perf_model(profile)
+    from planner.profiler.plot import plot_profile
+
+    plot_path = plot_profile(profile, fit.model, job.out.with_suffix(".png"))
+    _report(console, profile, fit)
+    return ProfileOutcome(profile, fit, job.out, plot_path, time.perf_counter() - started)
+
+
+def _measure_transfers(model: ModelInfo, transports: tuple[str, ...], plan: ProfilePlan,
+                       advance) -> tuple[TransferSample, ...]:
+    geometry = BlockGeometry(model.num_layers, model.num_kv_heads, model.kv_head_dim, model.block_size, model.dtype)
+    rows = []
+    for transport in transports:
+        for m in measure_transfers(geometry, transport, plan.transfer_blocks, plan.transfer_repeats):
+            rows.append(TransferSample(m.transport, m.kv_bytes, round(m.transfer_s, 7)))
+            advance(f"{transport}: {m.num_blocks} blocks {m.transfer_s * 1e3:.2f} ms")
+    return tuple(rows)
+
+
+async def _measure_engine(settings: WorkerEngineSettings, plan: ProfilePlan, advance):
+    import vllm
+
+    from pdserve.engine import start_engine
+    from planner.profiler.engine_probe import EngineProbe
+
+    engine, probe = start_engine(settings, "colocated"), None
+    try:
+        budget = int(engine.vllm_config.scheduler_config.max_num_batched_tokens)
+        advance(f"engine up (token budget {budget})")
+        probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()))
+        prefill, decode = await _measure(probe, plan, budget, advance)
+    finally:
+        engine.shutdown()
+        del engine, probe
+        gc.collect()  # AsyncLLM.__del__ shuts down again: let it run now, not at interpreter exit
+    return prefill, decode, budget, vllm.__version__
+
+
+def _measure_cluster(settings: WorkerEngineSettings, job: ProfileJob, plan: ProfilePlan, advance):
+    import vllm
+
+    from pdserve.client import AsyncClient
+    from pdserve.engine import engine_args
+    from planner.profiler.cluster_probe import ClusterProbe, local_cluster
+
+    budget = int(engine_args(settings, "colocated").create_engine_config().scheduler_config.max_num_batched_tokens)
+
+    async def measure(target: str):
+        async with AsyncClient(target) as client:
+            probe = ClusterProbe(client, (await client.model_info()).vocab_size)
+            return await _measure(probe, plan, budget, advance)
+
+    with local_cluster(settings, job.transports[0], *job.cluster_cores) as target:
+        advance(f"cluster up (token budget {budget})")
+        prefill, decode = asyncio.run(measure(target))
+    return prefill, decode, budget, vllm.__version__
+
+
+async def _measure(probe, plan: ProfilePlan, budget: int, advance):
+    """Prefill and decode rows from an `EngineProbe` or a `ClusterProbe`."""
+    await probe.warm_up()
+    prefill = []
+    for n in plan.prefill_prompt_tokens:
+        seconds = await probe.prefill_s(n, plan.prefill_repeats)
+        prefill.append(PrefillSample(n, budget, round(seconds, 7)))
+        advance(f"prefill {n} tokens {seconds * 1e3:.1f} ms")
+    decode = []
+    for batch, context in plan.decode_points:
+        m = await probe.decode(batch, context, plan.decode_steps)
+        decode.append(DecodeSample(m.batch_size, m.context_tokens, round(m.step_s, 7)))
+        advance(f"decode batch {batch} x {context} tokens {m.step_s * 1e3:.2f} ms/step")
+    return tuple(prefill), tuple(decode)
+
+
+def _report(console: Console, profile: Profile, fit: FitReport) -> None:
+    table = Table(title=f"profile of {profile.model.name} on {profile.hardware.num_cores} x {profile.hardware.cpu_model}")
+    for column in ("phase", "point", "measured ms", "fitted ms", "error"):
+        table.add_column(column, justify="right" if column != "phase" else "left")
+    m = fit.model
+    for row in profile.prefill:
+        _row(table, "prefill", f"{row.prompt_tokens} tokens", row.prefill_s, m.prefill_s(row.prompt_tokens, row.chunk_tokens))
+    for row in profile.decode:
+        _row(table, "decode step", f"batch {row.batch_size}, context {row.context_tokens}", row.step_s,
+             m.decode_step_s(row.batch_size, row.context_tokens))
+    for row in profile.kv_transfer:
+        _row(table, f"kv {row.transport}", f"{row.kv_bytes / 1e6:.2f} MB", row.transfer_s,
+             m.transfer_s(row.kv_bytes, row.transport))
+    console.print(table)
+    for line in fit.lines():
+        console.print("  " + line, markup=False)
+
+
+def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: float) -> None:
+    table.add_row(phase, point, f"{measured_s * 1e3:.3f}", f"{fitted_s * 1e3:.3f}",
+                  f"{(fitted_s - measured_s) / measured_s:+.1%}")

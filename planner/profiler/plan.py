@@ -1,0 +1,74 @@
+"""Which points `pdserve profile` measures: a pure function of the engine's limits.
+
+Every point must be runnable by the engine it is measured on: a prompt shorter than
+`max_model_len`, a decode batch within `max_num_seqs` whose sequences (prompt + generated) fit
+both the context length and the KV cache. The full plan covers the ranges the simulator
+extrapolates over; the quick one is the fewest points the fits accept (tests, smoke runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FULL_PROMPTS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+FULL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+FULL_CONTEXTS = (128, 512, 1024)
+QUICK_PROMPTS = (32, 256, 1024)
+QUICK_BATCHES = (1, 4, 16)
+QUICK_CONTEXTS = (64, 512)
+
+
+class PlanError(ValueError):
+    """The engine's limits leave too few measurable points; the message says which limit to raise."""
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    prefill_prompt_tokens: tuple[int, ...]
+    prefill_repeats: int
+    decode_points: tuple[tuple[int, int], ...]  # (batch size, prompt tokens per sequence)
+    decode_steps: int
+    transfer_blocks: tuple[int, ...]
+    transfer_repeats: int
+
+    @property
+    def num_points(self) -> int:
+        return len(self.prefill_prompt_tokens) + len(self.decode_points)
+
+
+def make_plan(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int, block_size: int,
+              quick: bool = False) -> ProfilePlan:
+    """The points to measure for an engine with these limits (`kv_cache_tokens`: tokens its KV
+    cache holds). Transfers span one block to a whole `max_model_len` prompt's blocks, the range
+    the cluster moves. Raises `PlanError` when fewer than the fits need remain."""
+    steps = 16 if quick else 32
+    prompts = tuple(n for n in (QUICK_PROMPTS if quick else FULL_PROMPTS) if n < max_model_len)
+    if len(prompts) < 3:
+        prompts = tuple(sorted({max(1, max_model_len // d) for d in (16, 4, 2)}))
+    if len(set(prompts)) < 3:
+        raise PlanError(f"max_model_len {max_model_len} leaves fewer than 3 prompt lengths to measure; raise it")
+    batches = tuple(b for b in (QUICK_BATCHES if quick else FULL_BATCHES) if b <= max_num_seqs)
+    contexts = QUICK_CONTEXTS if quick else FULL_CONTEXTS
+    longest = 2 * steps + 1  # the cluster probe decodes twice the steps
+    points = tuple((b, c) for b in batches for c in contexts
+                   if c + longest <= max_model_len and b * (c + longest) <= kv_cache_tokens)
+    if len(points) < 3 or len({b for b, _ in points}) < 2:
+        raise PlanError(f"only {len(points)} decode points fit max_num_seqs={max_num_seqs}, "
+                        f"max_model_len={max_model_len} and a KV cache of {kv_cache_tokens} tokens; "
+                        "raise --kv-cache-mb or --max-num-seqs")
+    return ProfilePlan(
+        prefill_prompt_tokens=prompts,
+        prefill_repeats=2 if quick else 3,
+        decode_points=points,
+        decode_steps=steps,
+        transfer_blocks=_transfer_blocks(-(-max_model_len // block_size), quick),
+        transfer_repeats=5,
+    )
+
+
+def _transfer_blocks(max_blocks: int, quick: bool) -> tuple[int, ...]:
+    """1 block up to a full-context prompt's blocks (at least 16, so sizes differ >= 16x)."""
+    largest = max(16, max_blocks)
+    if quick:
+        return (1, largest)
+    return tuple(sorted({1, max(2, largest // 16), max(3, largest // 4), largest}))

@@ -1,0 +1,103 @@
+"""Timing KV transfers with the real transports, between two paged caches in this process.
+
+The producer side is `kv_transfer.producer.TransferServer` (what a prefill worker runs), the
+consumer side `kv_transfer.consumer.PullClient` (what a decode worker runs), over loopback. The
+caches have the model's real block geometry (vLLM's CPU layout, one tensor per layer of
+`[num_blocks, kv_heads, block_size, 2 * head_dim]`), so a block is exactly the bytes a worker
+moves. A sample is one PULL of `num_blocks` blocks, from the request to the last byte landing in
+the consumer's cache, the time a decode worker reports as `kv_transfer_s`; the connection and its
+handshake are set up before timing, as a worker's connection is reused across requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from kv_transfer.consumer import PullClient
+from kv_transfer.layout import KVLayout
+from kv_transfer.leases import Lease, LeaseTable
+from kv_transfer.producer import TransferServer
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class BlockGeometry:
+    """One KV block of one layer: what a transfer moves per layer and block."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"KV dtype {self.dtype!r} cannot be profiled; use one of {sorted(TORCH_DTYPES)}")
+
+    def caches(self, num_blocks: int) -> dict[str, torch.Tensor]:
+        shape = (num_blocks, self.num_kv_heads, self.block_size, 2 * self.head_dim)
+        return {f"layer.{i}": torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype]) for i in range(self.num_layers)}
+
+
+@dataclass(frozen=True)
+class TransferMeasurement:
+    transport: str
+    num_blocks: int
+    kv_bytes: int
+    transfer_s: float
+
+
+@contextmanager
+def _producer(geometry: BlockGeometry, num_blocks: int) -> Iterator[tuple[KVLayout, LeaseTable, str]]:
+    layout = KVLayout(geometry.caches(num_blocks), num_blocks)
+    leases = LeaseTable()
+    server = TransferServer(layout, layout.compat("profile", geometry.block_size), leases, "127.0.0.1", 0)
+    port = server.start()
+    try:
+        yield layout, leases, f"127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def measure_transfers(geometry: BlockGeometry, transport: str, block_counts: tuple[int, ...],
+                      repeats: int) -> Iterator[TransferMeasurement]:
+    """Yields the median pull time of each block count (after one untimed pull of every count:
+    the first touch of a buffer size costs page faults a serving worker has long paid)."""
+    num_blocks = max(block_counts) * 2
+    with _producer(geometry, num_blocks) as (producer_layout, leases, address):
+        consumer_layout = KVLayout(geometry.caches(num_blocks), num_blocks)
+        client = PullClient(consumer_layout, consumer_layout.compat("profile", geometry.block_size), transport)
+        try:
+            for count in block_counts:  # connect, handshake, first touch of the buffers
+                _pull(client, leases, address, count)
+            for count in block_counts:
+                samples = [_pull(client, leases, address, count) for _ in range(repeats)]
+                yield TransferMeasurement(transport, count, producer_layout.num_bytes(count),
+                                          statistics.median(samples))
+        finally:
+            client.close()
+
+
+_counter = itertools.count()
+
+
+def _pull(client: PullClient, leases: LeaseTable, address: str, count: int) -> float:
+    """One timed pull of `count` blocks: the producer's first blocks into the consumer's last ones."""
+    transfer_id = f"profile-{uuid.uuid4().hex}"
+    remote = list(range(count))
+    local = list(range(count, 2 * count))
+    leases.grant(Lease(transfer_id, f"r{next(_counter)}", tuple(remote), count, time.monotonic() + 60))
+    started = time.perf_counter()
+    client.pull(address, transfer_id, remote, local)
+    elapsed = time.perf_counter() - started
+    client.release(address, transfer_id)
+    return elapsed

@@ -1,0 +1,70 @@
+"""Assembling the online planner: profile -> fitted model -> plan function -> loop, and running it.
+
+`pdserve planner` calls these; so can anything that embeds the planner in-process, e.g. a local
+cluster launcher:
+
+    oracle = build_oracle(PlanModelSpec(profile_path=None, ttft_slo_s=1.0, tpot_slo_s=0.1), max_devices=8)
+    actuator = LocalActuator(local_cluster)            # LocalCluster is a WorkerBackend
+    await run_planner(redis_url, LoopSettings(cluster="default", interval_s=10), config, oracle, actuator, stop)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadgen.metrics import SLO
+from planner.actuators.base import Actuator
+from planner.decision import PlannerConfig
+from planner.evaluate import make_plan_fn, make_predict_fn
+from planner.online import LoopSettings, Oracle, PlannerLoop, Tick
+from planner.perf_model import fit_perf_model
+from planner.profile import load_profile
+from planner.search import SearchSettings
+from planner.simulator import SimSettings
+
+
+@dataclass(frozen=True)
+class PlanModelSpec:
+    """What the plan function simulates with."""
+
+    profile_path: Path | None  # None: the example profile (bench model, 2 CPU cores)
+    ttft_slo_s: float
+    tpot_slo_s: float
+    target_attainment: float = 0.9
+    transport: str | None = None  # None: the profile's first
+    sim_requests: int = 300  # requests per simulated probe: more is steadier, slower
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0):
+            raise ValueError(f"SLOs must be > 0 s, got TTFT {self.ttft_slo_s}, TPOT {self.tpot_slo_s}")
+        if self.sim_requests < 20:
+            raise ValueError(f"sim_requests must be >= 20 for a meaningful attainment, got {self.sim_requests}")
+
+
+def build_oracle(spec: PlanModelSpec, max_devices: int) -> Oracle:
+    """The plan (fewest pool sizes meeting the SLOs in simulation) and predict (simulated p90s at
+    given sizes) functions of the profile's fitted model, and the fit itself."""
+    from planner.profiles.example import EXAMPLE_PROFILE_PATH
+
+    profile = load_profile(spec.profile_path or EXAMPLE_PROFILE_PATH)
+    fit = fit_perf_model(profile)
+    settings = SimSettings.from_profile(profile, spec.transport)
+    slo = SLO(ttft_s=spec.ttft_slo_s, tpot_s=spec.tpot_slo_s)
+    search = SearchSettings(target_attainment=spec.target_attainment)
+    return Oracle(plan=make_plan_fn(settings, fit.model, slo, max_devices, search, num_requests=spec.sim_requests),
+                  predict=make_predict_fn(settings, fit.model, num_requests=spec.sim_requests), fit=fit)
+
+
+async def run_planner(redis_url: str, settings: LoopSettings, config: PlannerConfig, oracle: Oracle,
+                      actuator: Actuator, stop: asyncio.Event,
+                      on_tick: Callable[[Tick], None] | None = None) -> PlannerLoop:
+    """Run the loop until `stop` is set; returns the loop (its `ticks` are the history)."""
+    loop = PlannerLoop.connect(redis_url, settings, config, oracle, actuator)
+    try:
+        await loop.run(stop, on_tick)
+    finally:
+        await loop.close()
+    return loop

@@ -1,0 +1,55 @@
+"""`pdserve profile --quick` on the tiny model: a real engine and real transports, one short run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from planner.perf_model import fit_perf_model
+from planner.profile import load_profile
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def quick_profile(tiny_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "tiny.json"
+    env = os.environ | {"VLLM_LOGGING_LEVEL": "WARNING"}
+    run = subprocess.run([sys.executable, "-m", "pdserve.cli", "profile", "--model", str(tiny_model), "--quick",
+                          "--transports", "tcp,torch", "--kv-cache-mb", "64", "--cpu-cores", "0", "--no-progress",
+                          "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return out, run.stdout
+
+
+def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_profile):
+    path, stdout = quick_profile
+    profile = load_profile(path)
+    assert profile.model.name == "tiny"
+    assert profile.model.kv_bytes_per_token == 2 * 4 * 2 * 64 * 2  # K+V x 4 layers x 2 KV heads x 64 x bf16
+    assert profile.hardware.num_cores == 1 and profile.hardware.device == "cpu"
+    assert profile.engine.kv_cache_memory_bytes == 64 << 20 and profile.engine.max_num_batched_tokens > 0
+    assert [r.prompt_tokens for r in profile.prefill] == [32, 256, 1024]
+    assert sorted({r.batch_size for r in profile.decode}) == [1, 4, 16] and len(profile.decode) == 6
+    assert profile.transports == ("tcp", "torch")
+    assert sorted(r.kv_bytes for r in profile.kv_transfer if r.transport == "tcp") == [
+        profile.model.kv_bytes_per_block, 64 * profile.model.kv_bytes_per_block]  # 1 block, 2048 tokens
+    assert path.with_suffix(".png").stat().st_size > 10_000
+    assert "MAPE" in stdout and "wrote" in stdout
+
+
+def test_quick_profile_fits_are_sane(quick_profile):
+    profile = load_profile(quick_profile[0])
+    prefill_s = [r.prefill_s for r in sorted(profile.prefill, key=lambda r: r.prompt_tokens)]
+    assert prefill_s == sorted(prefill_s) and prefill_s[-1] > 2 * prefill_s[0]  # 1024 tokens cost more than 32
+    assert max(r.step_s for r in profile.decode) < 0.5  # a tiny-model step is milliseconds, never seconds
+    fit = fit_perf_model(profile)
+    model = fit.model
+    assert model.prefill_s(1024, 2048) > model.prefill_s(32, 2048) > 0
+    assert model.decode_step_s(16, 16 * 512) > model.decode_step_s(1, 512) > 0
+    for transport in ("tcp", "torch"):
+        assert model.transfer_s(16 << 20, transport) > model.transfer_s(64 << 10, transport) > 0
+    assert fit.prefill_mape < 0.25 and fit.decode_mape < 0.35

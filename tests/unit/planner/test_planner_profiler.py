@@ -1,0 +1,71 @@
+"""`pdserve profile`'s pure parts (which points, host and model facts) and its transfer probe
+(the real transports over loopback; no engine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.profiler.host import count_cores, model_info
+from planner.profiler.plan import PlanError, make_plan
+from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
+
+
+def test_full_plan_for_the_cluster_defaults():
+    plan = make_plan(max_model_len=2048, max_num_seqs=64, kv_cache_tokens=131072, block_size=32)
+    assert plan.prefill_prompt_tokens == (32, 64, 128, 256, 512, 1024)
+    assert {b for b, _ in plan.decode_points} == {1, 2, 4, 8, 16, 32, 64}
+    assert (64, 1024) in plan.decode_points and plan.decode_steps == 32
+    assert plan.transfer_blocks == (1, 4, 16, 64)  # up to a whole 2048-token prompt
+
+
+def test_quick_plan_is_the_fewest_points_the_fits_accept():
+    plan = make_plan(max_model_len=2048, max_num_seqs=64, kv_cache_tokens=32768, block_size=32, quick=True)
+    assert plan.prefill_prompt_tokens == (32, 256, 1024)
+    assert plan.decode_points == ((1, 64), (1, 512), (4, 64), (4, 512), (16, 64), (16, 512))
+    assert plan.transfer_blocks == (1, 64) and plan.num_points == 9
+
+
+def test_points_that_do_not_fit_the_kv_cache_or_the_context_are_dropped():
+    plan = make_plan(max_model_len=600, max_num_seqs=16, kv_cache_tokens=4000, block_size=32, quick=True)
+    assert plan.prefill_prompt_tokens == (37, 150, 300)  # 1024 does not fit: 1/16, 1/4, 1/2 of 600 instead
+    assert plan.decode_points == ((1, 64), (1, 512), (4, 64), (4, 512), (16, 64))  # 16 x 529 > 4000 KV tokens
+
+
+def test_a_kv_cache_too_small_for_two_batch_sizes_is_refused_with_the_fix():
+    with pytest.raises(PlanError, match="raise --kv-cache-mb or --max-num-seqs"):
+        make_plan(max_model_len=2048, max_num_seqs=64, kv_cache_tokens=100, block_size=32, quick=True)
+
+
+@pytest.mark.parametrize("spec, cores", [("0", 1), ("0-3", 4), ("0,2,4-5", 4)])
+def test_count_cores(spec, cores):
+    assert count_cores(spec) == cores
+
+
+def test_count_cores_refuses_garbage():
+    with pytest.raises(ValueError, match="not a core list"):
+        count_cores("a-b")
+
+
+def test_model_info_reads_head_dim_from_the_config(tmp_path):
+    config = {"num_hidden_layers": 2, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
+              "head_dim": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    info = model_info(tmp_path, "bfloat16", 32)
+    assert info.kv_head_dim == 128  # not 1024 / 16
+    assert info.kv_bytes_per_token == 2 * 2 * 8 * 128 * 2
+
+
+def test_model_info_names_the_fix_for_a_missing_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="pdserve make-model"):
+        model_info(tmp_path, "bfloat16", 32)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "torch"])
+def test_transfer_probe_moves_whole_blocks_over_the_real_transport(transport):
+    geometry = BlockGeometry(num_layers=2, num_kv_heads=2, head_dim=64, block_size=32, dtype="bfloat16")
+    rows = list(measure_transfers(geometry, transport, (1, 8), repeats=2))
+    assert [(r.transport, r.num_blocks, r.kv_bytes) for r in rows] == [
+        (transport, 1, 2 * 2 * 32 * 128 * 2), (transport, 8, 8 * 2 * 2 * 32 * 128 * 2)]
+    assert all(0 < r.transfer_s < 5 for r in rows)
