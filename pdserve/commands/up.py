@@ -8,6 +8,7 @@ import signal
 import threading
 
 from pdserve.commands.engine_options import add_engine_options, engine_settings
+from pdserve.ray.options import add_ray_options
 
 HELP = """\
 Starts a whole pdserve cluster on this machine: a private redis-server on a free port, the router,
@@ -24,6 +25,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("up", help="start a local cluster: redis, router, prefill and decode workers",
                                    description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_cluster_options(parser)
+    add_ray_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -64,6 +66,10 @@ def cluster_spec(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "ray", None):
+        from pdserve.ray.up import run_on_ray
+
+        return run_on_ray(args)
     from rich.console import Console
 
     from pdserve.launcher import LocalCluster

@@ -1,0 +1,165 @@
+"""What a pdserve cluster on Ray is made of, as plain values. No Ray, no I/O: tested with values.
+
+- `RayClusterSpec`: the local `ClusterSpec` (engine, pools, transport, ports, cores) plus where the
+  Ray cluster is, where Redis is, and what each role asks Ray for;
+- `actor_options`/`placement_bundles`: the Ray resource requests of one member;
+- `router_args`/`worker_args`/`redis_argv`: the command each member's actor runs, the same
+  `pdserve router|worker` command line the local launcher uses.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pdserve.commands.engine_options import engine_option_argv
+from pdserve.launcher import ClusterSpec
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, ...] = ("prefill", "decode")
+Kind = Literal["router", "prefill", "decode", "redis"]
+MemberStatus = Literal["starting", "ready", "failed", "unreachable", "dead"]
+CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class RoleResources:
+    """What one member of a role asks Ray for. `num_gpus` > 1: the engine spans several GPUs."""
+
+    num_cpus: float = 1.0
+    num_gpus: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_cpus < 0:
+            raise ValueError(f"num_cpus must be >= 0, got {self.num_cpus}")
+        if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or self.num_gpus < 0:
+            raise ValueError(f"num_gpus must be a whole number >= 0 (GPUs per worker), got {self.num_gpus!r}")
+
+
+@dataclass(frozen=True)
+class RayClusterSpec:
+    cluster: ClusterSpec
+    address: str = "auto"              # the Ray cluster: "auto", "HOST:PORT" or "ray://HOST:PORT"
+    redis_url: str = ""                # "": run redis-server in a Ray actor
+    router: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    worker: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    max_restarts: int = -1             # per member actor; -1: restart for ever
+    ready_timeout_s: float = 300.0
+    stop_timeout_s: float = 60.0       # a worker's drain, then SIGKILL
+
+    def __post_init__(self) -> None:
+        if not CLUSTER_NAME.match(self.cluster.cluster):
+            raise ValueError(f"cluster name {self.cluster.cluster!r}: use letters, digits, '-', '_' or '.' "
+                             "(it names the Ray namespace and the Redis key prefix), e.g. 'default'")
+        if not self.address:
+            raise ValueError("Ray address is empty: pass 'auto' (a cluster started with `ray start` on this "
+                             "host) or HOST:PORT of the head node")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url {self.redis_url!r} must look like redis://HOST:PORT/0")
+        if self.max_restarts < -1:
+            raise ValueError(f"max_restarts must be -1 (for ever) or >= 0, got {self.max_restarts}")
+        if self.ready_timeout_s <= 0 or self.stop_timeout_s <= 0:
+            raise ValueError("ready_timeout_s and stop_timeout_s must be > 0")
+        if self.cluster.grpc_port and self.cluster.grpc_port == self.cluster.http_port:
+            raise ValueError(f"router gRPC and HTTP ports are both {self.cluster.grpc_port}: pick two ports")
+
+    @property
+    def namespace(self) -> str:
+        return namespace_for(self.cluster.cluster)
+
+    def resources(self, kind: Kind) -> RoleResources:
+        if kind == "router":
+            return self.router
+        if kind in ROLES:
+            return self.worker
+        return RoleResources(num_cpus=0.0)  # redis: tiny, and must never wait for a free CPU
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one member actor runs: `python -m pdserve.cli <pdserve_args> --host NODE_IP --ready-file F`,
+    or redis-server when kind is "redis" (pdserve_args empty). The actor adds the node-local parts."""
+
+    member_id: str
+    kind: Kind
+    pdserve_args: tuple[str, ...] = ()
+    log_dir: str = ""                  # on the member's node; "": a fresh temporary folder there
+
+
+@dataclass(frozen=True)
+class MemberState:
+    member_id: str
+    kind: Kind
+    status: MemberStatus
+    address: str = ""                  # gRPC address (workers), "GRPC HTTP_URL" (router), redis URL
+    node_ip: str = ""
+    actor_pid: int = -1
+    child_pid: int = -1
+    log_path: str = ""
+    detail: str = ""                   # why failed / unreachable
+
+
+def namespace_for(cluster: str) -> str:
+    """The Ray namespace holding one pdserve cluster's named actors."""
+    return f"pdserve-{cluster}"
+
+
+def actor_options(spec: RayClusterSpec, kind: Kind, member_id: str) -> dict:
+    """Ray `.options()` for one member (the placement group, if any, is added by the caller)."""
+    resources = spec.resources(kind)
+    restarts = 0 if kind == "redis" else spec.max_restarts  # a new Redis would have a new address
+    return {
+        "name": member_id,
+        "namespace": spec.namespace,
+        "num_cpus": resources.num_cpus,
+        "num_gpus": resources.num_gpus,
+        "max_restarts": restarts,
+        "max_task_retries": -1 if restarts else 0,  # calls made while it restarts wait for the new one
+        "max_concurrency": 4,                       # state() answers while ready() waits
+    }
+
+
+def placement_bundles(resources: RoleResources) -> list[dict[str, float]] | None:
+    """A placement group for a member spanning several GPUs: one bundle on one node (STRICT_PACK)
+    holding all its GPUs, so vLLM's own tensor-parallel processes see them all and a restarted
+    actor finds its GPUs still reserved. None for 0 or 1 GPU (a plain resource request does)."""
+    if resources.num_gpus <= 1:
+        return None
+    bundle = {"GPU": float(resources.num_gpus)}
+    if resources.num_cpus:
+        bundle["CPU"] = float(resources.num_cpus)
+    return [bundle]
+
+
+def router_args(spec: RayClusterSpec, redis_url: str) -> tuple[str, ...]:
+    s = spec.cluster
+    return ("router", "--model", s.engine.model, "--redis-url", redis_url, "--cluster", s.cluster,
+            "--grpc-port", str(s.grpc_port), "--http-port", str(s.http_port),
+            "--max-model-len", str(s.engine.max_model_len),
+            "--local-prefill-max-tokens", str(s.local_prefill_max_tokens))
+
+
+def worker_args(spec: RayClusterSpec, role: Role, worker_id: str, redis_url: str) -> tuple[str, ...]:
+    s = spec.cluster
+    return ("worker", "--role", role, "--worker-id", worker_id, "--redis-url", redis_url,
+            "--cluster", s.cluster, "--transport", s.transport, "--cpu-cores", s.cpu_cores.get(role, ""),
+            "--lease-s", str(s.lease_s), "--ttl-s", str(s.ttl_s), *engine_option_argv(s.engine))
+
+
+def redis_argv(binary: str, host: str, port: int, workdir: str) -> list[str]:
+    """redis-server as the registry needs it: no persistence, reachable from the other nodes."""
+    return [binary, "--port", str(port), "--bind", host, "--protected-mode", "no", "--save", "",
+            "--appendonly", "no", "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"]
+
+
+def member_id(kind: Kind, index: int) -> str:
+    """Pool members are `prefill-0`, `decode-1`, ... (the local launcher's names); the router and
+    Redis are `router` and `redis`. The id is also the worker's id in the Redis registry."""
+    return kind if kind in ("router", "redis") else f"{kind}-{index}"
+
+
+def member_index(member: str) -> int:
+    """The creation index of a pool member id (`decode-7` -> 7); -1 for router and redis."""
+    head, _, tail = member.rpartition("-")
+    return int(tail) if head and tail.isdigit() else -1
