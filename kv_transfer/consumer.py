@@ -69,12 +69,13 @@ class PullClient:
         if len(remote_block_ids) != len(local_block_ids):
             raise TransferError(f"{len(remote_block_ids)} remote blocks for {len(local_block_ids)} local blocks")
         started = time.perf_counter()
-        views = self.layout.views(local_block_ids)
+        views = self.layout.views(local_block_ids, paired_with=remote_block_ids)
         connection = self._connect(address)
         with connection.lock:
             try:
                 send_message(connection.sock, {"op": "PULL", "transfer_id": transfer_id,
-                                               "block_ids": list(remote_block_ids)})
+                                               "block_ids": list(remote_block_ids),
+                                               "local_block_ids": list(local_block_ids)})
                 reply = recv_message(connection.sock)
                 if reply["op"] == "MISSING":
                     raise TransferError(reply["error"])

@@ -99,13 +99,16 @@ class KVLayout:
             bytes_per_block=self.bytes_per_block,
         )
 
-    def views(self, block_ids: Sequence[int]) -> list[torch.Tensor]:
+    def views(self, block_ids: Sequence[int], paired_with: Sequence[int] | None = None) -> list[torch.Tensor]:
         """Flat uint8 views of `block_ids` in the canonical order, consecutive ids coalesced.
 
-        The views alias the cache: writing into them writes the cache.
+        With `paired_with` (the peer's ids for the same blocks, in the same order), a run is also cut
+        where the peer's ids stop being consecutive, so both sides cut the bytes at the same places
+        and a transport may move view i to view i without staging. The views alias the cache:
+        writing into them writes the cache.
         """
         self._check_ids(block_ids)
-        runs = coalesce(block_ids)
+        runs = coalesce(block_ids) if paired_with is None else coalesce_paired(block_ids, paired_with)
         views = []
         for layer in self.layers:
             tensor = self._tensors[layer.name]
@@ -129,6 +132,21 @@ def coalesce(block_ids: Sequence[int]) -> list[tuple[int, int]]:
     runs: list[tuple[int, int]] = []
     for block_id in block_ids:
         if runs and runs[-1][1] == block_id:
+            runs[-1] = (runs[-1][0], block_id + 1)
+        else:
+            runs.append((block_id, block_id + 1))
+    return runs
+
+
+def coalesce_paired(block_ids: Sequence[int], other_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Runs of `block_ids` that are consecutive on both sides: ([1, 2, 3], [7, 8, 20]) -> [(1, 3), (3, 4)].
+
+    Symmetric in the sense that matters: the run lengths are the same when the sides swap."""
+    if len(block_ids) != len(other_ids):
+        raise LayoutError(f"{len(block_ids)} block ids paired with {len(other_ids)}")
+    runs: list[tuple[int, int]] = []
+    for index, block_id in enumerate(block_ids):
+        if runs and runs[-1][1] == block_id and other_ids[index - 1] + 1 == other_ids[index]:
             runs[-1] = (runs[-1][0], block_id + 1)
         else:
             runs.append((block_id, block_id + 1))

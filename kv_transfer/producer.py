@@ -120,7 +120,8 @@ class TransferServer:
         if not set(wanted) <= set(lease.block_ids):
             send_message(sock, {"op": "MISSING", "error": "requested blocks are not part of the transfer"})
             return
-        views = self.layout.views(wanted)
+        local = message.get("local_block_ids")  # the consumer's cut: both sides then cut alike
+        views = self.layout.views(wanted, paired_with=local if local and len(local) == len(wanted) else None)
         num_bytes = self.layout.num_bytes(len(wanted))
         send_message(sock, {"op": "SENDING", "num_bytes": num_bytes})
         channel.send(views)

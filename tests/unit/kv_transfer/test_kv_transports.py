@@ -97,3 +97,34 @@ def test_concurrent_first_pulls_to_one_producer_share_one_handshake(producer, tr
     for name in source:
         assert torch.equal(source[name][0:6], target[name][10:16])
     client.close()
+
+
+def test_paired_runs_cut_both_sides_at_the_same_places():
+    from kv_transfer.layout import coalesce_paired
+
+    remote, local = [5, 6, 7, 20], [1, 2, 9, 10]
+    assert coalesce_paired(remote, local) == [(5, 7), (7, 8), (20, 21)]
+    assert coalesce_paired(local, remote) == [(1, 3), (9, 10), (10, 11)]
+    assert coalesce_paired([3, 4, 5], [0, 1, 2]) == [(3, 6)]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "torch"])
+def test_a_long_run_per_layer_moves_intact(transport):
+    """40 consecutive blocks of 8 KiB per layer: the torch transport sends one message per layer."""
+    source = _caches(3, num_blocks=96)
+    layout = KVLayout(source, 96)
+    leases = LeaseTable()
+    server = TransferServer(layout, layout.compat("tiny", 32), leases, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.start()}"
+    try:
+        leases.grant(Lease("long", "r1", tuple(range(10, 50)), 40 * 32, time.monotonic() + 30))
+        target = _caches(4, num_blocks=96)
+        local_layout = KVLayout(target, 96)
+        client = PullClient(local_layout, local_layout.compat("tiny", 32), transport)
+        result = client.pull(address, "long", list(range(10, 50)), list(range(50, 90)))
+        assert result.num_bytes == 40 * layout.bytes_per_block
+        for name in source:
+            assert torch.equal(source[name][10:50], target[name][50:90])
+        client.close()
+    finally:
+        server.stop()
