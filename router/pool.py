@@ -31,6 +31,7 @@ class WorkerPool:
         self._inflight: Counter[str] = Counter()
         self._quarantined: dict[str, float] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, worker_pb2_grpc.WorkerStub] = {}
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -86,8 +87,11 @@ class WorkerPool:
         self._quarantined[worker.worker_id] = time.monotonic() + self.quarantine_s
 
     def stub(self, worker: WorkerRecord) -> worker_pb2_grpc.WorkerStub:
-        channel = self._channels.get(worker.grpc_address)
-        if channel is None:
+        """One channel and stub per worker address, reused by every request (a stub builds a
+        callable per RPC: cheap, but on the path of every request)."""
+        stub = self._stubs.get(worker.grpc_address)
+        if stub is None:
             channel = grpc.aio.insecure_channel(worker.grpc_address)
             self._channels[worker.grpc_address] = channel
-        return worker_pb2_grpc.WorkerStub(channel)
+            stub = self._stubs[worker.grpc_address] = worker_pb2_grpc.WorkerStub(channel)
+        return stub

@@ -1,0 +1,306 @@
+"""KV transfer throughput of pdserve's transports against the raw transport and memcpy. Run `--help`."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from kv_transfer.consumer import PullClient  # noqa: E402
+from kv_transfer.layout import KVLayout  # noqa: E402
+from kv_transfer.leases import Lease, LeaseTable  # noqa: E402
+from kv_transfer.producer import TransferServer  # noqa: E402
+from kv_transfer.transports.tcp import tune_socket  # noqa: E402
+from kv_transfer.wire import TransferError, recv_into_exactly  # noqa: E402
+from pdserve.make_model import spec_for  # noqa: E402
+
+DESCRIPTION = """\
+Moves the KV cache of one prompt of the `bench` model (12 layers, 4 KV heads, head_dim 64, bf16,
+block 32: 384 KiB per block) from a producer process pinned to core 0 into a consumer process
+pinned to core 1, as a prefill and a decode worker do, and times each way of moving the same bytes:
+
+  pdserve tcp     PullClient -> TransferServer, transport `tcp` (what a decode worker runs)
+  pdserve torch   the same, transport `torch` (gloo on CPU; the same code runs nccl on CUDA)
+  raw socket      one contiguous buffer, sendall / recv_into on a tuned TCP socket
+  raw gloo        one contiguous buffer, ProcessGroupGloo send / recv on a two-rank group
+  memcpy          ctypes.memmove of the same bytes inside one process (a shared-memory bound)
+
+Every pull is a request (PULL message, or an 8-byte request for the raw ways) followed by the
+bytes, timed by the consumer from the request to the last byte written. The caches use vLLM-CPU's
+layout: each layer is [num_blocks, kv_heads, block_size, 2*head_dim] in one shared buffer, so a
+prompt's blocks are 12 runs of contiguous bytes (one per layer). Methods are interleaved within
+every repeat so host noise hits them alike, and before each transfer the consumer writes 256 MiB
+of scratch so no method finds its bytes in the shared last-level cache; the report uses medians.
+"""
+
+EVICTION_BYTES = 256 << 20  # well above any last-level cache of a host this runs on
+
+
+@dataclass(frozen=True)
+class Geometry:
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    block_size: int = 32
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.num_layers * self.kv_heads * self.block_size * 2 * self.head_dim * 2  # K and V, bf16
+
+    def caches(self, num_blocks: int, seed: int) -> dict[str, torch.Tensor]:
+        """Per-layer views of one shared buffer, shaped as vLLM-CPU's cache."""
+        shape = (num_blocks, self.kv_heads, self.block_size, 2 * self.head_dim)
+        per_layer = torch.Size(shape).numel()
+        buffer = torch.empty(self.num_layers * per_layer, dtype=torch.bfloat16)
+        buffer.view(torch.int16).random_(generator=torch.Generator().manual_seed(seed))
+        return {f"model.layers.{i}.self_attn.attn": buffer[i * per_layer:(i + 1) * per_layer].view(shape)
+                for i in range(self.num_layers)}
+
+
+def bench_geometry() -> Geometry:
+    spec = spec_for("bench")
+    return Geometry(spec.num_layers, spec.num_kv_heads, spec.hidden_size // spec.num_attention_heads)
+
+
+# ---- the producer process (core 0) -------------------------------------------------------------
+def producer_main(geometry: Geometry, num_blocks: int, max_bytes: int, conn) -> None:
+    _pin(0)
+    caches = geometry.caches(num_blocks, seed=1)
+    layout = KVLayout(caches, num_blocks)
+    leases = LeaseTable()
+    server = TransferServer(layout, layout.compat("bench", geometry.block_size), leases, "127.0.0.1", 0)
+    raw = torch.empty(max_bytes, dtype=torch.uint8).random_()
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_serve_raw_socket, args=(listener, raw), daemon=True).start()
+    store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=timedelta(seconds=60),
+                          wait_for_workers=False)
+    gloo = threading.Thread(target=_serve_raw_gloo, args=(store, raw))  # until a 0-byte request
+    gloo.start()
+    conn.send({"kv": f"127.0.0.1:{server.start()}", "raw": listener.getsockname()[1], "store": store.port})
+    for transfer_id, count in iter(conn.recv, None):  # one lease per prompt size, pulled many times
+        leases.grant(Lease(transfer_id, transfer_id, tuple(range(count)), count * geometry.block_size,
+                           time.monotonic() + 3600))
+        conn.send("granted")
+    gloo.join()
+    server.stop()
+
+
+def _serve_raw_socket(listener: socket.socket, raw: torch.Tensor) -> None:
+    sock, _ = listener.accept()
+    tune_socket(sock)
+    payload = memoryview(raw.numpy()).cast("B")
+    header = bytearray(8)
+    while True:
+        try:
+            recv_into_exactly(sock, memoryview(header))
+        except (TransferError, OSError):
+            return  # the consumer is done
+        sock.sendall(payload[: struct.unpack("!Q", header)[0]])
+
+
+def _serve_raw_gloo(store, raw: torch.Tensor) -> None:
+    group = _gloo_group(store, rank=0)
+    request = torch.zeros(1, dtype=torch.int64)
+    while True:
+        group.recv([request], 1, 0).wait()
+        if int(request) == 0:
+            return
+        group.send([raw[: int(request)]], 1, 0).wait()
+
+
+def _gloo_group(store, rank: int):
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timedelta(seconds=60)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(dist.PrefixStore("raw", store), rank, 2, options)
+
+
+def _pin(core: int) -> None:
+    if hasattr(os, "sched_setaffinity") and core < os.cpu_count():
+        os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+
+
+# ---- the consumer (this process, core 1) -------------------------------------------------------
+class Consumer:
+    """Every way of receiving `num_blocks` blocks, each a callable returning seconds."""
+
+    def __init__(self, geometry: Geometry, num_blocks: int, max_bytes: int, endpoints: dict):
+        self.geometry = geometry
+        caches = geometry.caches(num_blocks, seed=2)
+        self.layout = KVLayout(caches, num_blocks)
+        compat = self.layout.compat("bench", geometry.block_size)
+        self.kv_address = endpoints["kv"]
+        self.pull_clients = {name: PullClient(self.layout, compat, name) for name in ("tcp", "torch")}
+        self.raw_sock = socket.create_connection(("127.0.0.1", endpoints["raw"]))
+        tune_socket(self.raw_sock)
+        self.raw_target = torch.empty(max_bytes, dtype=torch.uint8)
+        store = dist.TCPStore("127.0.0.1", endpoints["store"], world_size=2, is_master=False,
+                              timeout=timedelta(seconds=60))
+        self.gloo = _gloo_group(store, rank=1)
+        self.memcpy_source = torch.empty(max_bytes, dtype=torch.uint8).random_()
+        self._scratch = torch.zeros(EVICTION_BYTES, dtype=torch.uint8)
+
+    def evict_caches(self) -> None:
+        """Writes a buffer larger than this host's last-level cache, so no method starts with its
+        bytes cache-hot because the method before it touched the same memory (the raw ways share
+        their buffers; a prefill engine's KV is never hot in the decode engine's cache either)."""
+        self._scratch.add_(1)
+
+    def methods(self, transfer_id: str, num_blocks: int) -> dict:
+        local = list(range(num_blocks, 2 * num_blocks))  # other blocks than the producer's, as in life
+        nbytes = num_blocks * self.geometry.bytes_per_block
+        remote = list(range(num_blocks))
+        return {
+            "pdserve tcp": lambda: self.pull_clients["tcp"].pull(self.kv_address, transfer_id, remote, local).seconds,
+            "pdserve torch": lambda: self.pull_clients["torch"].pull(self.kv_address, transfer_id, remote, local).seconds,
+            "raw socket": lambda: self._raw_socket(nbytes),
+            "raw gloo": lambda: self._raw_gloo(nbytes),
+            "memcpy": lambda: self._memcpy(nbytes),
+        }
+
+    def _raw_socket(self, nbytes: int) -> float:
+        started = time.perf_counter()
+        self.raw_sock.sendall(struct.pack("!Q", nbytes))
+        recv_into_exactly(self.raw_sock, memoryview(self.raw_target.numpy()).cast("B")[:nbytes])
+        return time.perf_counter() - started
+
+    def _raw_gloo(self, nbytes: int) -> float:
+        started = time.perf_counter()
+        self.gloo.send([torch.tensor([nbytes], dtype=torch.int64)], 0, 0).wait()
+        self.gloo.recv([self.raw_target[:nbytes]], 0, 0).wait()
+        return time.perf_counter() - started
+
+    def _memcpy(self, nbytes: int) -> float:
+        started = time.perf_counter()
+        ctypes.memmove(self.raw_target.data_ptr(), self.memcpy_source.data_ptr(), nbytes)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.gloo.send([torch.zeros(1, dtype=torch.int64)], 0, 0).wait()
+        for client in self.pull_clients.values():
+            client.close()
+        self.raw_sock.close()
+
+
+@dataclass
+class Row:
+    prompt_tokens: int
+    num_bytes: int
+    method: str
+    median_s: float
+    gb_per_s: float
+    seconds: list[float]
+
+
+def measure(prompt_tokens: list[int], repeats: int) -> list[Row]:
+    from rich.progress import Progress
+
+    geometry = bench_geometry()
+    counts = {n: -(-n // geometry.block_size) for n in prompt_tokens}
+    num_blocks = 2 * max(counts.values())
+    max_bytes = max(counts.values()) * geometry.bytes_per_block
+    parent, child = mp.get_context("spawn").Pipe()
+    producer = mp.get_context("spawn").Process(target=producer_main, args=(geometry, num_blocks, max_bytes, child),
+                                               daemon=True)
+    producer.start()
+    _pin(1 if os.cpu_count() > 1 else 0)
+    consumer = Consumer(geometry, num_blocks, max_bytes, parent.recv())
+    for tokens, count in counts.items():
+        parent.send((f"prompt-{tokens}", count))
+        parent.recv()
+    samples: dict[tuple[int, str], list[float]] = {}
+    with Progress() as progress:
+        task = progress.add_task("transfers", total=repeats * len(counts))
+        for repeat in range(repeats + 1):  # the first round warms connections and caches up
+            for tokens, count in counts.items():
+                for method, run in consumer.methods(f"prompt-{tokens}", count).items():
+                    consumer.evict_caches()
+                    seconds = run()
+                    if repeat:
+                        samples.setdefault((tokens, method), []).append(seconds)
+                if repeat:
+                    progress.advance(task)
+    consumer.close()
+    parent.send(None)
+    producer.join(timeout=30)
+    rows = []
+    for (tokens, method), seconds in samples.items():
+        nbytes = counts[tokens] * geometry.bytes_per_block
+        median = statistics.median(seconds)
+        rows.append(Row(tokens, nbytes, method, median, nbytes / median / 1e9, seconds))
+    return rows
+
+
+def report(rows: list[Row], out: Path) -> str:
+    by = {(r.prompt_tokens, r.method): r for r in rows}
+    lines = ["| prompt | bytes | method | median ms | GB/s | vs raw socket | vs raw gloo | vs memcpy |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        ratio = lambda other: f"{by[(row.prompt_tokens, other)].median_s / row.median_s:.2f}"  # noqa: E731
+        lines.append(f"| {row.prompt_tokens} | {row.num_bytes / 2**20:.0f} MiB | {row.method} | "
+                     f"{row.median_s * 1000:.2f} | {row.gb_per_s:.2f} | {ratio('raw socket')} | "
+                     f"{ratio('raw gloo')} | {ratio('memcpy')} |")
+    table = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kv_transfer_throughput.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    (out / "kv_transfer_throughput.md").write_text(table + "\n")
+    _plot(rows, out / "kv_transfer_throughput.png")
+    return table
+
+
+def _plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r.prompt_tokens for r in rows})
+    methods = list(dict.fromkeys(r.method for r in rows))
+    by = {(r.prompt_tokens, r.method): r for r in rows}
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        xs = [j + i * width for j in range(len(sizes))]
+        axes.bar(xs, [by[(s, method)].gb_per_s for s in sizes], width, label=method)
+    axes.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))])
+    axes.set_xticklabels([f"{s}-token prompt\n({by[(s, methods[0])].num_bytes / 2**20:.0f} MiB)" for s in sizes])
+    axes.set_ylabel("GB/s (median)")
+    axes.set_title("KV transfer, bench model, producer core 0 -> consumer core 1")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[1024, 8192],
+                        help="prompt lengths whose KV is moved (default: 1024 8192)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed transfers per method and size")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results",
+                        help="folder for kv_transfer_throughput.{json,md,png}")
+    args = parser.parse_args(argv)
+    rows = measure(args.prompt_tokens, args.repeats)
+    print(report(rows, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
