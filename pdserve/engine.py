@@ -31,6 +31,7 @@ class EngineSettings:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     seed: int = 0
+    tensor_parallel_size: int = 1  # GPUs one engine spans (vLLM starts one process per GPU); 1 on CPU
     cpu_cores: str = ""   # CPU hosts: cores the engine's threads are bound to, e.g. "0" or "0-1"; "" = vLLM's choice
 
     def __post_init__(self) -> None:
@@ -40,6 +41,8 @@ class EngineSettings:
             raise ValueError(f"kv_cache_bytes {self.kv_cache_bytes} is too small for any KV block")
         if self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size}: must be at least 1")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,6 +60,12 @@ def engine_args(settings: EngineSettings, role: Role, connector: ConnectorConfig
     if role != "colocated":
         if connector is None:
             raise ValueError(f"a {role} engine needs a KV connector config")
+        if settings.tensor_parallel_size > 1:
+            # Each tensor-parallel rank holds a shard of the KV heads; the connector moves one
+            # rank's cache. Refuse rather than hand a decode engine half a KV cache.
+            raise ValueError(f"tensor_parallel_size {settings.tensor_parallel_size}: pdserve's KV connector "
+                             "moves one rank's KV cache, so prefill and decode workers run with 1 GPU each "
+                             "for now (a colocated engine may span several)")
         kv_transfer_config = KVTransferConfig(
             kv_connector=CONNECTOR_NAME,
             kv_connector_module_path=CONNECTOR_MODULE,
@@ -76,6 +85,7 @@ def engine_args(settings: EngineSettings, role: Role, connector: ConnectorConfig
         enable_prefix_caching=settings.enable_prefix_caching,
         enforce_eager=True,
         seed=settings.seed,
+        tensor_parallel_size=settings.tensor_parallel_size,
         kv_transfer_config=kv_transfer_config,
         disable_log_stats=True,
     )

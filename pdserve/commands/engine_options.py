@@ -17,13 +17,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-seqs", type=int, default=64, help="most requests an engine batches at once")
     group.add_argument("--no-prefix-caching", action="store_true", help="disable vLLM's prefix cache")
     group.add_argument("--seed", type=int, default=0, help="engine sampling seed")
+    group.add_argument("--tensor-parallel-size", type=int, default=1,
+                       help="GPUs each engine spans (vLLM tensor parallelism; 1 on CPU)")
 
 
 def engine_settings(args: argparse.Namespace, cpu_cores: str = "") -> EngineSettings:
     return EngineSettings(
         model=args.model, dtype=args.dtype, block_size=args.block_size, max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_mb << 20, max_num_seqs=args.max_num_seqs,
-        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, cpu_cores=cpu_cores,
+        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+        tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores,
     )
 
 
@@ -32,4 +35,6 @@ def engine_option_argv(settings: EngineSettings) -> list[str]:
     argv = ["--model", settings.model, "--dtype", settings.dtype, "--block-size", str(settings.block_size),
             "--max-model-len", str(settings.max_model_len), "--kv-cache-mb", str(settings.kv_cache_bytes >> 20),
             "--max-num-seqs", str(settings.max_num_seqs), "--seed", str(settings.seed)]
+    if settings.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
     return argv + ([] if settings.enable_prefix_caching else ["--no-prefix-caching"])

@@ -45,6 +45,12 @@ def ray_cluster_spec(args: argparse.Namespace):
     base = cluster_spec(args)
     # actors do not start in this directory: relative paths are made absolute here
     engine = replace(base.engine, model=_absolute(base.engine.model))
+    if args.gpus_per_worker > 1 and engine.tensor_parallel_size == 1:
+        # a worker given several GPUs spans them all: the placement group reserves them on one node
+        engine = replace(engine, tensor_parallel_size=int(args.gpus_per_worker))
+    if engine.tensor_parallel_size > max(1, args.gpus_per_worker):
+        raise ValueError(f"--tensor-parallel-size {engine.tensor_parallel_size} needs as many GPUs per worker "
+                         f"(--gpus-per-worker is {args.gpus_per_worker:g})")
     base = replace(base, engine=engine, cpu_cores=cores, cluster=args.cluster,
                    log_dir=os.path.abspath(base.log_dir) if base.log_dir else "")
     return RayClusterSpec(cluster=base, address=args.ray, redis_url=args.redis_url,

@@ -21,6 +21,20 @@ def test_ray_options_become_the_spec():
     assert (spec.router, spec.worker) == (RoleResources(num_cpus=0.5), RoleResources(num_cpus=4, num_gpus=2))
     assert (spec.cluster.cluster, spec.cluster.num_decode, spec.cluster.grpc_port) == ("c1", 3, 0)
     assert spec.cluster.engine.kv_cache_bytes == 64 << 20
+    assert spec.cluster.engine.tensor_parallel_size == 2  # a worker given 2 GPUs spans both
+
+
+def test_tensor_parallelism_reaches_the_workers_command_line_and_needs_the_gpus():
+    import pytest
+
+    from pdserve.ray.spec import worker_args
+
+    spec = ray_cluster_spec(parse("--ray", "auto", "--gpus-per-worker", "4", "--tensor-parallel-size", "4"))
+    argv = worker_args(spec, "decode", "decode-1", "redis://r:1/0")
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
+    assert "--tensor-parallel-size" not in worker_args(ray_cluster_spec(parse("--ray", "auto")), "decode", "d", "r")
+    with pytest.raises(ValueError, match="needs as many GPUs per worker"):
+        ray_cluster_spec(parse("--ray", "auto", "--gpus-per-worker", "1", "--tensor-parallel-size", "2"))
 
 
 def test_cores_are_pinned_only_when_asked_because_this_hosts_split_means_nothing_on_other_nodes():
