@@ -55,10 +55,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str) -> list[float]:
+def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str, duration_s: float,
+               min_requests: int) -> list[float]:
+    """30/60/90/120% of the simulated goodput, for the same run length the real runs get (a fixed
+    request count would arrive all at once at high rates and never show the overload)."""
     fit = fit_perf_model(profile)
-    attainment = make_attainment_fn(lambda rate: workload.build(rate_rps=rate), SimSettings.from_profile(profile, transport),
-                                    fit.model, slo)
+    attainment = make_attainment_fn(
+        lambda rate: workload.build(rate_rps=rate, num_requests=max(min_requests, round(rate * duration_s))),
+        SimSettings.from_profile(profile, transport), fit.model, slo)
     goodput, _, _ = max_rate(lambda rate: attainment(Topology.disaggregated(1, 1), rate), SearchSettings())
     if goodput <= 0:
         raise SystemExit("the first profile meets the SLOs at no rate; give --rates or looser SLOs")
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                               prompt_mean=args.input_len, output_mean=args.output_len, range_ratio=args.range_ratio,
                               seed=args.seed)
     rates = ([float(r) for r in args.rates.split(",")] if args.rates
-             else auto_rates(first, workload, slo, args.transport))
+             else auto_rates(first, workload, slo, args.transport, args.duration_s, args.min_requests))
     models = {name: (SimSettings.from_profile(p, args.transport), fit_perf_model(p).model) for name, p in profiles.items()}
     console.print(f"rates {rates} req/s; SLOs TTFT {args.ttft_slo_ms:g} ms, TPOT {args.tpot_slo_ms:g} ms; "
                   f"models {list(profiles)}")
