@@ -7,9 +7,12 @@ import argparse
 from pdserve.engine import EngineSettings
 
 
-def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine (must match across the cluster)")
-    group.add_argument("--model", required=True, help="a Hugging Face checkpoint directory (see `pdserve make-model`)")
+def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = True,
+                       title: str = "engine (must match across the cluster)") -> None:
+    """The engine flags every engine-starting command shares, so `engine_settings` can read them."""
+    group = parser.add_argument_group(title)
+    group.add_argument("--model", required=model_required,
+                       help="a Hugging Face checkpoint directory (see `pdserve make-model`)")
     group.add_argument("--dtype", default="bfloat16", help="weights and KV cache dtype (default: %(default)s)")
     group.add_argument("--block-size", type=int, default=32, help="KV block size in tokens; a multiple of 32 on CPU")
     group.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + output, in tokens")

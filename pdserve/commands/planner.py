@@ -7,6 +7,8 @@ import argparse
 import os
 from pathlib import Path
 
+from pdserve.commands.engine_options import add_engine_options
+
 DESCRIPTION = """\
 Keep the prefill and decode pools sized for the load, every --interval-s:
   1. read live load from Redis: each router publishes its arrival rate, mean prompt and output
@@ -69,18 +71,12 @@ def _add_local_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("local actuator (--actuator local): workers started on this host")
     g.add_argument("--actuator", choices=["local", "kubernetes", "ray"], default="local",
                    help="what resizes the pools (default local)")
-    g.add_argument("--model", help="local: the checkpoint new workers serve (the cluster's)")
-    g.add_argument("--dtype", default="bfloat16")
-    g.add_argument("--block-size", type=int, default=32)
-    g.add_argument("--max-model-len", type=int, default=2048)
-    g.add_argument("--kv-cache-mb", type=int, default=256)
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--seed", type=int, default=0)
     g.add_argument("--worker-transport", choices=["tcp", "torch"], default="tcp", help="the cluster's KV transport")
     g.add_argument("--prefill-cores", default="", help="core sets new prefill workers rotate over, e.g. 0 or 0,1")
     g.add_argument("--decode-cores", default="", help="core sets new decode workers rotate over, e.g. 1,0")
     g.add_argument("--worker-log-dir", default="", help="where new workers' logs go (default: a temp dir)")
+    add_engine_options(p, model_required=False,
+                       title="local actuator: the engine new workers run (must match the cluster's; --model needed)")
 
 
 def _add_remote_arguments(p: argparse.ArgumentParser) -> None:

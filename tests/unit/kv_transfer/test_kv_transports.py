@@ -42,6 +42,9 @@ def test_pull_copies_exactly_the_leased_blocks_into_the_local_ones(producer, tra
         assert torch.equal(source[name][[5, 6, 7, 20]], target[name][[1, 2, 9, 10]])
         assert torch.equal(untouched[name], target[name][0])
     assert result.num_bytes == 4 * layout.bytes_per_block == 4 * 4 * 2 * 32 * 64 * 2
+    deadline = time.monotonic() + 5  # the producer counts once its send returns, maybe after our recv
+    while server.stats.bytes_sent != result.num_bytes and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert server.stats.bytes_sent == result.num_bytes
     assert client.release(address, "t1") is True
     assert leases.take_released() == {"r1"}
