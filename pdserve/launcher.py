@@ -2,11 +2,13 @@
 
 Used by `pdserve up`, the demo, the tests, the benchmarks and the planner's local actuator.
 Each process is `pdserve <command>` in its own process group; `add_worker`/`remove_worker`
-change the pools while the cluster runs (removal is SIGTERM: the worker drains first).
+change the pools while the cluster runs (removal is SIGTERM to the worker process alone, as a
+container runtime sends it: the worker drains with its engine intact, then stops it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -53,16 +55,28 @@ class Process:
         return self.popen.poll() is None
 
     def signal(self, sig: int) -> None:
+        """`sig` to the whole process group: the pdserve process and vLLM's engine processes."""
         if self.alive():
             os.killpg(self.popen.pid, sig)
 
+    def terminate(self) -> None:
+        """SIGTERM to the pdserve process alone, as a container runtime's init (tini) sends it: a
+        worker drains with its engine processes intact, then stops them itself."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 30.0) -> int:
-        self.signal(signal.SIGTERM)
+        """Graceful: `terminate()`, SIGKILL to the group after `timeout_s`; its exit code. Whatever
+        is left of the group once the process exited (an engine process it left behind) is killed."""
+        self.terminate()
         try:
-            return self.popen.wait(timeout=timeout_s)
+            code = self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.signal(signal.SIGKILL)
-            return self.popen.wait()
+            code = self.popen.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        return code
 
 
 class LocalCluster:
@@ -95,7 +109,7 @@ class LocalCluster:
     def stop(self) -> None:
         for process in [*self.workers.values(), self.router]:
             if process is not None:
-                process.signal(signal.SIGTERM)
+                process.terminate()  # all drain at once; stop() below waits for each
         for process in [*self.workers.values(), self.router]:
             if process is not None:
                 process.stop()

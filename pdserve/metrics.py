@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -45,3 +45,11 @@ def observe_finished(timings) -> None:
     if timings.kv_transfer_bytes:
         KV_BYTES.inc(timings.kv_transfer_bytes)
         KV_SECONDS.observe(timings.kv_transfer_s)
+
+
+def start_metrics_server(host: str, port: int):
+    """Serves this process's metrics at `http://host:port/metrics` (Prometheus text format) from a
+    daemon thread, until the process exits. Port 0 picks a free port. Returns the HTTP server:
+    its `server_port` is the bound port, `shutdown()` stops it."""
+    server, _thread = start_http_server(port, addr=host)
+    return server

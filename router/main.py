@@ -34,6 +34,11 @@ class RouterProcessConfig:
     grpc_port: int = 50051
     http_port: int = 8000
     router: RouterConfig = RouterConfig(max_model_len=2048)
+    drain_timeout_s: float = 30.0   # SIGTERM -> streams in flight may run this long, then are cancelled
+
+    def __post_init__(self) -> None:
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0 seconds, got {self.drain_timeout_s}")
 
 
 async def run_router(config: RouterProcessConfig, ready_file: str | None = None) -> None:
@@ -53,7 +58,8 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
 
     http = uvicorn.Server(uvicorn.Config(create_app(lifecycle, model_name), host=config.host,
-                                         port=config.http_port, log_level="warning", access_log=False))
+                                         port=config.http_port, log_level="warning", access_log=False,
+                                         timeout_graceful_shutdown=config.drain_timeout_s))
     http.install_signal_handlers = lambda: None
     http_task = asyncio.create_task(http.serve())
     while not http.started and not http_task.done():
@@ -68,9 +74,11 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     await stop.wait()
+    # Drain: refuse new calls, let streams in flight finish on both APIs (they drain side by side)
+    # for up to drain_timeout_s, then cancel what is left.
     await health.enter_graceful_shutdown()
     http.should_exit = True
-    await server.stop(grace=5.0)
+    await server.stop(grace=config.drain_timeout_s)
     await http_task
     load_publisher.cancel()
     await pool.close()

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 
 import grpc
+from redis.exceptions import RedisError
 
 from pdserve.registry import Registry, WorkerRecord
 from pdserve.v1 import worker_pb2_grpc
@@ -51,12 +52,22 @@ class WorkerPool:
         self._workers = {r.worker_id: r for r in records if not r.draining}
 
     async def _refresh_loop(self) -> None:
+        """Refreshes until cancelled. While Redis is away the last snapshot stays (the workers in it
+        still serve; one that fails an RPC is quarantined); the first refresh after it is back
+        replaces it. A failure is logged when it starts and when it ends."""
+        failing = False
         while True:
             await asyncio.sleep(self.refresh_s)
             try:
                 await self.refresh()
-            except (OSError, ConnectionError) as error:  # keep the last snapshot while Redis is away
-                logger.warning("registry refresh failed: %s", error)
+            except (RedisError, OSError) as error:
+                if not failing:
+                    logger.warning("registry refresh failed (%s); routing on the last snapshot", error)
+                failing = True
+            else:
+                if failing:
+                    logger.info("registry reachable again: %d workers", len(self._workers))
+                failing = False
 
     def workers(self, role: str) -> list[WorkerRecord]:
         now = time.monotonic()

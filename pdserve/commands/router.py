@@ -27,6 +27,8 @@ def register(subparsers) -> None:
     parser.add_argument("--max-inflight", type=int, default=256, help="admission limit; beyond it: 429/RESOURCE_EXHAUSTED")
     parser.add_argument("--local-prefill-max-tokens", type=int, default=0,
                         help="prompts this short skip the prefill pool and run on a decode worker alone (0: never)")
+    parser.add_argument("--drain-timeout-s", type=float, default=30.0,
+                        help="on SIGTERM, how long streams in flight may run before they are cancelled")
     parser.add_argument("--ready-file", default=None, help="write the addresses here once serving")
     parser.set_defaults(func=run)
 
@@ -40,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     router = RouterConfig(max_model_len=args.max_model_len, max_inflight=args.max_inflight,
                           policy=DisaggregationPolicy(args.local_prefill_max_tokens))
     config = RouterProcessConfig(model=args.model, redis_url=args.redis_url, cluster=args.cluster, host=args.host,
-                                 grpc_port=args.grpc_port, http_port=args.http_port, router=router)
+                                 grpc_port=args.grpc_port, http_port=args.http_port, router=router,
+                                 drain_timeout_s=args.drain_timeout_s)
     asyncio.run(run_router(config, ready_file=args.ready_file))
     return 0

@@ -11,8 +11,10 @@ from pdserve.commands.engine_options import add_engine_options, engine_settings
 
 HELP = """\
 Runs one vLLM engine as a pdserve worker: serves the Worker gRPC API (and grpc.health.v1),
-registers itself in Redis under a TTL lease it renews every heartbeat, and drains in-flight
-requests on SIGTERM. `pdserve up` starts these for you; run one by hand to add capacity.
+registers itself in Redis under a TTL lease it renews every heartbeat, and drains on SIGTERM: it
+leaves the registry, finishes the requests in flight and (prefill) waits for decode workers to pull
+the KV it holds, up to --drain-timeout-s. `pdserve up` starts these for you; run one by hand to add
+capacity.
 """
 
 
@@ -34,6 +36,9 @@ def register(subparsers) -> None:
     parser.add_argument("--lease-s", type=float, default=30.0, help="prefill: how long KV waits for its consumer")
     parser.add_argument("--ttl-s", type=float, default=3.0, help="registry lease; a dead worker vanishes after it")
     parser.add_argument("--heartbeat-s", type=float, default=1.0, help="registry refresh interval")
+    parser.add_argument("--drain-timeout-s", type=float, default=30.0,
+                        help="on SIGTERM, how long to wait for in-flight requests and (prefill) KV pulls "
+                             "before stopping the engine; keep it below the supervisor's kill timeout")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
     parser.add_argument("--ready-file", default=None, help="write the gRPC address here once serving")
     add_engine_options(parser)
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         role=args.role, engine=engine_settings(args, args.cpu_cores), redis_url=args.redis_url,
         cluster=args.cluster, bind_host=args.host, advertise_host=args.advertise_host or args.host,
         grpc_port=args.grpc_port, kv_port=args.kv_port, transport=args.transport, lease_s=args.lease_s,
-        heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, **extra,
+        heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, drain_timeout_s=args.drain_timeout_s, **extra,
     )
     asyncio.run(run_worker(config, ready_file=args.ready_file, metrics_port=args.metrics_port))
     return 0

@@ -25,13 +25,15 @@ class WorkerConfig:
     lease_s: float = 30.0
     heartbeat_s: float = 1.0
     ttl_s: float = 3.0
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = 30.0       # SIGTERM -> in-flight requests done (prefill: and KV pulled); see drain.py
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
             raise ValueError(f"role must be 'prefill' or 'decode', not {self.role!r}")
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(f"ttl_s ({self.ttl_s}) must exceed heartbeat_s ({self.heartbeat_s}) or the lease lapses")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0 seconds (0: stop at once), got {self.drain_timeout_s}")
 
 
 def free_port(host: str) -> int:

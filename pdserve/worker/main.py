@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -13,10 +12,12 @@ from grpc_health.v1._async import HealthServicer
 
 from kv_transfer.config import ConnectorConfig
 from pdserve.engine import engine_args
-from pdserve.metrics import WORKER_GAUGES
-from pdserve.registry import Registry, WorkerRecord
+from pdserve.metrics import start_metrics_server
+from pdserve.registry import Registry
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.config import WorkerConfig, free_port
+from pdserve.worker.drain import drain
+from pdserve.worker.heartbeat import heartbeat_loop
 from pdserve.worker.load import EngineLoad, stat_logger_factory
 from pdserve.worker.server import WorkerRuntime, WorkerServicer
 
@@ -50,39 +51,9 @@ def _model_name(config: WorkerConfig) -> str:
     return os.path.basename(os.path.normpath(config.engine.model))
 
 
-def _record(runtime: WorkerRuntime, grpc_address: str, draining: bool) -> WorkerRecord:
-    load, config = runtime.load, runtime.config
-    return WorkerRecord(
-        worker_id=config.worker_id, role=config.role, model=runtime.model_name, grpc_address=grpc_address,
-        kv_address=runtime.kv_address if config.role == "prefill" else "", engine_id=config.worker_id,
-        max_model_len=config.engine.max_model_len, block_size=config.engine.block_size,
-        num_running=load.num_running, num_waiting=load.num_waiting, num_inflight=len(runtime.inflight),
-        kv_blocks_used=load.kv_blocks_used, kv_blocks_total=load.kv_blocks_total,
-        pending_transfers=load.pending_transfers, draining=int(draining),
-    )
-
-
-async def _heartbeat(registry: Registry, runtime: WorkerRuntime, grpc_address: str, stop: asyncio.Event) -> None:
-    config = runtime.config
-    while not stop.is_set():
-        record = _record(runtime, grpc_address, draining=False)
-        for name, gauge in WORKER_GAUGES.items():
-            gauge.set(getattr(record, name))
-        try:
-            await registry.heartbeat(record, config.ttl_s)
-        except OSError as error:  # redis down: keep serving, the lease lapses and routers stop sending
-            logger.warning("registry heartbeat failed: %s", error)
-        try:
-            await asyncio.wait_for(stop.wait(), config.heartbeat_s)
-        except asyncio.TimeoutError:
-            pass
-
-
 async def run_worker(config: WorkerConfig, ready_file: str | None = None, metrics_port: int = 0) -> None:
     if metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr=config.bind_host)
+        start_metrics_server(config.bind_host, metrics_port)
     load = EngineLoad()
     engine, kv_address = _start_engine(config, load)
     runtime = WorkerRuntime(config, engine, load, kv_address=kv_address)
@@ -98,25 +69,13 @@ async def run_worker(config: WorkerConfig, ready_file: str | None = None, metric
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    heartbeat = asyncio.create_task(_heartbeat(registry, runtime, grpc_address, stop))
+    heartbeat = asyncio.create_task(heartbeat_loop(registry, runtime, grpc_address, stop))
     logger.info("%s worker %s serving on %s (kv %s)", config.role, config.worker_id, grpc_address, kv_address)
     if ready_file:
         with open(ready_file, "w") as ready:
             ready.write(grpc_address)
     await stop.wait()
-    await _drain(config, runtime, registry, health, heartbeat)
+    await drain(runtime, registry, health, heartbeat)
     await server.stop(grace=1.0)
     engine.shutdown()
     await registry.close()
-
-
-async def _drain(config, runtime, registry, health, heartbeat) -> None:
-    """Stops new work from arriving, then waits for in-flight requests to finish."""
-    await health.enter_graceful_shutdown()
-    await heartbeat
-    await registry.deregister(config.worker_id)
-    deadline = time.monotonic() + config.drain_timeout_s
-    while runtime.inflight and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    if runtime.inflight:
-        logger.warning("drain timed out with %d requests in flight", len(runtime.inflight))

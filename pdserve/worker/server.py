@@ -5,7 +5,8 @@ both roles share. Life of the process:
 
     start engine -> serve gRPC -> heartbeat into Redis every heartbeat_s
     SIGTERM/SIGINT -> health NOT_SERVING, leave the registry (no new work is routed here),
-                      wait for in-flight requests (up to drain_timeout_s), stop the engine
+                      wait for in-flight requests and, on prefill, for leased KV to be pulled
+                      (up to drain_timeout_s; `pdserve.worker.drain`), stop the engine
 """
 
 from __future__ import annotations

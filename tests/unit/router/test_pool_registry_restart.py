@@ -1,0 +1,45 @@
+"""The router's registry refresh survives Redis going away and coming back (a real redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pdserve.redis_server import start_redis
+from pdserve.registry import Registry, WorkerRecord
+from router.pool import WorkerPool
+
+
+async def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout_s} s")
+        await asyncio.sleep(0.05)
+
+
+def decode_ids(pool: WorkerPool) -> list[str]:
+    return sorted(w.worker_id for w in pool.workers("decode"))
+
+
+async def test_refresh_keeps_the_last_snapshot_while_redis_is_down_and_resumes_after_a_restart():
+    server = start_redis()
+    port = server.port
+    registry = Registry(server.url, "default")
+    pool = WorkerPool(registry, refresh_s=0.05)
+    try:
+        await registry.heartbeat(WorkerRecord("decode-1", "decode", "tiny", "10.0.0.1:50061"), ttl_s=60)
+        await pool.start()
+        assert decode_ids(pool) == ["decode-1"]
+
+        server.stop()
+        await asyncio.sleep(0.5)  # ~10 failed refreshes
+        assert decode_ids(pool) == ["decode-1"]  # routing goes on with what it knew
+
+        server = start_redis(port=port)  # an empty Redis; workers register again on their next beat
+        await registry.heartbeat(WorkerRecord("decode-2", "decode", "tiny", "10.0.0.2:50061"), ttl_s=60)
+        await wait_for(lambda: decode_ids(pool) == ["decode-2"], 5, "the refresh to see the new registry")
+    finally:
+        await pool.close()
+        await registry.close()
+        server.stop()
