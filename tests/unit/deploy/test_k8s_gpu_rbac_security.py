@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from planner.actuators.kubernetes import add_cli_arguments, config_from_cli_args
 
 GPU = "nvidia.com/gpu"
@@ -23,8 +25,9 @@ def gpu_by_container(k8s, objects) -> dict[str, dict[str, str]]:
     return found
 
 
-def test_cpu_overlay_asks_for_no_gpu_anywhere(k8s):
-    found = gpu_by_container(k8s, k8s.render("overlays/cpu"))
+@pytest.mark.parametrize("overlay_name", ["cpu", "dev"])
+def test_cpu_overlays_ask_for_no_gpu_anywhere(k8s, overlay_name):
+    found = gpu_by_container(k8s, k8s.render(f"overlays/{overlay_name}"))
     none = {"requests": None, "limits": None}
 
     assert found == {
@@ -67,7 +70,7 @@ def test_pdserve_containers_run_the_image_of_their_overlay(k8s, overlay):
         f"{n}/{c['name']}": c["image"]
         for n, t in k8s.pod_templates(objects).items() for c in t["spec"]["containers"]
     }
-    tag = {"cpu": "pdserve:cpu", "gpu": "pdserve:cuda"}[name]
+    tag = {"cpu": "pdserve:cpu", "gpu": "pdserve:cuda", "dev": "pdserve:cpu"}[name]
 
     assert images == {
         "pdserve-router/router": tag, "pdserve-prefill/worker": tag, "pdserve-decode/worker": tag,
@@ -83,7 +86,7 @@ def test_planner_role_grants_only_scale_of_the_two_pool_deployments(k8s, overlay
         "apiGroups": ["apps"],
         "resources": ["deployments/scale"],
         "resourceNames": ["pdserve-prefill", "pdserve-decode"],
-        "verbs": ["get", "patch", "update"],
+        "verbs": ["get", "patch"],
     }]
     assert set(role["rules"][0]["resourceNames"]) <= set(k8s.by_kind(objects, "Deployment"))
     assert k8s.by_kind(objects, "ClusterRole") == {}
@@ -157,7 +160,7 @@ def test_every_pod_passes_the_restricted_pod_security_standard(k8s):
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
     problems = []
-    for kustomization in ("overlays/cpu", "overlays/gpu", "model"):
+    for kustomization in ("overlays/cpu", "overlays/gpu", "overlays/dev", "model"):
         for name, template in k8s.pod_templates(k8s.render(kustomization)).items():
             problems += restricted_violations(f"{kustomization}:{name}", template["spec"])
     assert problems == []

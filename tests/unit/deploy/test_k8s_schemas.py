@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
-KUSTOMIZATIONS = ("base", "overlays/cpu", "overlays/gpu", "model")
+KUSTOMIZATIONS = ("base", "overlays/cpu", "overlays/gpu", "overlays/dev", "model")
 
 
 def schema_errors(objects, version: str) -> list[str]:

@@ -137,9 +137,9 @@ def test_transport_follows_the_overlay(k8s, overlay):
     name, objects = overlay
     (config_map,) = k8s.by_kind(objects, "ConfigMap").values()
 
-    assert config_map["data"]["PDSERVE_TRANSPORT"] == {"cpu": "tcp", "gpu": "torch"}[name]
+    assert config_map["data"]["PDSERVE_TRANSPORT"] == {"cpu": "tcp", "gpu": "torch", "dev": "tcp"}[name]
     assert config_map["data"]["PDSERVE_REDIS_URL"] == "redis://pdserve-redis:6379/0"
-    assert config_map["data"]["PDSERVE_KV_CACHE_MB"] == {"cpu": "4096", "gpu": "16384"}[name]
+    assert config_map["data"]["PDSERVE_KV_CACHE_MB"] == {"cpu": "4096", "gpu": "16384", "dev": "256"}[name]
 
 
 def test_model_volume_is_the_claim_model_kustomization_creates_and_is_read_only(k8s, overlay):
@@ -170,3 +170,31 @@ def test_every_namespaced_object_lands_in_the_pdserve_namespace(k8s, overlay):
     namespaces = {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"}
 
     assert namespaces == {"pdserve"}
+
+
+def quantity(value: str) -> float:
+    """A Kubernetes quantity as a number: CPUs ("500m" -> 0.5) or bytes ("2Gi" -> 2**31)."""
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    for suffix, factor in units.items():
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * factor
+    return float(value)
+
+
+def requested(objects, k8s, resource: str) -> float:
+    """What one replica of every workload asks the scheduler for, summed over the cluster."""
+    return sum(quantity(c.get("resources", {}).get("requests", {}).get(resource, "0"))
+               for t in k8s.pod_templates(objects).values() for c in k8s.all_containers(t["spec"]))
+
+
+def test_dev_overlay_fits_one_laptop_node_and_the_cpu_overlay_does_not(k8s):
+    """deploy/README.md promises the dev overlay schedules on a 4-CPU / 8 GiB kind or minikube node
+    (less what the node's own pods use) and warns that the cpu overlay goes Pending there."""
+    dev, cpu = k8s.render("overlays/dev"), k8s.render("overlays/cpu")
+
+    assert requested(dev, k8s, "cpu") <= 2.0 and requested(dev, k8s, "memory") <= 6 * 2**30
+    assert requested(cpu, k8s, "cpu") > 4.0 and requested(cpu, k8s, "memory") > 8 * 2**30
+    for name, template in k8s.pod_templates(dev).items():
+        for container in template["spec"]["containers"]:
+            resources = container["resources"]
+            assert quantity(resources["limits"]["memory"]) >= quantity(resources["requests"]["memory"]), name
