@@ -18,13 +18,11 @@ from dataclasses import dataclass
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from pdserve.ray.member import MemberActor
 from pdserve.ray.scaling import ScalePlan, plan_scale, pool_sizes
 from pdserve.ray.spec import (Kind, Launch, MemberState, RayClusterSpec, Role, actor_options, member_id,
-                              placement_bundles, router_args, worker_args)
+                              router_args, worker_args)
 
 STATE_TIMEOUT_S = 2.0
 
@@ -40,7 +38,6 @@ class Endpoints:
 class _Member:
     kind: Kind
     handle: object
-    group: PlacementGroup | None
 
 
 class _ClusterController:
@@ -153,15 +150,9 @@ class _ClusterController:
     # ---- helpers ---------------------------------------------------------------------------------
     def _create(self, kind: Kind, launch: Launch):
         """The member's actor handle; Ray places and starts it in the background."""
-        options = actor_options(self.spec, kind, launch.member_id)
-        bundles = placement_bundles(self.spec.resources(kind))
-        group = placement_group(bundles, strategy="STRICT_PACK") if bundles else None
-        if group is not None:
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
-        handle = MemberActor.options(**options).remote(launch)
+        handle = MemberActor.options(**actor_options(self.spec, kind, launch.member_id)).remote(launch)
         with self._lock:
-            self._members[launch.member_id] = _Member(kind, handle, group)
+            self._members[launch.member_id] = _Member(kind, handle)
         return handle
 
     def _get(self, member: str) -> _Member:
@@ -175,7 +166,7 @@ class _ClusterController:
             return ray.get(handle.ready.remote(timeout_s), timeout=timeout_s + 5)
         except GetTimeoutError:
             raise TimeoutError(f"a member was not placed within {timeout_s:.0f} s: Ray has no node with the "
-                               f"resources it asks for (see `ray status`; lower --worker-cpus/--router-cpus)") from None
+                               f"resources it asks for (see `ray status`; lower --prefill-cpus/--decode-cpus/--router-cpus)") from None
 
     @staticmethod
     def _state_of(member: str, kind: Kind, ref, timeout_s: float = 0.0) -> MemberState:
@@ -189,8 +180,6 @@ class _ClusterController:
     @staticmethod
     def _discard(member: _Member) -> None:
         ray.kill(member.handle, no_restart=True)
-        if member.group is not None:
-            remove_placement_group(member.group)
 
 
 ClusterController = ray.remote(_ClusterController)

@@ -27,16 +27,23 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--redis-url", default="",
                        help="an existing Redis for the registry (default: redis-server in a Ray actor)")
     group.add_argument("--router-cpus", type=float, default=1.0, help="CPUs Ray reserves for the router")
-    group.add_argument("--worker-cpus", type=float, default=1.0, help="CPUs Ray reserves for each worker")
+    group.add_argument("--worker-cpus", type=float, default=1.0,
+                       help="CPUs Ray reserves for each worker of both pools (default for the two below)")
+    group.add_argument("--prefill-cpus", type=float, default=None, help="CPUs per prefill worker (default: --worker-cpus)")
+    group.add_argument("--decode-cpus", type=float, default=None, help="CPUs per decode worker (default: --worker-cpus)")
     group.add_argument("--gpus-per-worker", type=int, default=0,
-                       help="GPUs per worker; above 1, a placement group keeps them on one node")
+                       help="GPUs each worker of both pools asks for: 0 (CPU nodes) or 1; a worker never spans "
+                            "several (the KV connector moves one tensor-parallel rank's cache)")
+    group.add_argument("--prefill-gpus", type=int, default=None, help="GPUs per prefill worker (default: --gpus-per-worker)")
+    group.add_argument("--decode-gpus", type=int, default=None, help="GPUs per decode worker (default: --gpus-per-worker)")
     group.add_argument("--max-restarts", type=int, default=-1,
                        help="times Ray restarts a crashed member (-1: always)")
 
 
 def ray_cluster_spec(args: argparse.Namespace):
-    """The RayClusterSpec of `pdserve up --ray ...`. CPU cores are pinned only when asked for
-    (--prefill-cores/--decode-cores): the local default splits *this* host's cores."""
+    """The RayClusterSpec of `pdserve up --ray ...`, checked before anything touches Ray (a worker
+    asking for several GPUs is refused here, with the reason). CPU cores are pinned only when
+    asked for (--prefill-cores/--decode-cores): the local default splits *this* host's cores."""
     from pdserve.commands.up import cluster_spec
     from pdserve.ray.spec import RayClusterSpec, RoleResources
 
@@ -45,18 +52,18 @@ def ray_cluster_spec(args: argparse.Namespace):
     base = cluster_spec(args)
     # actors do not start in this directory: relative paths are made absolute here
     engine = replace(base.engine, model=_absolute(base.engine.model))
-    if args.gpus_per_worker > 1 and engine.tensor_parallel_size == 1:
-        # a worker given several GPUs spans them all: the placement group reserves them on one node
-        engine = replace(engine, tensor_parallel_size=int(args.gpus_per_worker))
-    if engine.tensor_parallel_size > max(1, args.gpus_per_worker):
-        raise ValueError(f"--tensor-parallel-size {engine.tensor_parallel_size} needs as many GPUs per worker "
-                         f"(--gpus-per-worker is {args.gpus_per_worker:g})")
     base = replace(base, engine=engine, cpu_cores=cores, cluster=args.cluster,
                    log_dir=os.path.abspath(base.log_dir) if base.log_dir else "")
+    pools = {role: RoleResources(num_cpus=_or(getattr(args, f"{role}_cpus"), args.worker_cpus),
+                                 num_gpus=_or(getattr(args, f"{role}_gpus"), args.gpus_per_worker))
+             for role in ("prefill", "decode")}
     return RayClusterSpec(cluster=base, address=args.ray, redis_url=args.redis_url,
-                          router=RoleResources(num_cpus=args.router_cpus),
-                          worker=RoleResources(num_cpus=args.worker_cpus, num_gpus=args.gpus_per_worker),
-                          max_restarts=args.max_restarts)
+                          router=RoleResources(num_cpus=args.router_cpus), prefill=pools["prefill"],
+                          decode=pools["decode"], max_restarts=args.max_restarts)
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def _absolute(path: str) -> str:

@@ -1,8 +1,8 @@
 """What a pdserve cluster on Ray is made of, as plain values. No Ray, no I/O: tested with values.
 
 - `RayClusterSpec`: the local `ClusterSpec` (engine, pools, transport, ports, cores) plus where the
-  Ray cluster is, where Redis is, and what each role asks Ray for;
-- `actor_options`/`placement_bundles`: the Ray resource requests of one member;
+  Ray cluster is, where Redis is, and what each role (router, prefill, decode) asks Ray for;
+- `actor_options`: the Ray resource requests of one member;
 - `router_args`/`worker_args`/`redis_argv`: the command each member's actor runs, the same
   `pdserve router|worker` command line the local launcher uses.
 """
@@ -25,7 +25,8 @@ CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 @dataclass(frozen=True)
 class RoleResources:
-    """What one member of a role asks Ray for. `num_gpus` > 1: the engine spans several GPUs."""
+    """What one member of a role asks Ray for: logical CPUs (they decide placement) and whole GPUs
+    (Ray sets the member's CUDA_VISIBLE_DEVICES to them)."""
 
     num_cpus: float = 1.0
     num_gpus: int = 0
@@ -43,7 +44,8 @@ class RayClusterSpec:
     address: str = "auto"              # the Ray cluster: "auto", "HOST:PORT" or "ray://HOST:PORT"
     redis_url: str = ""                # "": run redis-server in a Ray actor
     router: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
-    worker: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    prefill: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
+    decode: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
     max_restarts: int = -1             # per member actor; -1: restart for ever
     ready_timeout_s: float = 300.0
     stop_timeout_s: float = 60.0       # a worker's drain, then SIGKILL
@@ -63,6 +65,7 @@ class RayClusterSpec:
             raise ValueError("ready_timeout_s and stop_timeout_s must be > 0")
         if self.cluster.grpc_port and self.cluster.grpc_port == self.cluster.http_port:
             raise ValueError(f"router gRPC and HTTP ports are both {self.cluster.grpc_port}: pick two ports")
+        _check_one_gpu_per_worker(self)
 
     @property
     def namespace(self) -> str:
@@ -71,9 +74,26 @@ class RayClusterSpec:
     def resources(self, kind: Kind) -> RoleResources:
         if kind == "router":
             return self.router
-        if kind in ROLES:
-            return self.worker
+        if kind == "prefill":
+            return self.prefill
+        if kind == "decode":
+            return self.decode
         return RoleResources(num_cpus=0.0)  # redis: tiny, and must never wait for a free CPU
+
+
+def _check_one_gpu_per_worker(spec: RayClusterSpec) -> None:
+    """Every Ray member is a prefill or decode worker, and those run on at most one GPU: each
+    tensor-parallel rank holds a shard of the KV heads and pdserve's KV connector moves one rank's
+    cache, so a worker spanning several GPUs would hand decode half a KV cache."""
+    why = "pdserve's KV connector moves one tensor-parallel rank's KV cache"
+    for role in ROLES:
+        if spec.resources(role).num_gpus > 1:
+            raise ValueError(f"{role} workers ask for {spec.resources(role).num_gpus} GPUs each, but a prefill or "
+                             f"decode worker runs on one GPU ({why}): ask for 1 (--{role}-gpus 1) and add "
+                             f"workers (--{role} N) instead")
+    if spec.cluster.engine.tensor_parallel_size > 1:
+        raise ValueError(f"--tensor-parallel-size {spec.cluster.engine.tensor_parallel_size}: prefill and decode "
+                         f"engines run with 1 ({why}); add workers instead")
 
 
 @dataclass(frozen=True)
@@ -106,7 +126,7 @@ def namespace_for(cluster: str) -> str:
 
 
 def actor_options(spec: RayClusterSpec, kind: Kind, member_id: str) -> dict:
-    """Ray `.options()` for one member (the placement group, if any, is added by the caller)."""
+    """Ray `.options()` for one member."""
     resources = spec.resources(kind)
     restarts = 0 if kind == "redis" else spec.max_restarts  # a new Redis would have a new address
     return {
@@ -118,18 +138,6 @@ def actor_options(spec: RayClusterSpec, kind: Kind, member_id: str) -> dict:
         "max_task_retries": -1 if restarts else 0,  # calls made while it restarts wait for the new one
         "max_concurrency": 4,                       # state() answers while ready() waits
     }
-
-
-def placement_bundles(resources: RoleResources) -> list[dict[str, float]] | None:
-    """A placement group for a member spanning several GPUs: one bundle on one node (STRICT_PACK)
-    holding all its GPUs, so vLLM's own tensor-parallel processes see them all and a restarted
-    actor finds its GPUs still reserved. None for 0 or 1 GPU (a plain resource request does)."""
-    if resources.num_gpus <= 1:
-        return None
-    bundle = {"GPU": float(resources.num_gpus)}
-    if resources.num_cpus:
-        bundle["CPU"] = float(resources.num_cpus)
-    return [bundle]
 
 
 def router_args(spec: RayClusterSpec, redis_url: str) -> tuple[str, ...]:

@@ -2,7 +2,8 @@
 
 One Ray cluster (started here with `ray.init`) and one `pdserve up --ray` process (as a user runs
 it) serve the whole module; the planner's Ray actuator attaches from this process, as a planner
-running elsewhere would. Engines: the tiny model, 64 MiB of KV, prefill on core 0, decode on core 1.
+running elsewhere would. Engines: the tiny model, 64 MiB of KV, prefill on core 0, decode on core 1;
+Ray reserves 0.5 CPU per prefill worker and 0.25 per decode worker (of the 2 `ray.init` offers).
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from pdserve.ray.spec import RayClusterSpec  # noqa: E402
 from planner.actuators.ray import RayActuator, RayActuatorConfig  # noqa: E402
 
 CLUSTER = "raytest"
+ADDED = "decode-2"        # the decode member the actuator adds (member ids carry creation order)
 START_TIMEOUT_S = 900.0   # engines start in ~20 s on an idle machine; this one is shared
 PROMPTS = [0, 4, 8, 12]   # indices into the shared prompts: 1, 33, 96 and 200 tokens
+RAY_CPUS = 2
+PREFILL_CPUS, DECODE_CPUS = 0.5, 0.25   # what each pool's members ask Ray for (router and redis: 0)
 
 
 def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
@@ -58,7 +62,7 @@ def process_gone(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def ray_address():
-    context = ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    context = ray.init(num_cpus=RAY_CPUS, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield context.address_info["gcs_address"]
     ray.shutdown()
 
@@ -71,7 +75,7 @@ def up(ray_address, tiny_model, tmp_path_factory, reference_outputs):
     argv = [sys.executable, "-m", "pdserve.cli", "up", "--ray", ray_address, "--cluster", CLUSTER,
             "--model", str(tiny_model), "--kv-cache-mb", "64", "--max-num-seqs", "16", "--grpc-port", "0",
             "--http-port", "0", "--prefill-cores", "0", "--decode-cores", "1", "--router-cpus", "0",
-            "--worker-cpus", "0.5", "--log-dir", str(folder / "members")]
+            "--prefill-cpus", str(PREFILL_CPUS), "--decode-cpus", str(DECODE_CPUS), "--log-dir", str(folder / "members")]
     with open(folder / "up.log", "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     process.log_path = folder / "up.log"
@@ -133,28 +137,61 @@ def test_requests_through_the_ray_router_give_colocated_vllm_tokens(cluster, reg
     record = registry.hgetall(worker_key(CLUSTER, "decode-1"))
     assert record["role"] == "decode" and record["grpc_address"] == cluster.worker_address("decode-1")
     assert record["grpc_address"].startswith(f"{node_ip}:")
+    # each pool asked Ray for its own CPUs: what is left is the cluster's minus one of each
+    wait_for(lambda: ray.available_resources().get("CPU") == RAY_CPUS - PREFILL_CPUS - DECODE_CPUS, 10,
+             f"Ray accounting {PREFILL_CPUS} CPU to prefill-0 and {DECODE_CPUS} to decode-1")
 
 
-def test_the_ray_actuator_scales_decode_from_one_to_two_and_back(ray_address, cluster, registry, prompts,
-                                                                reference_outputs):
+def test_the_ray_actuator_scales_decode_to_two_and_both_give_colocated_vllm_tokens(ray_address, cluster, prompts,
+                                                                                 reference_outputs):
     actuator = RayActuator.connect(RayActuatorConfig(address=ray_address, cluster=CLUSTER))
     assert actuator.current() == {"prefill": 1, "decode": 1}
 
     actuator.scale("decode", 2)
     assert actuator.current() == {"prefill": 1, "decode": 2}
-    added = "decode-2"
-    assert cluster.worker_ids("decode") == ["decode-1", added]
-    cluster.wait_ready(added, START_TIMEOUT_S)
+    assert cluster.worker_ids("decode") == ["decode-1", ADDED]
+    cluster.wait_ready(ADDED, START_TIMEOUT_S)
     wait_for(lambda: workers_seen_by_router(cluster) == (1, 2), 30, "the router seeing the new decode worker")
     with ThreadPoolExecutor(6) as pool:  # concurrent and long enough to overlap: the router spreads them
-        served = list(pool.map(lambda i: generate(cluster.grpc_target, prompts[i], 48)[1].decode_worker, range(6)))
-    assert set(served) == {"decode-1", added}
+        results = list(pool.map(lambda i: generate(cluster.grpc_target, prompts[i], 48), range(6)))
+    assert {timings.decode_worker for _, timings in results} == {"decode-1", ADDED}
+    for index, (tokens, timings) in enumerate(results):
+        # greedy: the first tokens of a longer answer are the colocated reference's answer
+        reference = reference_outputs[index]
+        assert tokens[:len(reference)] == reference, f"prompt {index} on {timings.decode_worker}"
+        assert len(tokens) == 48
 
-    removed_pid = cluster.member(added).child_pid
+
+@pytest.mark.chaos
+def test_while_a_killed_decode_actor_restarts_requests_succeed_on_the_survivor(cluster, registry, prompts,
+                                                                             reference_outputs):
+    killed = cluster.member(ADDED)
+    os.kill(killed.actor_pid, signal.SIGKILL)
+    # its worker got SIGTERM from the dying actor (PR_SET_PDEATHSIG): it leaves the registry at once
+    wait_for(lambda: workers_seen_by_router(cluster) == (1, 1), 30, "the router dropping the killed worker")
+    served = []
+    for index in PROMPTS:
+        tokens, timings = generate(cluster.grpc_target, prompts[index])
+        assert tokens == reference_outputs[index], f"prompt {index} during the outage"
+        served.append(timings.decode_worker)
+    assert cluster.member(ADDED).status != "ready", "the outage ended before the requests did"
+    assert served == ["decode-1"] * len(PROMPTS)
+    # Ray restarts the actor, which starts a new worker registering under the same id
+    wait_for(lambda: process_gone(killed.child_pid), 60, "the dead actor's worker process exiting")
+    new = wait_for(lambda: _restarted(cluster, killed), START_TIMEOUT_S, f"{ADDED} restarted and ready", 1.0)
+    assert registry.hget(worker_key(CLUSTER, ADDED), "grpc_address") == new.address
+    wait_for(lambda: workers_seen_by_router(cluster) == (1, 2), 30, "the router seeing the restarted worker")
+
+
+def test_the_ray_actuator_scales_decode_back_to_one_removing_the_newest(ray_address, cluster, registry, prompts,
+                                                                       reference_outputs):
+    actuator = RayActuator.connect(RayActuatorConfig(address=ray_address, cluster=CLUSTER))
+    assert actuator.current() == {"prefill": 1, "decode": 2}
+    removed_pid = cluster.member(ADDED).child_pid
     actuator.scale("decode", 1)
     assert actuator.current() == {"prefill": 1, "decode": 1}
     assert cluster.worker_ids("decode") == ["decode-1"]          # the newest one went
-    assert process_gone(removed_pid) and not registry.exists(worker_key(CLUSTER, added))
+    assert process_gone(removed_pid) and not registry.exists(worker_key(CLUSTER, ADDED))
     wait_for(lambda: workers_seen_by_router(cluster) == (1, 1), 30, "the router dropping the removed worker")
     tokens, timings = generate(cluster.grpc_target, prompts[PROMPTS[1]])
     assert (tokens, timings.decode_worker) == (reference_outputs[PROMPTS[1]], "decode-1")
@@ -173,20 +210,15 @@ def test_attaching_to_a_cluster_that_does_not_exist_says_how_to_start_one(ray_ad
 
 
 @pytest.mark.chaos
-def test_killed_members_are_restarted_by_ray_and_register_again(cluster, registry, prompts, reference_outputs):
-    """decode-1: its actor process is SIGKILLed; prefill-0: its worker process is. Both come back."""
-    decode, prefill = cluster.member("decode-1"), cluster.member("prefill-0")
-    os.kill(decode.actor_pid, signal.SIGKILL)
+def test_a_killed_worker_process_is_restarted_by_ray_and_registers_again(cluster, registry, prompts,
+                                                                         reference_outputs):
+    """prefill-0's worker process is SIGKILLed (its actor lives on, sees the exit, and exits so Ray
+    restarts it); the actor-killed case is the decode test above."""
+    prefill = cluster.member("prefill-0")
     os.kill(prefill.child_pid, signal.SIGKILL)
-    # the old processes are gone (the decode worker got SIGTERM from its dying actor) and so are
-    # their registry entries, so the router stops sending them requests
-    wait_for(lambda: process_gone(decode.child_pid), 60, "the dead actor's worker process exiting")
-    for worker in ("decode-1", "prefill-0"):
-        wait_for(lambda: not registry.exists(worker_key(CLUSTER, worker)), 30, f"{worker} leaving the registry")
-    # Ray restarts both actors; each starts a new worker that registers again under the same id
-    for old in (decode, prefill):
-        new = wait_for(lambda: _restarted(cluster, old), START_TIMEOUT_S, f"{old.member_id} restarted and ready", 1.0)
-        assert registry.hget(worker_key(CLUSTER, old.member_id), "grpc_address") == new.address
+    wait_for(lambda: not registry.exists(worker_key(CLUSTER, "prefill-0")), 30, "prefill-0 leaving the registry")
+    new = wait_for(lambda: _restarted(cluster, prefill), START_TIMEOUT_S, "prefill-0 restarted and ready", 1.0)
+    assert registry.hget(worker_key(CLUSTER, "prefill-0"), "grpc_address") == new.address
     wait_for(lambda: workers_seen_by_router(cluster) == (1, 1), 30, "the router seeing both workers again")
     tokens, timings = generate(cluster.grpc_target, prompts[PROMPTS[2]])
     assert tokens == reference_outputs[PROMPTS[2]]

@@ -7,7 +7,7 @@ import pytest
 from pdserve.engine import EngineSettings
 from pdserve.launcher import ClusterSpec
 from pdserve.ray.spec import (RayClusterSpec, RoleResources, actor_options, member_id, member_index,
-                              placement_bundles, redis_argv, router_args, worker_args)
+                              redis_argv, router_args, worker_args)
 
 ENGINE = EngineSettings(model="/models/tiny", block_size=32, max_model_len=1024, kv_cache_bytes=64 << 20,
                         max_num_seqs=16, seed=7)
@@ -39,10 +39,13 @@ def test_router_runs_the_router_command_on_the_clusters_ports():
 
 
 def test_each_role_asks_ray_for_its_own_resources_and_restarts():
-    spec = make_spec(router=RoleResources(num_cpus=0.5), worker=RoleResources(num_cpus=2, num_gpus=1),
-                     max_restarts=5)
+    spec = make_spec(router=RoleResources(num_cpus=0.5), prefill=RoleResources(num_cpus=6, num_gpus=1),
+                     decode=RoleResources(num_cpus=2, num_gpus=1), max_restarts=5)
     assert actor_options(spec, "decode", "decode-1") == {
         "name": "decode-1", "namespace": "pdserve-c1", "num_cpus": 2, "num_gpus": 1,
+        "max_restarts": 5, "max_task_retries": -1, "max_concurrency": 4}
+    assert actor_options(spec, "prefill", "prefill-0") == {
+        "name": "prefill-0", "namespace": "pdserve-c1", "num_cpus": 6, "num_gpus": 1,
         "max_restarts": 5, "max_task_retries": -1, "max_concurrency": 4}
     assert actor_options(spec, "router", "router") == {
         "name": "router", "namespace": "pdserve-c1", "num_cpus": 0.5, "num_gpus": 0,
@@ -54,14 +57,16 @@ def test_redis_never_restarts_because_a_new_one_would_have_another_address():
     assert (options["max_restarts"], options["max_task_retries"], options["num_cpus"]) == (0, 0, 0.0)
 
 
-def test_a_worker_spanning_several_gpus_gets_one_bundle_holding_them_all():
-    assert placement_bundles(RoleResources(num_cpus=4, num_gpus=2)) == [{"GPU": 2.0, "CPU": 4.0}]
-    assert placement_bundles(RoleResources(num_cpus=0, num_gpus=8)) == [{"GPU": 8.0}]
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_worker_asking_for_several_gpus_is_refused_with_the_reason(role):
+    with pytest.raises(ValueError, match=f"{role} workers ask for 2 GPUs each.*add workers"):
+        make_spec(**{role: RoleResources(num_cpus=1, num_gpus=2)})
 
 
-def test_zero_or_one_gpu_needs_no_placement_group():
-    assert placement_bundles(RoleResources(num_cpus=1, num_gpus=0)) is None
-    assert placement_bundles(RoleResources(num_cpus=1, num_gpus=1)) is None
+def test_a_tensor_parallel_engine_is_refused_because_its_kv_would_be_split():
+    cluster = ClusterSpec(engine=EngineSettings(model="/models/tiny", tensor_parallel_size=2))
+    with pytest.raises(ValueError, match="tensor-parallel-size 2: prefill and decode engines run with 1"):
+        RayClusterSpec(cluster=cluster, prefill=RoleResources(num_gpus=1), decode=RoleResources(num_gpus=1))
 
 
 def test_redis_binds_the_node_address_so_other_nodes_reach_it():

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pdserve.cli import build_parser
 from pdserve.ray.options import ray_cluster_spec
-from pdserve.ray.spec import RoleResources
+from pdserve.ray.spec import RoleResources, actor_options
 
 
 def parse(*argv: str):
@@ -14,27 +16,35 @@ def parse(*argv: str):
 def test_ray_options_become_the_spec():
     spec = ray_cluster_spec(parse("--ray", "10.0.0.1:6379", "--cluster", "c1", "--decode", "3",
                                   "--redis-url", "redis://10.0.0.9:6379/0", "--router-cpus", "0.5",
-                                  "--worker-cpus", "4", "--gpus-per-worker", "2", "--max-restarts", "3",
+                                  "--worker-cpus", "4", "--gpus-per-worker", "1", "--max-restarts", "3",
                                   "--grpc-port", "0", "--kv-cache-mb", "64"))
     assert (spec.address, spec.namespace, spec.redis_url, spec.max_restarts) == (
         "10.0.0.1:6379", "pdserve-c1", "redis://10.0.0.9:6379/0", 3)
-    assert (spec.router, spec.worker) == (RoleResources(num_cpus=0.5), RoleResources(num_cpus=4, num_gpus=2))
+    assert (spec.router, spec.prefill, spec.decode) == (
+        RoleResources(num_cpus=0.5), RoleResources(num_cpus=4, num_gpus=1), RoleResources(num_cpus=4, num_gpus=1))
     assert (spec.cluster.cluster, spec.cluster.num_decode, spec.cluster.grpc_port) == ("c1", 3, 0)
     assert spec.cluster.engine.kv_cache_bytes == 64 << 20
-    assert spec.cluster.engine.tensor_parallel_size == 2  # a worker given 2 GPUs spans both
+    assert spec.cluster.engine.tensor_parallel_size == 1
 
 
-def test_tensor_parallelism_reaches_the_workers_command_line_and_needs_the_gpus():
-    import pytest
+def test_prefill_and_decode_are_sized_separately_and_fall_back_to_the_worker_options():
+    spec = ray_cluster_spec(parse("--ray", "auto", "--worker-cpus", "2", "--gpus-per-worker", "1",
+                                  "--prefill-cpus", "8", "--decode-gpus", "0"))
+    assert (spec.prefill, spec.decode) == (RoleResources(num_cpus=8, num_gpus=1), RoleResources(num_cpus=2, num_gpus=0))
+    assert actor_options(spec, "prefill", "prefill-0")["num_cpus"] == 8
+    assert (actor_options(spec, "decode", "decode-1")["num_cpus"], actor_options(spec, "decode", "decode-1")["num_gpus"]) == (2, 0)
 
-    from pdserve.ray.spec import worker_args
 
-    spec = ray_cluster_spec(parse("--ray", "auto", "--gpus-per-worker", "4", "--tensor-parallel-size", "4"))
-    argv = worker_args(spec, "decode", "decode-1", "redis://r:1/0")
-    assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
-    assert "--tensor-parallel-size" not in worker_args(ray_cluster_spec(parse("--ray", "auto")), "decode", "d", "r")
-    with pytest.raises(ValueError, match="needs as many GPUs per worker"):
-        ray_cluster_spec(parse("--ray", "auto", "--gpus-per-worker", "1", "--tensor-parallel-size", "2"))
+@pytest.mark.parametrize("argv, message", [
+    (("--gpus-per-worker", "2"), "prefill workers ask for 2 GPUs each"),
+    (("--decode-gpus", "4"), "decode workers ask for 4 GPUs each"),
+    (("--gpus-per-worker", "2", "--tensor-parallel-size", "2"), "prefill workers ask for 2 GPUs"),
+    (("--gpus-per-worker", "1", "--tensor-parallel-size", "2"), "--tensor-parallel-size 2: prefill and decode"),
+])
+def test_a_worker_spanning_several_gpus_is_refused_before_ray_is_touched(argv, message):
+    with pytest.raises(ValueError, match=message) as refused:
+        ray_cluster_spec(parse("--ray", "10.255.255.1:6379", *argv))  # nobody listens there: never reached
+    assert "KV connector moves one tensor-parallel rank's KV cache" in str(refused.value)
 
 
 def test_cores_are_pinned_only_when_asked_because_this_hosts_split_means_nothing_on_other_nodes():
@@ -45,7 +55,7 @@ def test_cores_are_pinned_only_when_asked_because_this_hosts_split_means_nothing
 def test_defaults_ask_one_cpu_per_member_and_restart_for_ever_with_redis_in_an_actor():
     spec = ray_cluster_spec(parse("--ray", "auto"))
     assert (spec.address, spec.redis_url, spec.max_restarts, spec.namespace) == ("auto", "", -1, "pdserve-default")
-    assert (spec.router, spec.worker) == (RoleResources(num_cpus=1.0), RoleResources(num_cpus=1.0, num_gpus=0))
+    assert (spec.router, spec.prefill, spec.decode) == (RoleResources(num_cpus=1.0),) * 3
 
 
 def test_without_ray_up_stays_local():
