@@ -20,7 +20,7 @@ from loadgen.runner import RunResult
 from loadgen.sweep import goodput_on_grid
 
 NOISY_OTHER_CORES = 0.25  # other processes averaging more than this during a run make it "noisy"
-SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D"}
+SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D", "C": "C: 2 x 1-core vLLM, round robin"}
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,22 @@ class SLOPair:
 
 @dataclass(frozen=True)
 class Measurement:
-    system: str  # "A" or "B"
+    system: str  # "A", "B" or "C"
     rate_rps: float
     result: RunResult
     summaries: dict[str, dict[str, Any]]  # SLO pair name -> loadgen.metrics.summarize(...)
     other_load_cores: float  # CPU other processes used during the run (goodput_vs_vllm_noise)
     restarted: bool  # the system was found dead before this run and restarted
     attempts: int = 1  # > 1: earlier attempts were noisy and measured again (this is the quietest)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A (system, rate) point not measured, and why (the time budget)."""
+
+    system: str
+    rate_rps: float
+    reason: str
 
 
 # ------------------------------------------------------------------------------------------ pure
@@ -95,16 +104,25 @@ def format_goodput(value: tuple[float, bool], rates: Sequence[float]) -> str:
 
 
 def goodput_rows(found: dict[str, dict[str, tuple[float, bool]]], pairs: Sequence[SLOPair],
-                 rates: Sequence[float]) -> tuple[list[str], list[list[str]]]:
-    headers = ["SLO pair", "A goodput (req/s)", "B goodput (req/s)", "B / A"]
+                 rates: Sequence[float], systems: Sequence[str] = ("A", "B")) -> tuple[list[str], list[list[str]]]:
+    """Per SLO pair: each system's goodput, then each other system's ratio to A ("not measured"
+    for a system without any run, e.g. skipped for time)."""
+    others = [s for s in systems if s != "A"]
+    headers = ["SLO pair", *(f"{s} goodput (req/s)" for s in systems), *(f"{s} / A" for s in others)]
     rows = []
     for p in pairs:
-        a, b = found[p.name]["A"], found[p.name]["B"]
-        r = ratio(b[0], a[0])
-        exact = a[1] and b[1]
-        rows.append([f"{p.name}: {p.describe()}", format_goodput(a, rates), format_goodput(b, rates),
-                     "n/a" if r is None else f"{r:.2f}" + ("" if exact else " (bound)")])
+        by_system = found[p.name]
+        cells = [format_goodput(by_system[s], rates) if s in by_system else "not measured" for s in systems]
+        rows.append([f"{p.name}: {p.describe()}", *cells, *(_ratio_cell(by_system, s) for s in others)])
     return headers, rows
+
+
+def _ratio_cell(by_system: dict[str, tuple[float, bool]], system: str) -> str:
+    if "A" not in by_system or system not in by_system:
+        return "n/a"
+    (x, x_exact), (a, a_exact) = by_system[system], by_system["A"]
+    r = ratio(x, a)
+    return "n/a" if r is None else f"{r:.2f}" + ("" if x_exact and a_exact else " (bound)")
 
 
 def per_rate_rows(measurements: Sequence[Measurement], pairs: Sequence[SLOPair]) -> tuple[list[str], list[list[str]]]:
@@ -142,6 +160,10 @@ def phase_rows(measurements: Sequence[Measurement], pair: str) -> tuple[list[str
     return headers, rows
 
 
+def skipped_rows(skipped: Sequence[Skipped]) -> tuple[list[str], list[list[str]]]:
+    return ["rate (req/s)", "system", "reason"], [[f"{s.rate_rps:g}", s.system, s.reason] for s in skipped]
+
+
 def rich_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
     table = Table(title=title)
     for i, header in enumerate(headers):
@@ -159,27 +181,32 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 # -------------------------------------------------------------------------------------- output
 
 
-def report(config, measurements: Sequence[Measurement], console: Console, wall_s: float, argv: Sequence[str]) -> None:
-    """Print the tables; write <label>.json, <label>.md and the PNGs under config.out_dir."""
+def report(config, measurements: Sequence[Measurement], console: Console, wall_s: float, argv: Sequence[str],
+           skipped: Sequence[Skipped] = ()) -> None:
+    """Print the tables; write <label>.json, <label>.md and the PNGs under config.out_dir. Points
+    skipped or cut for time are listed in all three."""
     pairs, rates = config.slo_pairs, config.rates_rps
     found = goodputs(measurements, pairs, config.attainment_target)
-    sections = [("Goodput (>= 90% of requests within both SLOs)", goodput_rows(found, pairs, rates)),
+    sections = [("Goodput (>= 90% of requests within both SLOs)", goodput_rows(found, pairs, rates, config.systems)),
                 ("Per run", per_rate_rows(measurements, pairs)),
                 ("B: pdserve's per-phase breakdown (ms)", phase_rows(measurements, pairs[0].name))]
+    if skipped:
+        sections.append(("Not measured (time budget)", skipped_rows(skipped)))
     for title, (headers, rows) in sections:
         console.print(rich_table(title, headers, rows))
     noisy = [m for m in measurements if is_noisy(m)]
     console.print(f"wall time {wall_s / 60:.1f} min; {len(noisy)} of {len(measurements)} runs noisy "
-                  f"(other processes > {NOISY_OTHER_CORES} cores)")
+                  f"(other processes > {NOISY_OTHER_CORES} cores); {len(skipped)} points skipped for time")
     out, label = config.out_dir, config.label
     out.mkdir(parents=True, exist_ok=True)
-    paths = [_write_json(config, measurements, found, wall_s, argv), _write_markdown(config, sections, wall_s, noisy)]
+    paths = [_write_json(config, measurements, found, wall_s, argv, skipped),
+             _write_markdown(config, sections, wall_s, noisy, skipped)]
     paths += [_plot_attainment(config, measurements, p, found[p.name]) for p in pairs]
     paths += _plot_cdfs(config, measurements)
     console.print("wrote " + ", ".join(str(p) for p in paths))
 
 
-def _write_json(config, measurements, found, wall_s: float, argv: Sequence[str]):
+def _write_json(config, measurements, found, wall_s: float, argv: Sequence[str], skipped: Sequence[Skipped]):
     payload = {
         "command": " ".join(argv), "wall_s": wall_s, "cpu_count": os.cpu_count(),
         "config": {k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
@@ -187,12 +214,19 @@ def _write_json(config, measurements, found, wall_s: float, argv: Sequence[str])
         "slo_pairs": {p.name: p.slo.as_ms() for p in config.slo_pairs},
         "goodput_rps": {pair: {s: {"goodput_rps": g, "bracketed": b} for s, (g, b) in by_system.items()}
                         for pair, by_system in found.items()},
-        "ratio_b_over_a": {pair: ratio(v["B"][0], v["A"][0]) for pair, v in found.items()},
+        "ratio_b_over_a": {pair: _ratio(v, "B") for pair, v in found.items()},
+        "ratios_over_a": {pair: {s: _ratio(v, s) for s in config.systems if s != "A"} for pair, v in found.items()},
+        "skipped_for_time": [asdict(s) for s in skipped],
         "runs": [_run_json(m) for m in measurements],
     }
     path = config.out_dir / f"{config.label}.json"
     path.write_text(json.dumps(payload, indent=1, default=str))
     return path
+
+
+def _ratio(by_system: dict[str, tuple[float, bool]], system: str) -> float | None:
+    both = "A" in by_system and system in by_system
+    return ratio(by_system[system][0], by_system["A"][0]) if both else None
 
 
 def _run_json(m: Measurement) -> dict[str, Any]:
@@ -207,8 +241,9 @@ def _run_json(m: Measurement) -> dict[str, Any]:
                          **{f"{phase}_s": [getattr(r.phases, f"{phase}_s", None) for r in records] for phase in PHASES}}}
 
 
-def _write_markdown(config, sections, wall_s: float, noisy: Sequence[Measurement]):
-    parts = [f"_{wall_s / 60:.1f} min; {len(noisy)} noisy runs (other processes > {NOISY_OTHER_CORES} cores)_"]
+def _write_markdown(config, sections, wall_s: float, noisy: Sequence[Measurement], skipped: Sequence[Skipped]):
+    parts = [f"_{wall_s / 60:.1f} min (budget {config.budget_s / 60:g} min); {len(noisy)} noisy runs "
+             f"(other processes > {NOISY_OTHER_CORES} cores); {len(skipped)} points skipped for time_"]
     parts += [f"**{title}**\n\n{markdown_table(headers, rows)}" for title, (headers, rows) in sections]
     path = config.out_dir / f"{config.label}.md"
     path.write_text("\n\n".join(parts) + "\n")

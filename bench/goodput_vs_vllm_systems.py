@@ -1,11 +1,15 @@
-"""The two systems `goodput_vs_vllm.py` compares, started and stopped on demand (never both up:
+"""The systems `goodput_vs_vllm.py` compares, started and stopped on demand (never two up at once:
 they share the machine's two cores).
 
-- A `ColocatedVllm`: vLLM's own OpenAI server, one engine bound to both cores.
+- A `VllmServers.colocated`: vLLM's own OpenAI server, one engine bound to both cores.
 - B `PdserveDisaggregated`: a pdserve `LocalCluster`, 1 prefill worker on one core and 1 decode
   worker on the other, KV over tcp.
-Both run the same `EngineSettings` (model, dtype, block size, context, batch limit, seed); A gets
-the KV cache bytes of B's two workers together, so neither has more KV memory.
+- C `VllmServers.pair` (optional): two vLLM servers, one per core, requests dealt round robin by
+  the client (no router process). It has B's "one core per engine" without disaggregation, so
+  A vs C is what splitting the cores costs and C vs B what disaggregation adds or costs on top.
+All run the same `EngineSettings` (model, dtype, block size, context, batch limit, seed) with the
+same KV cache bytes in total: A's one engine gets what B's (or C's) two engines get together.
+`servers` is how many servers a start brings up (the run's time budget estimates starts by it).
 """
 
 from __future__ import annotations
@@ -17,45 +21,66 @@ from pathlib import Path
 import httpx
 
 from loadgen.targets.base import Target
-from loadgen.targets.openai_http import OpenAICompletionsTarget
+from loadgen.targets.openai_http import OpenAITarget
 from loadgen.targets.pdserve_grpc import PdserveGrpcTarget
+from loadgen.targets.round_robin import RoundRobinTarget
 from loadgen.vllm_server import VllmOpenAIServer
 from pdserve.client import Client
 from pdserve.engine import EngineSettings
 from pdserve.launcher import ClusterSpec, LocalCluster
 
 
-class ColocatedVllm:
-    key = "A"
+class VllmServers:
+    """One vLLM OpenAI server per entry of `cores` (a VLLM_CPU_OMP_THREADS_BIND value each)."""
 
-    def __init__(self, settings: EngineSettings, cores: str, log_dir: Path) -> None:
-        self.settings = replace(settings, cpu_cores=cores, kv_cache_bytes=2 * settings.kv_cache_bytes)
-        self.label = f"A: vLLM colocated (cores {cores})"
+    def __init__(self, key: str, label: str, settings: EngineSettings, cores: list[str], log_dir: Path) -> None:
+        self.key, self.label = key, label
+        self.settings = [replace(settings, cpu_cores=c) for c in cores]
+        self.servers = len(cores)
         self.log_dir = log_dir
-        self._server: VllmOpenAIServer | None = None
+        self._running: list[VllmOpenAIServer] = []
+
+    @classmethod
+    def colocated(cls, settings: EngineSettings, cores: str, log_dir: Path) -> "VllmServers":
+        """A: one engine on `cores` with twice a worker's KV cache bytes."""
+        doubled = replace(settings, kv_cache_bytes=2 * settings.kv_cache_bytes)
+        return cls("A", f"A: vLLM colocated (cores {cores})", doubled, [cores], log_dir)
+
+    @classmethod
+    def pair(cls, settings: EngineSettings, cores: tuple[str, str], log_dir: Path) -> "VllmServers":
+        """C: one engine per core, each with a worker's KV cache bytes."""
+        return cls("C", f"C: 2 x vLLM (cores {cores[0]} and {cores[1]}), round robin", settings, list(cores), log_dir)
 
     def start(self) -> None:
-        self._server = VllmOpenAIServer(self.settings, log_path=self.log_dir / "vllm_server.log").start()
+        try:
+            for i, settings in enumerate(self.settings):
+                log = self.log_dir / f"vllm_{self.key}{i}.log"
+                self._running.append(VllmOpenAIServer(settings, log_path=log).start())
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        running, self._running = self._running, []
+        for server in running:
+            server.stop()
 
     def healthy(self) -> bool:
-        if self._server is None:
+        if len(self._running) != len(self.settings):
             return False
         try:
-            return httpx.get(f"{self._server.url}/health", timeout=5.0).status_code == 200
+            return all(httpx.get(f"{s.url}/health", timeout=5.0).status_code == 200 for s in self._running)
         except httpx.HTTPError:
             return False
 
     def target(self) -> Target:
-        return OpenAICompletionsTarget(self._server.url)  # model: the one the server lists
+        members = [OpenAITarget(s.url) for s in self._running]  # model: the one each server lists
+        return members[0] if len(members) == 1 else RoundRobinTarget(members)
 
 
 class PdserveDisaggregated:
     key = "B"
+    servers = 1  # one cluster start
 
     def __init__(self, settings: EngineSettings, prefill_cores: str, decode_cores: str, log_dir: Path) -> None:
         self.spec = ClusterSpec(engine=settings, num_prefill=1, num_decode=1, transport="tcp",

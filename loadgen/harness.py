@@ -10,14 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from loadgen import workload as wl
 from loadgen.metrics import SLO, summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RequestRecord, RunConfig, RunResult, run
-from loadgen.sweep import SearchConfig, SearchResult, find_goodput
+from loadgen.sweep import SearchConfig, SearchResult, find_goodput, stopped_search
 from loadgen.targets.base import Target
+from loadgen.targets.openai_http import RequestShape
 
 Arrival = Literal["poisson", "gamma", "constant", "trace"]
 
@@ -85,11 +87,12 @@ def requests_for_duration(rate_rps: float, duration_s: float) -> int:
 
 
 def make_target(backend: Literal["openai", "pdserve"], address: str, model: str | None = None,
-                temperature: float = 0.0, api_key: str | None = None) -> Target:
+                temperature: float = 0.0, api_key: str | None = None, shape: RequestShape = RequestShape()) -> Target:
+    """`shape` (endpoint, prompt format, vLLM's extension fields) applies to the openai backend only."""
     if backend == "openai":
-        from loadgen.targets.openai_http import OpenAICompletionsTarget
+        from loadgen.targets.openai_http import OpenAITarget
 
-        return OpenAICompletionsTarget(address, model=model, temperature=temperature, api_key=api_key)
+        return OpenAITarget(address, model=model, temperature=temperature, api_key=api_key, shape=shape)
     if backend == "pdserve":
         from loadgen.targets.pdserve_grpc import PdserveGrpcTarget
 
@@ -98,14 +101,16 @@ def make_target(backend: Literal["openai", "pdserve"], address: str, model: str 
 
 
 async def run_with_progress(target: Target, specs: list[wl.RequestSpec], prompts: PromptSynthesizer,
-                            config: RunConfig, description: str = "requests", show: bool = True) -> RunResult:
-    """Open the target, run, close it; a live rich bar counts ok / failed / timed-out requests."""
+                            config: RunConfig, description: str = "requests", show: bool = True,
+                            console: Console | None = None) -> RunResult:
+    """Open the target, run, close it; a live rich bar on `console` (default: rich's) counts ok /
+    failed / timed-out requests. On a console that is not a terminal the bar is drawn once, at the end."""
     total = None if config.mode == "concurrency" and config.duration_s else len(specs)
     counts = {"ok": 0, "error": 0, "timeout": 0}
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("ok {task.fields[ok]} · failed {task.fields[error]} · timed out {task.fields[timeout]}"),
                TimeElapsedColumn())
-    with Progress(*columns, disable=not show) as progress:
+    with Progress(*columns, disable=not show, console=console) as progress:
         task = progress.add_task(description, total=total, **counts)
 
         def on_done(record: RequestRecord) -> None:
@@ -126,10 +131,22 @@ class SweepProbe:
     summary: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class SweepOutcome:
+    """A sweep's result. `error` set: the search stopped there (a target failed to open, an
+    interrupt, ...); `search` and `probes` then hold what was measured before (never bracketed)."""
+
+    search: SearchResult
+    probes: list[SweepProbe]
+    error: str | None = None
+
+
 def run_sweep(make: Callable[[], Target], workload: WorkloadConfig, prompts: PromptSynthesizer,
               run_config: RunConfig, slo: SLO, search: SearchConfig,
-              show: bool = True) -> tuple[SearchResult, list[SweepProbe]]:
-    """Find the goodput by running one benchmark per probed rate (a fresh target each time)."""
+              show: bool = True, console: Console | None = None) -> SweepOutcome:
+    """Find the goodput by running one benchmark per probed rate (a fresh target each time).
+    Never raises once probing started: a failure ends the search and is returned with the probes
+    measured before it (only a sweep without any SLO raises, at once)."""
     if not slo.is_set:
         raise ValueError("a goodput sweep needs at least one SLO (TTFT, TPOT or E2E latency)")
     probes: list[SweepProbe] = []
@@ -140,9 +157,13 @@ def run_sweep(make: Callable[[], Target], workload: WorkloadConfig, prompts: Pro
             n = max(workload.num_requests, requests_for_duration(rate_rps, run_config.duration_s))
         specs = workload.build(rate_rps=rate_rps, num_requests=n)
         label = f"probe {len(probes) + 1}: {rate_rps:.3g} req/s"
-        result = asyncio.run(run_with_progress(make(), specs, prompts, run_config, label, show))
+        result = asyncio.run(run_with_progress(make(), specs, prompts, run_config, label, show, console))
         summary = summarize(result.records, result.duration_s, slo)
         probes.append(SweepProbe(rate_rps, result, summary))
         return summary["slo_attainment"]
 
-    return find_goodput(measure, search), probes
+    try:
+        return SweepOutcome(find_goodput(measure, search), probes)
+    except (Exception, KeyboardInterrupt) as stopped:  # kept with what was measured; the caller reports it
+        curve = [(p.rate_rps, p.summary["slo_attainment"]) for p in probes]
+        return SweepOutcome(stopped_search(curve, search.target), probes, f"{type(stopped).__name__}: {stopped}")

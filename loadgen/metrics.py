@@ -11,11 +11,21 @@ only. `failed` counts every unsuccessful request (errors and timeouts); `timed_o
 subset that hit the per-request timeout, so completed + failed == every request sent.
 
 SLO attainment is the share of *all sent* requests that succeeded and met every SLO given (a
-failed request misses); `request_goodput` is vLLM's: good requests per second of duration.
+failed request misses); a value equal to its limit meets it (vLLM: `slo >= value`);
+`request_goodput` is vLLM's: good requests per second of duration.
+
+Peaks (vLLM's `max_output_tokens_per_s`, `max_concurrent_requests`) use 1-second buckets from the
+first successful send: the most content chunks that arrived in one bucket (vLLM counts one
+token per streamed chunk) and the most successful requests in flight during some part of one
+bucket. `achieved_request_rate` is the rate requests actually left the client: requests sent /
+the last send's offset from the run's start (the schedule puts the last arrival at exactly
+n / request_rate, so this reads the requested rate unless the client or a concurrency cap fell
+behind); None when all were sent at once.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,6 +116,8 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
         "output_throughput": total_output / duration_s,
         "total_token_throughput": (total_input + total_output) / duration_s,
         "output_len_mismatches": sum(r.output_tokens != r.requested_output_tokens for r in good),
+        "achieved_request_rate": achieved_request_rate(records),
+        **dict(zip(("max_output_tokens_per_s", "max_concurrent_requests"), peaks(good))),
         "errors_by_kind": dict(Counter(r.error[:160] for r in records if not r.ok).most_common()),
     }
     if slo is not None and slo.is_set:
@@ -117,6 +129,28 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
     summary |= distribution_ms("e2el", [r.e2el_s for r in good], percentiles)
     summary |= phase_breakdown(good, percentiles)
     return summary
+
+
+def achieved_request_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Requests sent per second of sending: len(records) / the latest `sent_s`; None if that is 0."""
+    last_send_s = max((r.sent_s for r in records), default=0.0)
+    return len(records) / last_send_s if last_send_s > 0 else None
+
+
+def peaks(good: Sequence[RequestRecord]) -> tuple[float, int]:
+    """(max_output_tokens_per_s, max_concurrent_requests) of successful requests, as vLLM buckets
+    them (see the module doc); (0.0, 0) when there are none."""
+    if not good:
+        return 0.0, 0
+    first_s = min(r.sent_s for r in good)
+    num_buckets = int(math.ceil(max(r.sent_s + r.e2el_s for r in good) - first_s)) + 1
+    chunks = np.zeros(num_buckets)
+    in_flight = np.zeros(num_buckets, dtype=int)
+    for r in good:
+        for t in r.chunk_times_s:  # every chunk lands inside: no chunk is later than its e2el
+            chunks[int(r.sent_s + t - first_s)] += 1
+        in_flight[int(r.sent_s - first_s):int(r.sent_s + r.e2el_s - first_s) + 1] += 1
+    return float(chunks.max()), int(in_flight.max())
 
 
 def phase_breakdown(records: Sequence[RequestRecord],

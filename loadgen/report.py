@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loadgen.metrics import PHASES
+from loadgen.metrics import PHASES, distribution_ms
 from loadgen.runner import RunResult
 
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency"))
@@ -33,16 +33,33 @@ def per_request_arrays(result: RunResult) -> dict[str, list[Any]]:
 
 
 def result_json(result: RunResult, summary: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's result file: metadata, `endpoint_type` and `backend` (vLLM's backend names: openai,
+    openai-chat; pdserve for the gRPC target), the summary, the per-request arrays and, with a
+    concurrency cap, vLLM's client-queue distributions."""
     warm = result.warmup
     return {
         **metadata,
+        "endpoint_type": result.backend,
         "backend": result.backend,
         "max_concurrency": result.config.max_concurrency,
         "warmup_requests": len(warm),
         "warmup_failed": sum(not r.ok for r in warm),
         **summary,
+        **client_queue_stats(result),
         **per_request_arrays(result),
     }
+
+
+def client_queue_stats(result: RunResult) -> dict[str, float]:
+    """As vLLM with --max-concurrency: `*_client_queue_time_ms` over successful requests, and in
+    arrivals mode `*_e2el_including_client_queue_ms` (latency as seen from the arrival); {} uncapped."""
+    if result.config.max_concurrency is None:
+        return {}
+    good = [r for r in result.records if r.ok]
+    stats = distribution_ms("client_queue_time", [r.client_queue_s for r in good])
+    if result.config.mode == "arrivals":
+        stats |= distribution_ms("e2el_including_client_queue", [r.e2el_s + r.client_queue_s for r in good])
+    return stats
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> Path:

@@ -2,10 +2,14 @@
 
 Two modes:
 - "arrivals": request i is sent at `specs[i].arrival_s` after the start (open loop); an optional
-  `max_concurrency` caps requests in flight (later arrivals wait for a slot, and the wait is
-  recorded as `client_queue_s`, as in `vllm bench serve --max-concurrency`);
+  `max_concurrency` caps requests in flight (later arrivals wait for a slot, and the wait, from
+  the arrival to taking a slot, is recorded as `client_queue_s`, as `vllm bench serve
+  --max-concurrency` records `client_queue_time`; 0.0 for a request that found a slot free);
 - "concurrency": arrival times are ignored and exactly `max_concurrency` requests are kept in
-  flight (closed loop).
+  flight (closed loop). A request comes into being when a slot frees, so its `scheduled_s` is
+  that moment and its `client_queue_s` is 0.0 by definition. (vLLM's `--request-rate inf
+  --max-concurrency N` is instead "arrivals" mode with every arrival at 0, where the queue time
+  grows with the request's place in line.)
 `duration_s` stops sending new requests after that long (in-flight ones finish); in concurrency
 mode with a duration the workload's lengths are reused cyclically with fresh prompts.
 
@@ -59,9 +63,9 @@ class RequestRecord:
     """One sent request. Times are seconds; `sent_s` is from the run start, the rest from sending."""
 
     index: int
-    scheduled_s: float  # when it should have been sent (its arrival; 0 in concurrency mode)
+    scheduled_s: float  # its arrival: the scheduled time, or when its slot freed in concurrency mode
     sent_s: float
-    client_queue_s: float  # waited for a concurrency slot before sending
+    client_queue_s: float  # arrival to taking a concurrency slot (0.0: a slot was free; see the module doc)
     prompt_tokens: int
     requested_output_tokens: int
     status: Status
@@ -107,24 +111,65 @@ async def run(target: Target, specs: Sequence[RequestSpec], prompts: PromptSynth
     if not specs:
         raise ValueError("the workload is empty: ask for at least one request")
     warmup = await _warm_up(target, specs, prompts, config)
-    slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+    gate = _SlotGate(config.max_concurrency) if config.max_concurrency else None
+    closed_loop = config.mode == "concurrency"
     start = time.perf_counter()
     tasks: list[asyncio.Task[RequestRecord]] = []
     for index, spec in enumerate(_schedule(specs, config)):
-        scheduled_s = 0.0 if config.mode == "concurrency" else spec.arrival_s
+        scheduled_s, queue_s = (0.0 if closed_loop else spec.arrival_s), 0.0
         if _past_deadline(config, scheduled_s) or _past_deadline(config, time.perf_counter() - start):
             break
         await asyncio.sleep(max(0.0, start + scheduled_s - time.perf_counter()))
-        if slots is not None:
-            await slots.acquire()
+        if gate is not None:
+            queue_s = await gate.take(start + scheduled_s)
             if _past_deadline(config, time.perf_counter() - start):
-                slots.release()
+                gate.release()
                 break
-        prompt = prompts.prompt(spec, index)
+            if closed_loop:  # the request arrives when its slot frees: no queue by definition
+                scheduled_s, queue_s = time.perf_counter() - start, 0.0
+        sending = _Sending(index, scheduled_s, queue_s, start, gate.release if gate else None)
         tasks.append(asyncio.create_task(
-            _send(target, prompt, spec, index, scheduled_s, start, config.request_timeout_s, slots, on_done)))
+            _send(target, prompts.prompt(spec, index), spec, sending, config.request_timeout_s, on_done)))
     records = await asyncio.gather(*tasks)
     return RunResult(target.name, config, tuple(records), time.perf_counter() - start, warmup)
+
+
+class _SlotGate:
+    """At most `limit` requests in flight, and how long each waited for a slot.
+
+    Requests take slots in arrival order, one at a time, so a request waited for a slot when it
+    found every slot taken, or when the send loop was held up waiting for a slot (for an earlier
+    request) at any moment after this request's arrival. Its wait is then the time from its
+    arrival to taking a slot, else 0.0 exactly (the event loop sending it a little late is not
+    queueing for a slot).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._last_block_end = float("-inf")  # perf_counter time the last blocked take() got its slot
+
+    async def take(self, arrival: float) -> float:
+        """Wait for a slot; the seconds since `arrival` (a perf_counter time) spent waiting for one."""
+        blocked = self._slots.locked()
+        await self._slots.acquire()
+        now = time.perf_counter()
+        if blocked:
+            self._last_block_end = now
+        return max(0.0, now - arrival) if self._last_block_end > arrival else 0.0
+
+    def release(self) -> None:
+        self._slots.release()
+
+
+@dataclass(frozen=True)
+class _Sending:
+    """What the send loop decided about one request, handed to `_send`."""
+
+    index: int
+    scheduled_s: float
+    queue_s: float
+    run_start: float  # perf_counter time of the run's start
+    release: Callable[[], None] | None = None  # frees its concurrency slot when it ends
 
 
 def _schedule(specs: Sequence[RequestSpec], config: RunConfig) -> Iterable[RequestSpec]:
@@ -147,13 +192,13 @@ async def _warm_up(target: Target, specs: Sequence[RequestSpec], prompts: Prompt
     async def one(index: int, spec: RequestSpec) -> RequestRecord:
         async with slots:
             prompt = prompts.prompt(spec, index, warmup=True)
-            return await _send(target, prompt, spec, index, 0.0, time.perf_counter(), config.request_timeout_s)
+            sending = _Sending(index, 0.0, 0.0, time.perf_counter())
+            return await _send(target, prompt, spec, sending, config.request_timeout_s)
 
     return tuple(await asyncio.gather(*(one(i, s) for i, s in enumerate(chosen))))
 
 
-async def _send(target: Target, prompt: Prompt, spec: RequestSpec, index: int, scheduled_s: float,
-                run_start: float, timeout_s: float, slots: asyncio.Semaphore | None = None,
+async def _send(target: Target, prompt: Prompt, spec: RequestSpec, sending: _Sending, timeout_s: float,
                 on_done: OnDone | None = None) -> RequestRecord:
     sent = time.perf_counter()
     times: list[float] = []
@@ -178,12 +223,11 @@ async def _send(target: Target, prompt: Prompt, spec: RequestSpec, index: int, s
     except Exception as failure:  # recorded against the request, never dropped
         status, error = "error", _describe(failure)
     finally:
-        if slots is not None:
-            slots.release()
+        if sending.release is not None:
+            sending.release()
     record = RequestRecord(
-        index=index, scheduled_s=scheduled_s, sent_s=sent - run_start,
-        client_queue_s=max(0.0, sent - run_start - scheduled_s) if slots is not None else 0.0,
-        prompt_tokens=len(prompt.token_ids), requested_output_tokens=spec.output_tokens,
+        index=sending.index, scheduled_s=sending.scheduled_s, sent_s=sent - sending.run_start,
+        client_queue_s=sending.queue_s, prompt_tokens=len(prompt.token_ids), requested_output_tokens=spec.output_tokens,
         status=status, error=error, output_tokens=usage_tokens if usage_tokens is not None else counted_tokens,
         chunk_times_s=tuple(times), phases=phases,
     )

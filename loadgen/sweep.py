@@ -116,3 +116,13 @@ def goodput_on_grid(curve: Sequence[tuple[float, float]], target: float = 0.9) -
             share = (lo_att - target) / (lo_att - hi_att)
             return lo_rps + share * (hi_rps - lo_rps), True
     return points[-1][0], False
+
+
+def stopped_search(curve: Sequence[tuple[float, float]], target: float = 0.9) -> SearchResult:
+    """What a search that stopped early (a failed probe, an interrupt) still says, from the
+    `[(rate_rps, attainment)]` measured in order: the highest passing rate below every failing
+    rate measured (0.0 when none), never bracketed (the search did not finish)."""
+    probes = tuple(Probe(rate, attainment, attainment >= target) for rate, attainment in curve)
+    lowest_fail = min((p.rate_rps for p in probes if not p.passed), default=float("inf"))
+    passing = [p.rate_rps for p in probes if p.passed and p.rate_rps < lowest_fail]
+    return SearchResult(max(passing, default=0.0), probes, bracketed=False)

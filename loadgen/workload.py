@@ -10,8 +10,15 @@ system-prompt structure; `azure_trace` replays a real trace (its own arrivals an
 `retime` puts any workload's lengths on a new arrival process or rescales it to a target rate.
 
 Everything here is pure and deterministic for a given seed, so the planner's simulator and the
-real load generator replay exactly the same requests. Fixed concurrency and duration limits are
-modes of the runner (`loadgen.runner`), not workloads.
+real load generator replay exactly the same requests. Each purpose draws from its own stream of
+that seed (`loadgen.seeds`): arrivals, lengths and shared-prefix groups are mutually independent
+even when built with the same seed. Fixed concurrency and duration limits are modes of the
+runner (`loadgen.runner`), not workloads.
+
+Arrivals follow `vllm bench serve` (`get_request`): the first request comes one gap after the
+start, and for a finite n the drawn gaps are rescaled so the last arrival is at exactly
+n / rate_rps, i.e. the schedule's realised mean rate is the requested rate, not within
+~1/sqrt(n) of it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+
+from loadgen.seeds import Stream, rng
 
 AZURE_CONV_TRACE = "data/traces/AzureLLMInferenceTrace_conv.csv"
 
@@ -66,15 +75,21 @@ def gamma(rate_rps: float, cv: float, n: int, seed: int = 0) -> list[float]:
     """Arrival offsets whose gaps are gamma distributed with mean 1/rate_rps and coefficient of
     variation `cv` (std/mean of the gaps): cv=1 is Poisson, cv>1 bursty, cv<1 smoother.
 
-    The first request arrives after one gap, as in a renewal process started at 0.
+    The first request arrives after one gap, as in a renewal process started at 0, and the gaps
+    are rescaled so the last arrival is at exactly n / rate_rps (vLLM's normalisation: the realised
+    mean rate n / last arrival equals rate_rps; the shape of the gaps, hence cv, is unchanged).
     vLLM bench's `--burstiness b` is the gamma shape, i.e. cv = 1/sqrt(b).
     """
     _check_rate(rate_rps, n)
     if not cv > 0:
         raise ValueError(f"cv (burstiness as std/mean of inter-arrival gaps) must be > 0, got {cv}")
+    if n == 0:
+        return []
+    if not math.isfinite(rate_rps):
+        return [0.0] * n
     shape = 1.0 / (cv * cv)
-    gaps_s = np.random.default_rng(seed).gamma(shape, 1.0 / (rate_rps * shape), size=n)
-    return np.cumsum(gaps_s).tolist()
+    arrivals_s = np.cumsum(rng(seed, Stream.ARRIVALS).gamma(shape, 1.0 / (rate_rps * shape), size=n))
+    return (arrivals_s * ((n / rate_rps) / arrivals_s[-1])).tolist()
 
 
 def poisson(rate_rps: float, n: int, seed: int = 0) -> list[float]:
@@ -83,9 +98,10 @@ def poisson(rate_rps: float, n: int, seed: int = 0) -> list[float]:
 
 
 def constant(rate_rps: float, n: int) -> list[float]:
-    """Evenly spaced arrivals, the first at 0; rate_rps=inf sends all n at once."""
+    """Evenly spaced arrivals 1/rate_rps apart, the first one gap after the start and the last at
+    n / rate_rps, as `vllm bench serve --burstiness inf`; rate_rps=inf sends all n at once (at 0)."""
     _check_rate(rate_rps, n)
-    return [i / rate_rps if math.isfinite(rate_rps) else 0.0 for i in range(n)]
+    return [(i + 1) / rate_rps if math.isfinite(rate_rps) else 0.0 for i in range(n)]
 
 
 # ---------------------------------------------------------------------------- length distributions
@@ -105,12 +121,12 @@ def uniform_lengths(
         raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
     if prompt_mean < 1 or output_mean < 1:
         raise ValueError(f"mean lengths must be >= 1 token, got prompt {prompt_mean}, output {output_mean}")
-    rng = np.random.default_rng(seed)
+    lengths_rng = rng(seed, Stream.LENGTHS)
 
     def draw(mean: int) -> np.ndarray:
         low = max(1, math.floor(mean * (1 - range_ratio)))
         high = max(low, math.ceil(mean * (1 + range_ratio)))
-        return rng.integers(low, high + 1, size=n)
+        return lengths_rng.integers(low, high + 1, size=n)
 
     prompts, outputs = draw(prompt_mean), draw(output_mean)
     return [(int(p), int(o)) for p, o in zip(prompts, outputs)]
@@ -140,13 +156,15 @@ def shared_prefix(
     seed: int = 0,
 ) -> list[RequestSpec]:
     """K=num_groups system prompts of `prefix_tokens` tokens each, every request one of them
-    (uniformly at random, seeded) followed by a unique suffix: prompt = prefix + suffix tokens.
+    (uniformly at random, from the seed's own group stream, so the group is independent of the
+    arrival and of the suffix length even when those were drawn with the same seed) followed by a
+    unique suffix: prompt = prefix + suffix tokens.
     `suffix_lengths` are (suffix_tokens, output_tokens) pairs, e.g. from `uniform_lengths`.
     """
     if num_groups < 1 or prefix_tokens < 1:
         raise ValueError(f"need num_groups >= 1 and prefix_tokens >= 1, got {num_groups}, {prefix_tokens}")
     base = combine(arrivals_s, suffix_lengths)
-    groups = np.random.default_rng(seed).integers(0, num_groups, size=len(base))
+    groups = rng(seed, Stream.PREFIX_GROUPS).integers(0, num_groups, size=len(base))
     return [
         replace(s, prompt_tokens=prefix_tokens + s.prompt_tokens, prefix_group=int(g), prefix_tokens=prefix_tokens)
         for s, g in zip(base, groups)

@@ -1,4 +1,4 @@
-"""Server-sent events and OpenAI completion chunks, decoded without I/O (tested on plain strings)."""
+"""Server-sent events and OpenAI (chat) completion chunks, decoded without I/O (tested on plain strings)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,37 @@ class SSEDecoder:
 def parse_completion_chunk(data: str) -> Delta | None:
     """One `/v1/completions` stream event -> a Delta, or None when it carries nothing we use.
 
-    A chunk with `choices` is content (its text may be empty); a chunk with only `usage` is the
-    final accounting (`stream_options.include_usage`). An `error` object raises TargetError.
+    A chunk with `choices` is content (its text may be empty: a special token); a chunk with only
+    `usage` is the final accounting (`stream_options.include_usage`). An `error` object raises
+    TargetError.
     """
+    chunk = _decode(data)
+    usage = _usage(chunk)
+    if choices := chunk.get("choices"):
+        return Delta(content=True, text=choices[0].get("text") or "", **usage)
+    return Delta(content=False, **usage) if usage else None
+
+
+def parse_chat_chunk(data: str) -> Delta | None:
+    """One `/v1/chat/completions` stream event -> a Delta, or None when it carries nothing we use.
+
+    A choice whose `delta` has `content` (or `reasoning_content`) is content, even empty, except
+    the opening role-only chunk (`{"role": "assistant", "content": ""}`), which carries no token;
+    a finish chunk with an empty delta is not content either. `usage` and `error` as for
+    completions.
+    """
+    chunk = _decode(data)
+    usage = _usage(chunk)
+    if choices := chunk.get("choices"):
+        delta = choices[0].get("delta") or {}
+        text = delta.get("content")
+        role_only = "role" in delta and not text and not delta.get("reasoning_content")
+        if not role_only and (text is not None or delta.get("reasoning_content") is not None):
+            return Delta(content=True, text=text or "", **usage)
+    return Delta(content=False, **usage) if usage else None
+
+
+def _decode(data: str) -> dict:
     try:
         chunk = json.loads(data)
     except json.JSONDecodeError as bad:
@@ -49,14 +77,13 @@ def parse_completion_chunk(data: str) -> Delta | None:
         error = chunk["error"]
         message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
         raise TargetError("stream error", message)
+    return chunk
+
+
+def _usage(chunk: dict) -> dict[str, int]:
+    """{"completion_tokens": .., "prompt_tokens": ..} as Delta keyword arguments; {} without usage."""
     usage = chunk.get("usage") or {}
-    completion_tokens, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
-    if choices := chunk.get("choices"):
-        return Delta(content=True, text=choices[0].get("text") or "",
-                     completion_tokens=completion_tokens, prompt_tokens=prompt_tokens)
-    if usage:
-        return Delta(content=False, completion_tokens=completion_tokens, prompt_tokens=prompt_tokens)
-    return None
+    return {k: usage[k] for k in ("completion_tokens", "prompt_tokens") if usage.get(k) is not None}
 
 
 def error_message(body: str) -> str:

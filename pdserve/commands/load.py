@@ -15,11 +15,16 @@ or times out is counted and listed. Writes a summary table, <output-dir>/<label>
 result keys) and <output-dir>/<label>_latency_cdf.png.
 
 Targets:
-  --backend openai   http://HOST:PORT of any OpenAI-compatible server (vLLM, pdserve's router);
-                     requests go to streaming /v1/completions with token-id prompts.
-  --backend pdserve  HOST:PORT of pdserve's gRPC API; adds the per-phase breakdown
-                     (queued, prefill, KV transfer, decode) each response carries.
+  --backend openai       http://HOST:PORT of any OpenAI-compatible server (vLLM, pdserve's router);
+                         streaming /v1/completions, token-id prompts (--prompt-format text: text
+                         prompts of the same token lengths, made with --tokenizer).
+  --backend openai-chat  the same server's streaming /v1/chat/completions (text prompts: needs
+                         --tokenizer, or --model naming a tokenizer).
+  --backend pdserve      HOST:PORT of pdserve's gRPC API; adds the per-phase breakdown
+                         (queued, prefill, KV transfer, decode) each response carries.
   (default: openai when --target starts with http, else pdserve)
+OpenAI requests add vLLM's min_tokens and ignore_eos so outputs have exactly the requested length;
+--no-vllm-extensions leaves them out for servers that reject unknown fields.
 
 Workloads: random lengths (--input-len/--output-len/--range-ratio), the Azure conversation
 trace (--workload trace), or K shared system prompts + unique suffixes (--workload shared-prefix).
@@ -75,8 +80,14 @@ def _common_options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("target")
     g.add_argument("--target", help="http://HOST:PORT (OpenAI-compatible) or HOST:PORT (pdserve gRPC); required")
-    g.add_argument("--backend", choices=["openai", "pdserve"], help="protocol; default from --target's form")
+    g.add_argument("--backend", choices=["openai", "openai-chat", "pdserve"],
+                   help="protocol (vllm bench serve's names); default from --target's form")
     g.add_argument("--model", help="model name for OpenAI servers (default: the first of GET /v1/models)")
+    g.add_argument("--prompt-format", choices=["token-ids", "text"],
+                   help="OpenAI prompts as token ids (default for openai) or text (always for openai-chat)")
+    g.add_argument("--tokenizer", help="Hugging Face tokenizer id or directory for text prompts (default: --model)")
+    g.add_argument("--vllm-extensions", action=argparse.BooleanOptionalAction, default=True,
+                   help="send vLLM's min_tokens and ignore_eos for exact output lengths (default: on)")
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     g = p.add_argument_group("workload")
@@ -84,7 +95,8 @@ def _common_options() -> argparse.ArgumentParser:
                    help="random lengths, Azure trace replay, or shared system prompts (default random)")
     g.add_argument("--num-prompts", type=int, default=100, help="requests to send (default 100)")
     g.add_argument("--input-len", type=int, default=512, help="mean prompt tokens (random; suffix for shared-prefix)")
-    g.add_argument("--output-len", type=int, default=128, help="mean output tokens (generated exactly: ignore_eos)")
+    g.add_argument("--output-len", type=int, default=128,
+                   help="mean output tokens (generated exactly with vLLM's ignore_eos; see --no-vllm-extensions)")
     g.add_argument("--range-ratio", type=float, default=0.0,
                    help="lengths uniform in [mean*(1-r), mean*(1+r)], as vllm bench's random dataset (default 0)")
     g.add_argument("--trace", type=Path, help="trace CSV (default <repo>/../shared/data/traces/AzureLLMInferenceTrace_conv.csv)")
@@ -93,8 +105,9 @@ def _common_options() -> argparse.ArgumentParser:
     g.add_argument("--max-output-len", type=int, help="clip trace output lengths to this")
     g.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: number of system prompts K (default 4)")
     g.add_argument("--prefix-len", type=int, default=256, help="shared-prefix: system prompt tokens L (default 256)")
-    g.add_argument("--token-id-range", default="10:250",
-                   help="prompt token ids are drawn from LOW:HIGH (default 10:250, valid for any byte-level vocab)")
+    g.add_argument("--token-id-range",
+                   help="prompt token ids are drawn from LOW:HIGH (default 10:250, valid for any byte-level vocab; "
+                        "text prompts: the tokenizer's whole vocabulary, less special and partial-character tokens)")
     g.add_argument("--seed", type=int, default=0, help="seed for arrivals, lengths and prompts (default 0)")
     g = p.add_argument_group("arrivals and run mode")
     g.add_argument("--arrival", choices=["poisson", "gamma", "constant", "trace"],
@@ -142,12 +155,12 @@ def _job_inputs(args: argparse.Namespace) -> dict:
     from loadgen.harness import WorkloadConfig, make_target, requests_for_duration
     from loadgen.jobs import OutputConfig
     from loadgen.metrics import SLO
-    from loadgen.prompts import PromptSynthesizer
     from loadgen.runner import RunConfig
 
     if not args.target:
         raise SystemExit("pdserve load: --target is required (http://HOST:PORT, or HOST:PORT for pdserve gRPC)")
     backend = args.backend or ("openai" if args.target.startswith(("http://", "https://")) else "pdserve")
+    protocol = "pdserve" if backend == "pdserve" else "openai"
     concurrency_mode = args.concurrency is not None
     arrival = args.arrival or ("trace" if args.workload == "trace" else "constant" if concurrency_mode else "poisson")
     rate = args.request_rate
@@ -156,10 +169,7 @@ def _job_inputs(args: argparse.Namespace) -> dict:
     num_prompts = args.num_prompts
     if args.duration is not None and not concurrency_mode and rate is not None and math.isfinite(rate):
         num_prompts = max(num_prompts, requests_for_duration(rate, args.duration))
-    low, _, high = args.token_id_range.partition(":")
     try:
-        if not (low.isdigit() and high.isdigit()):
-            raise ValueError(f"--token-id-range must be LOW:HIGH integers, got {args.token_id_range!r}")
         workload = WorkloadConfig(
             kind=args.workload, arrival=arrival, rate_rps=rate, cv=args.cv, num_requests=num_prompts,
             prompt_mean=args.input_len, output_mean=args.output_len, range_ratio=args.range_ratio,
@@ -171,12 +181,47 @@ def _job_inputs(args: argparse.Namespace) -> dict:
             max_concurrency=args.concurrency if concurrency_mode else args.max_concurrency,
             duration_s=args.duration, warmup_requests=args.warmup, request_timeout_s=args.request_timeout)
         slo = SLO(*(None if ms is None else ms / 1000 for ms in (args.ttft_slo_ms, args.tpot_slo_ms, args.e2el_slo_ms)))
-        prompts = PromptSynthesizer(seed=args.seed, token_id_low=int(low), token_id_high=int(high))
-        make_target(backend, args.target, args.model, args.temperature, args.api_key)  # validates the address
+        shape = _request_shape(args, backend)
+        prompts = _prompts(args, shape)
+        make_target(protocol, args.target, args.model, args.temperature, args.api_key, shape)  # validates the address
     except ValueError as bad:
         raise SystemExit(f"pdserve load: {bad}") from bad
     return {
-        "make": lambda: make_target(backend, args.target, args.model, args.temperature, args.api_key),
+        "make": lambda: make_target(protocol, args.target, args.model, args.temperature, args.api_key, shape),
         "workload": workload, "run_config": run_config, "slo": slo, "prompts": prompts,
         "output": OutputConfig(args.output_dir, args.label or backend, show_progress=not args.no_progress),
     }
+
+
+def _request_shape(args: argparse.Namespace, backend: str):
+    """The OpenAI `RequestShape` from --backend, --prompt-format and --vllm-extensions."""
+    from loadgen.targets.openai_http import RequestShape
+
+    if backend == "pdserve":
+        if args.prompt_format == "text":
+            raise ValueError("--prompt-format text applies to the OpenAI backends; pdserve's gRPC API takes token ids")
+        return RequestShape()
+    chat = backend == "openai-chat"
+    prompt_format = args.prompt_format or ("text" if chat else "token-ids")
+    return RequestShape(endpoint="chat" if chat else "completions", prompt_format=prompt_format,
+                      vllm_extensions=args.vllm_extensions)
+
+
+def _prompts(args: argparse.Namespace, shape):
+    """The `PromptSynthesizer`: token ids from --token-id-range (default 10:250); for text prompts
+    also the tokenizer, and ids from the whole vocabulary unless a range is given."""
+    from loadgen.prompts import PromptSynthesizer
+    from loadgen.text_prompts import load_tokenizer
+
+    text = shape.prompt_format == "text"
+    tokenizer_id = args.tokenizer or args.model if text else None
+    if text and tokenizer_id is None:
+        raise ValueError("text prompts are made to exact token lengths with the model's tokenizer: "
+                         "pass --tokenizer (a Hugging Face id or a local model directory) or --model")
+    tokenizer = load_tokenizer(tokenizer_id) if text else None
+    default_range = f"0:{tokenizer.vocab_size}" if text else "10:250"
+    low, _, high = (args.token_id_range or default_range).partition(":")
+    if not (low.isdigit() and high.isdigit()):
+        raise ValueError(f"--token-id-range must be LOW:HIGH integers, got {args.token_id_range!r}")
+    return PromptSynthesizer(seed=args.seed, token_id_low=int(low), token_id_high=int(high),
+                             tokenizer=tokenizer, tokenizer_id=tokenizer_id)

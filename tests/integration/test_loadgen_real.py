@@ -1,7 +1,9 @@
 """The load generator against real servers: vLLM's own OpenAI server and a pdserve cluster (1
 prefill + 1 decode, tcp), both on the tiny model. Every request sent is accounted for, failures
 included: a prompt longer than the context is rejected (an error) and a run whose timeout no
-request can meet times out entirely. pdserve's records carry the per-phase breakdown.
+request can meet times out entirely. pdserve's records carry the per-phase breakdown. vLLM's
+server also takes the text prompts of exact token length and chat completions the OpenAI
+target sends for strict servers.
 
 One server at a time (2 shared cores): each fixture serves one test and stops after it.
 """
@@ -16,7 +18,8 @@ from cluster_helpers import engine_settings, start_cluster
 from loadgen.metrics import summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig, RunResult, run
-from loadgen.targets.openai_http import OpenAICompletionsTarget
+from loadgen.targets.openai_http import OpenAITarget, RequestShape
+from loadgen.text_prompts import load_tokenizer
 from loadgen.targets.pdserve_grpc import PdserveGrpcTarget
 from loadgen.vllm_server import VllmOpenAIServer
 from loadgen.workload import RequestSpec, combine, poisson, uniform_lengths
@@ -34,11 +37,11 @@ def workload(max_model_len: int) -> list[RequestSpec]:
     return combine(poisson(4.0, NUM_REQUESTS, seed=3), lengths)
 
 
-def measure(target, specs: list[RequestSpec], config: RunConfig) -> RunResult:
+def measure(target, specs: list[RequestSpec], config: RunConfig, prompts: PromptSynthesizer = PROMPTS) -> RunResult:
     async def go() -> RunResult:
         await target.open()
         try:
-            return await run(target, specs, PROMPTS, config)
+            return await run(target, specs, prompts, config)
         finally:
             await target.close()
 
@@ -78,11 +81,30 @@ def pdserve_cluster(tiny_model, tmp_path):
     cluster.stop()
 
 
+def check_text_and_chat(url: str, tiny_model) -> None:
+    """Text completions without vLLM's fields (accepted; outputs may stop early at EOS), then chat
+    with them: exact output lengths, one content chunk per token after the role-only opening chunk."""
+    tokenizer = load_tokenizer(str(tiny_model))
+    prompts = PromptSynthesizer(seed=5, token_id_low=0, token_id_high=tokenizer.vocab_size, tokenizer=tokenizer)
+    specs = combine(poisson(4.0, 3, seed=5), [(40, 6), (90, 4), (17, 8)])
+    plain = measure(OpenAITarget(url, shape=RequestShape(prompt_format="text", vllm_extensions=False)),
+                    specs, RunConfig(request_timeout_s=120.0), prompts)
+    assert [r.status for r in plain.records] == ["ok"] * 3 and plain.backend == "openai"
+    assert [r.prompt_tokens for r in plain.records] == [40, 90, 17]
+    assert all(1 <= r.output_tokens <= s.output_tokens for r, s in zip(plain.records, specs))  # may stop at EOS
+    chat = measure(OpenAITarget(url, shape=RequestShape(endpoint="chat", prompt_format="text")),
+                   specs, RunConfig(request_timeout_s=120.0), prompts)
+    assert [r.status for r in chat.records] == ["ok"] * 3 and chat.backend == "openai-chat"
+    assert [r.output_tokens for r in chat.records] == [6, 4, 8]  # min_tokens + ignore_eos: exact
+    assert [len(r.chunk_times_s) for r in chat.records] == [6, 4, 8]
+
+
 def test_vllm_openai_server_run_accounts_for_every_request(vllm_server, tiny_model):
-    result = check_accounting(lambda: OpenAICompletionsTarget(vllm_server.url),
+    result = check_accounting(lambda: OpenAITarget(vllm_server.url),
                               engine_settings(tiny_model).max_model_len)
     assert result.records[TOO_LONG_INDEX].error.startswith("TargetError: HTTP 400")
     assert all(r.phases is None for r in result.records)  # vLLM reports no phases
+    check_text_and_chat(vllm_server.url, tiny_model)
 
 
 def test_pdserve_run_accounts_for_every_request_and_carries_phase_timings(pdserve_cluster, tiny_model):

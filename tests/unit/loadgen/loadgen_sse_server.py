@@ -1,6 +1,9 @@
 """A real local OpenAI-style streaming server for the load generator's tests (FastAPI + uvicorn
-on a port the OS picks, in a background thread). It streams `max_tokens` completion chunks, the
-first after TTFT_S and the rest ITL_S apart, then a usage chunk and `data: [DONE]`.
+on a port the OS picks, in a background thread). `/v1/completions` streams `max_tokens` completion
+chunks, the first after TTFT_S and the rest ITL_S apart, then a usage chunk and `data: [DONE]`;
+`/v1/chat/completions` does the same for `max_completion_tokens`, after an opening role-only
+chunk (as vLLM's server sends). Prompt tokens in usage: the id count, or whitespace-split words
+of a text prompt / the messages' contents.
 
 Special lengths select failure modes, so a test can place them in its workload:
 - max_tokens == FAIL_TOKENS: HTTP 500 with an OpenAI error body;
@@ -38,6 +41,18 @@ def _chunk(text: str) -> dict:
             "choices": [{"index": 0, "text": text, "finish_reason": None}]}
 
 
+def _chat_chunk(delta: dict) -> dict:
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+def _prompt_tokens(body: dict) -> int:
+    if "messages" in body:
+        return sum(len(m["content"].split()) for m in body["messages"])
+    prompt = body["prompt"]
+    return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+
+
 class ServerState:
     """What the server saw: every request body, and the most streams it served at once."""
 
@@ -60,29 +75,37 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await request.json()
-        state.received.append(body)
-        max_tokens = body["max_tokens"]
-        if max_tokens == FAIL_TOKENS:
-            return JSONResponse({"error": {"message": "injected failure", "type": "InternalError"}}, status_code=500)
+        return await _serve(state, await request.json(), body_key="max_tokens", chat=False)
 
-        async def stream():
-            state.enter()
-            try:
-                async for event in _events(body):
-                    yield event
-            finally:
-                state.in_flight -= 1
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(state, await request.json(), body_key="max_completion_tokens", chat=True)
 
     return app
 
 
-async def _events(body: dict):
-    max_tokens = body["max_tokens"]
+async def _serve(state: ServerState, body: dict, body_key: str, chat: bool):
+    state.received.append(body)
+    if body[body_key] == FAIL_TOKENS:
+        return JSONResponse({"error": {"message": "injected failure", "type": "InternalError"}}, status_code=500)
+
+    async def stream():
+        state.enter()
+        try:
+            async for event in _events(body, body[body_key], chat):
+                yield event
+        finally:
+            state.in_flight -= 1
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+async def _events(body: dict, max_tokens: int, chat: bool):
+    chunk = (lambda text: _chat_chunk({"content": text})) if chat else _chunk
     await asyncio.sleep(TTFT_S)
-    yield _event(_chunk("t0"))
+    if chat:
+        yield _event(_chat_chunk({"role": "assistant", "content": ""}))
+    yield _event(chunk("t0"))
     if max_tokens == STALL_TOKENS:
         await asyncio.sleep(STALL_S)
     if max_tokens == BROKEN_TOKENS:
@@ -90,9 +113,9 @@ async def _events(body: dict):
         return
     for i in range(1, max_tokens):
         await asyncio.sleep(ITL_S)
-        yield _event(_chunk(f" t{i}"))
-    usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": max_tokens,
-             "total_tokens": len(body["prompt"]) + max_tokens}
+        yield _event(chunk(f" t{i}"))
+    prompt_tokens = _prompt_tokens(body)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens + max_tokens}
     yield _event({"id": "cmpl-1", "object": "text_completion", "model": MODEL, "choices": [], "usage": usage})
     yield _event("[DONE]")
 

@@ -1,6 +1,8 @@
-"""The pure parts of bench/goodput_vs_vllm.py: run order, workload per rate, goodput and ratio per
-SLO pair, config validation (no server is started)."""
+"""The pure parts of bench/goodput_vs_vllm.py: run order, workload per rate, the time budget,
+goodput and ratio per SLO pair, the report of skipped points, config validation (no server is started)."""
 
+import io
+import json
 import sys
 from pathlib import Path
 
@@ -10,8 +12,10 @@ BENCH = Path(__file__).resolve().parents[3] / "bench"
 sys.path.insert(0, str(BENCH))
 
 from goodput_vs_vllm import BenchConfig, parse_args, prompts_for, schedule, settled, workload  # noqa: E402
-from goodput_vs_vllm_report import (Measurement, SLOPair, _plot_attainment, format_goodput,  # noqa: E402
-                                    goodput_rows, goodputs, quiet_runs, ratio)
+from goodput_vs_vllm_budget import Budget, estimate_run_s, quiet_wait_s, skip_reason  # noqa: E402
+from goodput_vs_vllm_report import (Measurement, Skipped, SLOPair, _plot_attainment, format_goodput,  # noqa: E402
+                                    goodput_rows, goodputs, quiet_runs, ratio, report)
+from rich.console import Console  # noqa: E402
 
 from loadgen.metrics import SLO  # noqa: E402
 
@@ -19,18 +23,49 @@ TRACE = BENCH.parent.parent / "shared" / "data" / "traces" / "AzureLLMInferenceT
 PAIRS = (SLOPair("tight", SLO(ttft_s=1.0, tpot_s=0.03)), SLOPair("loose", SLO(ttft_s=1.0, tpot_s=0.06)))
 
 
-def test_abba_order_switches_system_once_per_rate_and_measures_both_at_every_rate():
+def test_abba_order_switches_system_once_per_rate_and_measures_all_at_every_rate():
     assert schedule(3) == [("A", 0), ("B", 0), ("B", 1), ("A", 1), ("A", 2), ("B", 2)]
+    assert schedule(2, ("A", "B", "C")) == [("A", 0), ("B", 0), ("C", 0), ("C", 1), ("B", 1), ("A", 1)]
+    assert BenchConfig(with_c=True).systems == ("A", "B", "C") and BenchConfig().systems == ("A", "B")
 
 
 @pytest.mark.skipif(not TRACE.is_file(), reason="the shared Azure trace is not present")
-def test_each_rate_replays_the_capped_trace_over_the_configured_span():
-    config = BenchConfig(seconds_per_rate=40.0, min_requests=16, max_prompt_tokens=2000, max_output_tokens=256)
+def test_every_rate_replays_the_same_capped_requests_retimed_to_the_rate():
+    config = BenchConfig(num_requests=30, max_prompt_tokens=2000, max_output_tokens=256)
     slow, fast = workload(config, 0.25), workload(config, 1.5)
-    assert (len(slow), len(fast)) == (16, 60)
-    assert slow[-1].arrival_s == pytest.approx(64.0) and fast[-1].arrival_s == pytest.approx(40.0)
-    assert max(s.prompt_tokens for s in fast) <= 2000 and max(s.output_tokens for s in fast) <= 256
-    assert [(s.prompt_tokens, s.output_tokens) for s in fast[:16]] == [(s.prompt_tokens, s.output_tokens) for s in slow]
+    assert len(slow) == len(fast) == 30
+    assert [(s.prompt_tokens, s.output_tokens) for s in slow] == [(s.prompt_tokens, s.output_tokens) for s in fast]
+    assert slow[-1].arrival_s == pytest.approx(120.0) and fast[-1].arrival_s == pytest.approx(20.0)
+    assert [s.arrival_s * 0.25 for s in slow] == pytest.approx([s.arrival_s * 1.5 for s in fast])  # same shape
+    assert max(s.prompt_tokens for s in fast) == 2000 and max(s.output_tokens for s in fast) <= 256
+
+
+def test_the_time_budget_decides_what_still_fits():
+    config = BenchConfig(num_requests=30, start_estimate_s=40.0, run_overhead_s=20.0, report_reserve_s=30.0,
+                         max_quiet_wait_s=45.0)
+    assert estimate_run_s(config, 0.5) == 80.0  # 60 s of arrivals + 20
+    assert estimate_run_s(config, 3.0, servers_to_start=2) == 110.0  # 2 starts x 40 + 10 + 20
+    assert skip_reason(config, remaining_s=110.0, need_s=80.0) is None  # 110 - 30 reserved >= 80
+    assert skip_reason(config, remaining_s=100.0, need_s=80.0) == "time budget: needs ~80 s, 70 s left"
+    assert quiet_wait_s(config, remaining_s=1000.0, need_s=80.0) == 45.0
+    assert quiet_wait_s(config, remaining_s=120.0, need_s=80.0) == 10.0  # never into the run's own time
+    assert quiet_wait_s(config, remaining_s=50.0, need_s=80.0) == 0.0
+    now = [100.0]
+    budget = Budget(600.0, clock=lambda: now[0])
+    now[0] = 350.0
+    assert budget.remaining_s() == 350.0
+
+
+def test_a_report_lists_points_skipped_for_time_and_systems_never_measured(tmp_path):
+    config = BenchConfig(out_dir=tmp_path, label="t", with_c=True)
+    skipped = [Skipped("C", 0.25, "time budget: needs ~165 s, 40 s left")]
+    report(config, [], Console(file=io.StringIO()), wall_s=60.0, argv=["bench"], skipped=skipped)
+    markdown = (tmp_path / "t.md").read_text()
+    assert "| 0.25 | C | time budget: needs ~165 s, 40 s left |" in markdown
+    assert "1 points skipped for time" in markdown
+    assert "| tight: TTFT <= 1500 ms, TPOT <= 30 ms | not measured | not measured | not measured | n/a | n/a |" in markdown
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved["skipped_for_time"] == [{"system": "C", "rate_rps": 0.25, "reason": "time budget: needs ~165 s, 40 s left"}]
 
 
 @pytest.mark.skipif(not TRACE.is_file(), reason="the shared Azure trace is not present")
@@ -59,6 +94,11 @@ def test_goodput_per_system_and_pair_and_the_b_over_a_ratio():
     assert found["loose"]["B"] == (pytest.approx(0.5 + 0.5 * 0.1 / 0.3), True)
     headers, rows = goodput_rows(found, PAIRS, rates=(0.5, 1.0, 1.5))
     assert headers[-1] == "B / A" and rows[0][-1] == f"{(0.5 + 0.5 * 0.05 / 0.35) / 0.75:.2f}"
+    with_c = goodputs(runs + [_measurement("C", 0.5, 1.0, 1.0), _measurement("C", 1.0, 0.7, 0.9)], PAIRS, 0.9)
+    headers, rows = goodput_rows(with_c, PAIRS, rates=(0.5, 1.0, 1.5), systems=("A", "B", "C"))
+    assert headers == ["SLO pair", "A goodput (req/s)", "B goodput (req/s)", "C goodput (req/s)", "B / A", "C / A"]
+    assert rows[0][3:] == ["0.67", "0.76", "0.89"]  # C: 1.0 @ 0.5 -> 0.7 @ 1.0 crosses 0.9 at 0.667; A at 0.75
+    assert rows[1][3] == ">= 1" and rows[1][-1] == "0.91 (bound)"  # C's loose curve never fell below 90%
 
 
 def test_noisy_runs_are_left_out_of_the_goodput_unless_a_system_has_no_quiet_run(tmp_path):
@@ -98,10 +138,15 @@ def test_config_mistakes_say_how_to_fix_them():
         BenchConfig(max_prompt_tokens=4000)
     with pytest.raises(ValueError, match="tight TPOT SLO < loose"):
         BenchConfig(tpot_tight_s=0.1, tpot_loose_s=0.05)
+    with pytest.raises(ValueError, match="raise --budget-min"):
+        BenchConfig(budget_s=20.0)
 
 
 def test_quick_mode_and_flags_build_the_config():
     config = parse_args(["--quick", "--tpot-tight-ms", "25", "--rates", "0.5,1"])
     assert config.rates_rps == (0.5, 1.0) and config.tpot_tight_s == 0.025
-    assert config.label == "goodput_vs_vllm_quick" and config.seconds_per_rate == 20.0
+    assert (config.label, config.num_requests, config.budget_s, config.with_c) == ("goodput_vs_vllm_quick", 16, 360.0, False)
     assert [p.slo for p in config.slo_pairs] == [SLO(ttft_s=1.5, tpot_s=0.025), SLO(ttft_s=1.5, tpot_s=0.06)]
+    full = parse_args(["--num-requests", "24", "--budget-min", "25", "--with-c"])
+    assert (full.num_requests, full.budget_s, full.with_c, full.label) == (24, 1500.0, True, "goodput_vs_vllm")
+    assert parse_args([]).budget_s == 19 * 60.0

@@ -33,7 +33,7 @@ def test_random_and_shared_prefix_workloads_follow_their_config():
     shared = WorkloadConfig(kind="shared-prefix", arrival="constant", rate_rps=10.0, num_requests=8,
                             prompt_mean=20, output_mean=4, num_groups=2, prefix_tokens=64).build(num_requests=12)
     assert len(shared) == 12 and {s.prompt_tokens for s in shared} == {84}
-    assert [s.arrival_s for s in shared][:3] == [0.0, 0.1, 0.2]
+    assert [s.arrival_s for s in shared][:3] == [0.1, 0.2, 0.3]  # constant: one gap, then every 0.1 s
 
 
 def test_config_mistakes_are_explained():

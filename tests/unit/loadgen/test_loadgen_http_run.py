@@ -1,4 +1,5 @@
-"""Real runs of the OpenAI HTTP target against a real local SSE server (see loadgen_sse_server)."""
+"""Real runs of the OpenAI HTTP target against a real local SSE server (see loadgen_sse_server):
+accounting, exact request bodies per request shape, concurrency and its client-side queue."""
 
 import statistics
 
@@ -8,8 +9,12 @@ from loadgen_sse_server import BROKEN_TOKENS, FAIL_TOKENS, ITL_S, MODEL, STALL_T
 from loadgen.metrics import summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig, run
-from loadgen.targets.openai_http import OpenAICompletionsTarget
+from loadgen.targets.openai_http import OpenAITarget, RequestShape
+from loadgen.targets.round_robin import RoundRobinTarget
+from loadgen.text_prompts import load_tokenizer
 from loadgen.workload import RequestSpec
+
+STANDARD_STREAMING = {"temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
 
 
 @pytest.fixture
@@ -18,11 +23,16 @@ def server():
         yield running
 
 
-async def _run(url, specs, config, model=None):
-    target = OpenAICompletionsTarget(url, model=model)
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    return load_tokenizer(str(tiny_model))
+
+
+async def _run(url_or_target, specs, config, model=None, prompts=PromptSynthesizer(seed=1)):
+    target = OpenAITarget(url_or_target, model=model) if isinstance(url_or_target, str) else url_or_target
     await target.open()
     try:
-        return await run(target, specs, PromptSynthesizer(seed=1), config)
+        return await run(target, specs, prompts, config)
     finally:
         await target.close()
 
@@ -50,13 +60,65 @@ async def test_every_request_is_accounted_for_including_errors_and_timeouts(serv
     assert len(server.state.received) == 2 + 8  # warm-up requests were sent but are not counted
 
 
-async def test_requests_ask_for_exact_lengths_with_token_id_prompts(server):
-    await _run(server.url, [RequestSpec(0.0, 12, 3)], RunConfig())
+async def test_default_requests_send_token_ids_and_vllms_exact_length_fields(server):
+    spec = RequestSpec(0.0, 12, 3)
+    await _run(server.url, [spec], RunConfig())
     (body,) = server.state.received
-    assert body["model"] == MODEL  # discovered through GET /v1/models
-    assert len(body["prompt"]) == 12 and all(isinstance(t, int) for t in body["prompt"])
-    assert (body["max_tokens"], body["min_tokens"], body["ignore_eos"]) == (3, 3, True)
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    ids = list(PromptSynthesizer(seed=1).prompt(spec, 0).token_ids)
+    assert len(ids) == 12
+    assert body == {"model": MODEL, "prompt": ids, "max_tokens": 3, **STANDARD_STREAMING,  # model: GET /v1/models
+                    "min_tokens": 3, "ignore_eos": True}
+
+
+async def test_text_prompts_without_vllm_extensions_send_only_openai_fields(server, tokenizer):
+    spec = RequestSpec(0.0, 40, 3)
+    prompts = PromptSynthesizer(seed=1, tokenizer=tokenizer)
+    shape = RequestShape(prompt_format="text", vllm_extensions=False)
+    result = await _run(OpenAITarget(server.url, shape=shape), [spec], RunConfig(), prompts=prompts)
+    (body,) = server.state.received
+    text = prompts.prompt(spec, 0).text
+    assert body == {"model": MODEL, "prompt": text, "max_tokens": 3, **STANDARD_STREAMING}
+    assert len(tokenizer.encode(text, add_special_tokens=False)) == 40 == result.records[0].prompt_tokens
+    assert result.backend == "openai" and result.records[0].output_tokens == 3
+
+
+@pytest.mark.parametrize("extensions", [False, True])
+async def test_chat_sends_one_user_message_and_times_content_chunks_only(server, tokenizer, extensions):
+    spec = RequestSpec(0.0, 24, 4)
+    prompts = PromptSynthesizer(seed=1, tokenizer=tokenizer)
+    shape = RequestShape(endpoint="chat", prompt_format="text", vllm_extensions=extensions)
+    result = await _run(OpenAITarget(server.url, shape=shape), [spec], RunConfig(), prompts=prompts)
+    (body,) = server.state.received
+    expected = {"model": MODEL, "messages": [{"role": "user", "content": prompts.prompt(spec, 0).text}],
+                "max_completion_tokens": 4, **STANDARD_STREAMING}
+    assert body == (expected | {"min_tokens": 4, "ignore_eos": True} if extensions else expected)
+    (record,) = result.records
+    assert result.backend == "openai-chat" and record.ok and record.output_tokens == 4
+    assert len(record.chunk_times_s) == 4  # the opening role-only chunk carries no token
+    assert record.ttft_s >= TTFT_S
+
+
+def test_chat_needs_text_prompts():
+    with pytest.raises(ValueError, match="use prompt format 'text'"):
+        RequestShape(endpoint="chat", prompt_format="token-ids")
+
+
+async def test_a_text_target_fails_requests_whose_prompts_have_no_text(server):
+    shape = RequestShape(prompt_format="text")
+    result = await _run(OpenAITarget(server.url, shape=shape), [RequestSpec(0.0, 8, 2)], RunConfig())
+    assert [r.error for r in result.records] == [
+        "TargetError: no text: text prompts need prompts built with a tokenizer (--tokenizer)"]
+    assert server.state.received == []
+
+
+async def test_round_robin_deals_requests_to_its_servers_in_turn(server):
+    with SSEServer() as other:
+        target = RoundRobinTarget([OpenAITarget(server.url), OpenAITarget(other.url)])
+        result = await _run(target, [RequestSpec(0.01 * i, 8 + i, 2) for i in range(5)], RunConfig())
+        assert [r.status for r in result.records] == ["ok"] * 5
+        assert [len(b["prompt"]) for b in server.state.received] == [8, 10, 12]
+        assert [len(b["prompt"]) for b in other.state.received] == [9, 11]
+        assert result.backend == "round-robin(2 x openai)"
 
 
 async def test_fixed_concurrency_keeps_exactly_n_requests_in_flight(server):
@@ -64,6 +126,21 @@ async def test_fixed_concurrency_keeps_exactly_n_requests_in_flight(server):
     result = await _run(server.url, specs, RunConfig(mode="concurrency", max_concurrency=3))
     assert [r.status for r in result.records] == ["ok"] * 9
     assert server.state.max_in_flight == 3
+    # closed loop: a request arrives when its slot frees, so it never queues for one
+    assert [r.client_queue_s for r in result.records] == [0.0] * 9
+    assert all(r.scheduled_s <= r.sent_s for r in result.records)
+    assert max(r.scheduled_s for r in result.records[:3]) < 0.05 < min(r.scheduled_s for r in result.records[3:])
+
+
+async def test_a_concurrency_cap_records_how_long_each_arrival_waited_for_a_slot(server):
+    specs = [RequestSpec(0.0, 8, 5), RequestSpec(0.0, 8, 5), RequestSpec(0.0, 8, 5), RequestSpec(1.0, 8, 5)]
+    result = await _run(server.url, specs, RunConfig(max_concurrency=1))
+    first, second, third, late = result.records
+    assert (first.client_queue_s, late.client_queue_s) == (0.0, 0.0)  # a slot was free at their arrival
+    assert second.client_queue_s >= first.e2el_s  # waited for the first to finish
+    assert third.client_queue_s >= second.client_queue_s + second.e2el_s
+    for r in (second, third):  # from the arrival (0) to the send, which follows taking the slot at once
+        assert r.client_queue_s == pytest.approx(r.sent_s - r.scheduled_s, abs=0.02)
 
 
 async def test_duration_mode_stops_sending_and_finishes_in_flight_requests(server):

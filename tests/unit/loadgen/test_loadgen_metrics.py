@@ -2,13 +2,13 @@
 
 import pytest
 
-from loadgen.metrics import SLO, meets_slo, slo_attainment, summarize, tpot_s
+from loadgen.metrics import SLO, achieved_request_rate, meets_slo, peaks, slo_attainment, summarize, tpot_s
 from loadgen.runner import RequestRecord
 from loadgen.targets.base import PhaseTimings
 
 
-def _record(index, status, chunk_times_s=(), output_tokens=0, prompt_tokens=10, error="", phases=None):
-    return RequestRecord(index=index, scheduled_s=0.0, sent_s=0.0, client_queue_s=0.0, prompt_tokens=prompt_tokens,
+def _record(index, status, chunk_times_s=(), output_tokens=0, prompt_tokens=10, error="", phases=None, sent_s=0.0):
+    return RequestRecord(index=index, scheduled_s=0.0, sent_s=sent_s, client_queue_s=0.0, prompt_tokens=prompt_tokens,
                          requested_output_tokens=output_tokens or 1, status=status, error=error,
                          output_tokens=output_tokens, chunk_times_s=chunk_times_s, phases=phases)
 
@@ -63,6 +63,35 @@ def test_slo_attainment_counts_failures_as_misses_and_goodput_is_good_per_second
     assert s["request_goodput"] == 0.5
     # a one-token output has TPOT 0 for the SLO check, as in vLLM's goodput
     assert slo_attainment(RUN, SLO(tpot_s=0.09)) == 0.4
+
+
+def test_a_value_equal_to_its_slo_meets_it_as_in_vllm():
+    exact = _record(0, "ok", (0.5, 0.75, 1.0), 3)  # TTFT 0.5 s, TPOT (1.0 - 0.5) / 2 = 0.25 s, E2EL 1.0 s
+    assert (exact.ttft_s, tpot_s(exact), exact.e2el_s) == (0.5, 0.25, 1.0)
+    assert meets_slo(exact, SLO(ttft_s=0.5, tpot_s=0.25, e2el_s=1.0))
+    assert not meets_slo(exact, SLO(ttft_s=0.4999))
+    assert not meets_slo(exact, SLO(tpot_s=0.2499))
+    assert not meets_slo(exact, SLO(e2el_s=0.9999))
+
+
+def test_an_e2el_slo_alone_counts_requests_finishing_in_time():
+    slo = SLO(e2el_s=0.3)  # A ends at 0.30 and B at 0.3 (met: equal), C at 0.4; D and E failed
+    assert [meets_slo(r, slo) for r in RUN] == [True, True, False, False, False]
+    s = summarize(RUN, duration_s=2.0, slo=slo)
+    assert (s["slo_attainment"], s["request_goodput"]) == (0.4, 1.0)
+
+
+def test_peak_output_rate_and_concurrency_use_vllms_one_second_buckets():
+    runs = [_record(0, "ok", (0.2, 0.4, 0.6, 1.2), 4, sent_s=0.0),  # chunks at 0.2 0.4 0.6 | 1.2
+            _record(1, "ok", (0.1, 0.3), 2, sent_s=0.5),  # chunks at 0.6 0.8
+            _record(2, "ok", (0.1,), 1, sent_s=2.5),  # chunk at 2.6
+            _record(3, "error", (), 0, sent_s=1.0, error="x")]  # not counted
+    assert peaks([r for r in runs if r.ok]) == (5.0, 2)  # bucket 0: 5 chunks; requests 0 and 1 in flight
+    assert peaks([]) == (0.0, 0)
+    s = summarize(runs, duration_s=3.0)
+    assert (s["max_output_tokens_per_s"], s["max_concurrent_requests"]) == (5.0, 2)
+    assert s["achieved_request_rate"] == 4 / 2.5  # 4 sent, the last at 2.5 s
+    assert achieved_request_rate([_record(0, "ok", (0.1,), 1)]) is None  # all sent at once
 
 
 def test_phase_breakdown_for_responses_that_carry_timings():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from loadgen.sweep import SearchConfig, find_goodput, goodput_on_grid
+from loadgen.sweep import SearchConfig, find_goodput, goodput_on_grid, stopped_search
 
 
 def step(threshold_rps):
@@ -60,3 +60,11 @@ def test_grid_goodput_outside_the_grid_is_flagged():
     assert goodput_on_grid([(0.5, 1.0), (1.0, 0.9)]) == (1.0, False)  # exactly the target passes
     with pytest.raises(ValueError, match="empty"):
         goodput_on_grid([])
+
+
+def test_a_stopped_search_answers_from_the_probes_it_measured():
+    stopped = stopped_search([(1.0, 1.0), (2.0, 0.95), (4.0, 0.5), (3.0, 0.92)], target=0.9)
+    assert (stopped.goodput_rps, stopped.bracketed) == (3.0, False)  # passing, and below the failure at 4
+    assert [p.passed for p in stopped.probes] == [True, True, False, True]
+    assert stopped_search([(1.0, 0.97), (8.0, 0.95), (2.0, 0.3)]).goodput_rps == 1.0  # 8 passed above a failure
+    assert stopped_search([(1.0, 0.2)]).goodput_rps == 0.0 and stopped_search([]).goodput_rps == 0.0

@@ -1,5 +1,5 @@
 """Arrival processes (checked statistically on large n with fixed seeds), length distributions
-and their composition."""
+and their composition, and the independence of what one seed draws for different purposes."""
 
 import math
 
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from loadgen import workload as wl
+from loadgen.harness import WorkloadConfig
 from loadgen.workload import RequestSpec
 
 
@@ -35,9 +36,37 @@ def test_arrivals_are_reproducible_per_seed_and_differ_across_seeds():
     assert arrivals == sorted(arrivals) and arrivals[0] > 0
 
 
-def test_constant_arrivals_are_evenly_spaced_from_zero():
-    assert wl.constant(2.0, 4) == [0.0, 0.5, 1.0, 1.5]
+def test_constant_arrivals_are_one_gap_apart_from_the_start_like_vllm():
+    assert wl.constant(2.0, 4) == [0.5, 1.0, 1.5, 2.0]  # vLLM --burstiness inf: the last at n / rate
     assert wl.constant(math.inf, 3) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_a_30_request_schedule_realises_exactly_the_requested_mean_rate(seed):
+    """vLLM rescales the drawn gaps so n / last arrival is the requested rate; unscaled, 30 exponential
+    gaps miss it by ~18% (1/sqrt(30)) typically."""
+    poisson = wl.poisson(2.0, 30, seed=seed)
+    assert 30 / poisson[-1] == pytest.approx(2.0, rel=1e-12)
+    assert poisson == sorted(poisson) and poisson[0] > 0
+    bursty = wl.gamma(0.5, 3.0, 30, seed=seed)
+    assert 30 / bursty[-1] == pytest.approx(0.5, rel=1e-12)
+    assert wl.gamma(math.inf, 1.0, 3) == [0.0, 0.0, 0.0] and wl.poisson(1.0, 0) == []
+
+
+def test_shared_prefix_group_is_independent_of_the_suffix_length():
+    """Groups and lengths come from one --seed; drawn from the same stream, group k got the k-th
+    quarter of lengths (group means 62, 87, 112, 138 for this config)."""
+    specs = WorkloadConfig(kind="shared-prefix", arrival="poisson", rate_rps=10.0, num_requests=4000,
+                           prompt_mean=100, output_mean=10, range_ratio=0.5, num_groups=4, prefix_tokens=32,
+                           seed=0).build()
+    suffix = np.array([s.prompt_tokens - s.prefix_tokens for s in specs])
+    group = np.array([s.prefix_group for s in specs])
+    quartile = np.digitize(suffix, np.quantile(suffix, [0.25, 0.5, 0.75]))
+    table = np.array([[np.sum((group == g) & (quartile == q)) for q in range(4)] for g in range(4)])
+    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
+    chi2 = float(((table - expected) ** 2 / expected).sum())
+    assert chi2 < 27.88  # chi-square, 9 degrees of freedom: independence rejected at p = 0.001 above this
+    assert all(abs(suffix[group == g].mean() - 100) < 3 for g in range(4))  # 3 s.e. of a group's mean
 
 
 def test_bad_rates_are_rejected_with_the_fix():
