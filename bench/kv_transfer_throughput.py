@@ -27,8 +27,8 @@ from kv_transfer.consumer import PullClient  # noqa: E402
 from kv_transfer.layout import KVLayout  # noqa: E402
 from kv_transfer.leases import Lease, LeaseTable  # noqa: E402
 from kv_transfer.producer import TransferServer  # noqa: E402
-from kv_transfer.transports.tcp import tune_socket  # noqa: E402
-from kv_transfer.wire import TransferError, recv_into_exactly  # noqa: E402
+from kv_transfer.sockets import recv_into_exactly, recvmsg_into_all, sendmsg_all  # noqa: E402
+from kv_transfer.wire import TransferError  # noqa: E402
 from pdserve.make_model import spec_for  # noqa: E402
 
 DESCRIPTION = """\
@@ -38,16 +38,22 @@ pinned to core 1, as a prefill and a decode worker do, and times each way of mov
 
   pdserve tcp     PullClient -> TransferServer, transport `tcp` (what a decode worker runs)
   pdserve torch   the same, transport `torch` (gloo on CPU; the same code runs nccl on CUDA)
-  raw socket      one contiguous buffer, sendall / recv_into on a tuned TCP socket
+  raw socket      one contiguous buffer, sendall / recv_into on a plain TCP socket (TCP_NODELAY)
+  raw socket xL   the same bytes in L = 12 parts spread like layers over a buffer, one sendmsg /
+                  recvmsg_into of all parts: what `pdserve tcp` moves, without the pull protocol
   raw gloo        one contiguous buffer, ProcessGroupGloo send / recv on a two-rank group
+  raw gloo xL     the same L parts as one message each, all posted at once, each side waiting for
+                  its messages in order: the naive way to move a prompt per layer with gloo
   memcpy          ctypes.memmove of the same bytes inside one process (a shared-memory bound)
 
-Every pull is a request (PULL message, or an 8-byte request for the raw ways) followed by the
-bytes, timed by the consumer from the request to the last byte written. The caches use vLLM-CPU's
-layout: each layer is [num_blocks, kv_heads, block_size, 2*head_dim] in one shared buffer, so a
-prompt's blocks are 12 runs of contiguous bytes (one per layer). Methods are interleaved within
-every repeat so host noise hits them alike, and before each transfer the consumer writes 256 MiB
-of scratch so no method finds its bytes in the shared last-level cache; the report uses medians.
+Every pull is a request (PULL message, or a 16-byte request for the raw ways) followed by the
+bytes, timed by the consumer from the request to the last byte written (for pdserve, to its DONE
+sent; the pulls do not release the lease, so one lease serves every repeat). The caches use
+vLLM-CPU's layout: each layer is [num_blocks, kv_heads, block_size, 2*head_dim] in one shared
+buffer, so a prompt's blocks are 12 runs of contiguous bytes (one per layer). Methods are
+interleaved within every repeat so host noise hits them alike, and before each transfer the
+consumer writes 256 MiB of scratch so no method finds its bytes in the shared last-level cache;
+the report uses medians and shows the interquartile range.
 """
 
 EVICTION_BYTES = 256 << 20  # well above any last-level cache of a host this runs on
@@ -102,27 +108,46 @@ def producer_main(geometry: Geometry, num_blocks: int, max_bytes: int, conn) -> 
     server.stop()
 
 
+def _plain(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def _serve_raw_socket(listener: socket.socket, raw: torch.Tensor) -> None:
+    """Answers (nbytes, parts) requests: one sendall, or one sendmsg of `parts` spread parts."""
     sock, _ = listener.accept()
-    tune_socket(sock)
+    _plain(sock)
     payload = memoryview(raw.numpy()).cast("B")
-    header = bytearray(8)
+    header = bytearray(16)
     while True:
         try:
             recv_into_exactly(sock, memoryview(header))
         except (TransferError, OSError):
             return  # the consumer is done
-        sock.sendall(payload[: struct.unpack("!Q", header)[0]])
+        nbytes, parts = struct.unpack("!QQ", header)
+        if parts == 1:
+            sock.sendall(payload[:nbytes])
+        else:
+            sendmsg_all(sock, [memoryview(part.numpy()) for part in _split(raw, nbytes, parts)])
 
 
 def _serve_raw_gloo(store, raw: torch.Tensor) -> None:
+    """Answers (nbytes, messages) requests: `messages` sends splitting nbytes, posted at once."""
     group = _gloo_group(store, rank=0)
-    request = torch.zeros(1, dtype=torch.int64)
+    request = torch.zeros(2, dtype=torch.int64)
     while True:
         group.recv([request], 1, 0).wait()
-        if int(request) == 0:
+        nbytes, messages = (int(v) for v in request)
+        if nbytes == 0:
             return
-        group.send([raw[: int(request)]], 1, 0).wait()
+        for work in [group.send([part], 1, 1 + tag) for tag, part in enumerate(_split(raw, nbytes, messages))]:
+            work.wait()
+
+
+def _split(buffer: torch.Tensor, nbytes: int, messages: int) -> list[torch.Tensor]:
+    """`messages` equal parts of `nbytes`, spread over `buffer` as layers are over a cache."""
+    part, stride = nbytes // messages, buffer.numel() // messages
+    return [buffer[i * stride: i * stride + part] for i in range(messages)]
 
 
 def _gloo_group(store, rank: int):
@@ -149,8 +174,7 @@ class Consumer:
         compat = self.layout.compat("bench", geometry.block_size)
         self.kv_address = endpoints["kv"]
         self.pull_clients = {name: PullClient(self.layout, compat, name) for name in ("tcp", "torch")}
-        self.raw_sock = socket.create_connection(("127.0.0.1", endpoints["raw"]))
-        tune_socket(self.raw_sock)
+        self.raw_sock = _plain(socket.create_connection(("127.0.0.1", endpoints["raw"])))
         self.raw_target = torch.empty(max_bytes, dtype=torch.uint8)
         store = dist.TCPStore("127.0.0.1", endpoints["store"], world_size=2, is_master=False,
                               timeout=timedelta(seconds=60))
@@ -169,23 +193,34 @@ class Consumer:
         nbytes = num_blocks * self.geometry.bytes_per_block
         remote = list(range(num_blocks))
         return {
-            "pdserve tcp": lambda: self.pull_clients["tcp"].pull(self.kv_address, transfer_id, remote, local).seconds,
-            "pdserve torch": lambda: self.pull_clients["torch"].pull(self.kv_address, transfer_id, remote, local).seconds,
-            "raw socket": lambda: self._raw_socket(nbytes),
-            "raw gloo": lambda: self._raw_gloo(nbytes),
+            "pdserve tcp": lambda: self._pull("tcp", transfer_id, remote, local),
+            "pdserve torch": lambda: self._pull("torch", transfer_id, remote, local),
+            "raw socket": lambda: self._raw_socket(nbytes, 1),
+            f"raw socket x{self.geometry.num_layers}": lambda: self._raw_socket(nbytes, self.geometry.num_layers),
+            "raw gloo": lambda: self._raw_gloo(nbytes, 1),
+            f"raw gloo x{self.geometry.num_layers}": lambda: self._raw_gloo(nbytes, self.geometry.num_layers),
             "memcpy": lambda: self._memcpy(nbytes),
         }
 
-    def _raw_socket(self, nbytes: int) -> float:
+    def _pull(self, transport: str, transfer_id: str, remote: list[int], local: list[int]) -> float:
+        """One pull as a decode worker runs it, minus the release (the lease serves every repeat)."""
+        return self.pull_clients[transport].pull(self.kv_address, transfer_id, remote, local).seconds
+
+    def _raw_socket(self, nbytes: int, parts: int) -> float:
         started = time.perf_counter()
-        self.raw_sock.sendall(struct.pack("!Q", nbytes))
-        recv_into_exactly(self.raw_sock, memoryview(self.raw_target.numpy()).cast("B")[:nbytes])
+        self.raw_sock.sendall(struct.pack("!QQ", nbytes, parts))
+        if parts == 1:
+            recv_into_exactly(self.raw_sock, memoryview(self.raw_target.numpy()).cast("B")[:nbytes])
+        else:
+            recvmsg_into_all(self.raw_sock, [memoryview(p.numpy()) for p in _split(self.raw_target, nbytes, parts)])
         return time.perf_counter() - started
 
-    def _raw_gloo(self, nbytes: int) -> float:
+    def _raw_gloo(self, nbytes: int, messages: int) -> float:
         started = time.perf_counter()
-        self.gloo.send([torch.tensor([nbytes], dtype=torch.int64)], 0, 0).wait()
-        self.gloo.recv([self.raw_target[:nbytes]], 0, 0).wait()
+        self.gloo.send([torch.tensor([nbytes, messages], dtype=torch.int64)], 0, 0).wait()
+        parts = _split(self.raw_target, nbytes, messages)
+        for work in [self.gloo.recv([part], 0, 1 + tag) for tag, part in enumerate(parts)]:
+            work.wait()
         return time.perf_counter() - started
 
     def _memcpy(self, nbytes: int) -> float:
@@ -194,7 +229,7 @@ class Consumer:
         return time.perf_counter() - started
 
     def close(self) -> None:
-        self.gloo.send([torch.zeros(1, dtype=torch.int64)], 0, 0).wait()
+        self.gloo.send([torch.zeros(2, dtype=torch.int64)], 0, 0).wait()
         for client in self.pull_clients.values():
             client.close()
         self.raw_sock.close()
@@ -251,12 +286,14 @@ def measure(prompt_tokens: list[int], repeats: int) -> list[Row]:
 
 def report(rows: list[Row], out: Path) -> str:
     by = {(r.prompt_tokens, r.method): r for r in rows}
-    lines = ["| prompt | bytes | method | median ms | GB/s | vs raw socket | vs raw gloo | vs memcpy |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| prompt | bytes | method | median ms | p25-p75 ms | GB/s | vs raw socket | vs raw gloo | vs memcpy |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         ratio = lambda other: f"{by[(row.prompt_tokens, other)].median_s / row.median_s:.2f}"  # noqa: E731
+        ordered = sorted(row.seconds)
+        spread = f"{ordered[len(ordered) // 4] * 1000:.2f}-{ordered[(3 * len(ordered)) // 4] * 1000:.2f}"
         lines.append(f"| {row.prompt_tokens} | {row.num_bytes / 2**20:.0f} MiB | {row.method} | "
-                     f"{row.median_s * 1000:.2f} | {row.gb_per_s:.2f} | {ratio('raw socket')} | "
+                     f"{row.median_s * 1000:.2f} | {spread} | {row.gb_per_s:.2f} | {ratio('raw socket')} | "
                      f"{ratio('raw gloo')} | {ratio('memcpy')} |")
     table = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
@@ -293,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[1024, 8192],
                         help="prompt lengths whose KV is moved (default: 1024 8192)")
-    parser.add_argument("--repeats", type=int, default=15, help="timed transfers per method and size")
+    parser.add_argument("--repeats", type=int, default=40, help="timed transfers per method and size (default: 40)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results",
                         help="folder for kv_transfer_throughput.{json,md,png}")
     args = parser.parse_args(argv)

@@ -19,9 +19,9 @@ class ConnectorConfig:
     host: str = "127.0.0.1"          # where consumers reach the producer's transfer server
     bind_host: str = ""              # where it listens; "" = `host` (use 0.0.0.0 in containers)
     port: int = 0                    # producer: transfer server port (must be fixed, not 0, to advertise)
-    model: str = ""                  # compared at handshake
+    model: str = ""                  # a display name; the handshake compares the checkpoint's fingerprint
     lease_s: float = 30.0            # producer: how long KV waits for its consumer
-    pull_timeout_s: float = 30.0     # consumer: one pull's socket/collective timeout
+    pull_timeout_s: float = 30.0     # every wait inside a pull or its serving: sockets and process groups
     max_parallel_pulls: int = 4
 
     def __post_init__(self) -> None:

@@ -11,6 +11,7 @@ per-step metadata of `kv_transfer.metadata`. This class only dispatches to the r
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -21,9 +22,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kv_transfer.config import ConnectorConfig
-from kv_transfer.metadata import PDConnectorMetadata
+from kv_transfer.fingerprint import FingerprintError, model_fingerprint
+from kv_transfer.metadata import PDConnectorMetadata, PDConnectorStats
 from kv_transfer.scheduler_side import PDScheduler
-from kv_transfer.worker_side import PDWorker
+from kv_transfer.worker_side import ModelIdentity, PDWorker
+
+logger = logging.getLogger(__name__)
 
 
 class PDConnector(KVConnectorBase_V1):
@@ -38,7 +42,7 @@ class PDConnector(KVConnectorBase_V1):
             self._scheduler = PDScheduler(config, transfer.engine_id or "", block_size)
         else:
             self._worker = PDWorker(config, transfer.is_kv_producer, transfer.is_kv_consumer, block_size,
-                                    kv_cache_config.num_blocks)
+                                    kv_cache_config.num_blocks, _model_identity(vllm_config))
 
     # ---- scheduler role --------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -55,6 +59,14 @@ class PDConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)
+
+    def get_kv_connector_stats(self) -> PDConnectorStats | None:
+        """Scheduler role: the held-lease gauge, every step (see `kv_transfer.stats`)."""
+        return self._scheduler.get_kv_connector_stats() if self._scheduler is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> PDConnectorStats:
+        return PDConnectorStats(data=dict(data or {}))
 
     # ---- worker role ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -91,3 +103,18 @@ class PDConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+
+
+def _model_identity(vllm_config) -> ModelIdentity:
+    """The served checkpoint's fingerprint and KV geometry, for the handshake. A model this host
+    cannot fingerprint (not a local directory, not in the local hub cache) falls back to its name,
+    which then has to match exactly on both sides."""
+    model_config = vllm_config.model_config
+    try:
+        fingerprint = model_fingerprint(model_config.model)
+    except (FingerprintError, OSError, ValueError) as error:
+        logger.warning("cannot fingerprint model %s (%s); the KV handshake compares its name instead",
+                       model_config.model, error)
+        fingerprint = f"name:{model_config.model}"
+    return ModelIdentity(fingerprint, model_config.get_num_kv_heads(vllm_config.parallel_config),
+                         model_config.get_head_size())

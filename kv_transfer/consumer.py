@@ -2,23 +2,28 @@
 
 One connection per producer address, reused across pulls and serialised by a lock (a pull is one
 request's blocks; concurrent pulls from different producers run in parallel on the caller's pool).
-A connection that fails in any way is closed and dropped, so the next pull starts from a fresh
-handshake; the failed pull raises `TransferError` and the caller applies the load-failure policy.
+A cached connection can die while idle (the producer restarted, a middlebox dropped it): if it
+turns out dead before any byte of the producer's reply arrived, the pull is retried once on a fresh
+connection, which is safe because the producer only releases a lease at DONE. Any other failure
+closes and drops the connection, so the next pull starts from a fresh handshake; the failed pull
+raises `TransferError` and the caller applies the load-failure policy. A MISSING reply is a clean
+outcome: the pull fails, the connection stays.
 """
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
-
 from kv_transfer.layout import KVCompat, KVLayout
-from kv_transfer.transports.base import DataChannel, get_transport
-from kv_transfer.transports.tcp import tune_socket
-from kv_transfer.wire import IncompatiblePeer, TransferError, expect, recv_message, send_message
+from kv_transfer.sockets import connect
+from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
+from kv_transfer.wire import (DONE, IncompatiblePeer, PeerClosed, TransferError, expect, recv_message, require_field,
+                              send_message)
+
+MAX_ATTEMPTS = 2  # the first on the cached connection, one more on a fresh one
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,11 @@ class PullResult:
     num_bytes: int
     num_blocks: int
     seconds: float
+    attempts: int = 1
+
+
+class _StaleConnection(TransferError):
+    """The cached connection was dead before the producer replied: nothing of this pull happened."""
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -38,18 +48,23 @@ def split_address(address: str) -> tuple[str, int]:
 def release_transfer(address: str, transfer_id: str, timeout_s: float = 5.0) -> bool:
     """Tells the producer at `address` it may free the transfer's blocks; True if it still held them.
 
-    Used by the consumer after a pull, and by the router (through the prefill worker) on abort."""
-    with socket.create_connection(split_address(address), timeout=timeout_s) as sock:
+    A one-shot connection: the abort paths (the router through the prefill worker, a consumer whose
+    pull failed) use it; a successful pull releases on its own connection (PULL `release`)."""
+    sock = connect(*split_address(address), timeout_s)
+    with sock:
         send_message(sock, {"op": "RELEASE", "transfer_id": transfer_id})
-        return bool(expect(recv_message(sock), "RELEASED")["found"])
+        return expect(recv_message(sock), "RELEASED")["found"] is True
 
 
 class _Connection:
-    def __init__(self, sock: socket.socket, channel: DataChannel):
+    def __init__(self, sock, channel: DataChannel):
         self.sock, self.channel = sock, channel
         self.lock = threading.Lock()
+        self.num_pulls = 0        # exchanges completed: a connection with none was just handshaken
+        self.closed = False
 
     def close(self) -> None:
+        self.closed = True
         self.channel.close()
         self.sock.close()
 
@@ -57,36 +72,70 @@ class _Connection:
 class PullClient:
     def __init__(self, layout: KVLayout, compat: KVCompat, transport: str, timeout_s: float = 30.0):
         self.layout, self.compat = layout, compat
-        self.transport = get_transport(transport)
+        self.transport = get_transport(transport, timeout_s)
         self.timeout_s = timeout_s
         self._connections: dict[str, _Connection] = {}
         self._dialing: dict[str, threading.Lock] = {}  # address -> held while a handshake runs
         self._lock = threading.Lock()
 
     def pull(self, address: str, transfer_id: str, remote_block_ids: Sequence[int],
-             local_block_ids: Sequence[int]) -> PullResult:
-        """Copies the producer's `remote_block_ids` of `transfer_id` into our `local_block_ids`."""
+             local_block_ids: Sequence[int], release: bool = False) -> PullResult:
+        """Copies the producer's `remote_block_ids` of `transfer_id` into our `local_block_ids`.
+
+        With `release`, the producer frees the transfer's lease once the bytes are here (no
+        separate RELEASE). Raises `IncompatiblePeer` when the producer refuses the handshake and
+        `TransferError` for every other failure; after a failure the local blocks hold garbage."""
         if len(remote_block_ids) != len(local_block_ids):
             raise TransferError(f"{len(remote_block_ids)} remote blocks for {len(local_block_ids)} local blocks")
         started = time.perf_counter()
-        views = self.layout.views(local_block_ids, paired_with=remote_block_ids)
-        connection = self._connect(address)
-        with connection.lock:
-            try:
-                send_message(connection.sock, {"op": "PULL", "transfer_id": transfer_id,
-                                               "block_ids": list(remote_block_ids),
-                                               "local_block_ids": list(local_block_ids)})
-                reply = recv_message(connection.sock)
-                if reply["op"] == "MISSING":
-                    raise TransferError(reply["error"])
-                expected = self.layout.num_bytes(len(local_block_ids))
-                if expect(reply, "SENDING")["num_bytes"] != expected:
-                    raise TransferError(f"producer sends {reply['num_bytes']} bytes, expected {expected}")
-                connection.channel.recv(views)
-            except (TransferError, OSError, RuntimeError) as error:
-                self._drop(address, connection)
-                raise TransferError(f"pull of {transfer_id} from {address} failed: {error}") from error
-        return PullResult(expected, len(local_block_ids), time.perf_counter() - started)
+        runs = self.layout.runs(local_block_ids, remote_block_ids)  # bad ids fail here, before any message
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            connection = self._connect(address)
+            with connection.lock:
+                if connection.closed:  # dropped by another pull while we waited for it
+                    continue
+                try:
+                    self._exchange(connection, transfer_id, remote_block_ids, local_block_ids, runs, release)
+                except _StaleConnection as error:
+                    self._drop(address, connection)
+                    if connection.num_pulls == 0 or attempt == MAX_ATTEMPTS:
+                        raise TransferError(f"pull of {transfer_id} from {address} failed: {error}") from error
+                    continue
+                except _Missing as missing:
+                    raise TransferError(str(missing)) from None
+                except (TransferError, OSError, RuntimeError, ValueError, KeyError) as error:
+                    self._drop(address, connection)
+                    raise TransferError(f"pull of {transfer_id} from {address} failed: {error}") from error
+            return PullResult(self.layout.num_bytes(len(local_block_ids)), len(local_block_ids),
+                              time.perf_counter() - started, attempt)
+        raise TransferError(f"pull of {transfer_id} from {address} failed: its connection kept closing")
+
+    def _exchange(self, connection: _Connection, transfer_id: str, remote_block_ids: Sequence[int],
+                  local_block_ids: Sequence[int], runs: list[tuple[int, int]], release: bool) -> None:
+        """PULL -> SENDING + bytes -> DONE on `connection` (whose lock the caller holds). The byte
+        ranges are cut while the producer looks the lease up. A connection the producer closed
+        while idle shows up as the reply's EOF (or a reset on the PULL): `_StaleConnection`."""
+        sock = connection.sock
+        try:
+            send_message(sock, {"op": "PULL", "transfer_id": transfer_id, "block_ids": list(remote_block_ids),
+                                "local_block_ids": list(local_block_ids), "release": release})
+            ranges = byte_ranges(connection.channel, self.layout, runs)
+            reply = recv_message(sock)
+        except (BrokenPipeError, ConnectionResetError) as error:
+            raise _StaleConnection(f"connection lost before the reply: {error}") from error
+        except PeerClosed as error:
+            if error.received:
+                raise
+            raise _StaleConnection("the producer closed the connection before replying") from error
+        if reply["op"] == "MISSING":
+            connection.num_pulls += 1
+            raise _Missing(str(reply.get("error", "the producer holds no such transfer")))
+        expected = self.layout.num_bytes(len(local_block_ids))
+        if require_field(expect(reply, "SENDING"), "num_bytes", int) != expected:
+            raise TransferError(f"producer sends {reply['num_bytes']} bytes, expected {expected}")
+        connection.channel.recv(ranges)
+        send_message(sock, DONE)
+        connection.num_pulls += 1
 
     def release(self, address: str, transfer_id: str) -> bool:
         return release_transfer(address, transfer_id, self.timeout_s)
@@ -100,12 +149,15 @@ class PullClient:
     def _connect(self, address: str) -> _Connection:
         """The open connection to `address`, or a new one. Concurrent first pulls to one producer
         wait for a single handshake (a second one would open a data channel nobody closes)."""
+        existing = self._connections.get(address)  # the usual case, without locks (a dict read is atomic)
+        if existing is not None and not existing.closed:
+            return existing
         with self._lock:
             dialing = self._dialing.setdefault(address, threading.Lock())
         with dialing:
             with self._lock:
                 existing = self._connections.get(address)
-            if existing is not None:
+            if existing is not None and not existing.closed:
                 return existing
             connection = self._handshake(address)
             with self._lock:
@@ -113,17 +165,25 @@ class PullClient:
             return connection
 
     def _handshake(self, address: str) -> _Connection:
-        sock = socket.create_connection(split_address(address), timeout=self.timeout_s)
         try:
-            tune_socket(sock)
+            sock = connect(*split_address(address), self.timeout_s)
+        except OSError as error:
+            raise TransferError(f"cannot reach the KV producer at {address}: {error}") from error
+        try:
             offer = self.transport.consumer_offer(sock, self.layout.device)
             send_message(sock, {"op": "HELLO", "compat": self.compat.to_dict(),
                                 "transport": self.transport.name, **offer.fields})
             reply = recv_message(sock)
             if reply["op"] == "REFUSED":
-                raise IncompatiblePeer(f"producer {address} refused: {reply['error']}")
+                raise IncompatiblePeer(f"producer {address} refused: {reply.get('error', '')}")
             expect(reply, "WELCOME")
             return _Connection(sock, offer.connect(sock))
+        except TransferError:
+            sock.close()
+            raise
+        except (OSError, RuntimeError) as error:  # socket or process-group setup
+            sock.close()
+            raise TransferError(f"handshake with the KV producer at {address} failed: {error}") from error
         except BaseException:
             sock.close()
             raise
@@ -133,6 +193,10 @@ class PullClient:
             if self._connections.get(address) is connection:
                 del self._connections[address]
         connection.close()
+
+
+class _Missing(TransferError):
+    """The producer answered MISSING: this pull fails, the connection is fine."""
 
 
 __all__ = ["PullClient", "PullResult", "release_transfer", "split_address"]

@@ -1,9 +1,15 @@
 """Producer-side KV held for consumers, keyed by pdserve's transfer id.
 
 A prefilled request's blocks stay pinned in the prefill engine until one of three things happens:
-the consumer confirms its pull (RELEASE), the request is aborted (RELEASE from the router), or the
-lease expires because no consumer came. Whichever comes first releases the lease exactly once; the
-engine learns about it through `take_released()` (vLLM's `finished_sending`) and frees the blocks.
+the consumer confirms its pull (DONE of a PULL that asked for release, or a RELEASE), the request
+is aborted (RELEASE from the router), or the lease expires because no consumer came. Whichever
+comes first ends the lease exactly once; the engine learns about it through `take_released()`
+(vLLM's `finished_sending`) and frees the blocks, which it may then hand to another request.
+
+Sends pin a lease: `acquire()` counts a send in progress and `finish()` ends it. While a lease has
+sends in progress, a release or an expiry only marks it: the lease is refused to new pulls at once,
+and its blocks are reported free when the last send finishes, so no byte is ever read from a block
+the engine has reused. A lease past its deadline is never served, even before `expire()` runs.
 
 A release can arrive before the grant (an abort racing the engine's metadata): it leaves a
 tombstone, and the grant that follows is released on arrival, so no block is ever stranded.
@@ -11,9 +17,15 @@ tombstone, and the grant that follows is released on arrival, so no block is eve
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Literal
+
+logger = logging.getLogger(__name__)
+
+Ending = Literal["released", "expired"]
 
 
 @dataclass(frozen=True)
@@ -25,68 +37,123 @@ class Lease:
     expires_at_s: float        # time.monotonic() deadline
 
 
+@dataclass
+class _Held:
+    lease: Lease
+    sending: int = 0                 # sends in progress: the blocks must stay
+    ending: Ending | None = None     # set once: refused to new pulls, freed when `sending` is 0
+
+
 class LeaseTable:
-    """Thread-safe: granted by the engine's worker thread, used by the transfer server's threads."""
+    """Thread-safe: granted and expired by the engine's worker thread, used by the transfer server's."""
 
     TOMBSTONE_S = 120.0
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
         self._cond = threading.Condition()
-        self._active: dict[str, Lease] = {}
+        self._held: dict[str, _Held] = {}
         self._tombstones: dict[str, float] = {}
         self._released: set[str] = set()
         self.num_expired = 0
 
     def grant(self, lease: Lease) -> None:
+        """Holds `lease`. Released on arrival when its id was released already, or when another
+        lease holds the same transfer id (a duplicate id must not strand the blocks of either)."""
         with self._cond:
             if self._tombstones.pop(lease.transfer_id, None) is not None:
                 self._released.add(lease.request_id)
                 return
-            self._active[lease.transfer_id] = lease
+            if lease.transfer_id in self._held:
+                logger.warning("KV transfer id %s granted twice; releasing the second grant (request %s)",
+                               lease.transfer_id, lease.request_id)
+                self._released.add(lease.request_id)
+                return
+            self._held[lease.transfer_id] = _Held(lease)
             self._cond.notify_all()
 
-    def wait(self, transfer_id: str, timeout_s: float) -> Lease | None:
-        """The active lease for `transfer_id`, waiting up to `timeout_s` for its grant to arrive."""
+    def acquire(self, transfer_id: str, timeout_s: float) -> Lease | None:
+        """The lease for `transfer_id`, pinned for one send, waiting up to `timeout_s` for its grant.
+
+        None if it was released, expired (deadline passed, even if `expire()` has not run) or never
+        granted in time. A non-None result must be paired with exactly one `finish()`."""
         deadline = self._clock() + timeout_s
         with self._cond:
-            while transfer_id not in self._active:
+            while transfer_id not in self._held:
                 remaining = deadline - self._clock()
                 if remaining <= 0 or transfer_id in self._tombstones:
                     return None
                 self._cond.wait(remaining)
-            return self._active[transfer_id]
+            held = self._held[transfer_id]
+            if held.ending is None and held.lease.expires_at_s <= self._clock():
+                self._end(held, "expired")
+            if held.ending is not None:
+                return None
+            held.sending += 1
+            return held.lease
+
+    def finish(self, transfer_id: str, release: bool = False) -> None:
+        """Ends one send of `acquire()`; with `release`, the consumer has its bytes and the lease
+        ends now. A release or expiry that came during the send takes effect here."""
+        with self._cond:
+            held = self._held.get(transfer_id)
+            if held is None or held.sending <= 0:
+                raise RuntimeError(f"finish({transfer_id!r}) without a matching acquire")
+            held.sending -= 1
+            if release and held.ending is None:
+                self._end(held, "released")
+            elif held.ending is not None and held.sending == 0:
+                self._drop(held)
 
     def release(self, transfer_id: str) -> bool:
-        """Releases the lease; True if it was active. Either way the id is tombstoned, so a late
-        grant is released on arrival and a late pull is refused at once."""
+        """Releases the lease (once its sends finish); True if it was held and not already ending.
+        Either way the id is tombstoned, so a late grant is released on arrival and a late pull is
+        refused at once."""
         with self._cond:
             self._tombstones[transfer_id] = self._clock() + self.TOMBSTONE_S
             self._cond.notify_all()
-            lease = self._active.pop(transfer_id, None)
-            if lease is None:
+            held = self._held.get(transfer_id)
+            if held is None or held.ending is not None:
                 return False
-            self._released.add(lease.request_id)
+            self._end(held, "released")
             return True
 
     def expire(self) -> list[Lease]:
-        """Releases every lease past its deadline and forgets old tombstones."""
+        """Ends every lease past its deadline (the ones being sent when their sends finish) and
+        forgets old tombstones. Returns the leases that expired in this call."""
         now = self._clock()
         with self._cond:
-            expired = [lease for lease in self._active.values() if lease.expires_at_s <= now]
-            for lease in expired:
-                del self._active[lease.transfer_id]
-                self._released.add(lease.request_id)
-            self.num_expired += len(expired)
+            expired = [held for held in self._held.values() if held.ending is None and held.lease.expires_at_s <= now]
+            for held in expired:
+                self._end(held, "expired")
             self._tombstones = {t: until for t, until in self._tombstones.items() if until > now}
-            return expired
+            return [held.lease for held in expired]
 
     def take_released(self) -> set[str]:
-        """Request ids whose blocks may now be freed; each is returned once."""
+        """Request ids whose blocks may now be freed; each is returned once, never while a send
+        of its blocks is in progress."""
         with self._cond:
             released, self._released = self._released, set()
             return released
 
-    def __len__(self) -> int:
+    @property
+    def num_held(self) -> int:
+        """Leases whose blocks are still pinned (including ones ending once their sends finish)."""
         with self._cond:
-            return len(self._active)
+            return len(self._held)
+
+    def __len__(self) -> int:
+        return self.num_held
+
+    def _end(self, held: _Held, ending: Ending) -> None:
+        """Marks `held` ending (caller holds the lock); frees it now if no send is in progress."""
+        held.ending = ending
+        if ending == "expired":
+            self.num_expired += 1
+        self._tombstones[held.lease.transfer_id] = self._clock() + self.TOMBSTONE_S
+        if held.sending == 0:
+            self._drop(held)
+
+    def _drop(self, held: _Held) -> None:
+        del self._held[held.lease.transfer_id]
+        self._released.add(held.lease.request_id)

@@ -2,7 +2,8 @@
 
 scheduler -> worker (`PDConnectorMetadata`): leases to hold (producer), pulls to run and producer
 leases to release (consumer). worker -> scheduler (`PDWorkerMeta`): how each finished pull went,
-so the decode request's final output can report bytes, seconds and errors.
+so the decode request's final output can report bytes, seconds and errors. scheduler -> stat
+loggers (`PDConnectorStats`): the gauges of `kv_transfer.stats`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 
 @dataclass(frozen=True)
@@ -66,3 +68,19 @@ class PDWorkerMeta(KVConnectorWorkerMetadata):
         if isinstance(other, PDWorkerMeta):
             self.reports.update(other.reports)
         return self
+
+
+@dataclass
+class PDConnectorStats(KVConnectorStats):
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> "PDConnectorStats":
+        self.data = {**self.data, **(other.data or {})}
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not self.data

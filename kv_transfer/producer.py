@@ -1,8 +1,13 @@
 """The producer's transfer server: lives in the prefill engine's worker process, next to the cache.
 
-One thread accepts; one thread per consumer connection runs the exchange of `kv_transfer.wire`.
-Block bytes are read straight from the paged cache while the engine keeps running: the blocks of a
-leased transfer belong to a finished request, so nothing writes them until the lease is released.
+One thread accepts; one thread per consumer connection runs the exchanges of `kv_transfer.wire`.
+A connection waits for its next message without a timeout (a decode worker keeps its connection
+for its lifetime, however long it idles; TCP keepalive notices a peer that vanished); inside an
+exchange every read and write has the I/O timeout.
+
+Block bytes are read straight from the paged cache while the engine keeps running: a pull pins its
+lease from PULL to DONE (`LeaseTable.acquire`/`finish`), so the engine cannot free and reuse the
+blocks while they are being sent, whatever releases or expiries happen meanwhile.
 """
 
 from __future__ import annotations
@@ -11,18 +16,20 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass, field
+from typing import Sequence
 
-from kv_transfer.layout import KVCompat, KVLayout
+from kv_transfer.layout import KVCompat, KVLayout, LayoutError
 from kv_transfer.leases import LeaseTable
-from kv_transfer.transports.base import DataChannel, get_transport
-from kv_transfer.transports.tcp import tune_socket
-from kv_transfer.wire import TransferError, expect, recv_message, send_message
+from kv_transfer.sockets import configure, wait_readable
+from kv_transfer.transports.base import TRANSPORTS, DataChannel, byte_ranges, get_transport
+from kv_transfer.wire import TransferError, encode, expect, require_field, recv_message, send_message
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class ProducerStats:
+    connections: int = 0      # accepted consumer connections, one-shot releases included
     transfers: int = 0
     bytes_sent: int = 0
     data_channels: int = 0    # handshakes that opened a data channel
@@ -37,28 +44,46 @@ class ProducerStats:
 
 
 class TransferServer:
-    """Serves PULL and RELEASE for the leases in `leases`. `start()` returns the bound port."""
+    """Serves PULL and RELEASE for the leases in `leases`. `start()` returns the bound port.
+
+    `transports` are the ones a consumer may ask for (a worker serves its configured one; tools
+    that measure both serve both). `io_timeout_s` bounds every wait inside an exchange, including
+    the data channel's."""
 
     def __init__(self, layout: KVLayout, compat: KVCompat, leases: LeaseTable, host: str, port: int,
-                 grant_wait_s: float = 5.0, io_timeout_s: float = 30.0):
+                 grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = TRANSPORTS):
         self.layout, self.compat, self.leases = layout, compat, leases
         self._grant_wait_s = grant_wait_s
         self._io_timeout_s = io_timeout_s
+        self._transports = {name: get_transport(name, io_timeout_s) for name in transports}
         self._listener = socket.create_server((host, port), reuse_port=False)
         self._listener.settimeout(0.5)
         self.port = self._listener.getsockname()[1]
         self.stats = ProducerStats()
         self._stopping = threading.Event()
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name="pdserve-kv-server", daemon=True)
+
+    @property
+    def num_held_leases(self) -> int:
+        """Transfers whose blocks this producer still pins (0: nothing pending on this side)."""
+        return self.leases.num_held
 
     def start(self) -> int:
         self._thread.start()
         return self.port
 
     def stop(self) -> None:
+        """Stops accepting and closes every consumer connection (their threads then end)."""
         self._stopping.set()
+        _shutdown(self._listener)  # wakes the accept at once (Linux) instead of at its next poll
         self._thread.join(timeout=2)
         self._listener.close()
+        with self._open_lock:
+            connections = list(self._open)
+        for sock in connections:
+            _shutdown(sock)
 
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
@@ -66,21 +91,26 @@ class TransferServer:
                 sock, _ = self._listener.accept()
             except (socket.timeout, OSError):
                 continue
+            self.stats.add(connections=1)
             threading.Thread(target=self._serve_connection, args=(sock,), name="pdserve-kv-conn", daemon=True).start()
 
     def _serve_connection(self, sock: socket.socket) -> None:
-        tune_socket(sock)
-        sock.settimeout(self._io_timeout_s)
+        with self._open_lock:
+            self._open.add(sock)
         channel = None
         try:
+            configure(sock, self._io_timeout_s)
             channel = self._handshake(sock)
             while channel is not None and not self._stopping.is_set():
+                wait_readable(sock)  # idle: no timeout
                 self._serve_one(sock, channel, recv_message(sock))
-        except (TransferError, OSError, ValueError) as error:
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # TransferError included
             logger.debug("KV consumer connection closed: %s", error)
         finally:
             if channel is not None:
                 channel.close()
+            with self._open_lock:
+                self._open.discard(sock)
             sock.close()
 
     def _handshake(self, sock: socket.socket) -> DataChannel | None:
@@ -89,20 +119,29 @@ class TransferServer:
             self._serve_one(sock, None, hello)
             return None
         expect(hello, "HELLO")
-        mismatches = self.compat.mismatches(KVCompat.from_dict(hello["compat"]))
-        if mismatches:
+        refusal = self._refusal(hello)
+        if refusal:
             self.stats.add(refused_handshakes=1)
-            send_message(sock, {"op": "REFUSED", "error": "incompatible KV peer: " + "; ".join(mismatches)})
+            send_message(sock, {"op": "REFUSED", "error": refusal})
             return None
-        transport = get_transport(hello["transport"])
         send_message(sock, {"op": "WELCOME"})
         self.stats.add(data_channels=1)
-        return transport.producer_channel(sock, hello, self.layout.device)
+        return self._transports[hello["transport"]].producer_channel(sock, hello, self.layout.device)
+
+    def _refusal(self, hello: dict) -> str:
+        """Why this consumer may not pull from us ("" if it may)."""
+        problems = []
+        if hello.get("transport") not in self._transports:
+            problems.append(f"transport: {sorted(self._transports)} at the producer vs "
+                            f"{hello.get('transport')!r} at the consumer")
+        compat = hello.get("compat")
+        problems += self.compat.mismatches(compat if isinstance(compat, dict) else {})
+        return "incompatible KV peer: " + "; ".join(problems) if problems else ""
 
     def _serve_one(self, sock: socket.socket, channel: DataChannel | None, message: dict) -> None:
         op = message["op"]
         if op == "RELEASE":
-            found = self.leases.release(message["transfer_id"])
+            found = self.leases.release(require_field(message, "transfer_id", str))
             send_message(sock, {"op": "RELEASED", "found": found})
         elif op == "PULL" and channel is not None:
             self._serve_pull(sock, channel, message)
@@ -110,19 +149,45 @@ class TransferServer:
             raise TransferError(f"unexpected control message {op}")
 
     def _serve_pull(self, sock: socket.socket, channel: DataChannel, message: dict) -> None:
-        lease = self.leases.wait(message["transfer_id"], self._grant_wait_s)
+        """SENDING + the blocks, then DONE from the consumer; the lease stays pinned throughout
+        and is released at DONE when the PULL asked for it."""
+        transfer_id = require_field(message, "transfer_id", str)
+        wanted = require_field(message, "block_ids", list)
+        local = message.get("local_block_ids")
+        lease = self.leases.acquire(transfer_id, self._grant_wait_s)
         if lease is None:
             self.stats.add(missing_transfers=1)
-            send_message(sock, {"op": "MISSING", "error": f"no KV held for transfer {message['transfer_id']} "
+            send_message(sock, {"op": "MISSING", "error": f"no KV held for transfer {transfer_id} "
                                 "(expired, released or never prefilled here)"})
             return
-        wanted = list(message["block_ids"])
-        if not set(wanted) <= set(lease.block_ids):
-            send_message(sock, {"op": "MISSING", "error": "requested blocks are not part of the transfer"})
-            return
-        local = message.get("local_block_ids")  # the consumer's cut: both sides then cut alike
-        views = self.layout.views(wanted, paired_with=local if local and len(local) == len(wanted) else None)
-        num_bytes = self.layout.num_bytes(len(wanted))
-        send_message(sock, {"op": "SENDING", "num_bytes": num_bytes})
-        channel.send(views)
-        self.stats.add(transfers=1, bytes_sent=num_bytes)
+        delivered = False
+        try:
+            ranges = self._ranges(lease.block_ids, wanted, local, channel)
+            if isinstance(ranges, str):
+                send_message(sock, {"op": "MISSING", "error": ranges})
+                return
+            num_bytes = self.layout.num_bytes(len(wanted))
+            channel.send(encode({"op": "SENDING", "num_bytes": num_bytes}), ranges)
+            expect(recv_message(sock), "DONE")
+            delivered = True
+            self.stats.add(transfers=1, bytes_sent=num_bytes)
+        finally:
+            self.leases.finish(transfer_id, release=delivered and message.get("release") is True)
+
+    def _ranges(self, leased: Sequence[int], wanted: list, local, channel: DataChannel) -> list | str:
+        """The byte ranges of `wanted`, cut as the consumer cuts `local`; or why they cannot be sent."""
+        if not set(wanted) <= set(leased):
+            return "requested blocks are not part of the transfer"
+        paired = local if isinstance(local, list) and len(local) == len(wanted) else None
+        try:
+            return byte_ranges(channel, self.layout, self.layout.runs(wanted, paired))
+        except LayoutError as error:
+            return f"bad PULL: {error}"
+
+
+def _shutdown(sock: socket.socket) -> None:
+    """Wakes a thread blocked on `sock`; the socket may already be closed by its thread."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError as error:
+        logger.debug("KV connection already closed: %s", error)

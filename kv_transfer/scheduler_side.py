@@ -11,6 +11,10 @@ Consumer (request carries those params): the producer's prompt tokens beyond the
 hit are reported as loaded asynchronously; after vLLM allocates blocks, the worker half is asked to
 pull the producer's blocks into the unhashed ones. If nothing needs pulling, or the request ends
 before it is scheduled, the producer's lease is released instead, so its blocks are never stranded.
+
+Bookkeeping that must not grow without bound: a pull report is kept only for a request still
+waiting for it (a request aborted mid-pull finishes before its report arrives; the report is then
+dropped), and a held producer request is forgotten when vLLM reports it `finished_sending`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import math
 from typing import Any
 
 from kv_transfer.config import ConnectorConfig
-from kv_transfer.metadata import LeaseGrant, PDConnectorMetadata, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
+from kv_transfer.metadata import (LeaseGrant, PDConnectorMetadata, PDConnectorStats, PDWorkerMeta, PullReport,
+                                  PullSpec, ReleaseSpec)
+from kv_transfer.stats import HELD_LEASES
 
 
 class PDScheduler:
@@ -28,7 +34,19 @@ class PDScheduler:
         self.engine_id = engine_id
         self.block_size = block_size
         self._next = PDConnectorMetadata()
-        self._reports: dict[str, PullReport] = {}
+        self._awaiting_report: set[str] = set()      # consumer requests with a pull scheduled
+        self._reports: dict[str, PullReport] = {}    # request id -> its pull's report, until it finishes
+        self._held: set[str] = set()                 # producer requests whose blocks a lease pins
+
+    @property
+    def num_held_leases(self) -> int:
+        """Prefilled requests whose blocks are pinned for a consumer (not yet `finished_sending`)."""
+        return len(self._held)
+
+    @property
+    def num_pending_reports(self) -> int:
+        """Pull reports kept for requests that have not finished yet."""
+        return len(self._reports)
 
     # ---- consumer ----------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
@@ -52,11 +70,20 @@ class PDScheduler:
         remote_ids = params["remote_block_ids"][num_local_hits : num_local_hits + len(local_ids)]
         self._next.pulls.append(PullSpec(request.request_id, params["transfer_id"], params["remote_address"],
                                          tuple(remote_ids), tuple(local_ids), num_external_tokens))
+        self._awaiting_report.add(request.request_id)
 
     def update_connector_output(self, connector_output) -> None:
+        """Keeps the reports of requests still waiting for them; forgets released producer requests."""
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, PDWorkerMeta):
-            self._reports.update(meta.reports)
+            for request_id, report in meta.reports.items():
+                if request_id in self._awaiting_report:
+                    self._awaiting_report.discard(request_id)
+                    self._reports[request_id] = report
+        self._held.difference_update(connector_output.finished_sending or ())
+
+    def get_kv_connector_stats(self) -> PDConnectorStats:
+        return PDConnectorStats(data={HELD_LEASES: len(self._held)})
 
     # ---- both ----------------------------------------------------------------------------------
     def build_connector_meta(self, scheduler_output) -> PDConnectorMetadata:
@@ -69,6 +96,7 @@ class PDScheduler:
             return self._finish_producer(request, block_ids, params)
         if params.get("do_remote_prefill"):  # ended before its blocks were allocated
             self._next.releases.append(ReleaseSpec(params["transfer_id"], params["remote_address"]))
+        self._awaiting_report.discard(request.request_id)  # a report arriving later is dropped
         report = self._reports.pop(request.request_id, None)
         return False, (report.as_params() if report else None)
 
@@ -84,6 +112,7 @@ class PDScheduler:
         transfer_id = params["transfer_id"]
         self._next.grants.append(LeaseGrant(transfer_id, request.request_id, prompt_blocks, num_tokens,
                                             self.config.lease_s))
+        self._held.add(request.request_id)
         return True, {
             "do_remote_prefill": True,
             "transfer_id": transfer_id,

@@ -1,12 +1,19 @@
 """Framed control messages between a KV consumer and a producer: 4-byte length + JSON object.
 
-Every message is a dict with an "op" key. The exchange on one connection:
+Every message is a dict with an "op" key. The exchanges on one connection:
 
-    consumer -> HELLO {compat, transport, channel...}      producer -> WELCOME {} | REFUSED {error}
-    consumer -> PULL {transfer_id, block_ids}              producer -> SENDING {num_bytes} + data | MISSING {error}
-    consumer -> RELEASE {transfer_id}                      producer -> RELEASED {found}
+    consumer -> HELLO {compat, transport, channel...}   producer -> WELCOME {} | REFUSED {error}
+    consumer -> PULL {transfer_id, block_ids, local_block_ids, release}
+                                                        producer -> SENDING {num_bytes} + data | MISSING {error}
+    consumer -> READY {}       (torch transport: its receives are posted; the producer then sends)
+    consumer -> DONE {}        (after the last byte landed; only after SENDING)
+    consumer -> RELEASE {transfer_id}                   producer -> RELEASED {found}
 
-Bulk bytes never go through this framing: they move over the connection's data channel.
+The producer keeps a transfer's blocks pinned from PULL until DONE (or until the exchange fails),
+and releases the lease at DONE when the PULL asked for it (`release`): the usual pull costs no
+separate RELEASE round trip. A RELEASE as a connection's first message is a one-shot release
+(abort paths) that needs no data channel. Bulk bytes never go through this framing: they move over
+the connection's data channel (see `kv_transfer.transports`).
 """
 
 from __future__ import annotations
@@ -15,28 +22,48 @@ import json
 import socket
 import struct
 
+from kv_transfer.errors import IncompatiblePeer, PeerClosed, TransferError, TransferTimeout
+from kv_transfer.sockets import recv_into_exactly
+
 _HEADER = struct.Struct("!I")
 MAX_MESSAGE_BYTES = 16 << 20
 
 
-class TransferError(RuntimeError):
-    """A KV transfer failed: the peer refused, vanished or sent something unexpected."""
-
-
-class IncompatiblePeer(TransferError):
-    """The producer and the consumer disagree on model, dtype, block size or layout."""
-
-
-def send_message(sock: socket.socket, message: dict) -> None:
+def encode(message: dict) -> bytes:
+    """The framed bytes of `message`, for callers that send them together with other data."""
     body = json.dumps(message, separators=(",", ":")).encode()
-    sock.sendall(_HEADER.pack(len(body)) + body)
+    return _HEADER.pack(len(body)) + body
+
+
+def send_message(sock: socket.socket, message: dict | bytes) -> None:
+    """Sends `message` (or its pre-`encode`d frame, e.g. `DONE`) on `sock`."""
+    try:
+        sock.sendall(message if isinstance(message, bytes) else encode(message))
+    except BlockingIOError as error:
+        raise TransferTimeout("peer did not read a control message for the socket timeout") from error
+
+
+# The fixed messages of every pull, framed once (a pull's control path runs with cold caches).
+DONE = encode({"op": "DONE"})
+READY = encode({"op": "READY"})
 
 
 def recv_message(sock: socket.socket) -> dict:
-    (length,) = _HEADER.unpack(recv_exactly(sock, _HEADER.size))
+    """The next message. `PeerClosed.received == 0` means the peer closed before sending any of it."""
+    header = bytearray(_HEADER.size)
+    recv_into_exactly(sock, memoryview(header))
+    (length,) = _HEADER.unpack(header)
     if length > MAX_MESSAGE_BYTES:
         raise TransferError(f"control message of {length} bytes exceeds {MAX_MESSAGE_BYTES}")
-    message = json.loads(recv_exactly(sock, length))
+    body = bytearray(length)
+    try:
+        recv_into_exactly(sock, memoryview(body))
+    except PeerClosed as error:
+        raise PeerClosed(str(error), _HEADER.size + error.received) from error
+    try:
+        message = json.loads(body)
+    except ValueError as error:
+        raise TransferError(f"control message is not JSON: {error}") from error
     if not isinstance(message, dict) or "op" not in message:
         raise TransferError(f"malformed control message: {message!r:.200}")
     return message
@@ -48,16 +75,13 @@ def expect(message: dict, op: str) -> dict:
     return message
 
 
-def recv_exactly(sock: socket.socket, num_bytes: int) -> bytes:
-    buffer = bytearray(num_bytes)
-    recv_into_exactly(sock, memoryview(buffer))
-    return bytes(buffer)
+def require_field(message: dict, name: str, kind: type):
+    """`message[name]`, checked to be a `kind`: a malformed message is a `TransferError`, not a crash."""
+    value = message.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise TransferError(f"{message.get('op')} message has no valid {name!r}: {value!r:.100}")
+    return value
 
 
-def recv_into_exactly(sock: socket.socket, target: memoryview) -> None:
-    received = 0
-    while received < len(target):
-        n = sock.recv_into(target[received:])
-        if n == 0:
-            raise TransferError("peer closed the connection")
-        received += n
+__all__ = ["DONE", "READY", "IncompatiblePeer", "PeerClosed", "TransferError", "TransferTimeout", "encode",
+           "expect", "require_field", "recv_message", "send_message"]

@@ -1,9 +1,13 @@
 """The connector's worker half, in the model-runner process. It moves bytes, it never decides.
 
 Producer: serves pulls of leased blocks from a `TransferServer`, reports released and expired
-leases as `finished_sending`. Consumer: runs each requested pull on a small thread pool, releases
-the producer's lease once the bytes are in, and reports the request as `finished_recving` (and, on
-failure, as `failed_recving` with its blocks invalid, so vLLM's `kv_load_failure_policy` applies).
+leases as `finished_sending`. Consumer: runs each requested pull on a small thread pool (the pull
+itself releases the producer's lease once the bytes are in, on the same connection), and reports
+the request as `finished_recving` (and, on failure, as `failed_recving` with its blocks invalid, so
+vLLM's `kv_load_failure_policy` applies, after a one-shot release of the producer's lease).
+
+Both sides describe themselves at handshake with `KVCompat`: the model's fingerprint (its
+checkpoint's contents, not its path), dtype, block size, KV heads and head size, cache layout.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
@@ -20,17 +25,26 @@ from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.metadata import PDConnectorMetadata, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
 from kv_transfer.producer import TransferServer
-from kv_transfer.wire import TransferError
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What the handshake compares about the model besides the cache tensors themselves."""
+
+    fingerprint: str = ""
+    num_kv_heads: int = 0
+    head_dim: int = 0
+
+
 class PDWorker:
     def __init__(self, config: ConnectorConfig, is_producer: bool, is_consumer: bool, block_size: int,
-                 num_blocks: int):
+                 num_blocks: int, identity: ModelIdentity = ModelIdentity()):
         self.config = config
         self.is_producer, self.is_consumer = is_producer, is_consumer
         self.block_size, self.num_blocks = block_size, num_blocks
+        self.identity = identity
         self.leases = LeaseTable()
         self.server: TransferServer | None = None
         self.client: PullClient | None = None
@@ -41,10 +55,12 @@ class PDWorker:
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layout = KVLayout(kv_caches, self.num_blocks)
-        compat = layout.compat(self.config.model, self.block_size)
+        compat = layout.compat(self.config.model, self.block_size, fingerprint=self.identity.fingerprint,
+                               num_kv_heads=self.identity.num_kv_heads, head_dim=self.identity.head_dim)
         if self.is_producer:
             self.server = TransferServer(layout, compat, self.leases, self.config.bind_host or self.config.host,
-                                         self.config.port)
+                                         self.config.port, io_timeout_s=self.config.pull_timeout_s,
+                                         transports=(self.config.transport,))
             logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
         if self.is_consumer:
             self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s)
@@ -102,19 +118,19 @@ class PDWorker:
         assert self.client is not None
         started = time.perf_counter()
         try:
-            result = self.client.pull(pull.address, pull.transfer_id, pull.remote_block_ids, pull.local_block_ids)
-        except (TransferError, OSError, ValueError) as error:
+            result = self.client.pull(pull.address, pull.transfer_id, pull.remote_block_ids, pull.local_block_ids,
+                                      release=True)
+        except (OSError, ValueError, RuntimeError) as error:  # TransferError is a RuntimeError
             logger.warning("KV pull for %s failed, the prompt will be recomputed: %s", pull.request_id, error)
             self._release(ReleaseSpec(pull.transfer_id, pull.address))
             return PullReport(0, 0, time.perf_counter() - started, pull.num_tokens, str(error))
-        self._release(ReleaseSpec(pull.transfer_id, pull.address))
         return PullReport(result.num_bytes, result.num_blocks, result.seconds, pull.num_tokens)
 
     def _release(self, release: ReleaseSpec) -> None:
         assert self.client is not None
         try:
             self.client.release(release.address, release.transfer_id)
-        except (TransferError, OSError) as error:  # the producer's lease expiry frees it instead
+        except (OSError, RuntimeError) as error:  # the producer's lease expiry frees it instead
             logger.warning("could not release KV %s at %s: %s", release.transfer_id, release.address, error)
 
     def _require_pool(self) -> ThreadPoolExecutor:

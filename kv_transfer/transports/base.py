@@ -7,28 +7,39 @@ decides how the bulk bytes travel once the handshake is done:
     producer: transport.producer_channel(sock, hello, device) -> DataChannel   (after WELCOME)
     consumer: offer.connect(sock)                         -> DataChannel   (after WELCOME)
 
-A DataChannel moves an ordered list of flat uint8 tensors: `send(views)` on one side and
-`recv(views)` on the other, with the same total byte count (the views may be cut differently).
-Channels are used by one thread at a time; callers serialise.
+A DataChannel moves one transfer's byte ranges: `send(header, ranges)` on the producer, which
+also puts the framed SENDING message `header` on the control socket first, and `recv(ranges)` on
+the consumer once it has read that header. Both sides pass the ranges of `KVLayout` cut alike
+(`paired_with`), as `memoryview`s when the channel's `kind` is "buffers" (socket I/O) or as uint8
+tensors when it is "tensors". Every wait inside has the transport's timeout. Channels are used by
+one thread at a time; callers serialise.
 """
 
 from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol, Sequence
 
 import torch
 
+if TYPE_CHECKING:
+    from kv_transfer.layout import KVLayout
+
+RangeKind = Literal["buffers", "tensors"]
+
 
 class DataChannel(ABC):
-    @abstractmethod
-    def send(self, views: Sequence[torch.Tensor]) -> None:
-        """Sends the bytes of `views`, in order. Returns when the local side is done with them."""
+    kind: RangeKind = "tensors"
 
     @abstractmethod
-    def recv(self, views: Sequence[torch.Tensor]) -> None:
-        """Fills `views`, in order, with the bytes the peer sends. Returns when they are written."""
+    def send(self, header: bytes, ranges: Sequence) -> None:
+        """Sends `header` on the control socket, then the bytes of `ranges`, in order. Returns
+        when the local side is done with the ranges (the blocks may be freed after that)."""
+
+    @abstractmethod
+    def recv(self, ranges: Sequence) -> None:
+        """Fills `ranges`, in order, with the bytes the peer sends. Returns when they are written."""
 
     def close(self) -> None:
         return None
@@ -43,6 +54,11 @@ class ConsumerOffer(Protocol):
 class Transport(ABC):
     name: str
 
+    def __init__(self, timeout_s: float = 30.0):
+        if timeout_s <= 0:
+            raise ValueError(f"a transport timeout must be positive seconds, not {timeout_s}")
+        self.timeout_s = timeout_s
+
     @abstractmethod
     def consumer_offer(self, sock: socket.socket, device: torch.device) -> ConsumerOffer:
         """Called on a connected control socket, before HELLO."""
@@ -51,18 +67,29 @@ class Transport(ABC):
     def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device) -> DataChannel: ...
 
 
+def byte_ranges(channel: DataChannel, layout: "KVLayout", runs: list[tuple[int, int]]) -> list:
+    """The ranges `channel` moves for `runs` (cut by `layout.runs`), in the form it wants."""
+    if channel.kind == "buffers":
+        return layout.buffers_of(runs)
+    return layout.views_of(runs)
+
+
 def total_bytes(views: Sequence[torch.Tensor]) -> int:
     return sum(view.numel() for view in views)
 
 
-def get_transport(name: str) -> Transport:
-    """`tcp` or `torch` (torch.distributed p2p: gloo for CPU caches, nccl for CUDA caches)."""
+TRANSPORTS = ("tcp", "torch")
+
+
+def get_transport(name: str, timeout_s: float = 30.0) -> Transport:
+    """`tcp` or `torch` (torch.distributed p2p: gloo for CPU caches, nccl for CUDA caches); every
+    wait inside the transport gives up after `timeout_s`."""
     if name == "tcp":
         from kv_transfer.transports.tcp import TcpTransport
 
-        return TcpTransport()
+        return TcpTransport(timeout_s)
     if name == "torch":
         from kv_transfer.transports.torch_dist import TorchDistTransport
 
-        return TorchDistTransport()
+        return TorchDistTransport(timeout_s)
     raise ValueError(f"unknown KV transport {name!r}: choose 'tcp' or 'torch'")

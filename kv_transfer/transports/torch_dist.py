@@ -4,15 +4,26 @@ producer/consumer pair, never the engine's default group.
 The backend follows the cache: NCCL when the KV cache is on CUDA (NCCL itself picks NVLink within a
 node and InfiniBand/RoCE across nodes), gloo on CPU. The consumer hosts the pair's rendezvous store
 (a TCPStore on a free port) and sends its address in HELLO; the producer joins it as rank 0, the
-consumer as rank 1. Both sides cut a transfer's bytes at the same places (runs of blocks consecutive
-on both sides). A few large views (the usual case: one run per layer) go one message each, straight
-from cache to cache; many small ones (a fragmented cache) are gathered into one staging buffer,
-which costs a device-local copy on each side and saves the per-message latency of every run. The
-staging buffer is kept per channel and grows to the largest transfer seen.
+consumer as rank 1. The group's timeout, and the store's, is the transport's timeout (the pull
+timeout on the consumer, the I/O timeout on the producer).
+
+Both sides cut a transfer's bytes at the same places (runs of blocks consecutive on both sides). A
+few large ranges (the usual case: one run per layer) go one message each, straight from cache to
+cache; many small ones (a fragmented cache) are gathered into one staging buffer, which costs a
+device-local copy on each side and saves the per-message latency of every run. The staging buffer
+is kept per channel and grows to the largest transfer seen.
+
+Two things keep several messages per pull as fast as one (measured with gloo on 2 CPU cores, see
+BENCHMARKS.md): the consumer posts all its receives before the producer posts any send (READY on
+the control socket), so every send finds its receive and goes out at once from the calling thread
+(a send posted first waits for the receiver's notification and is finished by gloo's I/O thread,
+in contention with the caller); and each side waits for its last message first, so it wakes once
+per pull rather than once per message.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import uuid
 from dataclasses import dataclass
@@ -23,23 +34,26 @@ import torch
 import torch.distributed as dist
 
 from kv_transfer.transports.base import ConsumerOffer, DataChannel, Transport, total_bytes
+from kv_transfer.wire import READY, expect, recv_message, send_message
+
+logger = logging.getLogger(__name__)
 
 PRODUCER_RANK, CONSUMER_RANK = 0, 1
 MAX_MESSAGES_PER_TRANSFER = 256
 MIN_BYTES_PER_MESSAGE = 256 << 10  # below this on average, per-message latency beats a staging copy
-_TIMEOUT = timedelta(seconds=60)
 
 
 def _local_host(sock: socket.socket) -> str:
     return sock.getsockname()[0]
 
 
-def _process_group(store: dist.Store, rank: int, device: torch.device, host: str):
+def _process_group(store: dist.Store, rank: int, device: torch.device, host: str, timeout: timedelta):
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, 2, options)
     options = dist.ProcessGroupGloo._Options()
-    options._timeout = _TIMEOUT
+    options._timeout = timeout
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
     return dist.ProcessGroupGloo(store, rank, 2, options)
 
@@ -47,33 +61,47 @@ def _process_group(store: dist.Store, rank: int, device: torch.device, host: str
 class TorchChannel(DataChannel):
     """Point-to-point on a two-rank group; `peer` is the other rank."""
 
-    def __init__(self, group, peer: int, device: torch.device, store: dist.Store):
+    kind = "tensors"
+
+    def __init__(self, sock: socket.socket, group, peer: int, device: torch.device, store: dist.Store):
+        self._sock = sock
         self._group = group
         self._peer = peer
         self._device = device
         self._store = store  # keeps the rendezvous alive as long as the group
         self._staging = torch.empty(0, dtype=torch.uint8, device=device)
 
-    def send(self, views: Sequence[torch.Tensor]) -> None:
-        if _one_message_per_view(views):
-            for work in [self._group.send([view], self._peer, tag) for tag, view in enumerate(views)]:
-                work.wait()
-            return
-        payload = self._staging_for(total_bytes(views))
-        torch.cat(list(views), out=payload)
-        self._group.send([payload], self._peer, 0).wait()
+    def send(self, header: bytes, ranges: Sequence[torch.Tensor]) -> None:
+        """SENDING, then (once the consumer says its receives are posted) one send per message."""
+        self._sock.sendall(header)
+        if _one_message_per_range(ranges):
+            messages = list(ranges)
+        else:  # the staging copy overlaps with the consumer posting its receive
+            messages = [self._staging_for(total_bytes(ranges))]
+            torch.cat(list(ranges), out=messages[0])
+        expect(recv_message(self._sock), "READY")
+        self._wait_all([self._group.send([message], self._peer, tag) for tag, message in enumerate(messages)])
 
-    def recv(self, views: Sequence[torch.Tensor]) -> None:
-        if _one_message_per_view(views):
-            for work in [self._group.recv([view], self._peer, tag) for tag, view in enumerate(views)]:
-                work.wait()
-            return
-        staging = self._staging_for(total_bytes(views))
-        self._group.recv([staging], self._peer, 0).wait()
-        offset = 0
-        for view in views:
-            view.copy_(staging[offset : offset + view.numel()])
-            offset += view.numel()
+    def recv(self, ranges: Sequence[torch.Tensor]) -> None:
+        """Posts every receive, says READY on the control socket, waits, unstages if staged."""
+        staged = not _one_message_per_range(ranges)
+        messages = [self._staging_for(total_bytes(ranges))] if staged else list(ranges)
+        works = [self._group.recv([message], self._peer, tag) for tag, message in enumerate(messages)]
+        send_message(self._sock, READY)
+        self._wait_all(works)
+        if staged:
+            offset = 0
+            for view in ranges:
+                view.copy_(messages[0][offset: offset + view.numel()])
+                offset += view.numel()
+
+    @staticmethod
+    def _wait_all(works: list) -> None:
+        """Waits for every work, the last one first. One pair delivers a transfer's messages in
+        order, so the earlier ones are done by then: the caller wakes once per transfer instead of
+        once per message (a wake-up per 1 MiB message cost more than the bytes on a busy core)."""
+        for work in reversed(works):
+            work.wait()
 
     def _staging_for(self, num_bytes: int) -> torch.Tensor:
         """A staging buffer kept across transfers: a fresh one per transfer cost a page fault per
@@ -83,17 +111,19 @@ class TorchChannel(DataChannel):
         return self._staging[:num_bytes]
 
     def close(self) -> None:
-        shutdown = getattr(self._group, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        """Tears the pair's group down; never raises (a group whose peer died may fail to)."""
+        try:
+            self._group.shutdown()
+        except RuntimeError as error:
+            logger.debug("KV process group shutdown: %s", error)
 
 
-def _one_message_per_view(views: Sequence[torch.Tensor]) -> bool:
-    """Few, large views go as they are (no staging copy); many small ones as one staged message.
+def _one_message_per_range(ranges: Sequence[torch.Tensor]) -> bool:
+    """Few, large ranges go as they are (no staging copy); many small ones as one staged message.
 
-    Both sides decide on their own views, which the wire protocol cuts alike (`KVLayout.views`
+    Both sides decide on their own ranges, which the wire protocol cuts alike (`KVLayout.views`
     with `paired_with`), so they always agree."""
-    return len(views) <= MAX_MESSAGES_PER_TRANSFER and total_bytes(views) >= MIN_BYTES_PER_MESSAGE * len(views)
+    return len(ranges) <= MAX_MESSAGES_PER_TRANSFER and total_bytes(ranges) >= MIN_BYTES_PER_MESSAGE * len(ranges)
 
 
 @dataclass
@@ -102,24 +132,30 @@ class _TorchOffer:
     store: dist.TCPStore
     device: torch.device
     host: str
+    timeout: timedelta
 
     def connect(self, sock: socket.socket) -> DataChannel:
         prefixed = dist.PrefixStore(self.fields["pair_id"], self.store)
-        group = _process_group(prefixed, CONSUMER_RANK, self.device, self.host)
-        return TorchChannel(group, PRODUCER_RANK, self.device, self.store)
+        group = _process_group(prefixed, CONSUMER_RANK, self.device, self.host, self.timeout)
+        return TorchChannel(sock, group, PRODUCER_RANK, self.device, self.store)
 
 
 class TorchDistTransport(Transport):
     name = "torch"
 
+    @property
+    def _timeout(self) -> timedelta:
+        return timedelta(seconds=self.timeout_s)
+
     def consumer_offer(self, sock: socket.socket, device: torch.device) -> ConsumerOffer:
         host = _local_host(sock)  # the address the producer already reaches us at
-        store = dist.TCPStore(host, 0, world_size=2, is_master=True, timeout=_TIMEOUT, wait_for_workers=False)
+        store = dist.TCPStore(host, 0, world_size=2, is_master=True, timeout=self._timeout, wait_for_workers=False)
         fields = {"store_host": host, "store_port": store.port, "pair_id": f"pdserve-kv-{uuid.uuid4().hex}"}
-        return _TorchOffer(fields, store, device, host)
+        return _TorchOffer(fields, store, device, host, self._timeout)
 
     def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device) -> DataChannel:
-        store = dist.TCPStore(hello["store_host"], hello["store_port"], world_size=2, is_master=False, timeout=_TIMEOUT)
+        store = dist.TCPStore(hello["store_host"], hello["store_port"], world_size=2, is_master=False,
+                              timeout=self._timeout)
         prefixed = dist.PrefixStore(hello["pair_id"], store)
-        group = _process_group(prefixed, PRODUCER_RANK, device, _local_host(sock))
-        return TorchChannel(group, CONSUMER_RANK, device, store)
+        group = _process_group(prefixed, PRODUCER_RANK, device, _local_host(sock), self._timeout)
+        return TorchChannel(sock, group, CONSUMER_RANK, device, store)

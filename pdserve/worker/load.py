@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kv_transfer.stats import held_leases
+
 _EWMA = 0.2
 
 
@@ -30,7 +32,9 @@ class EngineLoad:
         self.num_running = stats.num_running_reqs
         self.num_waiting = stats.num_waiting_reqs
         self.kv_blocks_used = round(stats.kv_cache_usage * self.kv_blocks_total)
-        self.pending_transfers = sum((stats.num_kv_fetch_reqs_by_stage or {}).values())
+        # consumer: requests fetching KV; producer: prefilled requests whose KV a consumer has yet to take
+        self.pending_transfers = (sum((stats.num_kv_fetch_reqs_by_stage or {}).values())
+                                  + held_leases(stats.kv_connector_stats))
 
     def record_iteration(self, stats) -> None:
         tokens = stats.prompt_token_stats

@@ -1,0 +1,113 @@
+"""The connector's worker half, both roles, over real sockets: pulls, releases and what vLLM is told."""
+
+import time
+
+import pytest
+import torch
+
+from kv_transfer.config import ConnectorConfig
+from kv_transfer.consumer import PullClient
+from kv_transfer.layout import KVLayout
+from kv_transfer.leases import Lease, LeaseTable
+from kv_transfer.metadata import LeaseGrant, PDConnectorMetadata, PullSpec
+from kv_transfer.producer import TransferServer
+from kv_transfer.wire import IncompatiblePeer
+from kv_transfer.worker_side import ModelIdentity, PDWorker
+
+IDENTITY = ModelIdentity("sha256:feed", num_kv_heads=2, head_dim=32)
+
+
+def _caches(seed, num_blocks=32):
+    generator = torch.Generator().manual_seed(seed)
+    return {f"layer.{i}": torch.randn(num_blocks, 2, 32, 64, generator=generator).to(torch.bfloat16)
+            for i in range(3)}
+
+
+def _until(read, timeout_s=5.0):
+    """Polls `read()` (one engine step each) until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = read()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise TimeoutError("nothing happened in time")
+
+
+@pytest.fixture
+def producer():
+    source = _caches(0)
+    layout = KVLayout(source, 32)
+    leases = LeaseTable()
+    compat = layout.compat("m", 32, fingerprint=IDENTITY.fingerprint, num_kv_heads=2, head_dim=32)
+    server = TransferServer(layout, compat, leases, "127.0.0.1", 0)
+    yield source, leases, server, f"127.0.0.1:{server.start()}"
+    server.stop()
+
+
+def test_a_consumer_pull_releases_the_producer_lease_without_a_second_connection(producer):
+    source, leases, server, address = producer
+    leases.grant(Lease("x1", "prefill-req", (4, 5, 6), 90, time.monotonic() + 30))
+    target = _caches(1)
+    worker = PDWorker(ConnectorConfig(transport="tcp"), False, True, 32, 32, IDENTITY)
+    worker.register_kv_caches(target)
+    worker.start_load_kv(PDConnectorMetadata(pulls=[PullSpec("dec-1", "x1", address, (4, 5, 6), (20, 21, 22), 90)]))
+    sending, recving, failed = _until(lambda: [r for r in [worker.get_transfer_results()] if r[1]] or None)[0]
+    assert (sending, recving, failed) == (set(), {"dec-1"}, set())
+    for name in source:
+        assert torch.equal(source[name][4:7], target[name][20:23])
+    meta = worker.take_worker_meta()
+    report = meta.reports["dec-1"]
+    assert (report.num_bytes, report.num_blocks, report.num_tokens, report.error) == (3 * 3 * 8192, 3, 90, "")
+    assert _until(lambda: leases.take_released()) == {"prefill-req"}
+    assert server.stats.connections == 1  # the release rode on the pull's connection
+    worker.shutdown()
+
+
+def test_a_failed_pull_is_reported_with_its_blocks_invalid_and_the_lease_released(producer):
+    _, leases, server, address = producer
+    leases.grant(Lease("x2", "prefill-req", (4,), 20, time.monotonic() + 30))
+    worker = PDWorker(ConnectorConfig(transport="tcp"), False, True, 32, 32, IDENTITY)
+    worker.register_kv_caches(_caches(1))
+    # block 5 is not part of the transfer: the producer answers MISSING
+    worker.start_load_kv(PDConnectorMetadata(pulls=[PullSpec("dec-2", "x2", address, (5,), (9,), 20)]))
+    sending, recving, failed = _until(lambda: [r for r in [worker.get_transfer_results()] if r[1]] or None)[0]
+    assert (recving, failed, worker.take_invalid_block_ids()) == ({"dec-2"}, {"dec-2"}, {9})
+    report = worker.take_worker_meta().reports["dec-2"]
+    assert report.num_bytes == 0 and report.error == "requested blocks are not part of the transfer"
+    assert report.as_params()["kv_loaded_tokens"] == 0
+    assert leases.take_released() == {"prefill-req"}  # the failure path's one-shot RELEASE
+    assert server.stats.connections == 2
+    worker.shutdown()
+
+
+def test_a_producer_worker_serves_its_transport_only_and_reports_the_sent_request():
+    config = ConnectorConfig(transport="tcp", host="127.0.0.1", port=0, pull_timeout_s=5.0)
+    worker = PDWorker(config, True, False, 32, 32, IDENTITY)
+    source = _caches(2)
+    worker.register_kv_caches(source)
+    address = f"127.0.0.1:{worker.server.port}"
+    worker.start_load_kv(PDConnectorMetadata(grants=[LeaseGrant("x3", "pre-3", (1, 2), 40, 30.0)]))
+    layout = KVLayout(_caches(3), 32)
+    compat = layout.compat("m", 32, fingerprint=IDENTITY.fingerprint, num_kv_heads=2, head_dim=32)
+    with pytest.raises(IncompatiblePeer, match="transport"):
+        PullClient(layout, compat, "torch").pull(address, "x3", [1, 2], [1, 2])
+    assert worker.get_transfer_results() == (set(), set(), set()) and worker.server.num_held_leases == 1
+    client = PullClient(layout, compat, "tcp")
+    client.pull(address, "x3", [1, 2], [7, 8], release=True)
+    assert _until(lambda: worker.get_transfer_results()[0]) == {"pre-3"}
+    assert worker.server.num_held_leases == 0
+    client.close()
+    worker.shutdown()
+
+
+def test_an_unpulled_lease_expires_into_finished_sending():
+    config = ConnectorConfig(transport="tcp", host="127.0.0.1", port=0, lease_s=0.05)
+    worker = PDWorker(config, True, False, 32, 32, IDENTITY)
+    worker.register_kv_caches(_caches(2))
+    worker.start_load_kv(PDConnectorMetadata(grants=[LeaseGrant("x4", "pre-4", (3,), 10, 0.05)]))
+    assert worker.get_transfer_results() == (set(), set(), set())
+    time.sleep(0.1)
+    assert worker.get_transfer_results() == ({"pre-4"}, set(), set())
+    assert worker.leases.num_expired == 1
+    worker.shutdown()
