@@ -27,7 +27,7 @@ from kv_transfer.consumer import PullClient  # noqa: E402
 from kv_transfer.layout import KVLayout  # noqa: E402
 from kv_transfer.leases import Lease, LeaseTable  # noqa: E402
 from kv_transfer.producer import TransferServer  # noqa: E402
-from kv_transfer.sockets import recv_into_exactly, recvmsg_into_all, sendmsg_all  # noqa: E402
+from kv_transfer.sockets import recv_into_exactly, recvmsg_into_all, sendmsg_all, set_bulk_buffers  # noqa: E402
 from kv_transfer.wire import TransferError  # noqa: E402
 from pdserve.make_model import spec_for  # noqa: E402
 
@@ -38,9 +38,10 @@ pinned to core 1, as a prefill and a decode worker do, and times each way of mov
 
   pdserve tcp     PullClient -> TransferServer, transport `tcp` (what a decode worker runs)
   pdserve torch   the same, transport `torch` (gloo on CPU; the same code runs nccl on CUDA)
-  raw socket      one contiguous buffer, sendall / recv_into on a plain TCP socket (TCP_NODELAY)
-  raw socket xL   the same bytes in L = 12 parts spread like layers over a buffer, one sendmsg /
-                  recvmsg_into of all parts: what `pdserve tcp` moves, without the pull protocol
+  raw socket      one contiguous buffer, one blocking sendall / recv_into(MSG_WAITALL) on a TCP
+                  socket set up as pdserve's (TCP_NODELAY, 4 MiB buffers where the host allows)
+  raw socket xL   the same bytes in L = 12 parts spread like layers over a buffer, moved with
+                  pdserve's own socket I/O (kv_transfer.sockets): `pdserve tcp` minus its protocol
   raw gloo        one contiguous buffer, ProcessGroupGloo send / recv on a two-rank group
   raw gloo xL     the same L parts as one message each, all posted at once, each side waiting for
                   its messages in order: the naive way to move a prompt per layer with gloo
@@ -109,7 +110,10 @@ def producer_main(geometry: Geometry, num_blocks: int, max_bytes: int, conn) -> 
 
 
 def _plain(sock: socket.socket) -> socket.socket:
+    """A blocking socket with the buffers pdserve gives its own: the raw way differs only in
+    having no protocol around the bytes."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    set_bulk_buffers(sock)
     return sock
 
 
@@ -128,7 +132,7 @@ def _serve_raw_socket(listener: socket.socket, raw: torch.Tensor) -> None:
         if parts == 1:
             sock.sendall(payload[:nbytes])
         else:
-            sendmsg_all(sock, [memoryview(part.numpy()) for part in _split(raw, nbytes, parts)])
+            sendmsg_all(sock, [memoryview(part.numpy()) for part in _split(raw, nbytes, parts)], 60.0)
 
 
 def _serve_raw_gloo(store, raw: torch.Tensor) -> None:

@@ -2,9 +2,9 @@
 paged cache, no staging copy on either side. Works everywhere; CPU caches only (a CUDA cache would
 need a host bounce buffer, which the `torch` transport's NCCL path makes unnecessary).
 
-The producer puts the SENDING header and every range into one `sendmsg`; the consumer reads all
-ranges with one `recvmsg_into(MSG_WAITALL)`. The socket is blocking with kernel-side timeouts (see
-`kv_transfer.sockets`), so a transfer costs a handful of system calls and no Python-level polling.
+The producer sends the SENDING header and the ranges with scatter/gather `sendmsg` calls, the
+consumer reads them with `recvmsg_into` calls (see `kv_transfer.sockets` for why these and not
+single blocking calls); no copy, no per-range call.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from kv_transfer.transports.base import ConsumerOffer, DataChannel, Transport
 class TcpChannel(DataChannel):
     kind = "buffers"
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, timeout_s: float):
         self._sock = sock
+        self._timeout_s = timeout_s
 
     def send(self, header: bytes, ranges: Sequence[memoryview]) -> None:
-        sendmsg_all(self._sock, [memoryview(header), *ranges])
+        sendmsg_all(self._sock, [memoryview(header), *ranges], self._timeout_s)
 
     def recv(self, ranges: Sequence[memoryview]) -> None:
         recvmsg_into_all(self._sock, list(ranges))
@@ -34,10 +35,11 @@ class TcpChannel(DataChannel):
 
 @dataclass
 class _TcpOffer:
+    timeout_s: float
     fields: dict = field(default_factory=dict)
 
     def connect(self, sock: socket.socket) -> DataChannel:
-        return TcpChannel(sock)
+        return TcpChannel(sock, self.timeout_s)
 
 
 class TcpTransport(Transport):
@@ -45,11 +47,11 @@ class TcpTransport(Transport):
 
     def consumer_offer(self, sock: socket.socket, device: torch.device) -> ConsumerOffer:
         _require_cpu(device)
-        return _TcpOffer()
+        return _TcpOffer(self.timeout_s)
 
     def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device) -> DataChannel:
         _require_cpu(device)
-        return TcpChannel(sock)
+        return TcpChannel(sock, self.timeout_s)
 
 
 def _require_cpu(device: torch.device) -> None:
