@@ -27,7 +27,7 @@ from kv_transfer.consumer import PullClient  # noqa: E402
 from kv_transfer.layout import KVLayout  # noqa: E402
 from kv_transfer.leases import Lease, LeaseTable  # noqa: E402
 from kv_transfer.producer import TransferServer  # noqa: E402
-from kv_transfer.sockets import recv_into_exactly, recvmsg_into_all, sendmsg_all, set_bulk_buffers  # noqa: E402
+from kv_transfer.sockets import recv_into_exactly, recvmsg_into_all, sendmsg_all, tune_bulk  # noqa: E402
 from kv_transfer.wire import TransferError  # noqa: E402
 from pdserve.make_model import spec_for  # noqa: E402
 
@@ -39,9 +39,11 @@ pinned to core 1, as a prefill and a decode worker do, and times each way of mov
   pdserve tcp     PullClient -> TransferServer, transport `tcp` (what a decode worker runs)
   pdserve torch   the same, transport `torch` (gloo on CPU; the same code runs nccl on CUDA)
   raw socket      one contiguous buffer, one blocking sendall / recv_into(MSG_WAITALL) on a TCP
-                  socket set up as pdserve's (TCP_NODELAY, 4 MiB buffers where the host allows)
+                  socket set up as pdserve's (TCP_NODELAY, 4 MiB buffers where the host allows,
+                  cubic congestion control): the reference for `pdserve tcp`
   raw socket xL   the same bytes in L = 12 parts spread like layers over a buffer, moved with
                   pdserve's own socket I/O (kv_transfer.sockets): `pdserve tcp` minus its protocol
+  raw socket, host defaults   as `raw socket`, with the host's socket defaults (and TCP_NODELAY)
   raw gloo        one contiguous buffer, ProcessGroupGloo send / recv on a two-rank group
   raw gloo xL     the same L parts as one message each, all posted at once, each side waiting for
                   its messages in order: the naive way to move a prompt per layer with gloo
@@ -94,13 +96,15 @@ def producer_main(geometry: Geometry, num_blocks: int, max_bytes: int, conn) -> 
     leases = LeaseTable()
     server = TransferServer(layout, layout.compat("bench", geometry.block_size), leases, "127.0.0.1", 0)
     raw = torch.empty(max_bytes, dtype=torch.uint8).random_()
-    listener = socket.create_server(("127.0.0.1", 0))
-    threading.Thread(target=_serve_raw_socket, args=(listener, raw), daemon=True).start()
+    listeners = {name: socket.create_server(("127.0.0.1", 0)) for name in ("raw", "raw_default")}
+    for name, listener in listeners.items():
+        threading.Thread(target=_serve_raw_socket, args=(listener, raw, name == "raw"), daemon=True).start()
     store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=timedelta(seconds=60),
                           wait_for_workers=False)
     gloo = threading.Thread(target=_serve_raw_gloo, args=(store, raw))  # until a 0-byte request
     gloo.start()
-    conn.send({"kv": f"127.0.0.1:{server.start()}", "raw": listener.getsockname()[1], "store": store.port})
+    conn.send({"kv": f"127.0.0.1:{server.start()}", "store": store.port,
+               **{name: listener.getsockname()[1] for name, listener in listeners.items()}})
     for transfer_id, count in iter(conn.recv, None):  # one lease per prompt size, pulled many times
         leases.grant(Lease(transfer_id, transfer_id, tuple(range(count)), count * geometry.block_size,
                            time.monotonic() + 3600))
@@ -109,18 +113,21 @@ def producer_main(geometry: Geometry, num_blocks: int, max_bytes: int, conn) -> 
     server.stop()
 
 
-def _plain(sock: socket.socket) -> socket.socket:
-    """A blocking socket with the buffers pdserve gives its own: the raw way differs only in
-    having no protocol around the bytes."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    set_bulk_buffers(sock)
+def _raw(sock: socket.socket, tuned: bool) -> socket.socket:
+    """Tuned: the settings pdserve gives its own sockets (`kv_transfer.sockets.tune_bulk`: buffers,
+    congestion control), so the raw way differs only in having no protocol around the bytes.
+    Otherwise the host's defaults, with TCP_NODELAY."""
+    if tuned:
+        tune_bulk(sock)
+    else:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
 
-def _serve_raw_socket(listener: socket.socket, raw: torch.Tensor) -> None:
+def _serve_raw_socket(listener: socket.socket, raw: torch.Tensor, tuned: bool) -> None:
     """Answers (nbytes, parts) requests: one sendall, or one sendmsg of `parts` spread parts."""
     sock, _ = listener.accept()
-    _plain(sock)
+    _raw(sock, tuned)
     payload = memoryview(raw.numpy()).cast("B")
     header = bytearray(16)
     while True:
@@ -178,7 +185,8 @@ class Consumer:
         compat = self.layout.compat("bench", geometry.block_size)
         self.kv_address = endpoints["kv"]
         self.pull_clients = {name: PullClient(self.layout, compat, name) for name in ("tcp", "torch")}
-        self.raw_sock = _plain(socket.create_connection(("127.0.0.1", endpoints["raw"])))
+        self.raw_socks = {tuned: _raw(socket.create_connection(("127.0.0.1", endpoints[name])), tuned)
+                          for tuned, name in ((True, "raw"), (False, "raw_default"))}
         self.raw_target = torch.empty(max_bytes, dtype=torch.uint8)
         store = dist.TCPStore("127.0.0.1", endpoints["store"], world_size=2, is_master=False,
                               timeout=timedelta(seconds=60))
@@ -201,6 +209,7 @@ class Consumer:
             "pdserve torch": lambda: self._pull("torch", transfer_id, remote, local),
             "raw socket": lambda: self._raw_socket(nbytes, 1),
             f"raw socket x{self.geometry.num_layers}": lambda: self._raw_socket(nbytes, self.geometry.num_layers),
+            "raw socket, host defaults": lambda: self._raw_socket(nbytes, 1, tuned=False),
             "raw gloo": lambda: self._raw_gloo(nbytes, 1),
             f"raw gloo x{self.geometry.num_layers}": lambda: self._raw_gloo(nbytes, self.geometry.num_layers),
             "memcpy": lambda: self._memcpy(nbytes),
@@ -210,13 +219,14 @@ class Consumer:
         """One pull as a decode worker runs it, minus the release (the lease serves every repeat)."""
         return self.pull_clients[transport].pull(self.kv_address, transfer_id, remote, local).seconds
 
-    def _raw_socket(self, nbytes: int, parts: int) -> float:
+    def _raw_socket(self, nbytes: int, parts: int, tuned: bool = True) -> float:
+        sock = self.raw_socks[tuned]
         started = time.perf_counter()
-        self.raw_sock.sendall(struct.pack("!QQ", nbytes, parts))
+        sock.sendall(struct.pack("!QQ", nbytes, parts))
         if parts == 1:
-            recv_into_exactly(self.raw_sock, memoryview(self.raw_target.numpy()).cast("B")[:nbytes])
+            recv_into_exactly(sock, memoryview(self.raw_target.numpy()).cast("B")[:nbytes])
         else:
-            recvmsg_into_all(self.raw_sock, [memoryview(p.numpy()) for p in _split(self.raw_target, nbytes, parts)])
+            recvmsg_into_all(sock, [memoryview(p.numpy()) for p in _split(self.raw_target, nbytes, parts)])
         return time.perf_counter() - started
 
     def _raw_gloo(self, nbytes: int, messages: int) -> float:
@@ -236,7 +246,8 @@ class Consumer:
         self.gloo.send([torch.zeros(2, dtype=torch.int64)], 0, 0).wait()
         for client in self.pull_clients.values():
             client.close()
-        self.raw_sock.close()
+        for sock in self.raw_socks.values():
+            sock.close()
 
 
 @dataclass

@@ -23,12 +23,15 @@ class ConnectorConfig:
     lease_s: float = 30.0            # producer: how long KV waits for its consumer
     pull_timeout_s: float = 30.0     # every wait inside a pull or its serving: sockets and process groups
     max_parallel_pulls: int = 4
+    tcp_congestion: str = "cubic"    # KV connections' congestion control ("" = the host's; see kv_transfer.sockets)
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "torch"):
             raise ValueError(f"transport must be 'tcp' or 'torch', not {self.transport!r}")
         if self.lease_s <= 0 or self.pull_timeout_s <= 0:
             raise ValueError("lease_s and pull_timeout_s must be positive seconds")
+        if not isinstance(self.tcp_congestion, str):
+            raise ValueError(f"tcp_congestion must be a congestion control name or '', not {self.tcp_congestion!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port {self.port} is not a TCP port")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kv_transfer.layout import KVCompat, KVLayout
-from kv_transfer.sockets import connect
+from kv_transfer.sockets import DEFAULT_CONGESTION, connect
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
 from kv_transfer.wire import (DONE, IncompatiblePeer, PeerClosed, TransferError, expect, recv_message, require_field,
                               send_message)
@@ -70,10 +70,15 @@ class _Connection:
 
 
 class PullClient:
-    def __init__(self, layout: KVLayout, compat: KVCompat, transport: str, timeout_s: float = 30.0):
+    """Pulls from any number of producers. `timeout_s` bounds every wait of a pull; `congestion` is
+    the TCP congestion control of its connections (see `kv_transfer.sockets`)."""
+
+    def __init__(self, layout: KVLayout, compat: KVCompat, transport: str, timeout_s: float = 30.0,
+                 congestion: str = DEFAULT_CONGESTION):
         self.layout, self.compat = layout, compat
         self.transport = get_transport(transport, timeout_s)
         self.timeout_s = timeout_s
+        self.congestion = congestion
         self._connections: dict[str, _Connection] = {}
         self._dialing: dict[str, threading.Lock] = {}  # address -> held while a handshake runs
         self._lock = threading.Lock()
@@ -166,7 +171,7 @@ class PullClient:
 
     def _handshake(self, address: str) -> _Connection:
         try:
-            sock = connect(*split_address(address), self.timeout_s)
+            sock = connect(*split_address(address), self.timeout_s, self.congestion)
         except OSError as error:
             raise TransferError(f"cannot reach the KV producer at {address}: {error}") from error
         try:

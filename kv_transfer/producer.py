@@ -20,7 +20,7 @@ from typing import Sequence
 
 from kv_transfer.layout import KVCompat, KVLayout, LayoutError
 from kv_transfer.leases import LeaseTable
-from kv_transfer.sockets import configure, wait_readable
+from kv_transfer.sockets import DEFAULT_CONGESTION, configure, wait_readable
 from kv_transfer.transports.base import TRANSPORTS, DataChannel, byte_ranges, get_transport
 from kv_transfer.wire import TransferError, encode, expect, require_field, recv_message, send_message
 
@@ -48,13 +48,15 @@ class TransferServer:
 
     `transports` are the ones a consumer may ask for (a worker serves its configured one; tools
     that measure both serve both). `io_timeout_s` bounds every wait inside an exchange, including
-    the data channel's."""
+    the data channel's; `congestion` is the connections' TCP congestion control."""
 
     def __init__(self, layout: KVLayout, compat: KVCompat, leases: LeaseTable, host: str, port: int,
-                 grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = TRANSPORTS):
+                 grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = TRANSPORTS,
+                 congestion: str = DEFAULT_CONGESTION):
         self.layout, self.compat, self.leases = layout, compat, leases
         self._grant_wait_s = grant_wait_s
         self._io_timeout_s = io_timeout_s
+        self._congestion = congestion
         self._transports = {name: get_transport(name, io_timeout_s) for name in transports}
         self._listener = socket.create_server((host, port), reuse_port=False)
         self._listener.settimeout(0.5)
@@ -99,7 +101,7 @@ class TransferServer:
             self._open.add(sock)
         channel = None
         try:
-            configure(sock, self._io_timeout_s)
+            configure(sock, self._io_timeout_s, self._congestion)
             channel = self._handshake(sock)
             while channel is not None and not self._stopping.is_set():
                 wait_readable(sock)  # idle: no timeout

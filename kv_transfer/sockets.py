@@ -5,16 +5,26 @@ every call and reacquires the GIL between chunks; instead the kernel enforces th
 (`SO_RCVTIMEO`/`SO_SNDTIMEO`): a call that makes no progress for that long fails with `EAGAIN`,
 which surfaces here as `TransferTimeout`. A connection's *idle* time between two exchanges is not a
 call and has no timeout: TCP keepalive finds a peer that vanished instead.
+
+Bulk connections also choose their TCP congestion control (`congestion`, default "cubic", falling
+back to "reno", which Linux always lets a process pick; "" keeps the host's default). The host's
+default may be BBR, which paces every send at its bandwidth estimate: on loopback between two
+pinned cores, 96 MiB took 25-28 ms under BBR and 13.7-14.7 ms under cubic or reno, 12 MiB 2.5 ms
+and 1.95-2.05 ms, with BBR's spread three times wider. BBR is built for long, shared WAN paths; a
+prefill-to-decode link is one hop in a cluster.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import select
 import socket
 import struct
 
 from kv_transfer.errors import PeerClosed, TransferTimeout
+
+logger = logging.getLogger(__name__)
 
 # A peer silent this long gets keepalive probes; unanswered probes close the connection.
 KEEPALIVE_IDLE_S = 30
@@ -22,20 +32,38 @@ KEEPALIVE_INTERVAL_S = 10
 KEEPALIVE_PROBES = 3
 
 BULK_BUFFER_BYTES = 4 << 20
+DEFAULT_CONGESTION = "cubic"
+_FALLBACK_CONGESTION = "reno"  # in every Linux's net.ipv4.tcp_allowed_congestion_control
 
 
-def configure(sock: socket.socket, io_timeout_s: float) -> None:
-    """Blocking mode with kernel-side timeouts, no Nagle delay, keepalive probes on idle, bulk
-    socket buffers (see `set_bulk_buffers`)."""
+def configure(sock: socket.socket, io_timeout_s: float, congestion: str = DEFAULT_CONGESTION) -> None:
+    """Blocking mode with kernel-side timeouts, keepalive probes on idle, and `tune_bulk`."""
     sock.settimeout(None)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    set_bulk_buffers(sock)
+    tune_bulk(sock, congestion)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
                         ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
         if hasattr(socket, name):  # Linux; other systems keep their defaults
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
     set_io_timeout(sock, io_timeout_s)
+
+
+def tune_bulk(sock: socket.socket, congestion: str = DEFAULT_CONGESTION) -> None:
+    """No Nagle delay, bulk buffers (`set_bulk_buffers`), `congestion` control if the host lets us."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    set_bulk_buffers(sock)
+    if congestion and hasattr(socket, "TCP_CONGESTION"):
+        _set_congestion(sock, congestion)
+
+
+def _set_congestion(sock: socket.socket, name: str) -> None:
+    """`name`, else reno; else the host's default stays (a socket works with any of them)."""
+    for candidate in dict.fromkeys((name, _FALLBACK_CONGESTION)):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, candidate.encode())
+            return
+        except OSError as error:  # not loaded, or not allowed without CAP_NET_ADMIN
+            logger.debug("TCP congestion control %s unavailable: %s", candidate, error)
 
 
 def set_bulk_buffers(sock: socket.socket) -> None:
@@ -71,11 +99,11 @@ def set_io_timeout(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
-def connect(host: str, port: int, timeout_s: float) -> socket.socket:
+def connect(host: str, port: int, timeout_s: float, congestion: str = DEFAULT_CONGESTION) -> socket.socket:
     """A connected, `configure`d socket; the connect itself waits at most `timeout_s`."""
     sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
-        configure(sock, timeout_s)
+        configure(sock, timeout_s, congestion)
     except BaseException:
         sock.close()
         raise
@@ -165,5 +193,5 @@ def _advance(buffers: list[memoryview], num_sent: int) -> list[memoryview]:
     return rest
 
 
-__all__ = ["configure", "connect", "recv_into_exactly", "recvmsg_into_all", "sendmsg_all", "set_bulk_buffers",
-           "set_io_timeout", "wait_readable"]
+__all__ = ["DEFAULT_CONGESTION", "configure", "connect", "recv_into_exactly", "recvmsg_into_all", "sendmsg_all",
+           "set_bulk_buffers", "set_io_timeout", "tune_bulk", "wait_readable"]

@@ -60,10 +60,11 @@ class PDWorker:
         if self.is_producer:
             self.server = TransferServer(layout, compat, self.leases, self.config.bind_host or self.config.host,
                                          self.config.port, io_timeout_s=self.config.pull_timeout_s,
-                                         transports=(self.config.transport,))
+                                         transports=(self.config.transport,), congestion=self.config.tcp_congestion)
             logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
         if self.is_consumer:
-            self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s)
+            self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s,
+                                     self.config.tcp_congestion)
             self._pool = ThreadPoolExecutor(self.config.max_parallel_pulls, thread_name_prefix="pdserve-kv-pull")
 
     def start_load_kv(self, meta: PDConnectorMetadata) -> None:
