@@ -39,8 +39,8 @@ pinned to core 1, as a prefill and a decode worker do, and times each way of mov
   pdserve tcp     PullClient -> TransferServer, transport `tcp` (what a decode worker runs)
   pdserve torch   the same, transport `torch` (gloo on CPU; the same code runs nccl on CUDA)
   raw socket      one contiguous buffer, one blocking sendall / recv_into(MSG_WAITALL) on a TCP
-                  socket set up as pdserve's (TCP_NODELAY, 4 MiB buffers where the host allows,
-                  cubic congestion control): the reference for `pdserve tcp`
+                  socket set up as pdserve's (TCP_NODELAY, cubic congestion control): the
+                  reference for `pdserve tcp`
   raw socket xL   the same bytes in L = 12 parts spread like layers over a buffer, moved with
                   pdserve's own socket I/O (kv_transfer.sockets): `pdserve tcp` minus its protocol
   raw socket, host defaults   as `raw socket`, with the host's socket defaults (and TCP_NODELAY)
@@ -114,7 +114,7 @@ def producer_main(geometry: Geometry, num_blocks: int, max_bytes: int, conn) -> 
 
 
 def _raw(sock: socket.socket, tuned: bool) -> socket.socket:
-    """Tuned: the settings pdserve gives its own sockets (`kv_transfer.sockets.tune_bulk`: buffers,
+    """Tuned: the settings pdserve gives its own sockets (`kv_transfer.sockets.tune_bulk`: no Nagle,
     congestion control), so the raw way differs only in having no protocol around the bytes.
     Otherwise the host's defaults, with TCP_NODELAY."""
     if tuned:
