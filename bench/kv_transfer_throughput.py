@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[1024, 8192],
                         help="prompt lengths whose KV is moved (default: 1024 8192)")
-    parser.add_argument("--repeats", type=int, default=40, help="timed transfers per method and size (default: 40)")
+    parser.add_argument("--repeats", type=int, default=100,
+                        help="timed transfers per method and size (default: 100, about 35 s)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results",
                         help="folder for kv_transfer_throughput.{json,md,png}")
     args = parser.parse_args(argv)
