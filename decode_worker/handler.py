@@ -12,6 +12,7 @@ import json
 from pdserve.errors import InvalidRequest
 from pdserve.sampling import Sampling
 from pdserve.v1 import worker_pb2
+from pdserve.worker.server import engine_queued_s
 
 
 class DecodeHandler:
@@ -54,4 +55,5 @@ def _final_message(completion, output) -> worker_pb2.DecodeResponse:
         kv_loaded_tokens=int(report.get("kv_loaded_tokens", 0)),
         kv_load_error=str(report.get("kv_load_error", "")),
         num_cached_tokens=output.num_cached_tokens or 0,
+        queued_s=engine_queued_s(output),
     )

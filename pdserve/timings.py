@@ -9,12 +9,12 @@ from dataclasses import asdict, dataclass, fields
 class Timings:
     """Per-phase breakdown of one request, all seconds measured at the router unless noted."""
 
-    queued_s: float = 0.0          # receive -> prefill (or decode-only) RPC sent
-    prefill_s: float = 0.0         # prefill RPC round trip (includes the prefill engine's queue)
+    queued_s: float = 0.0          # in the first engine's queue: prefill's (or decode's, decode-only)
+    prefill_s: float = 0.0         # prefill RPC round trip minus queued_s: hops and prefill compute
     kv_transfer_bytes: int = 0     # measured by the decode worker's connector
     kv_transfer_s: float = 0.0     # measured by the decode worker's connector
     kv_transfer_blocks: int = 0
-    decode_s: float = 0.0          # decode RPC sent -> last token
+    decode_s: float = 0.0          # decode RPC sent -> last token (minus queued_s when decode-only)
     ttft_s: float = 0.0            # receive -> first token ready to send
     e2e_s: float = 0.0             # receive -> last token ready to send
     prefill_worker: str = ""

@@ -17,11 +17,13 @@ from kv_transfer.wire import TransferError
 from pdserve.errors import InvalidRequest
 from pdserve.sampling import Sampling
 from pdserve.v1 import worker_pb2
+from pdserve.worker.server import engine_queued_s
 
 
 class PrefillHandler:
     def __init__(self, runtime):
         self.runtime = runtime
+        self._releasing: set[asyncio.Task] = set()
 
     async def prefill(self, request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse:
         from vllm.inputs import TokensPrompt
@@ -41,7 +43,7 @@ class PrefillHandler:
         stopped = completion.finish_reason == "stop" or sampling.max_tokens == 1
         handle = final.kv_transfer_params or {}
         if stopped and handle:
-            await self.release(request.transfer_id)
+            self._release_after_reply(request.transfer_id)
             handle = {}
         return worker_pb2.PrefillResponse(
             first_token_id=completion.token_ids[0],
@@ -50,7 +52,14 @@ class PrefillHandler:
             kv_transfer_params_json=json.dumps(handle) if handle else "",
             engine_s=time.perf_counter() - started,
             num_cached_tokens=final.num_cached_tokens or 0,
+            queued_s=engine_queued_s(final),
         )
+
+    def _release_after_reply(self, transfer_id: str) -> None:
+        """Frees a finished request's KV off the reply's path (the client is waiting for its token)."""
+        task = asyncio.create_task(self.release(transfer_id))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     async def decode(self, request):
         raise InvalidRequest("this is a prefill worker: send Decode to a decode worker")

@@ -83,7 +83,7 @@ def create_app(lifecycle: Lifecycle, model_name: str) -> FastAPI:
 async def _respond(lifecycle: Lifecycle, model_name: str, body, prompt_ids: list[int], chat: bool):
     request = GenerationRequest(body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                                 prompt_ids, body.sampling())
-    lifecycle.validate(request)  # fail before any byte is sent, with a proper status
+    lifecycle.admit(request)  # refuse before any byte is sent, with a proper status
     shape = _Shape(request.request_id, model_name, chat)
     chunks = lifecycle.generate(request)
     if body.stream:

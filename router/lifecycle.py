@@ -61,6 +61,7 @@ class Lifecycle:
     def __init__(self, config: RouterConfig, pool: WorkerPool, tokenizer: RouterTokenizer):
         self.config, self.pool, self.tokenizer = config, pool, tokenizer
         self.inflight = 0
+        self._releasing: set[asyncio.Task] = set()  # lease releases under way (held so none is dropped)
 
     def validate(self, request: GenerationRequest) -> None:
         num_prompt = len(request.prompt_token_ids)
@@ -73,10 +74,17 @@ class Lifecycle:
                 f"prompt ({num_prompt} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds the model's "
                 f"context of {self.config.max_model_len} tokens", field="prompt" if num_prompt >= self.config.max_model_len else "max_tokens")
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    def admit(self, request: GenerationRequest) -> None:
+        """Raises what would refuse `request` now, before any work is done or any byte is sent:
+        bad input, no decode worker (every request ends on one), or the router at its limit."""
         self.validate(request)
+        if not self.pool.workers("decode"):
+            raise NoHealthyWorker("no decode worker is alive")
         if self.inflight >= self.config.max_inflight:
             raise Overloaded(f"the router has {self.inflight} requests in flight (limit {self.config.max_inflight})")
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+        self.admit(request)
         self.inflight += 1
         try:
             async for chunk in self._walk(request):
@@ -92,7 +100,6 @@ class Lifecycle:
         prefilled = None
         completed = False
         try:
-            timings.queued_s = time.perf_counter() - started
             if self.config.policy.disaggregate(len(request.prompt_token_ids), bool(self.pool.workers("prefill"))):
                 prefilled = await self._prefill(request, timings)  # None: no prefill worker; decode computes it
             if prefilled is not None:
@@ -105,13 +112,13 @@ class Lifecycle:
                     return
                 yield self._chunk(request, generated, decoder, False, "", None, started)
             kv_json = prefilled.kv_transfer_params_json if prefilled else ""
-            abandon = (lambda: asyncio.ensure_future(self._release(prefilled, request.request_id))) if prefilled else None
+            abandon = (lambda: self._release_soon(prefilled, request.request_id)) if prefilled else None
             async for chunk in self._decode(request, kv_json, generated, timings, decoder, started, abandon):
                 yield chunk
             completed = True
         finally:
             if prefilled is not None and not completed:
-                asyncio.ensure_future(self._release(prefilled, request.request_id))
+                self._release_soon(prefilled, request.request_id)
 
     def _chunk(self, request, token_ids, decoder, finished, reason, timings, started) -> Chunk:
         if timings is not None:
@@ -136,7 +143,8 @@ class Lifecycle:
             except grpc.aio.AioRpcError as error:
                 self._on_worker_error(worker, error)
                 continue
-            timings.prefill_s = time.perf_counter() - sent
+            timings.queued_s = reply.queued_s
+            timings.prefill_s = max(0.0, time.perf_counter() - sent - reply.queued_s)
             timings.prefill_worker = worker.worker_id
             timings.disaggregated = True
             return _Prefilled(worker, reply.first_token_id, reply.finished, reply.finish_reason,
@@ -194,6 +202,9 @@ class Lifecycle:
     def _finish_timings(timings: Timings, reply, worker: WorkerRecord, sent: float, num_decode_prompt: int,
                         num_generated: int) -> None:
         timings.decode_s = time.perf_counter() - sent
+        if not timings.disaggregated:  # decode-only: the decode engine's queue is the request's
+            timings.queued_s = reply.queued_s
+            timings.decode_s = max(0.0, timings.decode_s - reply.queued_s)
         timings.decode_worker = worker.worker_id
         timings.kv_transfer_bytes = reply.kv_transfer_bytes
         timings.kv_transfer_s = reply.kv_transfer_s
@@ -207,6 +218,11 @@ class Lifecycle:
             raise from_grpc_code(error.code(), error.details() or str(error.code()))
         metrics.WORKER_FAILURES.labels(worker.role).inc()
         self.pool.quarantine(worker)
+
+    def _release_soon(self, prefilled: _Prefilled, request_id: str) -> None:
+        task = asyncio.create_task(self._release(prefilled, request_id))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     async def _release(self, prefilled: _Prefilled, request_id: str) -> None:
         """Frees the prefill worker's KV for an abandoned transfer (no-op if already pulled)."""

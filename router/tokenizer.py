@@ -34,9 +34,10 @@ class RouterTokenizer:
             raise InvalidRequest(f"messages could not be rendered: {error}", field="messages") from error
 
     def check_ids(self, token_ids: list[int]) -> None:
-        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", field="token_ids")
+        if not token_ids or (min(token_ids) >= 0 and max(token_ids) < self.vocab_size):
+            return
+        bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
+        raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", field="token_ids")
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self._fast)

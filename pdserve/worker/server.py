@@ -85,3 +85,14 @@ def as_serve_error(error: Exception) -> ServeError:
     if isinstance(error, ServeError):
         return error
     return InvalidRequest(str(error))
+
+
+def engine_queued_s(output) -> float:
+    """How long the request waited in vLLM's queue before its first step (0 without vLLM's stats).
+
+    Both timestamps are the engine core's monotonic clock: `queued_ts` when the scheduler took the
+    request, `scheduled_ts` when a step first included it."""
+    stats = getattr(output, "metrics", None)
+    if stats is None or not stats.scheduled_ts or not stats.queued_ts:
+        return 0.0
+    return max(0.0, stats.scheduled_ts - stats.queued_ts)

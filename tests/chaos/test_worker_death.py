@@ -1,11 +1,13 @@
 """Workers killed with SIGKILL: leases lapse, the router routes around them, no request is lost,
 and with no decode worker left requests fail fast instead of hanging.
 
-The tests run in order on one cluster (1 prefill + 2 decode, 2 s registry TTL, 3 s KV lease)."""
+The tests run in order on one cluster (1 prefill + 2 decode, 2 s registry TTL, 3 s KV lease): each
+kills what the next one needs dead, and the last adds a decode worker back."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 import httpx
@@ -16,13 +18,16 @@ from pdserve.client import Client, NoHealthyWorker
 from pdserve.registry import worker_key
 from pdserve.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 
-from cluster_helpers import start_cluster, wait_until_idle, worker_load
+from cluster_helpers import start_cluster, wait_for_workers, wait_until_idle, worker_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 TTL_S = 2.0
 LEASE_S = 3.0
+QUARANTINE_S = 5.0  # the router's default for a worker whose RPC failed
 KILLED: dict[str, str] = {}  # what one test killed, for the next (the tests run in order)
+KILLED_AT_S: dict[str, float] = {}
+GONE_AT_S: dict[str, Future] = {}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +40,16 @@ def cluster(tiny_model, tmp_path_factory):
 
 def _registered(cluster, worker_id: str) -> bool:
     return bool(redis.Redis.from_url(cluster.redis.url).exists(worker_key("default", worker_id)))
+
+
+def _watch_registry_until_gone(cluster, worker_id: str) -> Future:
+    """Polls the registry from now on; the future holds the moment `worker_id`'s key was gone."""
+    def watch() -> float:
+        while _registered(cluster, worker_id):
+            time.sleep(0.05)
+        return time.monotonic()
+
+    return ThreadPoolExecutor(1).submit(watch)
 
 
 def test_kv_nobody_pulls_is_freed_when_its_lease_expires(cluster):
@@ -57,35 +72,32 @@ def test_a_request_survives_its_decode_worker_being_killed_mid_stream(cluster):
         serving = [w for w in cluster.worker_ids("decode") if worker_load(cluster, w).num_running > 0]
         assert len(serving) == 1
         cluster.kill_worker(serving[0])
+        KILLED["decode"], KILLED_AT_S["decode"] = serving[0], time.monotonic()
+        GONE_AT_S["decode"] = _watch_registry_until_gone(cluster, serving[0])
         chunks += list(stream)
     timings = chunks[-1].timings
     assert sum(len(c.token_ids) for c in chunks) == 1500 and chunks[-1].finish_reason == "length"
     assert timings.decode_worker != serving[0]
-    KILLED["decode"] = serving[0]
 
 
 def test_the_killed_worker_leaves_the_registry_within_its_ttl_and_gets_no_more_work(cluster):
-    killed = KILLED["decode"]
-    deadline = time.monotonic() + TTL_S + 1.5
-    while _registered(cluster, killed) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    killed, killed_at_s = KILLED["decode"], KILLED_AT_S["decode"]
+    gone_at_s = GONE_AT_S["decode"].result(timeout=TTL_S + 5.0)  # watched since the kill
     assert not _registered(cluster, killed)
+    assert gone_at_s - killed_at_s <= TTL_S + 0.5  # the lease lapsed: TTL, plus the watcher's poll
+    # The router also quarantined it when its stream broke; once that lapses only the registry
+    # keeps it away.
+    time.sleep(max(0.0, killed_at_s + QUARANTINE_S + 0.5 - time.monotonic()))
     survivor = cluster.worker_ids("decode")[0]
     with Client(cluster.grpc_target) as client:
+        assert client.model_info().num_decode_workers == 1
         used = {list(client.generate("where do I go?", max_tokens=3, ignore_eos=True))[-1].timings.decode_worker
                 for _ in range(5)}
     assert used == {survivor}
 
 
-def test_with_the_prefill_worker_dead_requests_still_complete_on_decode(cluster):
-    cluster.kill_worker(cluster.worker_ids("prefill")[0])
-    with Client(cluster.grpc_target) as client:
-        chunks = list(client.generate("no prefill pool left", max_tokens=4, temperature=0, ignore_eos=True))
-    assert sum(len(c.token_ids) for c in chunks) == 4
-    assert chunks[-1].timings.disaggregated is False
-
-
-def test_with_no_decode_worker_alive_requests_fail_fast_with_unavailable(cluster):
+def test_with_no_decode_worker_alive_requests_fail_fast_and_cost_the_prefill_worker_nothing(cluster):
+    prefill_id = cluster.worker_ids("prefill")[0]
     cluster.kill_worker(cluster.worker_ids("decode")[0])
     with Client(cluster.grpc_target) as client:
         started = time.monotonic()
@@ -93,9 +105,25 @@ def test_with_no_decode_worker_alive_requests_fail_fast_with_unavailable(cluster
             list(client.generate("anyone there?", max_tokens=4))
         assert time.monotonic() - started < 5.0  # right after the kill: retried, quarantined, refused
         time.sleep(TTL_S + 0.5)
+        computed_before = worker_load(cluster, prefill_id).prompt_tokens_computed
         started = time.monotonic()
         with pytest.raises(NoHealthyWorker):
             list(client.generate("anyone there?", max_tokens=4))
         assert time.monotonic() - started < 1.0
-    response = httpx.post(f"{cluster.http_url}/v1/completions", json={"prompt": "anyone?", "max_tokens": 4}, timeout=10)
-    assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+    for stream in (False, True):
+        response = httpx.post(f"{cluster.http_url}/v1/completions",
+                              json={"prompt": "anyone?", "max_tokens": 4, "stream": stream}, timeout=10)
+        assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+    assert worker_load(cluster, prefill_id).prompt_tokens_computed == computed_before  # never prefilled
+
+
+def test_a_decode_worker_that_joins_gets_work_and_serves_alone_when_prefill_dies(cluster):
+    joined = cluster.add_worker("decode")
+    wait_for_workers(cluster, 2)
+    with Client(cluster.grpc_target) as client:
+        timings = list(client.generate("back in business", max_tokens=4, temperature=0, ignore_eos=True))[-1].timings
+        assert timings.decode_worker == joined and timings.disaggregated
+        cluster.kill_worker(cluster.worker_ids("prefill")[0])
+        chunks = list(client.generate("no prefill pool left", max_tokens=4, temperature=0, ignore_eos=True))
+    assert sum(len(c.token_ids) for c in chunks) == 4
+    assert chunks[-1].timings.disaggregated is False and chunks[-1].timings.decode_worker == joined

@@ -34,3 +34,17 @@ def tcp_cluster(tiny_model, tmp_path_factory):
     cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-tcp"), "tcp")
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def torch_cluster(tiny_model, tmp_path_factory):
+    """The same cluster over the torch (gloo) transport."""
+    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-torch"), "torch")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["tcp", "torch"])
+def cluster(request):
+    """Each transport's cluster in turn."""
+    return request.getfixturevalue(f"{request.param}_cluster")

@@ -6,21 +6,9 @@ import pytest
 
 from pdserve.client import Client
 
-from cluster_helpers import blocks_for, kv_bytes_per_block, start_cluster, wait_until_idle, worker_load
+from cluster_helpers import blocks_for, kv_bytes_per_block, wait_until_idle, worker_load
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def torch_cluster(tiny_model, tmp_path_factory):
-    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-torch"), "torch")
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture(params=["tcp", "torch"])
-def cluster(request):
-    return request.getfixturevalue(f"{request.param}_cluster")
 
 
 def test_greedy_tokens_match_colocated_vllm_and_the_prompt_kv_was_loaded(cluster, tiny_model, prompts,

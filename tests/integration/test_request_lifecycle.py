@@ -25,18 +25,35 @@ def _assert_idle(cluster):
         {w: (0, 0, 0) for w in loads}
 
 
-def test_client_cancel_mid_stream_frees_blocks_on_both_sides(tcp_cluster):
-    decode_id = tcp_cluster.worker_ids("decode")[0]
-    before = worker_load(tcp_cluster, decode_id).generation_tokens
-    with Client(tcp_cluster.grpc_target) as client:
+def test_client_cancel_mid_stream_frees_blocks_on_both_sides(cluster):
+    decode_id = cluster.worker_ids("decode")[0]
+    before = worker_load(cluster, decode_id).generation_tokens
+    with Client(cluster.grpc_target) as client:
         stream = client.generate("Cancel me.", max_tokens=LONG_OUTPUT, ignore_eos=True)
         received = [next(stream) for _ in range(4)]
-        assert worker_load(tcp_cluster, decode_id).kv_blocks_used > 0  # the decode side holds the request
+        assert worker_load(cluster, decode_id).kv_blocks_used > 0  # the decode side holds the request
         stream.close()  # the client walks away mid-stream
     assert sum(len(c.token_ids) for c in received) >= 4
-    _assert_idle(tcp_cluster)
-    generated = worker_load(tcp_cluster, decode_id).generation_tokens - before
+    _assert_idle(cluster)
+    generated = worker_load(cluster, decode_id).generation_tokens - before
     assert generated < LONG_OUTPUT - 1, "the decode engine kept generating after the client left"
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.01, 0.03, 0.06, 0.1, 0.2])
+def test_a_cancel_during_prefill_or_the_kv_transfer_frees_blocks_on_both_sides(cluster, after_s):
+    """A 1000-token prompt cancelled at staggered moments: in the router, during prefill, between
+    prefill and decode (the KV held under a lease), during the pull, or once decoding."""
+    request = generation_pb2.GenerateRequest(
+        token_ids=generation_pb2.TokenIds(ids=[10 + (7 * i + int(after_s * 1000)) % 900 for i in range(1000)]),
+        sampling=generation_pb2.SamplingParams(max_tokens=1000, ignore_eos=True))
+    with grpc.insecure_channel(cluster.grpc_target) as channel:
+        call = generation_pb2_grpc.GenerationStub(channel).Generate(request)
+        time.sleep(after_s)
+        call.cancel()
+        with pytest.raises(grpc.RpcError) as error:
+            list(call)
+    assert error.value.code() == grpc.StatusCode.CANCELLED
+    _assert_idle(cluster)
 
 
 def test_abort_rpc_ends_the_stream_as_cancelled_and_frees_blocks(tcp_cluster):
