@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig
+from pdserve.cpu_placement import parse_cores
+from pdserve.vllm_plugin import SPIN_ENV
 
 Role = Literal["prefill", "decode", "colocated"]
 _KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -33,6 +35,10 @@ class EngineSettings:
     seed: int = 0
     tensor_parallel_size: int = 1  # GPUs one engine spans (vLLM starts one process per GPU); 1 on CPU
     cpu_cores: str = ""   # CPU hosts: cores the engine's threads are bound to, e.g. "0" or "0-1"; "" = vLLM's choice
+    # How long vLLM's engine-core and model-runner processes busy-poll each other after a message
+    # before sleeping on a socket (vLLM: 1 s). On CPU hosts that poll competes with the compute
+    # threads; see pdserve.vllm_plugin. Negative: leave vLLM's own value.
+    vllm_spin_ms: float = 50.0
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size % 32:
@@ -43,6 +49,8 @@ class EngineSettings:
             raise ValueError("max_model_len must be at least 2")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size}: must be at least 1")
+        if self.cpu_cores:
+            parse_cores(self.cpu_cores)  # raises with the bad part named
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,6 +64,8 @@ def engine_args(settings: EngineSettings, role: Role, connector: ConnectorConfig
 
     if settings.cpu_cores:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_cores
+    if settings.vllm_spin_ms >= 0:  # read by pdserve.vllm_plugin in the engine's child processes
+        os.environ[SPIN_ENV] = f"{settings.vllm_spin_ms / 1000:g}"
     kv_transfer_config = None
     if role != "colocated":
         if connector is None:

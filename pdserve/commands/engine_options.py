@@ -22,6 +22,10 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
     group.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     group.add_argument("--tensor-parallel-size", type=int, default=1,
                        help="GPUs each engine spans (vLLM tensor parallelism; 1 on CPU)")
+    group.add_argument("--vllm-spin-ms", type=float, default=50.0,
+                       help="how long vLLM's engine processes busy-poll each other after each message before "
+                            "sleeping (vLLM's own: 1000; polling steals CPU from compute on CPU hosts); "
+                            "negative keeps vLLM's (default: %(default)s)")
 
 
 def engine_settings(args: argparse.Namespace, cpu_cores: str = "") -> EngineSettings:
@@ -29,7 +33,7 @@ def engine_settings(args: argparse.Namespace, cpu_cores: str = "") -> EngineSett
         model=args.model, dtype=args.dtype, block_size=args.block_size, max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_mb << 20, max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
-        tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores,
+        tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores, vllm_spin_ms=args.vllm_spin_ms,
     )
 
 
@@ -37,7 +41,8 @@ def engine_option_argv(settings: EngineSettings) -> list[str]:
     """The command-line form of `settings`, to start a child process with the same engine."""
     argv = ["--model", settings.model, "--dtype", settings.dtype, "--block-size", str(settings.block_size),
             "--max-model-len", str(settings.max_model_len), "--kv-cache-mb", str(settings.kv_cache_bytes >> 20),
-            "--max-num-seqs", str(settings.max_num_seqs), "--seed", str(settings.seed)]
+            "--max-num-seqs", str(settings.max_num_seqs), "--seed", str(settings.seed),
+            "--vllm-spin-ms", f"{settings.vllm_spin_ms:g}"]
     if settings.tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
     return argv + ([] if settings.enable_prefix_caching else ["--no-prefix-caching"])

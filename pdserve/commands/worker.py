@@ -32,7 +32,9 @@ def register(subparsers) -> None:
     parser.add_argument("--kv-port", type=int, default=0, help="prefill: KV transfer port (0: any free port)")
     parser.add_argument("--transport", choices=["tcp", "torch"], default="tcp",
                         help="KV transport: tcp sockets, or torch.distributed p2p (gloo on CPU, nccl on GPU)")
-    parser.add_argument("--cpu-cores", default="", help="CPU hosts: cores to bind the engine to, e.g. 0 or 0-1")
+    parser.add_argument("--cpu-cores", default="",
+                        help="CPU hosts: cores this worker runs on, e.g. 0 or 0-1: its processes and the engine's "
+                             "compute threads are bound there (default: no binding)")
     parser.add_argument("--lease-s", type=float, default=30.0, help="prefill: how long KV waits for its consumer")
     parser.add_argument("--ttl-s", type=float, default=3.0, help="registry lease; a dead worker vanishes after it")
     parser.add_argument("--heartbeat-s", type=float, default=1.0, help="registry refresh interval")

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from kv_transfer.config import ConnectorConfig
+from pdserve.cpu_placement import bind_this_process
 from pdserve.engine import engine_args
 from pdserve.metrics import start_metrics_server
 from pdserve.registry import Registry
@@ -54,6 +55,7 @@ def _model_name(config: WorkerConfig) -> str:
 async def run_worker(config: WorkerConfig, ready_file: str | None = None, metrics_port: int = 0) -> None:
     if metrics_port:
         start_metrics_server(config.bind_host, metrics_port)
+    bind_this_process(config.engine.cpu_cores)  # before vLLM spawns its engine core and model runner
     load = EngineLoad()
     engine, kv_address = _start_engine(config, load)
     runtime = WorkerRuntime(config, engine, load, kv_address=kv_address)

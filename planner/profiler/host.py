@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 
 from planner.profile import HardwareInfo, ModelInfo
+from pdserve.cpu_placement import parse_cores
 
 
 def cpu_model() -> str:
@@ -24,13 +25,7 @@ def count_cores(cpu_cores: str) -> int:
     """Cores in a binding like "0", "0-3" or "0,2,4-5"; all visible cores for ""."""
     if not cpu_cores:
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    total = 0
-    for part in cpu_cores.split(","):
-        low, _, high = part.partition("-")
-        if not low.strip().isdigit() or (high and not high.strip().isdigit()):
-            raise ValueError(f"--cpu-cores {cpu_cores!r} is not a core list like 0, 0-3 or 0,2")
-        total += (int(high) - int(low) + 1) if high else 1
-    return total
+    return len(parse_cores(cpu_cores))
 
 
 def hardware_info(cpu_cores: str) -> HardwareInfo:

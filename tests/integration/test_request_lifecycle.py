@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -161,3 +162,20 @@ def test_http_completions_stream_chat_and_models(tcp_cluster):
     assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant"
     models = httpx.get(f"{base}/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def _process_tree(pid: int) -> list[int]:
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listing:
+            children += [int(child) for child in listing.read().split()]
+    return [pid] + [p for child in children for p in _process_tree(child)]
+
+
+def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
+    """The API process, vLLM's engine core and model runner: none polls on the other worker's core."""
+    for role, core in (("prefill", 0), ("decode", 1)):
+        worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
+        tree = _process_tree(worker.popen.pid)
+        assert len(tree) >= 3, f"{role}: expected the API process, the engine core and the model runner"
+        assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}

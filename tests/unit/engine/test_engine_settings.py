@@ -1,5 +1,7 @@
 """EngineSettings -> vLLM engine arguments: what reaches vLLM, and what is refused before it starts."""
 
+import os
+
 import pytest
 
 from kv_transfer.config import ConnectorConfig
@@ -21,3 +23,18 @@ def test_nonsense_settings_are_refused():
         EngineSettings(model="m", tensor_parallel_size=0)
     with pytest.raises(ValueError, match="multiple of 32"):
         EngineSettings(model="m", block_size=16)
+    with pytest.raises(ValueError, match="'x' is not a core"):
+        EngineSettings(model="m", cpu_cores="0,x")
+
+
+def test_the_spin_cap_and_the_core_binding_reach_vllms_child_processes_through_the_environment(monkeypatch):
+    monkeypatch.delenv("PDSERVE_VLLM_SPIN_S", raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    engine_args(EngineSettings(model="m", cpu_cores="1", vllm_spin_ms=50), "colocated")
+    assert os.environ["PDSERVE_VLLM_SPIN_S"] == "0.05" and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+def test_a_negative_spin_cap_leaves_vllm_as_it_is(monkeypatch):
+    monkeypatch.delenv("PDSERVE_VLLM_SPIN_S", raising=False)
+    engine_args(EngineSettings(model="m", vllm_spin_ms=-1), "colocated")
+    assert "PDSERVE_VLLM_SPIN_S" not in os.environ

@@ -44,7 +44,7 @@ def test_count_cores(spec, cores):
 
 
 def test_count_cores_refuses_garbage():
-    with pytest.raises(ValueError, match="not a core list"):
+    with pytest.raises(ValueError, match="not a core or a range"):
         count_cores("a-b")
 
 

@@ -24,7 +24,7 @@ def test_worker_runs_the_local_launchers_worker_command_with_the_clusters_settin
         "worker", "--role", "decode", "--worker-id", "decode-3", "--redis-url", "redis://10.0.0.5:6379/0",
         "--cluster", "c1", "--transport", "torch", "--cpu-cores", "1", "--lease-s", "20.0", "--ttl-s", "4.0",
         "--model", "/models/tiny", "--dtype", "bfloat16", "--block-size", "32", "--max-model-len", "1024",
-        "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7")
+        "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7", "--vllm-spin-ms", "50")
 
 
 def test_a_role_without_cores_is_not_pinned():
