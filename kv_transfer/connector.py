@@ -60,6 +60,10 @@ class PDConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)
 
+    def has_pending_push_work(self) -> bool:
+        """Keeps the engine stepping while the scheduler half has metadata to hand over."""
+        return self._scheduler is not None and self._scheduler.has_pending_work()
+
     def get_kv_connector_stats(self) -> PDConnectorStats | None:
         """Scheduler role: the held-lease gauge, every step (see `kv_transfer.stats`)."""
         return self._scheduler.get_kv_connector_stats() if self._scheduler is not None else None

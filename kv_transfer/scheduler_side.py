@@ -43,6 +43,13 @@ class PDScheduler:
         """Prefilled requests whose blocks are pinned for a consumer (not yet `finished_sending`)."""
         return len(self._held)
 
+    def has_pending_work(self) -> bool:
+        """True while metadata for the worker half is waiting for the next engine step. The engine
+        must take that step even with no request left: a release queued for a request aborted
+        before its blocks were allocated would otherwise wait for the next request to arrive,
+        and the producer would hold the blocks until the lease expires."""
+        return bool(self._next.grants or self._next.pulls or self._next.releases)
+
     @property
     def num_pending_reports(self) -> int:
         """Pull reports kept for requests that have not finished yet."""

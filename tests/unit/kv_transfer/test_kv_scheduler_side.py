@@ -77,9 +77,12 @@ def test_a_pull_report_reaches_its_request_when_it_finishes():
     assert scheduler.num_pending_reports == 0
 
 
-def test_a_request_that_ends_before_allocation_releases_the_producer_lease():
+def test_a_request_that_ends_before_allocation_releases_the_producer_lease_even_if_the_engine_idles():
     scheduler = PDScheduler(CONFIG, "decode-0", block_size=32)
     request = _consumer_request("dec-3")
+    assert scheduler.has_pending_work() is False
     request.status = RequestStatus.FINISHED_ABORTED
     assert scheduler.request_finished(request, []) == (False, None)
+    assert scheduler.has_pending_work() is True  # vLLM takes one more step for it (has_pending_push_work)
     assert scheduler.build_connector_meta(None).releases == [ReleaseSpec("x1", "10.0.0.5:7000")]
+    assert scheduler.has_pending_work() is False
