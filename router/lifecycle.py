@@ -112,13 +112,14 @@ class Lifecycle:
                     return
                 yield self._chunk(request, generated, decoder, False, "", None, started)
             kv_json = prefilled.kv_transfer_params_json if prefilled else ""
-            abandon = (lambda: self._release_soon(prefilled, request.request_id)) if prefilled else None
+            abandon = ((lambda: self._release_soon(prefilled.worker, prefilled.transfer_id, request.request_id))
+                       if prefilled else None)
             async for chunk in self._decode(request, kv_json, generated, timings, decoder, started, abandon):
                 yield chunk
             completed = True
         finally:
             if prefilled is not None and not completed:
-                self._release_soon(prefilled, request.request_id)
+                self._release_soon(prefilled.worker, prefilled.transfer_id, request.request_id)
 
     def _chunk(self, request, token_ids, decoder, finished, reason, timings, started) -> Chunk:
         if timings is not None:
@@ -140,6 +141,11 @@ class Lifecycle:
             try:
                 with self.pool.track(worker):
                     reply = await self.pool.stub(worker).Prefill(message, timeout=self.config.request_timeout_s)
+            except asyncio.CancelledError:
+                # The engine may have finished (and leased the KV) just as the client left: the
+                # reply that would name it is lost, so release by the transfer id we chose.
+                self._release_soon(worker, transfer_id, request.request_id)
+                raise
             except grpc.aio.AioRpcError as error:
                 self._on_worker_error(worker, error)
                 continue
@@ -219,15 +225,15 @@ class Lifecycle:
         metrics.WORKER_FAILURES.labels(worker.role).inc()
         self.pool.quarantine(worker)
 
-    def _release_soon(self, prefilled: _Prefilled, request_id: str) -> None:
-        task = asyncio.create_task(self._release(prefilled, request_id))
+    def _release_soon(self, worker: WorkerRecord, transfer_id: str, request_id: str) -> None:
+        task = asyncio.create_task(self._release(worker, transfer_id, request_id))
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
-    async def _release(self, prefilled: _Prefilled, request_id: str) -> None:
-        """Frees the prefill worker's KV for an abandoned transfer (no-op if already pulled)."""
+    async def _release(self, worker: WorkerRecord, transfer_id: str, request_id: str) -> None:
+        """Frees the prefill worker's KV for an abandoned transfer (no-op if already pulled or never held)."""
         try:
-            await self.pool.stub(prefilled.worker).Abort(
-                worker_pb2.WorkerAbortRequest(request_id=request_id, transfer_id=prefilled.transfer_id), timeout=5.0)
+            await self.pool.stub(worker).Abort(
+                worker_pb2.WorkerAbortRequest(request_id=request_id, transfer_id=transfer_id), timeout=5.0)
         except grpc.aio.AioRpcError as error:  # worker gone (its blocks with it), or the lease expires
-            logger.info("could not release transfer %s: %s", prefilled.transfer_id, error.code())
+            logger.info("could not release transfer %s: %s", transfer_id, error.code())
