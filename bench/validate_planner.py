@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, action="append", required=True,
                    help="profile to simulate with; repeat to compare several (e.g. --through engine and cluster)")
     p.add_argument("--rates", help="comma-separated offered rates, req/s (default: from the first profile)")
-    p.add_argument("--duration-s", type=float, default=40.0, help="seconds of arrivals per rate (default 40)")
+    p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals per rate (default 60)")
     p.add_argument("--min-requests", type=int, default=40, help="at least this many requests per rate (default 40)")
     p.add_argument("--input-len", type=int, default=128, help="mean prompt tokens (default 128)")
     p.add_argument("--output-len", type=int, default=64, help="mean output tokens (default 64)")
@@ -73,8 +74,10 @@ def start_cluster(model: Path, profile: Profile, transport: str, log_dir: Path):
     from pdserve.engine import EngineSettings
     from pdserve.launcher import ClusterSpec, LocalCluster
 
+    # No prefix cache: the simulator computes every prompt, so the real engines must too.
     engine = EngineSettings(model=str(model), dtype=profile.model.dtype, block_size=profile.model.block_size,
-                            kv_cache_bytes=profile.engine.kv_cache_memory_bytes, max_num_seqs=profile.engine.max_num_seqs)
+                            kv_cache_bytes=profile.engine.kv_cache_memory_bytes, max_num_seqs=profile.engine.max_num_seqs,
+                            enable_prefix_caching=False)
     spec = ClusterSpec(engine=engine, transport=transport, cpu_cores={"prefill": "0", "decode": "1"},
                        log_dir=str(log_dir))
     return LocalCluster(spec).start()
@@ -97,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     comparisons: list[Comparison] = []
     cluster = start_cluster(args.model, first, args.transport, args.out_dir / "logs")
     try:
-        prompts = PromptSynthesizer(seed=args.seed, token_id_high=min(250, first_vocab(args.model)))
-        for rate in rates:
+        for index, rate in enumerate(rates):
             count = max(args.min_requests, round(rate * args.duration_s))
             specs = workload.build(rate_rps=rate, num_requests=count)
+            prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, first_vocab(args.model)))
             result = asyncio.run(run_with_progress(make_target("pdserve", cluster.grpc_target), specs, prompts,
                                                    RunConfig(warmup_requests=4), f"{rate:g} req/s"))
+            specs = as_sent(specs, result.records)
             measured = summarize(result.records, result.duration_s, slo)
             if measured["failed"]:
                 console.print(f"[red]{measured['failed']} requests failed at {rate:g} req/s: "
@@ -123,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"TPOT<={args.tpot_slo_ms:g} ms)")
     console.print(f"wrote {args.out_dir / 'validation.json'} and {png}")
     return 0
+
+
+def as_sent(specs: list, records) -> list:
+    """The requests as the client really sent them: a starved client sends late, and the simulator
+    must see the arrivals the cluster saw, not the schedule."""
+    sent = {record.index: record.sent_s for record in records}
+    return [replace(spec, arrival_s=sent.get(index, spec.arrival_s)) for index, spec in enumerate(specs)]
 
 
 def first_vocab(model: Path) -> int:

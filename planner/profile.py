@@ -7,6 +7,8 @@ A profile is JSON with a format tag and a version. Version 1 holds:
 - `engine`: the vLLM settings the measurements were taken with (they bound a step:
   `max_num_batched_tokens` is the chunk size / token budget, `max_num_seqs` the batch cap,
   `kv_cache_memory_bytes` the KV capacity per instance);
+- `serving` (optional; zeros when absent): what the router, the gRPC hops and the workers' API
+  processes add around the engines, see `ServingCosts`;
 - three measured tables:
   `prefill`  one request alone: `prefill_s` for `prompt_tokens`, chunked by `chunk_tokens`;
   `decode`   one engine step: `step_s` for `batch_size` sequences holding `context_tokens` in total;
@@ -154,6 +156,42 @@ class TransferSample:
 
 
 @dataclass(frozen=True)
+class ServingCosts:
+    """What serving adds around the engines, measured through a real 1P+1D cluster
+    (`pdserve profile --through cluster`); all zero in an engine-only profile.
+
+    Latencies, which hold no engine:
+    - `first_token_s`: added to every request's first token: the router, the gRPC hops and the
+      prefill worker's API process, the prompt in and the token back;
+    - `handoff_s`: from the prefill engine's first token until the decode engine has the request
+      (the router's Decode RPC, the decode worker's API process), on top of the KV transfer.
+    CPU on a worker's own cores, which stretches that worker's engine steps:
+    - `decode_cpu_s_per_token`, `decode_cpu_s_per_request`: the decode worker's API process and
+      engine core, per output token and per request (its Decode RPC, admission);
+    - `prefill_cpu_s_per_request`: the prefill worker's, per request.
+    CPU of the processes bound to no worker (the router; a client on the same host), which takes
+    whatever core is free and otherwise stretches the engines' steps:
+    - `host_cpu_s_per_token`, `host_cpu_s_per_request`;
+    - `host_cores`: the cores every process shares (0: the host is not modelled).
+    """
+
+    first_token_s: float = 0.0
+    handoff_s: float = 0.0
+    decode_cpu_s_per_token: float = 0.0
+    decode_cpu_s_per_request: float = 0.0
+    prefill_cpu_s_per_request: float = 0.0
+    host_cpu_s_per_token: float = 0.0
+    host_cpu_s_per_request: float = 0.0
+    host_cores: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                     and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
 class Profile:
     """One host + model + engine setup and its measured tables. Immutable and validated."""
 
@@ -165,6 +203,7 @@ class Profile:
     kv_transfer: tuple[TransferSample, ...]
     created_at: str = ""
     notes: str = ""
+    serving: ServingCosts = ServingCosts()
 
     def __post_init__(self) -> None:
         lengths = {row.prompt_tokens for row in self.prefill}
@@ -228,6 +267,7 @@ def profile_from_dict(data: dict[str, Any]) -> Profile:
         kv_transfer=_rows(TransferSample, data, "kv_transfer"),
         created_at=str(data.get("created_at", "")),
         notes=str(data.get("notes", "")),
+        serving=_build(ServingCosts, data.get("serving", {}), "profile.serving"),
     )
 
 

@@ -14,11 +14,14 @@ Measure what the planner needs to know about this host, for one model and engine
   - decode step time against batch size and total context (concurrent requests, ignore_eos);
   - KV transfer time against bytes, for each transport (the real transports over loopback).
 --through engine (default) times one colocated vLLM engine bound to --cpu-cores, the cores one
-worker gets. --through cluster times a real 1P+1D local cluster at the client (prefill worker on
-the first of --cluster-cores, decode on the second), so the router's and the gRPC hops' per-token
-costs are in the profile too: on small models and few cores they are as large as the engine's,
-and the planner's predictions hold only with them. Either way the profile describes one device
-per worker. Give the same engine options your workers run with.
+worker gets. --through cluster times that engine on the first of --cluster-cores, then starts a
+real 1P+1D local cluster (prefill on the first, decode on the second) and measures what serving
+adds around the engines: the latency of the router's and the gRPC hops on the first token and on
+the handoff to decode, the CPU the workers' API processes take from their own cores per request
+and per token, and the CPU of the router and a client on the same host. On small models and few
+cores those are as large as the engine's own costs, and the planner's predictions hold only with
+them. Either way the profile describes one device per worker. Give the same engine options your
+workers run with.
 
 Writes OUT (a versioned JSON profile recording hardware, model and engine settings) and OUT with
 a .png suffix (measured points and the fitted model), and prints the fit and its error.
@@ -44,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu-cores", default="0",
                    help="cores to bind the engine to, as one worker is bound (default 0; '' = vLLM's choice)")
     p.add_argument("--through", choices=["engine", "cluster"], default="engine",
-                   help="time the engine alone, or a real 1P+1D cluster at the client (default engine)")
+                   help="the engine alone, or also what a real 1P+1D cluster adds around it (default engine)")
     p.add_argument("--cluster-cores", default="0,1",
                    help="--through cluster: PREFILL,DECODE core sets of the two workers (default 0,1)")
     p.add_argument("--quick", action="store_true", help="fewest points (tests, smoke runs): about a minute")

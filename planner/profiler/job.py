@@ -1,11 +1,10 @@
 """`pdserve profile`'s work: measure transfers and the engine, write the profile, report the fit.
 
 Order: KV transfers first (no engine running, so they do not compete with it), then prefill and
-decode timings along one of two paths (`ProfileJob.path`):
-- "engine": one colocated vLLM engine (prefix caching off) bound to `cpu_cores`, the cores one
-  worker gets: the engine's own costs;
-- "cluster": a real 1P+1D local cluster, timed at the client: the engine plus the router, the
-  gRPC hops and the workers' per-token handling (`planner.profiler.cluster_probe`).
+decode timings of one colocated vLLM engine (prefix caching off) bound to the cores one worker
+gets: the engine's own costs. With `ProfileJob.path` "cluster", then a real 1P+1D local cluster
+measures what serving adds around those engines (`planner.profiler.serving_probe`: the hops'
+latencies, the workers' and the router's CPU); the profile's `serving` section holds it.
 Either way a profile describes one device per worker.
 """
 
@@ -31,6 +30,7 @@ from planner.profile import (
     ModelInfo,
     PrefillSample,
     Profile,
+    ServingCosts,
     TransferSample,
     save_profile,
 )
@@ -77,11 +77,16 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     started = time.perf_counter()
     engine = replace(job.engine, enable_prefix_caching=False)
     if job.path == "cluster":
-        engine = replace(engine, cpu_cores="")  # each worker gets its own cores from `cluster_cores`
+        engine = replace(engine, cpu_cores=job.cluster_cores[0])  # the engine alone, on one worker's cores
     model = model_info(engine.model, engine.dtype, engine.block_size)
     plan = make_plan(engine.max_model_len, engine.max_num_seqs, engine.kv_cache_bytes // model.kv_bytes_per_token,
                      engine.block_size, job.quick)
-    total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports)
+    serving_steps = 0
+    if job.path == "cluster":
+        from planner.profiler.serving_probe import serving_plan
+
+        serving_steps = 3 + len(serving_plan(engine.max_model_len, job.quick).prompt_tokens)
+    total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports) + serving_steps
     with _progress(job.show_progress) as progress:
         task = progress.add_task("profiling", total=total, last="")
 
@@ -89,20 +94,22 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
             progress.update(task, advance=1, last=label)
 
         transfers = _measure_transfers(model, job.transports, plan, advance)
-        if job.path == "engine":
-            prefill, decode, budget, version = asyncio.run(_measure_engine(engine, plan, advance))
-        else:
-            prefill, decode, budget, version = _measure_cluster(engine, job, plan, advance)
+        prefill, decode, budget, version = asyncio.run(_measure_engine(engine, plan, advance))
+        serving = ServingCosts()
+        if job.path == "cluster":
+            serving = _measure_serving(engine, job, model, prefill, decode, transfers, budget, advance)
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
     profile = Profile(
-        hardware=hardware_info(engine.cpu_cores if job.path == "engine" else job.cluster_cores[1]), model=model,
+        hardware=hardware_info(engine.cpu_cores), model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,
                               kv_cache_memory_bytes=engine.kv_cache_bytes, enforce_eager=True),
         prefill=prefill, decode=decode, kv_transfer=transfers,
         created_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         notes=f"pdserve profile --through {job.path}{' --quick' if job.quick else ''}; cores {cores}; "
-              + ("colocated vLLM engine" if job.path == "engine" else "1P+1D cluster timed at the client")
+              + ("colocated vLLM engine" if job.path == "engine"
+                 else "engine tables of one colocated engine, serving costs of a 1P+1D cluster")
               + ", prefix caching off",
+        serving=serving,
     )
     job.out.parent.mkdir(parents=True, exist_ok=True)
     save_profile(profile, job.out)
@@ -144,28 +151,22 @@ async def _measure_engine(settings: WorkerEngineSettings, plan: ProfilePlan, adv
     return prefill, decode, budget, vllm.__version__
 
 
-def _measure_cluster(settings: WorkerEngineSettings, job: ProfileJob, plan: ProfilePlan, advance):
-    import vllm
+def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: ModelInfo, prefill, decode, transfers,
+                     budget: int, advance) -> ServingCosts:
+    """The serving costs around the engine just measured (its fit is the baseline they add to)."""
+    from planner.profiler.serving_probe import measure_serving
 
-    from pdserve.client import AsyncClient
-    from pdserve.engine import engine_args
-    from planner.profiler.cluster_probe import ClusterProbe, local_cluster
-
-    budget = int(engine_args(settings, "colocated").create_engine_config().scheduler_config.max_num_batched_tokens)
-
-    async def measure(target: str):
-        async with AsyncClient(target) as client:
-            probe = ClusterProbe(client, (await client.model_info()).vocab_size)
-            return await _measure(probe, plan, budget, advance)
-
-    with local_cluster(settings, job.transports[0], *job.cluster_cores) as target:
-        advance(f"cluster up (token budget {budget})")
-        prefill, decode = asyncio.run(measure(target))
-    return prefill, decode, budget, vllm.__version__
+    engine_only = Profile(hardware=hardware_info(engine.cpu_cores), model=model,
+                          engine=EngineSettings(vllm_version="", max_num_batched_tokens=budget,
+                                                max_num_seqs=engine.max_num_seqs,
+                                                kv_cache_memory_bytes=engine.kv_cache_bytes),
+                          prefill=prefill, decode=decode, kv_transfer=transfers)
+    return measure_serving(replace(engine, cpu_cores=""), job.transports[0], job.cluster_cores,
+                           fit_perf_model(engine_only).model, model.kv_bytes_per_token, job.quick, advance)
 
 
 async def _measure(probe, plan: ProfilePlan, budget: int, advance):
-    """Prefill and decode rows from an `EngineProbe` or a `ClusterProbe`."""
+    """Prefill and decode rows from an `EngineProbe`."""
     await probe.warm_up()
     prefill = []
     for n in plan.prefill_prompt_tokens:
@@ -196,6 +197,14 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
     console.print(table)
     for line in fit.lines():
         console.print("  " + line, markup=False)
+    serving = profile.serving
+    if serving != ServingCosts():
+        console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms;"
+                      f" decode worker CPU {serving.decode_cpu_s_per_token * 1e6:.0f} us/token"
+                      f" + {serving.decode_cpu_s_per_request * 1e3:.2f} ms/request, prefill worker CPU"
+                      f" {serving.prefill_cpu_s_per_request * 1e3:.2f} ms/request; host (router, client)"
+                      f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_request * 1e3:.2f}"
+                      f" ms/request on {serving.host_cores} cores", markup=False)
 
 
 def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: float) -> None:

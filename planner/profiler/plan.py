@@ -49,7 +49,7 @@ def make_plan(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int, block
         raise PlanError(f"max_model_len {max_model_len} leaves fewer than 3 prompt lengths to measure; raise it")
     batches = tuple(b for b in (QUICK_BATCHES if quick else FULL_BATCHES) if b <= max_num_seqs)
     contexts = QUICK_CONTEXTS if quick else FULL_CONTEXTS
-    longest = 2 * steps + 1  # the cluster probe decodes twice the steps
+    longest = steps + 1
     points = tuple((b, c) for b in batches for c in contexts
                    if c + longest <= max_model_len and b * (c + longest) <= kv_cache_tokens)
     if len(points) < 3 or len({b for b, _ in points}) < 2:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from planner.profile import Profile
+from planner.profile import Profile, ServingCosts
 
 DecodePick = Literal["handoff", "arrival"]
 
@@ -68,7 +68,9 @@ class SimSettings:
       sequence (prompt + output) when admitted to decode, and waits while they are not free;
     - `kv_bytes_per_token` and `transport` give a transfer's bytes (whole blocks) and time;
     - `decode_pick`: when the router picks the decode instance: "handoff" (when prefill finishes,
-      by the load at that moment) or "arrival" (the pair is chosen up front).
+      by the load at that moment) or "arrival" (the pair is chosen up front);
+    - `serving`: what the router, the hops and the workers' API processes add (latencies, CPU on
+      the workers' cores and on the host's); zeros simulate the engines alone.
     """
 
     token_budget: int
@@ -78,6 +80,7 @@ class SimSettings:
     kv_bytes_per_token: int
     transport: str = "tcp"
     decode_pick: DecodePick = "handoff"
+    serving: ServingCosts = ServingCosts()
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -101,6 +104,7 @@ class SimSettings:
             block_size=profile.model.block_size,
             kv_bytes_per_token=profile.model.kv_bytes_per_token,
             transport=chosen,
+            serving=profile.serving,
         )
         return replace(settings, **overrides)
 

@@ -6,8 +6,14 @@ and the least KV in use, chosen when prefill finishes (as the router does) or at
 (`decode_pick`). Colocated instances are chosen the same way.
 
 Events at the same instant are all applied before any idle instance plans its next step, so two
-requests arriving together share a step; at one instant arrivals come first, then transfer
-completions, then step ends.
+requests arriving together share a step; at one instant arrivals come first, then handoffs, then
+transfer completions, then step ends.
+
+Serving costs (`SimSettings.serving`, measured through a real cluster): a prefilled request reaches
+its decode instance `handoff_s` after its first token; the workers' per-request and per-token CPU
+lengthens their steps; the host's unbound load (`planner.simulator.host`) stretches steps that
+start while it spills onto busy cores; `first_token_s` is added to what the client sees (TTFT and
+end-to-end latency, not TPOT).
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ from typing import Any
 from planner.perf_model import PerfModel
 from planner.simulator import routing
 from planner.simulator.config import SimSettings, SimulationError, Topology
+from planner.simulator.host import HostCpu
 from planner.simulator.instances import ColocatedInstance, DecodeInstance, PrefillInstance
 from planner.simulator.result import SimResult
 from planner.simulator.state import ItlLog, SimRequest
 
-ARRIVAL, TRANSFER_DONE, STEP_END = 0, 1, 2
+ARRIVAL, HANDOFF, TRANSFER_DONE, STEP_END = 0, 1, 2, 3
 Instance = PrefillInstance | DecodeInstance | ColocatedInstance
 
 
@@ -64,6 +71,9 @@ class _Cluster:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._dirty: dict[int, Instance] = {}
+        self.host = HostCpu(settings.serving)
+        self._stepping: set[int] = set()  # ids of the instances with a step running
+        self._cores_per_instance = settings.serving.host_cores / topology.devices
 
     def _push(self, at_s: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (at_s, kind, self._seq, payload))
@@ -77,6 +87,8 @@ class _Cluster:
             now, kind, _, payload = heapq.heappop(heap)
             if kind == ARRIVAL:
                 self._on_arrival(payload)
+            elif kind == HANDOFF:
+                self._hand_off(payload, now)
             elif kind == TRANSFER_DONE:
                 instance, request = payload
                 instance.transfer_done(request)
@@ -91,16 +103,20 @@ class _Cluster:
                                   "this is a simulator bug, please report it with the workload")
         busy = {"prefill": [i.busy_s for i in self.prefill], "decode": [i.busy_s for i in self.decode],
                 "colocated": [i.busy_s for i in self.colocated]}
-        return SimResult.from_requests(requests, self.topology, self.itl, busy)
+        return SimResult.from_requests(requests, self.topology, self.itl, busy,
+                                       delivery_s=self.settings.serving.first_token_s)
 
     def _start_steps(self, now: float) -> None:
         for instance in self._dirty.values():
-            end_s = instance.start_step(now)
+            busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
+            end_s = instance.start_step(now, self.host.stretch(now, busy_cores))
             if end_s is not None:
+                self._stepping.add(id(instance))
                 self._push(end_s, STEP_END, instance)
         self._dirty.clear()
 
     def _on_arrival(self, request: SimRequest) -> None:
+        self.host.request_arrived(request.arrival_s)
         if self.colocated:
             instance = routing.pick(self.colocated)
             instance.enqueue(request)
@@ -119,20 +135,23 @@ class _Cluster:
 
     def _on_step_end(self, instance: Instance, now: float) -> None:
         self._dirty[id(instance)] = instance
+        self._stepping.discard(id(instance))
         if isinstance(instance, PrefillInstance):
             for request in instance.finish_step(now):
-                self._hand_off(request, now)
+                self._push(now + self.settings.serving.handoff_s, HANDOFF, request)
         elif isinstance(instance, DecodeInstance):
             _, started = instance.finish_step(now)
             self._push_transfers(instance, started)
         else:
             instance.finish_step(now)
+        self.host.tokens_emitted(now, instance.step_tokens)
 
     def _hand_off(self, request: SimRequest, now: float) -> None:
-        """Prefill is done and the first token is out; move the request to a decode instance."""
+        """Prefill is done and the first token is out (`handoff_s` ago); move the request to a
+        decode instance."""
         if request.output_tokens == 1:  # nothing left to decode
-            request.transfer_start_s = request.transfer_end_s = now
-            request.first_decode_token_s = request.finish_s = now
+            request.transfer_start_s = request.transfer_end_s = request.first_token_s
+            request.first_decode_token_s = request.finish_s = request.first_token_s
             return
         if request.decode_instance is None:
             decode = self._assign_decode(request)

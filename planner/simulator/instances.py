@@ -60,6 +60,7 @@ class PrefillInstance:
         self.index, self._settings, self._model = index, settings, model
         self.queue: deque[SimRequest] = deque()
         self.busy_s = 0.0
+        self.step_tokens = 0  # tokens the last finished step emitted
         self._plan: list[Chunk] = []
         self._running = False
 
@@ -72,18 +73,24 @@ class PrefillInstance:
     def enqueue(self, request: SimRequest) -> None:
         self.queue.append(request)
 
-    def start_step(self, now: float) -> float | None:
+    def start_step(self, now: float, stretch: float = 1.0) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it."""
         if self._running or not self.queue:
             return None
         s = self._settings
+        starting = sum(r.prefill_start_s is None for r in self.queue)  # before plan_chunks stamps them
         tokens, units = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
-        duration = self._model.prefill_step_s(tokens, units)
+        starting -= sum(r.prefill_start_s is None for r in self.queue)
+        duration = stretch * (self._model.prefill_step_s(tokens, units)
+                              + starting * s.serving.prefill_cpu_s_per_request)
         self._running, self.busy_s = True, self.busy_s + duration
         return now + duration
 
     def finish_step(self, now: float) -> list[SimRequest]:
+        """The requests whose first token this step produced."""
         completed = apply_chunks(self.queue, self._plan, now)
         self._plan, self._running = [], False
+        self.step_tokens = len(completed)
         return completed
 
 
@@ -100,6 +107,7 @@ class DecodeInstance:
         self.used_blocks = 0
         self.admitted = 0
         self.busy_s = 0.0
+        self.step_tokens = 0  # tokens the running (or last) step emits
         self._link_free_s = 0.0
         self._ready: list[SimRequest] = []
         self._first_step: list[SimRequest] = []
@@ -135,7 +143,8 @@ class DecodeInstance:
     def transfer_done(self, request: SimRequest) -> None:
         self._ready.append(request)
 
-    def start_step(self, now: float) -> float | None:
+    def start_step(self, now: float, stretch: float = 1.0) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it."""
         if self._step_start_s is not None:
             return None
         for request in self._ready:
@@ -143,8 +152,11 @@ class DecodeInstance:
         self._first_step, self._ready = self._ready, []
         if self.batch.size == 0:
             return None
-        duration = self._model.decode_step_s(self.batch.size, self.batch.context_tokens)
-        self._step_start_s, self.busy_s = now, self.busy_s + duration
+        size, serving = self.batch.size, self._settings.serving
+        duration = stretch * (self._model.decode_step_s(size, self.batch.context_tokens)
+                              + size * serving.decode_cpu_s_per_token
+                              + len(self._first_step) * serving.decode_cpu_s_per_request)
+        self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
         return now + duration
 
     def finish_step(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
@@ -175,6 +187,7 @@ class ColocatedInstance:
         self.assigned = 0
         self.used_blocks = 0
         self.busy_s = 0.0
+        self.step_tokens = 0  # tokens the last finished step emitted
         self._ready: list[SimRequest] = []
         self._first_step: list[SimRequest] = []
         self._plan: list[Chunk] = []
@@ -200,7 +213,8 @@ class ColocatedInstance:
         request.blocks, self.used_blocks = blocks, self.used_blocks + blocks
         return True
 
-    def start_step(self, now: float) -> float | None:
+    def start_step(self, now: float, stretch: float = 1.0) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it."""
         if self._step_start_s is not None:
             return None
         for request in self._ready:
@@ -214,7 +228,9 @@ class ColocatedInstance:
             tokens, units = tokens + more, units + more_units
         if tokens == 0 and self.batch.size == 0:
             return None
-        duration = self._model.mixed_step_s(tokens, units, self.batch.size, self.batch.context_tokens)
+        duration = stretch * (self._model.mixed_step_s(tokens, units, self.batch.size, self.batch.context_tokens)
+                              + self.batch.size * s.serving.decode_cpu_s_per_token
+                              + len(self._first_step) * s.serving.decode_cpu_s_per_request)
         self._step_start_s, self.busy_s = now, self.busy_s + duration
         return now + duration
 
@@ -224,8 +240,10 @@ class ColocatedInstance:
             self._itl.record_step(now - self._step_start_s, self.batch.size - len(self._first_step))
         for request in self._first_step:
             request.first_decode_token_s = now
+        self.step_tokens = self.batch.size
         finished = self.batch.advance()
         for request in apply_chunks(self.prefilling, self._plan, now):
+            self.step_tokens += 1
             request.transfer_start_s = request.transfer_end_s = now
             if request.output_tokens == 1:
                 request.first_decode_token_s = now

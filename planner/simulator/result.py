@@ -3,7 +3,9 @@
 Definitions match `vllm bench serve` and `loadgen.metrics`: TTFT = arrival to first token (out
 of prefill when disaggregated); E2EL = arrival to last token; TPOT = (E2EL - TTFT)/(output - 1),
 for outputs > 1 (0 for SLO checks otherwise); ITL = gaps between consecutive tokens, pooled.
-The simulator's "arrival" is the send time of loadgen: no client or network delay is modelled.
+The simulator's "arrival" is the send time of loadgen. `delivery_s` (the profile's serving
+`first_token_s`) is what the router and the hops add to the first token and, alike, to the last:
+it lengthens TTFT and E2EL and leaves TPOT as the engines make it.
 """
 
 from __future__ import annotations
@@ -32,15 +34,16 @@ class SimResult:
     itl_step_s: np.ndarray  # decode step durations ...
     itl_weight: np.ndarray  # ... and how many requests saw each one as an inter-token gap
     busy_s: dict[str, list[float]]
+    delivery_s: float = 0.0  # serving latency added to what the client sees of each token
 
     @classmethod
     def from_requests(cls, requests: list[SimRequest], topology: Topology, itl: ItlLog,
-                      busy_s: dict[str, list[float]]) -> "SimResult":
+                      busy_s: dict[str, list[float]], delivery_s: float = 0.0) -> "SimResult":
         timeline = {name: np.array([getattr(r, name) for r in requests], dtype=float) for name in TIMELINE}
         return cls(topology, timeline,
                    np.array([r.prompt_tokens for r in requests], dtype=np.int64),
                    np.array([r.output_tokens for r in requests], dtype=np.int64),
-                   np.array(itl.step_s, dtype=float), np.array(itl.weight, dtype=np.int64), busy_s)
+                   np.array(itl.step_s, dtype=float), np.array(itl.weight, dtype=np.int64), busy_s, delivery_s)
 
     @property
     def num_requests(self) -> int:
@@ -48,11 +51,11 @@ class SimResult:
 
     @property
     def ttft_s(self) -> np.ndarray:
-        return self.timeline["first_token_s"] - self.timeline["arrival_s"]
+        return self.timeline["first_token_s"] + self.delivery_s - self.timeline["arrival_s"]
 
     @property
     def e2el_s(self) -> np.ndarray:
-        return self.timeline["finish_s"] - self.timeline["arrival_s"]
+        return self.timeline["finish_s"] + self.delivery_s - self.timeline["arrival_s"]
 
     @property
     def tpot_s(self) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""`pdserve profile --quick` on the tiny model: a real engine and real transports, one short run."""
+"""`pdserve profile --quick --through cluster` on the tiny model: a real engine, real transports and a
+real 1P+1D cluster for the serving costs, one short run."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def quick_profile(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "tiny.json"
     env = os.environ | {"VLLM_LOGGING_LEVEL": "WARNING"}
     run = subprocess.run([sys.executable, "-m", "pdserve.cli", "profile", "--model", str(tiny_model), "--quick",
-                          "--transports", "tcp,torch", "--kv-cache-mb", "64", "--cpu-cores", "0", "--no-progress",
+                          "--transports", "tcp,torch", "--kv-cache-mb", "64", "--through", "cluster", "--no-progress",
                           "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return out, run.stdout
@@ -53,3 +54,14 @@ def test_quick_profile_fits_are_sane(quick_profile):
     for transport in ("tcp", "torch"):
         assert model.transfer_s(16 << 20, transport) > model.transfer_s(64 << 10, transport) > 0
     assert fit.prefill_mape < 0.25 and fit.decode_mape < 0.35
+
+
+def test_the_cluster_pass_measures_what_serving_adds_around_the_engines(quick_profile):
+    serving = load_profile(quick_profile[0]).serving
+    # the hops cost the first token and the handoff milliseconds, not nothing and not seconds
+    assert 0 < serving.first_token_s < 0.1 and 0 <= serving.handoff_s < 0.1
+    # every streamed token costs the decode worker's API process and the router some CPU
+    assert 0 < serving.decode_cpu_s_per_token < 0.005 and 0 < serving.host_cpu_s_per_token < 0.005
+    assert 0 < serving.prefill_cpu_s_per_request < 0.05
+    assert serving.host_cores == len(os.sched_getaffinity(0))
+    assert "serving: first token +" in quick_profile[1]

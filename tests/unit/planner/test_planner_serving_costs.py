@@ -1,0 +1,78 @@
+"""Serving costs around the engines (the router's hops, the workers' API processes, the host's
+unbound load) in the simulator, against schedules computed by hand with planner_testkit's
+round-number model (prefill step 0.1 + 0.001*tokens + 1e-6*units, decode step 0.01 + 0.005*batch
++ 1e-4*context, transfer 5 ms + 10 ms per 10-token block)."""
+
+from __future__ import annotations
+
+import pytest
+from planner_testkit import ROUND_MODEL, round_settings, spec
+
+from planner.profile import ProfileError, ServingCosts
+from planner.simulator import Topology, simulate
+from planner.simulator.host import HostCpu
+
+EXACT = dict(abs=1e-12)
+
+
+def test_latencies_and_worker_cpu_reproduce_a_hand_schedule():
+    costs = ServingCosts(first_token_s=0.004, handoff_s=0.003, decode_cpu_s_per_token=0.001,
+                         decode_cpu_s_per_request=0.0005, prefill_cpu_s_per_request=0.002)
+    result = simulate([spec(0.0, 50, 3)], Topology.disaggregated(1, 1), round_settings(serving=costs), ROUND_MODEL)
+    t = result.timeline
+    # prefill: 0.1 + 0.05 + 0.0025 + 0.002 (one request starts) = 0.1545
+    assert t["first_token_s"].tolist() == pytest.approx([0.1545], **EXACT)
+    # handoff 3 ms, then 5 blocks pulled: 0.055 s -> decoding from 0.2125
+    assert t["transfer_start_s"].tolist() == pytest.approx([0.1575], **EXACT)
+    assert t["transfer_end_s"].tolist() == pytest.approx([0.2125], **EXACT)
+    # decode steps: 0.015 + 1e-4 * (51, 52) + 0.001 per token (+ 0.0005 as it joins) -> 0.0216, 0.0212
+    assert t["first_decode_token_s"].tolist() == pytest.approx([0.2341], **EXACT)
+    assert t["finish_s"].tolist() == pytest.approx([0.2553], **EXACT)
+    # the client sees every token 4 ms later: TTFT and E2EL grow, TPOT does not
+    assert result.ttft_s.tolist() == pytest.approx([0.1585], **EXACT)
+    assert result.e2el_s.tolist() == pytest.approx([0.2593], **EXACT)
+    assert result.tpot_s.tolist() == pytest.approx([(0.2553 - 0.1545) / 2], **EXACT)
+
+
+def test_zero_costs_leave_the_engine_schedule_exactly_as_it_was():
+    requests = [spec(0.0, 50, 12), spec(0.0, 80, 2), spec(0.05, 30, 1)]
+    plain = simulate(requests, Topology.disaggregated(1, 1), round_settings(), ROUND_MODEL)
+    zeros = simulate(requests, Topology.disaggregated(1, 1), round_settings(serving=ServingCosts()), ROUND_MODEL)
+    for name, values in plain.timeline.items():
+        assert zeros.timeline[name].tolist() == values.tolist(), name
+
+
+def test_host_load_first_fills_idle_cores_then_stretches_the_busy_ones():
+    host = HostCpu(ServingCosts(host_cpu_s_per_token=0.001, host_cores=2), window_s=1.0)
+    host.tokens_emitted(0.5, 600)  # 0.6 cpu-s in the last second: 0.6 cores
+    assert host.load_cores(1.0) == pytest.approx(0.6, **EXACT)
+    assert host.stretch(1.0, busy_cores=1) == 1.0  # one core is free and absorbs it
+    assert host.stretch(1.0, busy_cores=2) == pytest.approx(1 / (1 - 0.3), **EXACT)  # 0.6 over two cores
+    host.tokens_emitted(0.9, 1000)  # 1.6 cores: 0.6 spills onto the one busy core
+    assert host.stretch(1.0, busy_cores=1) == pytest.approx(1 / (1 - 0.6), **EXACT)
+    assert host.load_cores(1.6) == pytest.approx(1.0, **EXACT)  # the first work left the window
+    assert HostCpu(ServingCosts(host_cpu_s_per_token=5.0, host_cores=2)).stretch(0.0, 2) == 1.0  # none yet
+
+
+def test_an_unmodelled_host_never_stretches():
+    host = HostCpu(ServingCosts(host_cpu_s_per_token=1.0, host_cores=0))
+    host.tokens_emitted(0.0, 10_000)
+    assert host.stretch(0.1, busy_cores=2) == 1.0
+
+
+def test_host_load_lowers_the_rate_a_cluster_sustains():
+    """The knee: the same workload with and without the router's per-token CPU on a 2-core host."""
+    requests = [spec(i * 0.5, 20, 10) for i in range(200)]  # engines ~25-30% busy, 20 tokens/s
+    engines = simulate(requests, Topology.disaggregated(1, 1), round_settings(), ROUND_MODEL)
+    light = simulate(requests, Topology.disaggregated(1, 1), round_settings(
+        serving=ServingCosts(host_cpu_s_per_token=0.02, host_cores=2)), ROUND_MODEL)  # 0.4 cores: fits idle time
+    loaded = simulate(requests, Topology.disaggregated(1, 1), round_settings(
+        serving=ServingCosts(host_cpu_s_per_token=0.06, host_cores=2)), ROUND_MODEL)  # 1.2 cores: spills
+    assert light.tpot_s.mean() == pytest.approx(engines.tpot_s.mean(), **EXACT)
+    assert loaded.tpot_s.mean() > 1.2 * engines.tpot_s.mean()
+    assert loaded.ttft_s.mean() > 1.2 * engines.ttft_s.mean()
+
+
+def test_negative_costs_are_refused_naming_the_field():
+    with pytest.raises(ProfileError, match="serving.handoff_s must be a number >= 0"):
+        ServingCosts(handoff_s=-0.1)
