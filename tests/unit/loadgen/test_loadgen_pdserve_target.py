@@ -100,7 +100,7 @@ async def test_runner_accounts_for_errors_and_timeouts_and_cancels_the_rpc(route
     target = PdserveGrpcTarget(address)
     await target.open()
     try:
-        result = await run(target, specs, PromptSynthesizer(), RunConfig(request_timeout_s=0.5))
+        result = await run(target, specs, PromptSynthesizer(), RunConfig(request_timeout_s=2.0))  # ok needs ms; stall is 10 s
     finally:
         await target.close()
     assert [r.status for r in result.records] == ["ok", "error", "timeout"]
