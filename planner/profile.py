@@ -165,18 +165,24 @@ class ServingCosts:
       prefill worker's API process, the prompt in and the token back;
     - `handoff_s`: from the prefill engine's first token until the decode engine has the request
       (the router's Decode RPC, the decode worker's API process), on top of the KV transfer.
+    Decode steps as served, fitted on batches decoding together (served step = engine step +
+    `decode_step_s` + `decode_cpu_s_per_token` x batch): what the worker's engine core and API
+    process, on the model runner's core, add per step (a wake-up for the step's outputs) and per
+    token of the batch (each stream's message).
     CPU on a worker's own cores, which stretches that worker's engine steps:
-    - `decode_cpu_s_per_token`, `decode_cpu_s_per_request`: the decode worker's API process and
-      engine core, per output token and per request (its Decode RPC, admission);
+    - `decode_cpu_s_per_request`: the decode worker's API process per request (its Decode RPC,
+      admission);
     - `prefill_cpu_s_per_request`: the prefill worker's, per request.
     CPU of the processes bound to no worker (the router; a client on the same host), which takes
     whatever core is free and otherwise stretches the engines' steps:
-    - `host_cpu_s_per_token`, `host_cpu_s_per_request`;
+    - `host_cpu_s_per_token` (amortised as under load: measured at the largest batch),
+      `host_cpu_s_per_request`;
     - `host_cores`: the cores every process shares (0: the host is not modelled).
     """
 
     first_token_s: float = 0.0
     handoff_s: float = 0.0
+    decode_step_s: float = 0.0
     decode_cpu_s_per_token: float = 0.0
     decode_cpu_s_per_request: float = 0.0
     prefill_cpu_s_per_request: float = 0.0

@@ -85,7 +85,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     if job.path == "cluster":
         from planner.profiler.serving_probe import serving_plan
 
-        serving_steps = 3 + len(serving_plan(engine.max_model_len, job.quick).prompt_tokens)
+        serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).steps
     total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports) + serving_steps
     with _progress(job.show_progress) as progress:
         task = progress.add_task("profiling", total=total, last="")
@@ -199,7 +199,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
         console.print("  " + line, markup=False)
     serving = profile.serving
     if serving != ServingCosts():
-        console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms;"
+        console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms,"
+                      f" decode step +{serving.decode_step_s * 1e3:.2f} ms;"
                       f" decode worker CPU {serving.decode_cpu_s_per_token * 1e6:.0f} us/token"
                       f" + {serving.decode_cpu_s_per_request * 1e3:.2f} ms/request, prefill worker CPU"
                       f" {serving.prefill_cpu_s_per_request * 1e3:.2f} ms/request; host (router, client)"

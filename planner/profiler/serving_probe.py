@@ -1,18 +1,35 @@
 """What serving adds around the engines (`planner.profile.ServingCosts`), measured on a real
 1P+1D local cluster against an engine-only fit of the same engine settings.
 
-- Latencies, from lone requests sent one at a time (nothing queues): what the client sees beyond
-  what the engine-only model predicts.
+- Latencies, from lone requests sent one at a time, `LONE_PAUSE_S` apart (nothing queues, and the
+  workers have gone idle in between): what the client sees beyond what the engine-only model
+  predicts.
     first_token_s = TTFT - prefill(n)
     handoff_s     = (second token - first token) - KV transfer(n) - decode step(1, n + 1)
   Medians over a few prompt lengths and repeats.
 - CPU, from two steady Poisson runs at the same request rate, one with short and one with long
   outputs. The CPU seconds each group of processes took (from /proc) over each run solve
   cpu = a * requests + b * tokens per group:
-    the decode worker's processes but its model runner  -> decode_cpu_s_per_request / _per_token
-    the prefill worker's processes but its model runner -> prefill_cpu_s_per_request
-    the router and this process (the client)            -> host_cpu_s_per_request / _per_token
-  The model runners' own time is the engine's, which the engine tables hold already.
+    the decode worker's API process (gRPC, handler)  -> decode_cpu_s_per_request
+    the prefill worker's API process                 -> prefill_cpu_s_per_request
+    the router and this process (the client)         -> host_cpu_s_per_request
+    the router alone                                 -> its share, netted out of the batches below
+  Not counted: vLLM's engine core and model runner. The engine tables were measured through
+  vLLM's own AsyncLLM, engine core and model runner, so their work is in the tables already;
+  and both poll each other with sched_yield for up to --vllm-spin-ms after each message, CPU time
+  that /proc counts but that yields to any other runnable thread, so it would read as load that
+  is not there.
+- Decode steps as served, from batches of B requests sent at once (B in `BATCHES`): the median
+  gap between tokens while all B decode together, net of the engine-only step and of the host's
+  stretch, fits served(B) - engine(B) = decode_step_s + decode_cpu_s_per_token * B. Per token
+  cost is not what a lone request shows: a step's outputs wake the API process, the router and
+  the client once for the whole batch, so at batch 1 the wake-ups look like per-token cost and a
+  model built on them saturates at a fraction of the rate the cluster serves. The host's CPU per
+  token (`host_cpu_s_per_token`) is taken from the largest batch (median of its repeats), where
+  it is amortised as under load, net of the router's per-request share.
+- The latencies are then net of the CPU terms the simulator charges on the same path (the
+  prefill worker's per request on the first token; the decode worker's per request and one
+  step's cost on the handoff), so nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -28,8 +45,13 @@ from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
 from planner.profile import ServingCosts
 
-MODEL_RUNNER_NAME = "VLLM::Worker"  # vLLM's model-runner process title (its compute is the engine's)
 SHORT_OUTPUT, LONG_OUTPUT = 2, 32
+LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
+LONE_PAUSE_S = 0.2  # between lone requests: past vLLM's polling, so each finds the workers idle as
+                    # a request arriving at a moderate rate does, not still spinning from the last
+# decode batch sizes the served steps are fitted on, each run BATCH_REPEATS times (one run is noisy)
+BATCHES, QUICK_BATCHES, BATCH_REPEATS = (1, 4, 8, 16, 32, 48), (1, 8, 24), 2
+BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS = 16, 64
 
 
 @dataclass(frozen=True)
@@ -38,11 +60,19 @@ class ServingPlan:
     repeats: int
     load_prompt_tokens: int          # the CPU runs' prompts
     load_requests: int               # per CPU run
+    decode_batches: tuple[int, ...]  # batch sizes of the served-step runs, in run order (repeats included)
+
+    @property
+    def steps(self) -> int:
+        """Progress steps `measure_serving` reports."""
+        return 3 + len(self.prompt_tokens) + len(self.decode_batches)
 
 
-def serving_plan(max_model_len: int, quick: bool) -> ServingPlan:
+def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool) -> ServingPlan:
     prompts = tuple(n for n in (32, 128, 512) if n + LONG_OUTPUT < max_model_len) or (max_model_len // 4,)
-    return ServingPlan(prompts, 3 if quick else 6, min(128, max_model_len // 4), 24 if quick else 60)
+    sizes = sorted({min(b, max_num_seqs) for b in (QUICK_BATCHES if quick else BATCHES)})
+    batches = tuple(sizes) if quick else tuple(sizes) * BATCH_REPEATS
+    return ServingPlan(prompts, 3 if quick else 6, min(128, max_model_len // 4), 24 if quick else 60, batches)
 
 
 def process_tree(pid: int) -> list[int]:
@@ -65,16 +95,9 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def serving_pids(worker_pid: int) -> list[int]:
-    """A worker's processes that are serving, not compute: all but its model runner."""
-    return [p for p in process_tree(worker_pid) if not _title(p).startswith(MODEL_RUNNER_NAME)]
-
-
-def _title(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()
-    except FileNotFoundError:
-        return ""
+def host_cpu_seconds(router_pid: int) -> float:
+    """CPU seconds of the processes bound to no worker: the router's tree and this process (the client)."""
+    return cpu_seconds(process_tree(router_pid)) + time.process_time()
 
 
 @dataclass(frozen=True)
@@ -94,9 +117,16 @@ def solve_per_request_and_token(short: CpuRun, long: CpuRun, group: str) -> tupl
     return per_request, per_token
 
 
+@dataclass(frozen=True)
+class LoneLatencies:
+    """Medians over lone requests of what the client saw beyond the engine-only model."""
+
+    first_token_s: float
+    handoff_s: float
+
+
 async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_token: int, block_size: int,
-                                 transport: str, plan: ServingPlan, vocab_size: int, advance) -> tuple[float, float]:
-    """(first_token_s, handoff_s): medians of the measured minus the engine-only model's."""
+                                 transport: str, plan: ServingPlan, vocab_size: int, advance) -> LoneLatencies:
     import numpy as np
 
     from pdserve.client import AsyncClient
@@ -105,16 +135,93 @@ async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_tok
     async with AsyncClient(target) as client:
         for n in plan.prompt_tokens:
             for _ in range(plan.repeats):
+                await asyncio.sleep(LONE_PAUSE_S)
                 ids = [int(i) for i in rng.integers(10, vocab_size, size=n)]
                 started, marks = time.perf_counter(), []
-                async for chunk in client.generate(token_ids=ids, max_tokens=3, ignore_eos=True, temperature=0.0):
+                async for chunk in client.generate(token_ids=ids, max_tokens=LONE_OUTPUT, ignore_eos=True,
+                                                   temperature=0.0):
                     marks += [time.perf_counter()] * len(chunk.token_ids)
                 kv_bytes = -(-n // block_size) * block_size * kv_bytes_per_token
                 first.append(marks[0] - started - model.prefill_s(n, n))
                 handoff.append(marks[1] - marks[0] - model.transfer_s(kv_bytes, transport)
                                - model.decode_step_s(1, n + 1))
             advance(f"serving: lone {n}-token requests")
-    return max(0.0, statistics.median(first)), max(0.0, statistics.median(handoff))
+    return LoneLatencies(max(0.0, statistics.median(first)), max(0.0, statistics.median(handoff)))
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    """B requests decoding together: what a step took as the client saw it."""
+
+    batch: int
+    step_s: float            # median gap between a request's tokens while all B decode
+    context_tokens: float    # the batch's total context at the middle of that window
+    tokens_per_s: float      # tokens the client received per second over the window
+    host_cpu_s: float        # the router's and this process's CPU over the whole run
+    tokens: int
+
+
+async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu, seed: int) -> BatchRun:
+    """Sends `batch` short-prompt requests at once and times the steps they decode together."""
+    import numpy as np
+
+    from pdserve.client import AsyncClient
+
+    rng = np.random.default_rng(seed)
+    prompts = [[int(i) for i in rng.integers(10, vocab_size, size=BATCH_PROMPT_TOKENS)] for _ in range(batch)]
+
+    async def one(client: AsyncClient, ids: list[int]) -> list[float]:
+        marks: list[float] = []
+        async for chunk in client.generate(token_ids=ids, max_tokens=BATCH_OUTPUT_TOKENS, ignore_eos=True,
+                                           temperature=0.0):
+            marks += [time.perf_counter()] * len(chunk.token_ids)
+        return marks
+
+    async with AsyncClient(target) as client:
+        cpu_before = host_cpu()
+        runs = await asyncio.gather(*(one(client, ids) for ids in prompts))
+        cpu_after = host_cpu()
+    # the window in which every request is past its handoff and none has finished
+    start, end = max(marks[1] for marks in runs), min(marks[-1] for marks in runs)
+    gaps = [b - a for marks in runs for a, b in zip(marks, marks[1:]) if a >= start and b <= end]
+    if end <= start or len(gaps) < batch:
+        raise RuntimeError(f"the {batch} profiling requests never decoded together (window {end - start:.3f} s); "
+                           "is max_num_seqs below the batch?")
+    inside = sum(1 for marks in runs for t in marks if start <= t <= end)
+    generated = statistics.median(sum(1 for t in marks if t <= (start + end) / 2) for marks in runs)
+    return BatchRun(batch, statistics.median(gaps), batch * (BATCH_PROMPT_TOKENS + generated),
+                    inside / (end - start), cpu_after - cpu_before, sum(len(marks) for marks in runs))
+
+
+def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
+                     router_cpu_s_per_request: float = 0.0) -> tuple[float, float, float]:
+    """(decode_step_s, decode_cpu_s_per_token, host_cpu_s_per_token) from batched runs: served
+    step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0.
+
+    The host's CPU per token is the largest batch's host CPU net of the router's per-request
+    share (the batched runs' client sends token ids and does next to nothing per request, unlike
+    the load generator whose per-request cost `host.host_cpu_s_per_request` also holds).
+
+    The stretch is the simulator's (`planner.simulator.host`) for one stepping engine and the host's
+    load at each run's token rate, so the fitted terms and the simulator's host model do not both
+    count the same CPU."""
+    import numpy as np
+
+    from planner.simulator.host import stretch_for_load
+
+    largest = max(run.batch for run in runs)
+    host_per_token = max(0.0, statistics.median((run.host_cpu_s - run.batch * router_cpu_s_per_request) / run.tokens
+                                                for run in runs if run.batch == largest))
+    residuals = []
+    for run in runs:
+        load_cores = host_per_token * run.tokens_per_s
+        stretch = stretch_for_load(load_cores, host.host_cores, busy_cores=1)
+        residuals.append(run.step_s / stretch - model.decode_step_s(run.batch, int(run.context_tokens)))
+    batches = np.array([run.batch for run in runs], dtype=float)
+    slope, intercept = np.polyfit(batches, np.array(residuals), 1)
+    if slope < 0:  # per-token serving cost cannot be negative: the mean residual is all per step
+        slope, intercept = 0.0, float(np.mean(residuals))
+    return max(0.0, float(intercept)), float(slope), host_per_token
 
 
 async def _steady_run(target: str, rate_rps: float, plan: ServingPlan, output_tokens: int, groups: dict, seed: int):
@@ -139,23 +246,27 @@ async def _steady_run(target: str, rate_rps: float, plan: ServingPlan, output_to
                   {name: after[name] - before[name] for name in groups})
 
 
-def measure_cpu(target: str, pids: dict[str, int], rate_rps: float, plan: ServingPlan, advance) -> ServingCosts:
-    """The CPU terms of `ServingCosts`; `pids` names the router's and each worker's main process."""
+def measure_cpu(target: str, pids: dict[str, int], rate_rps: float, plan: ServingPlan,
+                advance) -> tuple[ServingCosts, float]:
+    """The per-request CPU terms of `ServingCosts`, and the router's own share of the host's per
+    request; `pids` names the router's and each worker's main process. (The per-token terms come
+    from `fit_served_steps`, where they are amortised as under load.)"""
     groups = {
-        "decode": lambda: cpu_seconds(serving_pids(pids["decode"])),
-        "prefill": lambda: cpu_seconds(serving_pids(pids["prefill"])),
-        "host": lambda: cpu_seconds(process_tree(pids["router"])) + time.process_time(),
+        "decode": lambda: cpu_seconds([pids["decode"]]),  # the API process alone (see the module doc)
+        "prefill": lambda: cpu_seconds([pids["prefill"]]),
+        "router": lambda: cpu_seconds(process_tree(pids["router"])),
+        "host": lambda: host_cpu_seconds(pids["router"]),
     }
     short = asyncio.run(_steady_run(target, rate_rps, plan, SHORT_OUTPUT, groups, seed=11))
     advance(f"serving: CPU at {rate_rps:.2f} req/s, {SHORT_OUTPUT}-token outputs")
     long = asyncio.run(_steady_run(target, rate_rps, plan, LONG_OUTPUT, groups, seed=12))
     advance(f"serving: CPU at {rate_rps:.2f} req/s, {LONG_OUTPUT}-token outputs")
-    decode_request, decode_token = solve_per_request_and_token(short, long, "decode")
-    host_request, host_token = solve_per_request_and_token(short, long, "host")
+    decode_request, _ = solve_per_request_and_token(short, long, "decode")
+    host_request, _ = solve_per_request_and_token(short, long, "host")
+    router_request, _ = solve_per_request_and_token(short, long, "router")
     prefill_request = (short.cpu_s["prefill"] + long.cpu_s["prefill"]) / (short.requests + long.requests)
-    return ServingCosts(decode_cpu_s_per_token=decode_token, decode_cpu_s_per_request=decode_request,
-                        prefill_cpu_s_per_request=prefill_request, host_cpu_s_per_token=host_token,
-                        host_cpu_s_per_request=host_request, host_cores=len(os.sched_getaffinity(0)))
+    return ServingCosts(decode_cpu_s_per_request=decode_request, prefill_cpu_s_per_request=prefill_request,
+                        host_cpu_s_per_request=host_request, host_cores=len(os.sched_getaffinity(0))), router_request
 
 
 def steady_rate(model: PerfModel, prompt_tokens: int) -> float:
@@ -163,6 +274,18 @@ def steady_rate(model: PerfModel, prompt_tokens: int) -> float:
     per_request_s = max(model.prefill_s(prompt_tokens, prompt_tokens),
                         LONG_OUTPUT * model.decode_step_s(1, prompt_tokens))
     return 0.3 / per_request_s
+
+
+def measure_served_steps(target: str, router_pid: int, model: PerfModel, host: ServingCosts,
+                         router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
+                         advance) -> tuple[float, float, float]:
+    """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches`."""
+    runs = []
+    for index, batch in enumerate(plan.decode_batches):
+        runs.append(asyncio.run(batched_decode_run(target, batch, vocab_size, lambda: host_cpu_seconds(router_pid),
+                                                   seed=100 + index)))
+        advance(f"serving: decode steps at batch {batch}")
+    return fit_served_steps(runs, model, host, router_cpu_s_per_request)
 
 
 def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, str], model: PerfModel,
@@ -173,7 +296,7 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
     from pdserve.client import Client
     from pdserve.launcher import ClusterSpec, LocalCluster
 
-    plan = serving_plan(engine.max_model_len, quick)
+    plan = serving_plan(engine.max_model_len, engine.max_num_seqs, quick)
     spec = ClusterSpec(engine=engine, transport=transport, cpu_cores={"prefill": cores[0], "decode": cores[1]})
     with LocalCluster(spec) as cluster:
         with Client(cluster.grpc_target) as client:
@@ -183,10 +306,15 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                     raise TimeoutError(f"the profiling cluster's router never saw its workers; logs in {cluster.log_dir}")
                 time.sleep(0.1)
         advance("serving: cluster up")
-        first, handoff = asyncio.run(lone_request_latencies(
+        lone = asyncio.run(lone_request_latencies(
             cluster.grpc_target, model, kv_bytes_per_token, engine.block_size, transport, plan, info.vocab_size,
             advance))
         pids = {"router": cluster.router.popen.pid,
                 **{role: cluster.workers[cluster.worker_ids(role)[0]].popen.pid for role in ("prefill", "decode")}}
-        cpu = measure_cpu(cluster.grpc_target, pids, steady_rate(model, plan.load_prompt_tokens), plan, advance)
-    return replace(cpu, first_token_s=first, handoff_s=handoff)
+        rate_rps = steady_rate(model, plan.load_prompt_tokens)
+        cpu, router_request = measure_cpu(cluster.grpc_target, pids, rate_rps, plan, advance)
+        step_s, per_token_s, host_per_token_s = measure_served_steps(
+            cluster.grpc_target, pids["router"], model, cpu, router_request, info.vocab_size, plan, advance)
+    return replace(cpu, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_cpu_s_per_request),
+                   handoff_s=max(0.0, lone.handoff_s - cpu.decode_cpu_s_per_request - step_s - per_token_s),
+                   decode_step_s=step_s, decode_cpu_s_per_token=per_token_s, host_cpu_s_per_token=host_per_token_s)

@@ -45,13 +45,20 @@ class HostCpu:
     def stretch(self, now: float, busy_cores: float) -> float:
         """How much longer than its engine time a step starting now takes, when engines are
         stepping on `busy_cores` of the host's cores (the starting one included)."""
-        if not self.modelled or busy_cores <= 0:
+        if not self.modelled:
             return 1.0
-        idle_cores = max(0.0, self.costs.host_cores - busy_cores)
-        spill = max(0.0, self.load_cores(now) - idle_cores)
-        return 1.0 / (1.0 - min(MAX_STOLEN, spill / busy_cores))
+        return stretch_for_load(self.load_cores(now), self.costs.host_cores, busy_cores)
 
     def _add(self, at_s: float, cpu_s: float) -> None:
         if self.modelled and cpu_s > 0:
             self._work.append((at_s, cpu_s))
             self._window_cpu_s += cpu_s
+
+
+def stretch_for_load(load_cores: float, host_cores: float, busy_cores: float) -> float:
+    """The processor-sharing stretch of a step on one of `busy_cores` stepping engines when the
+    unbound processes want `load_cores` of a host with `host_cores`: they take idle cores first."""
+    if busy_cores <= 0 or host_cores <= 0:
+        return 1.0
+    spill = max(0.0, load_cores - max(0.0, host_cores - busy_cores))
+    return 1.0 / (1.0 - min(MAX_STOLEN, spill / busy_cores))

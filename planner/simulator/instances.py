@@ -153,7 +153,7 @@ class DecodeInstance:
         if self.batch.size == 0:
             return None
         size, serving = self.batch.size, self._settings.serving
-        duration = stretch * (self._model.decode_step_s(size, self.batch.context_tokens)
+        duration = stretch * (self._model.decode_step_s(size, self.batch.context_tokens) + serving.decode_step_s
                               + size * serving.decode_cpu_s_per_token
                               + len(self._first_step) * serving.decode_cpu_s_per_request)
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
@@ -229,6 +229,7 @@ class ColocatedInstance:
         if tokens == 0 and self.batch.size == 0:
             return None
         duration = stretch * (self._model.mixed_step_s(tokens, units, self.batch.size, self.batch.context_tokens)
+                              + (s.serving.decode_step_s if self.batch.size else 0.0)
                               + self.batch.size * s.serving.decode_cpu_s_per_token
                               + len(self._first_step) * s.serving.decode_cpu_s_per_request)
         self._step_start_s, self.busy_s = now, self.busy_s + duration

@@ -58,10 +58,14 @@ def test_quick_profile_fits_are_sane(quick_profile):
 
 def test_the_cluster_pass_measures_what_serving_adds_around_the_engines(quick_profile):
     serving = load_profile(quick_profile[0]).serving
-    # the hops cost the first token and the handoff milliseconds, not nothing and not seconds
-    assert 0 < serving.first_token_s < 0.1 and 0 <= serving.handoff_s < 0.1
-    # every streamed token costs the decode worker's API process and the router some CPU
-    assert 0 < serving.decode_cpu_s_per_token < 0.005 and 0 < serving.host_cpu_s_per_token < 0.005
+    # The latencies are residuals over an engine table measured a minute earlier, net of the CPU
+    # terms: on a shared host whose speed moves they can be 0, so only their scale is asserted.
+    # The CPU terms come from /proc and must be there: every request costs the prefill worker's
+    # API process, and every streamed token the router and the client, some CPU.
+    assert 0 <= serving.first_token_s < 0.1 and 0 <= serving.handoff_s < 0.1
     assert 0 < serving.prefill_cpu_s_per_request < 0.05
+    assert 0 < serving.host_cpu_s_per_token < 0.005
+    # what serving adds to a decode step of 24 is milliseconds, not seconds
+    assert serving.decode_step_s + 24 * serving.decode_cpu_s_per_token < 0.1 and serving.decode_cpu_s_per_token < 0.005
     assert serving.host_cores == len(os.sched_getaffinity(0))
     assert "serving: first token +" in quick_profile[1]

@@ -16,7 +16,7 @@ EXACT = dict(abs=1e-12)
 
 
 def test_latencies_and_worker_cpu_reproduce_a_hand_schedule():
-    costs = ServingCosts(first_token_s=0.004, handoff_s=0.003, decode_cpu_s_per_token=0.001,
+    costs = ServingCosts(first_token_s=0.004, handoff_s=0.003, decode_step_s=0.0002, decode_cpu_s_per_token=0.001,
                          decode_cpu_s_per_request=0.0005, prefill_cpu_s_per_request=0.002)
     result = simulate([spec(0.0, 50, 3)], Topology.disaggregated(1, 1), round_settings(serving=costs), ROUND_MODEL)
     t = result.timeline
@@ -25,13 +25,13 @@ def test_latencies_and_worker_cpu_reproduce_a_hand_schedule():
     # handoff 3 ms, then 5 blocks pulled: 0.055 s -> decoding from 0.2125
     assert t["transfer_start_s"].tolist() == pytest.approx([0.1575], **EXACT)
     assert t["transfer_end_s"].tolist() == pytest.approx([0.2125], **EXACT)
-    # decode steps: 0.015 + 1e-4 * (51, 52) + 0.001 per token (+ 0.0005 as it joins) -> 0.0216, 0.0212
-    assert t["first_decode_token_s"].tolist() == pytest.approx([0.2341], **EXACT)
-    assert t["finish_s"].tolist() == pytest.approx([0.2553], **EXACT)
+    # decode steps: 0.015 + 1e-4 * (51, 52) + 0.0002 + 0.001 per token (+ 0.0005 as it joins) -> 0.0218, 0.0214
+    assert t["first_decode_token_s"].tolist() == pytest.approx([0.2343], **EXACT)
+    assert t["finish_s"].tolist() == pytest.approx([0.2557], **EXACT)
     # the client sees every token 4 ms later: TTFT and E2EL grow, TPOT does not
     assert result.ttft_s.tolist() == pytest.approx([0.1585], **EXACT)
-    assert result.e2el_s.tolist() == pytest.approx([0.2593], **EXACT)
-    assert result.tpot_s.tolist() == pytest.approx([(0.2553 - 0.1545) / 2], **EXACT)
+    assert result.e2el_s.tolist() == pytest.approx([0.2597], **EXACT)
+    assert result.tpot_s.tolist() == pytest.approx([(0.2557 - 0.1545) / 2], **EXACT)
 
 
 def test_zero_costs_leave_the_engine_schedule_exactly_as_it_was():

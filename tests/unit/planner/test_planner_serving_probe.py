@@ -6,8 +6,12 @@ import sys
 import time
 
 import pytest
+from planner_testkit import ROUND_MODEL
 
-from planner.profiler.serving_probe import CpuRun, cpu_seconds, process_tree, solve_per_request_and_token
+from planner.profile import ServingCosts
+from planner.profiler.serving_probe import (BatchRun, CpuRun, cpu_seconds, fit_served_steps, process_tree,
+                                            solve_per_request_and_token)
+from planner.simulator.host import stretch_for_load
 
 
 def test_per_request_and_per_token_cpu_solve_exactly_through_two_runs():
@@ -46,3 +50,38 @@ def test_a_process_tree_and_its_cpu_seconds_come_from_proc():
         for pid in reversed(process_tree(parent.pid)):
             os.kill(pid, 9)
         parent.wait()
+
+
+def batch_run(batch: int, served_s: float, tokens_per_s: float = 100.0, host_cpu_s: float = 0.0,
+              tokens: int = 1000) -> BatchRun:
+    return BatchRun(batch, served_s, context_tokens=batch * 40, tokens_per_s=tokens_per_s, host_cpu_s=host_cpu_s,
+                    tokens=tokens)
+
+
+def test_served_steps_fit_a_per_step_and_a_per_token_cost_over_the_engine():
+    # truth: 1.5 ms per step and 0.2 ms per token of the batch on top of the engine's step
+    runs = [batch_run(b, ROUND_MODEL.decode_step_s(b, b * 40) + 0.0015 + 0.0002 * b) for b in (1, 4, 12, 32)]
+    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, ROUND_MODEL, ServingCosts())
+    assert step_s == pytest.approx(0.0015, abs=1e-9) and per_token_s == pytest.approx(0.0002, abs=1e-9)
+    assert host_per_token_s == 0.0
+
+
+def test_a_serving_cost_that_falls_with_the_batch_is_all_per_step():
+    # wake-ups amortised better than linearly: the fit must not return a negative per-token cost
+    runs = [batch_run(b, ROUND_MODEL.decode_step_s(b, b * 40) + extra) for b, extra in ((1, 0.003), (8, 0.002))]
+    step_s, per_token_s, _ = fit_served_steps(runs, ROUND_MODEL, ServingCosts())
+    assert per_token_s == 0.0 and step_s == pytest.approx(0.0025, abs=1e-9)
+
+
+def test_the_host_cpu_per_token_comes_from_the_largest_batch_and_its_stretch_is_not_counted_twice():
+    host = ServingCosts(host_cpu_s_per_request=0.003, host_cores=2)  # with the load generator's share
+    # largest batch: the router's 1 ms x 32 requests (0.032 s) + 2000 tokens at 0.4 ms (0.8 s) -> 0.4 ms/token
+    # at 4000 tokens/s that is 1.6 cores of load; one core is idle, so the stepping one is shared
+    stretch = stretch_for_load(0.0004 * 4000, 2, busy_cores=1)
+    assert stretch == pytest.approx(1 / (1 - 0.6))
+    runs = [batch_run(1, ROUND_MODEL.decode_step_s(1, 40) + 0.001, tokens_per_s=10, host_cpu_s=0.0, tokens=50),
+            batch_run(32, (ROUND_MODEL.decode_step_s(32, 32 * 40) + 0.001) * stretch, tokens_per_s=4000,
+                      host_cpu_s=0.032 + 0.8, tokens=2000)]
+    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, ROUND_MODEL, host, router_cpu_s_per_request=0.001)
+    assert host_per_token_s == pytest.approx(0.0004, abs=1e-12)
+    assert step_s == pytest.approx(0.001, abs=1e-9) and per_token_s == pytest.approx(0.0, abs=1e-9)
