@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +19,8 @@ import matplotlib.pyplot as plt
 from loadgen.plots import plot_latency_cdfs  # also selects matplotlib's Agg backend
 from loadgen.runner import RunResult
 from loadgen.sweep import goodput_on_grid
+
+REPO = Path(__file__).resolve().parent.parent
 
 NOISY_OTHER_CORES = 0.25  # other processes averaging more than this during a run make it "noisy"
 SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D", "C": "C: 2 x 1-core vLLM, round robin"}
@@ -206,11 +209,18 @@ def report(config, measurements: Sequence[Measurement], console: Console, wall_s
     console.print("wrote " + ", ".join(str(p) for p in paths))
 
 
+def _recordable(value: Any) -> Any:
+    """A config value as the JSON records it: paths relative to the repository, so a result file
+    does not carry the machine it ran on."""
+    if isinstance(value, Path):
+        return str(value.relative_to(REPO)) if value.is_relative_to(REPO) else str(value)
+    return value if isinstance(value, (int, float, tuple, type(None))) else str(value)
+
+
 def _write_json(config, measurements, found, wall_s: float, argv: Sequence[str], skipped: Sequence[Skipped]):
     payload = {
         "command": " ".join(argv), "wall_s": wall_s, "cpu_count": os.cpu_count(),
-        "config": {k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
-                   for k, v in asdict(config).items()},
+        "config": {k: _recordable(v) for k, v in asdict(config).items()},
         "slo_pairs": {p.name: p.slo.as_ms() for p in config.slo_pairs},
         "goodput_rps": {pair: {s: {"goodput_rps": g, "bracketed": b} for s, (g, b) in by_system.items()}
                         for pair, by_system in found.items()},

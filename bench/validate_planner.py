@@ -1,8 +1,8 @@
 """Do the planner's predictions hold? Run the real cluster under loadgen at several rates and compare
 measured with simulated p50/p90 TTFT and TPOT and SLO attainment, per profile.
 
-    python bench/validate_planner.py --model models/tiny --profile planner/profiles/tiny_2cpu.json \\
-        --profile planner/profiles/tiny_2cpu_served.json --rates 2,6,10,14 --ttft-slo-ms 100 --tpot-slo-ms 15
+    python bench/validate_planner.py --model models/tiny --profile planner/profiles/tiny_2cpu_served.json \\
+        --profile planner/profiles/tiny_2cpu.json --rates 4,12,20,28,36,44 --duration-s 45
 
 One real 1P+1D cluster (prefill on core 0, decode on core 1, the engine settings of the first
 profile) serves a Poisson workload at each rate; the very same request list (arrivals and

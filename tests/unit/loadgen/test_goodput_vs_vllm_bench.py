@@ -66,6 +66,8 @@ def test_a_report_lists_points_skipped_for_time_and_systems_never_measured(tmp_p
     assert "| tight: TTFT <= 1500 ms, TPOT <= 30 ms | not measured | not measured | not measured | n/a | n/a |" in markdown
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["skipped_for_time"] == [{"system": "C", "rate_rps": 0.25, "reason": "time budget: needs ~165 s, 40 s left"}]
+    # paths inside the repository are recorded relative to it, not as this machine's
+    assert saved["config"]["model_dir"] == "models/bench" and saved["config"]["out_dir"] == str(tmp_path)
 
 
 @pytest.mark.skipif(not TRACE.is_file(), reason="the shared Azure trace is not present")
