@@ -162,7 +162,7 @@ def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: Model
                                                 kv_cache_memory_bytes=engine.kv_cache_bytes),
                           prefill=prefill, decode=decode, kv_transfer=transfers)
     return measure_serving(replace(engine, cpu_cores=""), job.transports[0], job.cluster_cores,
-                           fit_perf_model(engine_only).model, model.kv_bytes_per_token, job.quick, advance)
+                           fit_perf_model(engine_only).model, decode, model.kv_bytes_per_token, job.quick, advance)
 
 
 async def _measure(probe, plan: ProfilePlan, budget: int, advance):

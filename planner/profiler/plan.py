@@ -12,10 +12,15 @@ from dataclasses import dataclass
 
 FULL_PROMPTS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 FULL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
-FULL_CONTEXTS = (128, 512, 1024)
+# SHORT_CONTEXT is the prompt of the serving probe's batches too: the engine's step at the same
+# batch and context is what a served step is compared with, measured, not extrapolated. It also
+# separates a step's cost per sequence from its cost per context token, which longer contexts alone
+# cannot (at a fixed context per sequence the two grow together).
+SHORT_CONTEXT = 16
+FULL_CONTEXTS = (SHORT_CONTEXT, 128, 512, 1024)
 QUICK_PROMPTS = (32, 256, 1024)
 QUICK_BATCHES = (1, 4, 16)
-QUICK_CONTEXTS = (64, 512)
+QUICK_CONTEXTS = (SHORT_CONTEXT, 64, 512)
 
 
 class PlanError(ValueError):

@@ -21,7 +21,10 @@
   is not there.
 - Decode steps as served, from batches of B requests sent at once (B in `BATCHES`): the median
   gap between tokens while all B decode together, net of the engine-only step and of the host's
-  stretch, fits served(B) - engine(B) = decode_step_s + decode_cpu_s_per_token * B. Per token
+  stretch, fits served(B) - engine(B) = decode_step_s + decode_cpu_s_per_token * B. engine(B) is
+  the engine table's own row at batch B and the same short prompts (`plan.SHORT_CONTEXT`), not
+  the fit: where the fit misses the engine, the miss would be read as serving cost and then
+  charged again on top of the fit at every other context (on `bench` it tripled the per-token cost). Per token
   cost is not what a lone request shows: a step's outputs wake the API process, the router and
   the client once for the whole batch, so at batch 1 the wake-ups look like per-token cost and a
   model built on them saturates at a fraction of the rate the cluster serves. The host's CPU per
@@ -38,20 +41,24 @@ import asyncio
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
-from planner.profile import ServingCosts
+from planner.profile import DecodeSample, ServingCosts
+from planner.profiler.plan import QUICK_BATCHES as QUICK_ENGINE_BATCHES
+from planner.profiler.plan import SHORT_CONTEXT
 
 SHORT_OUTPUT, LONG_OUTPUT = 2, 32
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
 LONE_PAUSE_S = 0.2  # between lone requests: past vLLM's polling, so each finds the workers idle as
                     # a request arriving at a moderate rate does, not still spinning from the last
-# decode batch sizes the served steps are fitted on, each run BATCH_REPEATS times (one run is noisy)
-BATCHES, QUICK_BATCHES, BATCH_REPEATS = (1, 4, 8, 16, 32, 48), (1, 8, 24), 2
-BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS = 16, 64
+# decode batch sizes the served steps are fitted on, each run BATCH_REPEATS times (one run is noisy);
+# batch sizes and prompts the engine table measures too (`planner.profiler.plan`)
+BATCHES, QUICK_BATCHES, BATCH_REPEATS = (1, 4, 8, 16, 32, 64), QUICK_ENGINE_BATCHES, 2
+BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS = SHORT_CONTEXT, 64
 
 
 @dataclass(frozen=True)
@@ -193,10 +200,23 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
                     inside / (end - start), cpu_after - cpu_before, sum(len(marks) for marks in runs))
 
 
+def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured: Sequence[DecodeSample]) -> float:
+    """The engine-only step at `batch` and `context_tokens`: the measured row at the same batch with
+    the nearest context, moved along the model's context slope to this context; the model alone
+    when no row has this batch."""
+    rows = [row for row in measured if row.batch_size == batch]
+    if not rows:
+        return model.decode_step_s(batch, round(context_tokens))
+    row = min(rows, key=lambda r: abs(r.context_tokens - context_tokens))
+    return row.step_s + model.decode_step_s(batch, round(context_tokens)) - model.decode_step_s(batch, row.context_tokens)
+
+
 def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
-                     router_cpu_s_per_request: float = 0.0) -> tuple[float, float, float]:
+                     router_cpu_s_per_request: float = 0.0,
+                     engine_rows: Sequence[DecodeSample] = ()) -> tuple[float, float, float]:
     """(decode_step_s, decode_cpu_s_per_token, host_cpu_s_per_token) from batched runs: served
-    step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0.
+    step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0. The
+    engine step is `engine_step_s` on `engine_rows` (the engine table), the model where none fits.
 
     The host's CPU per token is the largest batch's host CPU net of the router's per-request
     share (the batched runs' client sends token ids and does next to nothing per request, unlike
@@ -216,7 +236,7 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
     for run in runs:
         load_cores = host_per_token * run.tokens_per_s
         stretch = stretch_for_load(load_cores, host.host_cores, busy_cores=1)
-        residuals.append(run.step_s / stretch - model.decode_step_s(run.batch, int(run.context_tokens)))
+        residuals.append(run.step_s / stretch - engine_step_s(run.batch, run.context_tokens, model, engine_rows))
     batches = np.array([run.batch for run in runs], dtype=float)
     slope, intercept = np.polyfit(batches, np.array(residuals), 1)
     if slope < 0:  # per-token serving cost cannot be negative: the mean residual is all per step
@@ -276,8 +296,8 @@ def steady_rate(model: PerfModel, prompt_tokens: int) -> float:
     return 0.3 / per_request_s
 
 
-def measure_served_steps(target: str, router_pid: int, model: PerfModel, host: ServingCosts,
-                         router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
+def measure_served_steps(target: str, router_pid: int, model: PerfModel, engine_rows: Sequence[DecodeSample],
+                         host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
                          advance) -> tuple[float, float, float]:
     """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches`."""
     runs = []
@@ -285,12 +305,14 @@ def measure_served_steps(target: str, router_pid: int, model: PerfModel, host: S
         runs.append(asyncio.run(batched_decode_run(target, batch, vocab_size, lambda: host_cpu_seconds(router_pid),
                                                    seed=100 + index)))
         advance(f"serving: decode steps at batch {batch}")
-    return fit_served_steps(runs, model, host, router_cpu_s_per_request)
+    return fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows)
 
 
 def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, str], model: PerfModel,
-                    kv_bytes_per_token: int, quick: bool, advance) -> ServingCosts:
-    """Starts a 1P+1D cluster on `cores` (prefill, decode) and measures every `ServingCosts` term."""
+                    engine_rows: Sequence[DecodeSample], kv_bytes_per_token: int, quick: bool,
+                    advance) -> ServingCosts:
+    """Starts a 1P+1D cluster on `cores` (prefill, decode) and measures every `ServingCosts` term
+    against `model`, the engine-only fit, and `engine_rows`, the decode table it was fitted on."""
     from dataclasses import replace
 
     from pdserve.client import Client
@@ -314,7 +336,7 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
         rate_rps = steady_rate(model, plan.load_prompt_tokens)
         cpu, router_request = measure_cpu(cluster.grpc_target, pids, rate_rps, plan, advance)
         step_s, per_token_s, host_per_token_s = measure_served_steps(
-            cluster.grpc_target, pids["router"], model, cpu, router_request, info.vocab_size, plan, advance)
+            cluster.grpc_target, pids["router"], model, engine_rows, cpu, router_request, info.vocab_size, plan, advance)
     return replace(cpu, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_cpu_s_per_request),
                    handoff_s=max(0.0, lone.handoff_s - cpu.decode_cpu_s_per_request - step_s - per_token_s),
                    decode_step_s=step_s, decode_cpu_s_per_token=per_token_s, host_cpu_s_per_token=host_per_token_s)

@@ -17,20 +17,23 @@ def test_full_plan_for_the_cluster_defaults():
     assert plan.prefill_prompt_tokens == (32, 64, 128, 256, 512, 1024)
     assert {b for b, _ in plan.decode_points} == {1, 2, 4, 8, 16, 32, 64}
     assert (64, 1024) in plan.decode_points and plan.decode_steps == 32
+    assert {c for _, c in plan.decode_points} == {16, 128, 512, 1024}
     assert plan.transfer_blocks == (1, 4, 16, 64)  # up to a whole 2048-token prompt
 
 
 def test_quick_plan_is_the_fewest_points_the_fits_accept():
     plan = make_plan(max_model_len=2048, max_num_seqs=64, kv_cache_tokens=32768, block_size=32, quick=True)
     assert plan.prefill_prompt_tokens == (32, 256, 1024)
-    assert plan.decode_points == ((1, 64), (1, 512), (4, 64), (4, 512), (16, 64), (16, 512))
-    assert plan.transfer_blocks == (1, 64) and plan.num_points == 9
+    assert plan.decode_points == ((1, 16), (1, 64), (1, 512), (4, 16), (4, 64), (4, 512),
+                                  (16, 16), (16, 64), (16, 512))
+    assert plan.transfer_blocks == (1, 64) and plan.num_points == 12
 
 
 def test_points_that_do_not_fit_the_kv_cache_or_the_context_are_dropped():
     plan = make_plan(max_model_len=600, max_num_seqs=16, kv_cache_tokens=4000, block_size=32, quick=True)
     assert plan.prefill_prompt_tokens == (37, 150, 300)  # 1024 does not fit: 1/16, 1/4, 1/2 of 600 instead
-    assert plan.decode_points == ((1, 64), (1, 512), (4, 64), (4, 512), (16, 64))  # 16 x 529 > 4000 KV tokens
+    # 16 x 529 > 4000 KV tokens
+    assert plan.decode_points == ((1, 16), (1, 64), (1, 512), (4, 16), (4, 64), (4, 512), (16, 16), (16, 64))
 
 
 def test_a_kv_cache_too_small_for_two_batch_sizes_is_refused_with_the_fix():
@@ -69,3 +72,11 @@ def test_transfer_probe_moves_whole_blocks_over_the_real_transport(transport):
     assert [(r.transport, r.num_blocks, r.kv_bytes) for r in rows] == [
         (transport, 1, 2 * 2 * 32 * 128 * 2), (transport, 8, 8 * 2 * 2 * 32 * 128 * 2)]
     assert all(0 < r.transfer_s < 5 for r in rows)
+
+
+def test_the_serving_probe_batches_are_points_the_engine_table_measures():
+    from planner.profiler.serving_probe import BATCH_PROMPT_TOKENS, BATCHES, QUICK_BATCHES
+
+    for quick, batches in ((False, BATCHES), (True, QUICK_BATCHES)):
+        plan = make_plan(max_model_len=2048, max_num_seqs=128, kv_cache_tokens=1 << 20, block_size=32, quick=quick)
+        assert {(b, BATCH_PROMPT_TOKENS) for b in batches} <= set(plan.decode_points)

@@ -8,9 +8,9 @@ import time
 import pytest
 from planner_testkit import ROUND_MODEL
 
-from planner.profile import ServingCosts
-from planner.profiler.serving_probe import (BatchRun, CpuRun, cpu_seconds, fit_served_steps, process_tree,
-                                            solve_per_request_and_token)
+from planner.profile import DecodeSample, ServingCosts
+from planner.profiler.serving_probe import (BatchRun, CpuRun, cpu_seconds, engine_step_s, fit_served_steps,
+                                            process_tree, solve_per_request_and_token)
 from planner.simulator.host import stretch_for_load
 
 
@@ -85,3 +85,25 @@ def test_the_host_cpu_per_token_comes_from_the_largest_batch_and_its_stretch_is_
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, ROUND_MODEL, host, router_cpu_s_per_request=0.001)
     assert host_per_token_s == pytest.approx(0.0004, abs=1e-12)
     assert step_s == pytest.approx(0.001, abs=1e-9) and per_token_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_engine_step_a_served_step_is_compared_with_is_the_measured_row_moved_along_the_context():
+    rows = (DecodeSample(8, 200, 0.050), DecodeSample(8, 4000, 0.500), DecodeSample(16, 400, 0.090))
+    # nearest row at batch 8 (context 200), plus the model's 1e-4 s per context token for 100 more
+    assert engine_step_s(8, 300, ROUND_MODEL, rows) == pytest.approx(0.050 + 100 * 1e-4)
+    assert engine_step_s(8, 3900, ROUND_MODEL, rows) == pytest.approx(0.500 - 100 * 1e-4)
+    assert engine_step_s(4, 160, ROUND_MODEL, rows) == ROUND_MODEL.decode_step_s(4, 160)  # no row: the model
+
+
+def test_where_the_fit_misses_the_engine_the_miss_is_not_read_as_serving_cost():
+    # the engine really costs 1 ms more per sequence at these short contexts than the model says;
+    # serving adds 1.5 ms per step and 0.2 ms per token on top of the real engine
+    def real_engine(b: int) -> float:
+        return ROUND_MODEL.decode_step_s(b, b * 40) + 0.001 * b
+
+    runs = [batch_run(b, real_engine(b) + 0.0015 + 0.0002 * b) for b in (1, 4, 12, 32)]
+    rows = [DecodeSample(b, b * 40, real_engine(b)) for b in (1, 4, 12, 32)]
+    step_s, per_token_s, _ = fit_served_steps(runs, ROUND_MODEL, ServingCosts(), engine_rows=rows)
+    assert step_s == pytest.approx(0.0015, abs=1e-9) and per_token_s == pytest.approx(0.0002, abs=1e-9)
+    _, per_token_against_the_fit, _ = fit_served_steps(runs, ROUND_MODEL, ServingCosts())
+    assert per_token_against_the_fit == pytest.approx(0.0012, abs=1e-9)  # what the fit alone misreads
