@@ -13,7 +13,10 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
     group = parser.add_argument_group(title)
     group.add_argument("--model", required=model_required,
                        help="a Hugging Face checkpoint directory (see `pdserve make-model`)")
-    group.add_argument("--dtype", default="bfloat16", help="weights and KV cache dtype (default: %(default)s)")
+    group.add_argument("--dtype", default="auto",
+                       help="weights and KV cache dtype; auto: bfloat16 on GPUs and on CPUs with bf16 arithmetic "
+                            "(AVX512-BF16, AMX, Arm BF16), float32 on other CPUs, where bf16 is emulated at many "
+                            "times the cost (default: %(default)s)")
     group.add_argument("--block-size", type=int, default=32, help="KV block size in tokens; a multiple of 32 on CPU")
     group.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + output, in tokens")
     group.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache memory per engine, MiB")

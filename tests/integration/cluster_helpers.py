@@ -14,7 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pdserve.engine import EngineSettings
+from pdserve.engine import EngineSettings, native_dtype
+from planner.profile import DTYPE_BYTES
 from pdserve.launcher import ClusterSpec, LocalCluster
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 
@@ -40,7 +41,8 @@ def make_prompts(vocab_size: int) -> list[dict]:
 def kv_bytes_per_block(model: Path) -> int:
     config = json.loads((model / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * BLOCK_SIZE * 2  # K,V; bf16
+    dtype_bytes = DTYPE_BYTES[native_dtype()]  # the clusters here run the host's native dtype
+    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * BLOCK_SIZE * dtype_bytes
 
 
 def blocks_for(num_tokens: int) -> int:

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from planner.perf_model import fit_perf_model
-from planner.profile import load_profile
+from pdserve.engine import native_dtype
+from planner.profile import DTYPE_BYTES, load_profile
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,9 @@ def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_prof
     path, stdout = quick_profile
     profile = load_profile(path)
     assert profile.model.name == "tiny"
-    assert profile.model.kv_bytes_per_token == 2 * 4 * 2 * 64 * 2  # K+V x 4 layers x 2 KV heads x 64 x bf16
+    assert profile.model.dtype == native_dtype()
+    # K+V x 4 layers x 2 KV heads x 64 x the dtype's bytes
+    assert profile.model.kv_bytes_per_token == 2 * 4 * 2 * 64 * DTYPE_BYTES[native_dtype()]
     assert profile.hardware.num_cores == 1 and profile.hardware.device == "cpu"
     assert profile.engine.kv_cache_memory_bytes == 64 << 20 and profile.engine.max_num_batched_tokens > 0
     assert [r.prompt_tokens for r in profile.prefill] == [32, 256, 1024]

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from kv_transfer.config import ConnectorConfig
-from pdserve.engine import EngineSettings, engine_args
+from pdserve.engine import EngineSettings, engine_args, native_dtype
 
 
 def test_a_colocated_engine_may_span_several_gpus():
@@ -38,3 +38,25 @@ def test_a_negative_spin_cap_leaves_vllm_as_it_is(monkeypatch):
     monkeypatch.delenv("PDSERVE_VLLM_SPIN_S", raising=False)
     engine_args(EngineSettings(model="m", vllm_spin_ms=-1), "colocated")
     assert "PDSERVE_VLLM_SPIN_S" not in os.environ
+
+
+AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx fma f16c avx2\n"
+SAPPHIRE_RAPIDS = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+GRAVITON3 = "Features\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert native_dtype(AVX2_ONLY) == "float32"  # bf16 emulated there: 13-67x float32's matmul time
+    assert native_dtype(SAPPHIRE_RAPIDS) == "bfloat16"
+    assert native_dtype(GRAVITON3) == "bfloat16"
+    assert native_dtype("") == "bfloat16"  # nothing known: vLLM's own default
+
+
+def test_auto_dtype_is_resolved_when_the_settings_are_made_so_workers_get_a_concrete_one():
+    settings = EngineSettings(model="m")
+    assert settings.dtype == native_dtype() and settings.dtype != "auto"
+    assert EngineSettings(model="m", dtype="float16").dtype == "float16"  # an explicit dtype is kept
+    from pdserve.commands.engine_options import engine_option_argv
+    argv = engine_option_argv(settings)
+    assert argv[argv.index("--dtype") + 1] == settings.dtype

@@ -3,7 +3,7 @@
 import sys
 
 from loadgen.vllm_server import free_port, server_argv
-from pdserve.engine import EngineSettings
+from pdserve.engine import EngineSettings, native_dtype
 
 
 def test_server_argv_carries_every_engine_setting():
@@ -14,7 +14,7 @@ def test_server_argv_carries_every_engine_setting():
     pairs = dict(zip(argv[3::], argv[4::]))
     assert {k: pairs[k] for k in ("--model", "--port", "--dtype", "--block-size", "--max-model-len",
                                   "--kv-cache-memory-bytes", "--max-num-seqs", "--seed", "--max-num-batched-tokens")} == {
-        "--model": "m", "--port": "8123", "--dtype": "bfloat16", "--block-size": "32", "--max-model-len": "4096",
+        "--model": "m", "--port": "8123", "--dtype": native_dtype(), "--block-size": "32", "--max-model-len": "4096",
         "--kv-cache-memory-bytes": str(512 << 20), "--max-num-seqs": "8", "--seed": "7", "--max-num-batched-tokens": "1024"}
     assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
     assert "--no-enable-prefix-caching" not in server_argv(EngineSettings(model="m"), 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.engine import EngineSettings
+from pdserve.engine import EngineSettings, native_dtype
 from pdserve.launcher import ClusterSpec
 from pdserve.ray.spec import (RayClusterSpec, RoleResources, actor_options, member_id, member_index,
                               redis_argv, router_args, worker_args)
@@ -23,7 +23,7 @@ def test_worker_runs_the_local_launchers_worker_command_with_the_clusters_settin
     assert worker_args(make_spec(), "decode", "decode-3", "redis://10.0.0.5:6379/0") == (
         "worker", "--role", "decode", "--worker-id", "decode-3", "--redis-url", "redis://10.0.0.5:6379/0",
         "--cluster", "c1", "--transport", "torch", "--cpu-cores", "1", "--lease-s", "20.0", "--ttl-s", "4.0",
-        "--model", "/models/tiny", "--dtype", "bfloat16", "--block-size", "32", "--max-model-len", "1024",
+        "--model", "/models/tiny", "--dtype", native_dtype(), "--block-size", "32", "--max-model-len", "1024",
         "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7", "--vllm-spin-ms", "50")
 
 
