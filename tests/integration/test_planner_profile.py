@@ -37,7 +37,9 @@ def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_prof
     assert profile.hardware.num_cores == 1 and profile.hardware.device == "cpu"
     assert profile.engine.kv_cache_memory_bytes == 64 << 20 and profile.engine.max_num_batched_tokens > 0
     assert [r.prompt_tokens for r in profile.prefill] == [32, 256, 1024]
-    assert sorted({r.batch_size for r in profile.decode}) == [1, 4, 16] and len(profile.decode) == 6
+    assert sorted({r.batch_size for r in profile.decode}) == [1, 4, 16] and len(profile.decode) == 9
+    # the shortest context is the serving probe's prompts, 16 tokens + the steps' mean output
+    assert min(r.context_tokens / r.batch_size for r in profile.decode) < 32
     assert profile.transports == ("tcp", "torch")
     assert sorted(r.kv_bytes for r in profile.kv_transfer if r.transport == "tcp") == [
         profile.model.kv_bytes_per_block, 64 * profile.model.kv_bytes_per_block]  # 1 block, 2048 tokens
