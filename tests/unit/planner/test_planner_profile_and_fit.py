@@ -76,6 +76,36 @@ def test_fit_recovers_known_coefficients_from_exact_synthetic_tables():
     assert report.prefill_mape < 1e-9 and report.decode_mape < 1e-9 and report.transfer_mape["torch"] < 1e-9
 
 
+def _with_decode(decode: tuple) -> object:
+    profile = build_example_profile()
+    return type(profile)(profile.hardware, profile.model, profile.engine, profile.prefill, decode, profile.kv_transfer)
+
+
+GRID = [(b, b * c) for b in (1, 2, 4, 8, 16, 32) for c in (16, 128, 512, 1024)]
+
+
+def test_a_step_that_costs_more_per_token_past_a_context_knee_is_fitted_with_the_knee():
+    # 10 us per context token up to 2,048 tokens, 34 us past it (the KV no longer fits the caches)
+    def step(b: int, ctx: int) -> float:
+        return 0.029 + 0.002 * b + 10e-6 * ctx + 24e-6 * max(0, ctx - 2048)
+
+    report = fit_perf_model(_with_decode(tuple(DecodeSample(b, ctx, step(b, ctx)) for b, ctx in GRID)))
+    d = report.model.decode
+    assert d.context_knee_tokens == 2048 and report.decode_mape < 1e-9
+    assert (d.step_s, d.per_seq_s, d.per_context_token_s, d.per_context_token_past_knee_s) == pytest.approx(
+        (0.029, 0.002, 10e-6, 24e-6), rel=1e-6)
+    assert report.model.decode_step_s(16, 8000) == pytest.approx(step(16, 8000), rel=1e-9)
+    assert any("(context - 2048)+" in line for line in report.lines())
+
+
+def test_a_step_linear_in_context_gets_no_knee():
+    report = fit_perf_model(_with_decode(tuple(DecodeSample(b, ctx, 0.01 + 0.001 * b + 5e-6 * ctx)
+                                               for b, ctx in GRID)))
+    d = report.model.decode
+    assert d.per_context_token_past_knee_s == 0.0 and d.context_knee_tokens == 0
+    assert d.per_context_token_s == pytest.approx(5e-6, rel=1e-6)
+
+
 def test_fit_keeps_coefficients_non_negative():
     # y = 2x exactly, plus a column that would take a negative weight: it is dropped (0)
     x = np.array([[1.0, 1.0], [2.0, 1.0], [3.0, 1.0], [4.0, 1.0]])
