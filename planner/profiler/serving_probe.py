@@ -24,10 +24,10 @@
   stretch, fits served(B) - engine(B) = decode_step_s + decode_cpu_s_per_token * B. engine(B) is
   the engine table's own row at batch B and the same short prompts (`plan.SHORT_CONTEXT`), not
   the fit: where the fit misses the engine, the miss would be read as serving cost and then
-  charged again on top of the fit at every other context (on `bench` it tripled the per-token cost). Per token
-  cost is not what a lone request shows: a step's outputs wake the API process, the router and
-  the client once for the whole batch, so at batch 1 the wake-ups look like per-token cost and a
-  model built on them saturates at a fraction of the rate the cluster serves. The host's CPU per
+  charged again on top of the fit at every other context (on `bench` it tripled the per-token
+  cost). Per token cost is not what a lone request shows: a step's outputs wake the API process,
+  the router and the client once for the whole batch, so at batch 1 the wake-ups look like
+  per-token cost and a model built on them saturates at a fraction of the rate the cluster serves. The host's CPU per
   token (`host_cpu_s_per_token`) is taken from the largest batch (median of its repeats), where
   it is amortised as under load, net of the router's per-request share.
 - The latencies are then net of the CPU terms the simulator charges on the same path (the
@@ -124,6 +124,14 @@ def solve_per_request_and_token(short: CpuRun, long: CpuRun, group: str) -> tupl
     return per_request, per_token
 
 
+async def token_times(client, ids: list[int], max_tokens: int) -> list[float]:
+    """When each token of a greedy, `ignore_eos` request for `ids` reached this process."""
+    marks: list[float] = []
+    async for chunk in client.generate(token_ids=ids, max_tokens=max_tokens, ignore_eos=True, temperature=0.0):
+        marks += [time.perf_counter()] * len(chunk.token_ids)
+    return marks
+
+
 @dataclass(frozen=True)
 class LoneLatencies:
     """Medians over lone requests of what the client saw beyond the engine-only model."""
@@ -144,10 +152,8 @@ async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_tok
             for _ in range(plan.repeats):
                 await asyncio.sleep(LONE_PAUSE_S)
                 ids = [int(i) for i in rng.integers(10, vocab_size, size=n)]
-                started, marks = time.perf_counter(), []
-                async for chunk in client.generate(token_ids=ids, max_tokens=LONE_OUTPUT, ignore_eos=True,
-                                                   temperature=0.0):
-                    marks += [time.perf_counter()] * len(chunk.token_ids)
+                started = time.perf_counter()
+                marks = await token_times(client, ids, LONE_OUTPUT)
                 kv_bytes = -(-n // block_size) * block_size * kv_bytes_per_token
                 first.append(marks[0] - started - model.prefill_s(n, n))
                 handoff.append(marks[1] - marks[0] - model.transfer_s(kv_bytes, transport)
@@ -177,16 +183,9 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
     rng = np.random.default_rng(seed)
     prompts = [[int(i) for i in rng.integers(10, vocab_size, size=BATCH_PROMPT_TOKENS)] for _ in range(batch)]
 
-    async def one(client: AsyncClient, ids: list[int]) -> list[float]:
-        marks: list[float] = []
-        async for chunk in client.generate(token_ids=ids, max_tokens=BATCH_OUTPUT_TOKENS, ignore_eos=True,
-                                           temperature=0.0):
-            marks += [time.perf_counter()] * len(chunk.token_ids)
-        return marks
-
     async with AsyncClient(target) as client:
         cpu_before = host_cpu()
-        runs = await asyncio.gather(*(one(client, ids) for ids in prompts))
+        runs = await asyncio.gather(*(token_times(client, ids, BATCH_OUTPUT_TOKENS) for ids in prompts))
         cpu_after = host_cpu()
     # the window in which every request is past its handoff and none has finished
     start, end = max(marks[1] for marks in runs), min(marks[-1] for marks in runs)
