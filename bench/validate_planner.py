@@ -9,6 +9,12 @@ profile) serves a Poisson workload at each rate; the very same request list (arr
 lengths) is simulated through 1P+1D with each profile's fitted model. Prints a table of
 measured / simulated values and errors, and writes <out-dir>/validation.json and .png.
 Without --rates, the rates are 30/60/90/120% of the first profile's simulated goodput.
+
+validation.json keeps each rate's requests as sent, so a change to the simulator or the model can
+be checked against the same real runs without running the cluster again:
+
+    python bench/validate_planner.py --resimulate bench/results/validate_planner \\
+        --profile planner/profiles/tiny_2cpu_served.json --out-dir out/resimulated
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import argparse
 import asyncio
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +45,11 @@ from planner.validation import Comparison, error_table, plot_validation, to_json
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, required=True, help="checkpoint the cluster serves (the profiles' model)")
+    p.add_argument("--model", type=Path, help="checkpoint the cluster serves (the profiles' model); "
+                   "required unless --resimulate")
+    p.add_argument("--resimulate", type=Path, metavar="DIR",
+                   help="no cluster: simulate the requests of DIR/validation.json (an earlier run) with --profile "
+                        "and compare with what that run measured")
     p.add_argument("--profile", type=Path, action="append", required=True,
                    help="profile to simulate with; repeat to compare several (e.g. --through engine and cluster)")
     p.add_argument("--rates", help="comma-separated offered rates, req/s (default: from the first profile)")
@@ -53,7 +63,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--transport", default="tcp", choices=["tcp", "torch"], help="the cluster's KV transport")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "validate_planner")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.model is None and args.resimulate is None:
+        p.error("give --model (run the cluster) or --resimulate DIR (re-simulate an earlier run)")
+    return args
 
 
 def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str, duration_s: float,
@@ -87,17 +100,58 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
     profiles = {path.stem: load_profile(path) for path in args.profile}
-    first = next(iter(profiles.values()))
-    slo = SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3)
+    models = {name: (SimSettings.from_profile(p, args.transport), fit_perf_model(p).model) for name, p in profiles.items()}
+    if args.resimulate:
+        earlier = json.loads((args.resimulate / "validation.json").read_text())
+        if "requests" not in earlier:
+            raise SystemExit(f"{args.resimulate / 'validation.json'} holds no requests (written before they were kept)")
+        model_name, slo_ms, workload = earlier["model"], earlier["slo_ms"], earlier["workload"]
+        slo = SLO(ttft_s=slo_ms["ttft"] / 1e3, tpot_s=slo_ms["tpot"] / 1e3)
+        measured_runs = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
+        runs = [(float(rate), [SentRequest(*row) for row in rows], measured_runs[float(rate)])
+                for rate, rows in earlier["requests"].items()]
+    else:
+        model_name = args.model.name
+        slo = SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3)
+        workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio}
+        runs = measure(args, next(iter(profiles.values())), slo, console)
+    comparisons = [Comparison(rate, name, measured, simulate(specs, Topology.disaggregated(1, 1), settings,
+                                                               model).summary(slo))
+                   for rate, specs, measured in runs for name, (settings, model) in models.items()]
+    console.print(error_table(comparisons, f"measured vs simulated, 1P+1D, {model_name}"))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "validation.json").write_text(json.dumps(
+        {"model": model_name, "profiles": [str(p) for p in args.profile], "slo_ms": slo.as_ms(), "workload": workload,
+         **({"resimulated": str(args.resimulate)} if args.resimulate else {}),
+         **to_json(comparisons),
+         "requests": {str(rate): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens] for r in specs]
+                      for rate, specs, _ in runs}}, indent=1))
+    png = plot_validation(comparisons, args.out_dir / "validation.png",
+                          f"{model_name} 1P+1D: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
+                          f"TPOT<={slo.tpot_s * 1e3:g} ms)")
+    console.print(f"wrote {args.out_dir / 'validation.json'} and {png}")
+    return 0
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """A request as the client sent it: what the simulator replays."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+def measure(args: argparse.Namespace, first: Profile, slo: SLO, console: Console) -> list[tuple[float, list, dict]]:
+    """Runs the real cluster at each rate: (rate, the requests as sent, loadgen's summary) per rate."""
     workload = WorkloadConfig(kind="random", arrival="poisson", rate_rps=1.0, num_requests=args.min_requests,
                               prompt_mean=args.input_len, output_mean=args.output_len, range_ratio=args.range_ratio,
                               seed=args.seed)
     rates = ([float(r) for r in args.rates.split(",")] if args.rates
              else auto_rates(first, workload, slo, args.transport, args.duration_s, args.min_requests))
-    models = {name: (SimSettings.from_profile(p, args.transport), fit_perf_model(p).model) for name, p in profiles.items()}
-    console.print(f"rates {rates} req/s; SLOs TTFT {args.ttft_slo_ms:g} ms, TPOT {args.tpot_slo_ms:g} ms; "
-                  f"models {list(profiles)}")
-    comparisons: list[Comparison] = []
+    console.print(f"rates {rates} req/s; SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
+                  f"profiles {[p.stem for p in args.profile]}")
+    runs = []
     cluster = start_cluster(args.model, first, args.transport, args.out_dir / "logs")
     try:
         for index, rate in enumerate(rates):
@@ -106,34 +160,22 @@ def main(argv: list[str] | None = None) -> int:
             prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, first_vocab(args.model)))
             result = asyncio.run(run_with_progress(make_target("pdserve", cluster.grpc_target), specs, prompts,
                                                    RunConfig(warmup_requests=4), f"{rate:g} req/s"))
-            specs = as_sent(specs, result.records)
             measured = summarize(result.records, result.duration_s, slo)
             if measured["failed"]:
                 console.print(f"[red]{measured['failed']} requests failed at {rate:g} req/s: "
                               f"{measured['errors_by_kind']}[/red]")
-            for name, (settings, model) in models.items():
-                simulated = simulate(specs, Topology.disaggregated(1, 1), settings, model).summary(slo)
-                comparisons.append(Comparison(rate, name, measured, simulated))
+            runs.append((rate, as_sent(specs, result.records), measured))
     finally:
         cluster.stop()
-    console.print(error_table(comparisons, f"measured vs simulated, 1P+1D, {args.model.name}"))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "validation.json").write_text(json.dumps(
-        {"model": args.model.name, "profiles": [str(p) for p in args.profile], "slo_ms": slo.as_ms(),
-         "workload": {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio},
-         **to_json(comparisons)}, indent=1))
-    png = plot_validation(comparisons, args.out_dir / "validation.png",
-                          f"{args.model.name} 1P+1D: measured vs simulated (TTFT<={args.ttft_slo_ms:g} ms, "
-                          f"TPOT<={args.tpot_slo_ms:g} ms)")
-    console.print(f"wrote {args.out_dir / 'validation.json'} and {png}")
-    return 0
+    return runs
 
 
-def as_sent(specs: list, records) -> list:
+def as_sent(specs: list, records) -> list[SentRequest]:
     """The requests as the client really sent them: a starved client sends late, and the simulator
     must see the arrivals the cluster saw, not the schedule."""
     sent = {record.index: record.sent_s for record in records}
-    return [replace(spec, arrival_s=sent.get(index, spec.arrival_s)) for index, spec in enumerate(specs)]
+    return [SentRequest(sent.get(index, spec.arrival_s), spec.prompt_tokens, spec.output_tokens)
+            for index, spec in enumerate(specs)]
 
 
 def first_vocab(model: Path) -> int:

@@ -44,3 +44,52 @@ def test_json_table_and_plot(tmp_path):
     assert "100.0 / 50.0 (-50%)" in text and "95% / 100% (+5 pp)" in text and "mean |err|" in text
     png = plot_validation(COMPARISONS, tmp_path / "v.png", "t")
     assert png.stat().st_size > 10_000
+
+
+def _validation_script():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "bench" / "validate_planner.py"
+    module_spec = importlib.util.spec_from_file_location("validate_planner", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # its dataclasses look their module up there
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measured(tmp_path):
+    """bench/validate_planner.py --resimulate: no cluster; the kept requests go through the simulator
+    with the given profile and are compared with the earlier run's measurements."""
+    import json
+    from pathlib import Path
+
+    script = _validation_script()
+    profile = Path(__file__).resolve().parents[3] / "planner" / "profiles" / "tiny_2cpu_served.json"
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    light = [[0.5 * i, 100, 20] for i in range(20)]          # 2 req/s
+    heavy = [[0.01 * i, 100, 20] for i in range(200)]        # 100 req/s: queues
+    measured = summary(15.0, 20.0, 3.0, 4.0, 1.0)
+    (earlier / "validation.json").write_text(json.dumps({
+        "model": "tiny", "profiles": ["x"], "slo_ms": {"ttft": 200.0, "tpot": 20.0}, "workload": {},
+        "runs": [{"rate_rps": 2.0, "model": "x", "measured": measured},
+                 {"rate_rps": 100.0, "model": "x", "measured": measured}],
+        "requests": {"2.0": light, "100.0": heavy}}))
+    out = tmp_path / "out"
+    assert script.main(["--resimulate", str(earlier), "--profile", str(profile), "--out-dir", str(out)]) == 0
+
+    written = json.loads((out / "validation.json").read_text())
+    runs = {run["rate_rps"]: run for run in written["runs"]}
+    assert set(runs) == {2.0, 100.0} and written["resimulated"] == str(earlier)
+    assert all(run["model"] == "tiny_2cpu_served" and run["measured"] == measured for run in runs.values())
+    light_ttft, heavy_ttft = runs[2.0]["simulated"]["median_ttft_ms"], runs[100.0]["simulated"]["median_ttft_ms"]
+    assert 0 < light_ttft < heavy_ttft  # the heavy run's requests queued behind each other
+    assert runs[2.0]["error"]["median_ttft_ms"] == pytest.approx((light_ttft - 15.0) / 15.0)
+    assert written["requests"]["2.0"] == light and (out / "validation.png").exists()
+
+
+def test_the_validation_needs_a_model_or_an_earlier_run():
+    with pytest.raises(SystemExit):
+        _validation_script().parse_args(["--profile", "p.json"])
