@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         model_name, slo_ms, workload = earlier["model"], earlier["slo_ms"], earlier["workload"]
         slo = SLO(ttft_s=slo_ms["ttft"] / 1e3, tpot_s=slo_ms["tpot"] / 1e3)
         measured_runs = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
-        runs = [(float(rate), [SentRequest(*row) for row in rows], measured_runs[float(rate)])
+        cpu_cores = earlier.get("cluster_cpu_cores", {})
+        runs = [(float(rate), [SentRequest(*row) for row in rows],
+                 {**measured_runs[float(rate)], "cluster_cpu_cores": cpu_cores.get(rate)})
                 for rate, rows in earlier["requests"].items()]
     else:
         model_name = args.model.name
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         {"model": model_name, "profiles": [str(p) for p in args.profile], "slo_ms": slo.as_ms(), "workload": workload,
          **({"resimulated": str(args.resimulate)} if args.resimulate else {}),
          **to_json(comparisons),
+         "cluster_cpu_cores": {str(rate): measured.get("cluster_cpu_cores") for rate, _, measured in runs},
          "requests": {str(rate): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens] for r in specs]
                       for rate, specs, _ in runs}}, indent=1))
     png = plot_validation(comparisons, args.out_dir / "validation.png",
@@ -158,9 +163,13 @@ def measure(args: argparse.Namespace, first: Profile, slo: SLO, console: Console
             count = max(args.min_requests, round(rate * args.duration_s))
             specs = workload.build(rate_rps=rate, num_requests=count)
             prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, first_vocab(args.model)))
+            cpu_before, wall_before = cluster_cpu_s(cluster), time.perf_counter()
             result = asyncio.run(run_with_progress(make_target("pdserve", cluster.grpc_target), specs, prompts,
                                                    RunConfig(warmup_requests=4), f"{rate:g} req/s"))
             measured = summarize(result.records, result.duration_s, slo)
+            measured["cluster_cpu_cores"] = (cluster_cpu_s(cluster) - cpu_before) / (time.perf_counter() - wall_before)
+            console.print(f"{rate:g} req/s: the cluster's processes and this client used "
+                          f"{measured['cluster_cpu_cores']:.2f} of the host's {len(os.sched_getaffinity(0))} cores")
             if measured["failed"]:
                 console.print(f"[red]{measured['failed']} requests failed at {rate:g} req/s: "
                               f"{measured['errors_by_kind']}[/red]")
@@ -168,6 +177,17 @@ def measure(args: argparse.Namespace, first: Profile, slo: SLO, console: Console
     finally:
         cluster.stop()
     return runs
+
+
+def cluster_cpu_s(cluster) -> float:
+    """CPU seconds used so far by every process of `cluster` (router, workers, vLLM's engine cores
+    and model runners, their polling included: what the OS sees) and by this process (the client).
+    Where it nears the host's cores the cluster is CPU-bound and the simulator's host model, which
+    counts measured work and not polling, is past what it was built on."""
+    from planner.profiler.serving_probe import cpu_seconds, process_tree
+
+    roots = [cluster.router.popen.pid] + [worker.popen.pid for worker in cluster.workers.values()]
+    return cpu_seconds([pid for root in roots for pid in process_tree(root)]) + time.process_time()
 
 
 def as_sent(specs: list, records) -> list[SentRequest]:

@@ -93,3 +93,29 @@ def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measur
 def test_the_validation_needs_a_model_or_an_earlier_run():
     with pytest.raises(SystemExit):
         _validation_script().parse_args(["--profile", "p.json"])
+
+
+def test_the_cluster_cpu_counts_every_process_of_the_cluster_and_their_children():
+    """What the validation reports as the cluster's CPU: the router's and each worker's whole
+    process tree (a worker's vLLM processes are its children)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    parent_of_burner = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {burn!r}])\ntime.sleep(30)"
+    router = subprocess.Popen([sys.executable, "-c", burn])
+    worker = subprocess.Popen([sys.executable, "-c", parent_of_burner], start_new_session=True)
+    try:
+        cluster = SimpleNamespace(router=SimpleNamespace(popen=router), workers={"w": SimpleNamespace(popen=worker)})
+        cluster_cpu_s = _validation_script().cluster_cpu_s
+        deadline = time.monotonic() + 15
+        while (used := cluster_cpu_s(cluster) - time.process_time()) < 0.8 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the processes are new: everything they used is counted
+        assert 0.8 <= used <= 1.4, used  # 0.4 s each of router and grandchild, plus interpreter start-ups
+    finally:
+        router.kill()
+        os.killpg(worker.pid, signal.SIGKILL)
