@@ -14,6 +14,10 @@
     the prefill worker's API process                 -> prefill_cpu_s_per_request
     the router and this process (the client)         -> host_cpu_s_per_request
     the router alone                                 -> its share, netted out of the batches below
+  Each group's CPU while the cluster sits idle (`IDLE_S` with no request: heartbeats, timers,
+  the progress bar) is netted out of both runs first: it is not work the traffic brings, and at a
+  slow model's low profiling rate it would read as tens of ms per request (43 ms per request of
+  "router and client" CPU on `bench`, 9 ms on `tiny`, for the same Python).
   Not counted: vLLM's engine core and model runner. The engine tables were measured through
   vLLM's own AsyncLLM, engine core and model runner, so their work is in the tables already;
   and both poll each other with sched_yield for up to --vllm-spin-ms after each message, CPU time
@@ -107,11 +111,22 @@ def host_cpu_seconds(router_pid: int) -> float:
     return cpu_seconds(process_tree(router_pid)) + time.process_time()
 
 
+IDLE_S = 3.0  # seconds of no traffic over which each group's idle CPU is measured
+
+
 @dataclass(frozen=True)
 class CpuRun:
     requests: int
     tokens: int
     cpu_s: dict[str, float]  # group -> CPU seconds over the run
+    wall_s: float = 0.0      # the run's length
+
+    def net_of_idle(self, idle_cores: dict[str, float]) -> CpuRun:
+        """This run's CPU without what each group uses idle (`idle_cores` x the run's length),
+        at least 0."""
+        return CpuRun(self.requests, self.tokens,
+                      {group: max(0.0, cpu - idle_cores.get(group, 0.0) * self.wall_s)
+                       for group, cpu in self.cpu_s.items()}, self.wall_s)
 
 
 def solve_per_request_and_token(short: CpuRun, long: CpuRun, group: str) -> tuple[float, float]:
@@ -253,16 +268,24 @@ async def _steady_run(target: str, rate_rps: float, plan: ServingPlan, output_to
     target_ = make_target("pdserve", target)
     await target_.open()
     try:
-        before = {name: pids() for name, pids in groups.items()}
+        before, started = {name: pids() for name, pids in groups.items()}, time.perf_counter()
         result = await run(target_, specs, PromptSynthesizer(seed=seed), RunConfig())
-        after = {name: pids() for name, pids in groups.items()}
+        after, wall_s = {name: pids() for name, pids in groups.items()}, time.perf_counter() - started
     finally:
         await target_.close()
     failed = [r for r in result.records if not r.ok]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(result.records)} profiling requests failed: {failed[0].error}")
     return CpuRun(len(result.records), sum(r.output_tokens for r in result.records),
-                  {name: after[name] - before[name] for name in groups})
+                  {name: after[name] - before[name] for name in groups}, wall_s)
+
+
+def idle_cpu_cores(groups: dict, idle_s: float = IDLE_S) -> dict[str, float]:
+    """Each group's CPU, in cores, over `idle_s` with no traffic."""
+    before, started = {name: pids() for name, pids in groups.items()}, time.perf_counter()
+    time.sleep(idle_s)
+    after, wall_s = {name: pids() for name, pids in groups.items()}, time.perf_counter() - started
+    return {name: max(0.0, after[name] - before[name]) / wall_s for name in groups}
 
 
 def measure_cpu(target: str, pids: dict[str, int], rate_rps: float, plan: ServingPlan,
@@ -276,9 +299,11 @@ def measure_cpu(target: str, pids: dict[str, int], rate_rps: float, plan: Servin
         "router": lambda: cpu_seconds(process_tree(pids["router"])),
         "host": lambda: host_cpu_seconds(pids["router"]),
     }
-    short = asyncio.run(_steady_run(target, rate_rps, plan, SHORT_OUTPUT, groups, seed=11))
+    time.sleep(LONE_PAUSE_S)  # past the last request's polling
+    idle = idle_cpu_cores(groups)
+    short = asyncio.run(_steady_run(target, rate_rps, plan, SHORT_OUTPUT, groups, seed=11)).net_of_idle(idle)
     advance(f"serving: CPU at {rate_rps:.2f} req/s, {SHORT_OUTPUT}-token outputs")
-    long = asyncio.run(_steady_run(target, rate_rps, plan, LONG_OUTPUT, groups, seed=12))
+    long = asyncio.run(_steady_run(target, rate_rps, plan, LONG_OUTPUT, groups, seed=12)).net_of_idle(idle)
     advance(f"serving: CPU at {rate_rps:.2f} req/s, {LONG_OUTPUT}-token outputs")
     decode_request, _ = solve_per_request_and_token(short, long, "decode")
     host_request, _ = solve_per_request_and_token(short, long, "host")

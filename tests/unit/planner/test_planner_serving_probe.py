@@ -22,6 +22,19 @@ def test_per_request_and_per_token_cpu_solve_exactly_through_two_runs():
     assert per_request == pytest.approx(0.002, abs=1e-12) and per_token == pytest.approx(0.0001, abs=1e-12)
 
 
+def test_idle_cpu_is_netted_out_before_solving_so_a_slow_run_does_not_inflate_the_per_request_cost():
+    # truth: 2 ms per request, 0.1 ms per token, plus 0.02 cores of idle work (timers, heartbeats);
+    # the long run lasts 150 s, as a slow model's profiling run does, the short one 30 s
+    idle = {"g": 0.02}
+    short = CpuRun(10, 20, {"g": 10 * 0.002 + 20 * 0.0001 + 0.02 * 30}, wall_s=30)
+    long = CpuRun(10, 320, {"g": 10 * 0.002 + 320 * 0.0001 + 0.02 * 150}, wall_s=150)
+    inflated, _ = solve_per_request_and_token(short, long, "g")
+    assert inflated > 0.04  # the idle CPU read as traffic: 20x the truth
+    per_request, per_token = solve_per_request_and_token(short.net_of_idle(idle), long.net_of_idle(idle), "g")
+    assert per_request == pytest.approx(0.002, abs=1e-9) and per_token == pytest.approx(0.0001, abs=1e-9)
+    assert CpuRun(1, 1, {"g": 0.01}, wall_s=10).net_of_idle(idle).cpu_s == {"g": 0.0}  # never below 0
+
+
 def test_noise_that_would_make_a_cost_negative_is_clamped_to_zero():
     short = CpuRun(10, 20, {"g": 0.05})
     long = CpuRun(10, 320, {"g": 0.04})  # fewer CPU seconds for more tokens: noise
