@@ -25,7 +25,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +37,7 @@ from loadgen.harness import WorkloadConfig, make_target, run_with_progress  # no
 from loadgen.metrics import SLO, summarize  # noqa: E402
 from loadgen.prompts import PromptSynthesizer  # noqa: E402
 from loadgen.runner import RunConfig  # noqa: E402
+from loadgen.workload import RequestSpec  # noqa: E402
 from planner.evaluate import make_attainment_fn  # noqa: E402
 from planner.perf_model import fit_perf_model  # noqa: E402
 from planner.profile import Profile, load_profile  # noqa: E402
@@ -98,39 +99,50 @@ def start_cluster(model: Path, profile: Profile, transport: str, log_dir: Path):
     return LocalCluster(spec).start()
 
 
+@dataclass(frozen=True)
+class RateRun:
+    """One offered rate of a real run: the requests as sent, loadgen's summary, and the CPU the
+    cluster and the client used, in cores (None when not measured)."""
+
+    rate_rps: float
+    requests: list[RequestSpec]
+    measured: dict
+    cluster_cpu_cores: float | None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
-    profiles = {path.stem: load_profile(path) for path in args.profile}
-    models = {name: (SimSettings.from_profile(p, args.transport), fit_perf_model(p).model) for name, p in profiles.items()}
     if args.resimulate:
         earlier = json.loads((args.resimulate / "validation.json").read_text())
         if "requests" not in earlier:
             raise SystemExit(f"{args.resimulate / 'validation.json'} holds no requests (written before they were kept)")
         model_name, slo_ms, workload = earlier["model"], earlier["slo_ms"], earlier["workload"]
+        transport = earlier.get("transport", args.transport)
         slo = SLO(ttft_s=slo_ms["ttft"] / 1e3, tpot_s=slo_ms["tpot"] / 1e3)
-        measured_runs = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
+        measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
         cpu_cores = earlier.get("cluster_cpu_cores", {})
-        runs = [(float(rate), [SentRequest(*row) for row in rows],
-                 {**measured_runs[float(rate)], "cluster_cpu_cores": cpu_cores.get(rate)})
+        runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows], measured[float(rate)], cpu_cores.get(rate))
                 for rate, rows in earlier["requests"].items()]
     else:
-        model_name = args.model.name
+        model_name, transport = args.model.name, args.transport
         slo = SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3)
         workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio}
-        runs = measure(args, next(iter(profiles.values())), slo, console)
-    comparisons = [Comparison(rate, name, measured, simulate(specs, Topology.disaggregated(1, 1), settings,
-                                                               model).summary(slo))
-                   for rate, specs, measured in runs for name, (settings, model) in models.items()]
+        runs = measure(args, load_profile(args.profile[0]), slo, console)
+    profiles = {path.stem: load_profile(path) for path in args.profile}
+    models = {name: (SimSettings.from_profile(p, transport), fit_perf_model(p).model) for name, p in profiles.items()}
+    comparisons = [Comparison(run.rate_rps, name, run.measured,
+                              simulate(run.requests, Topology.disaggregated(1, 1), settings, model).summary(slo))
+                   for run in runs for name, (settings, model) in models.items()]
     console.print(error_table(comparisons, f"measured vs simulated, 1P+1D, {model_name}"))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "validation.json").write_text(json.dumps(
         {"model": model_name, "profiles": [str(p) for p in args.profile], "slo_ms": slo.as_ms(), "workload": workload,
-         **({"resimulated": str(args.resimulate)} if args.resimulate else {}),
+         "transport": transport, **({"resimulated": str(args.resimulate)} if args.resimulate else {}),
          **to_json(comparisons),
-         "cluster_cpu_cores": {str(rate): measured.get("cluster_cpu_cores") for rate, _, measured in runs},
-         "requests": {str(rate): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens] for r in specs]
-                      for rate, specs, _ in runs}}, indent=1))
+         "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},
+         "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
+                                          for r in run.requests] for run in runs}}, indent=1))
     png = plot_validation(comparisons, args.out_dir / "validation.png",
                           f"{model_name} 1P+1D: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
                           f"TPOT<={slo.tpot_s * 1e3:g} ms)")
@@ -138,17 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class SentRequest:
-    """A request as the client sent it: what the simulator replays."""
-
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-
-
-def measure(args: argparse.Namespace, first: Profile, slo: SLO, console: Console) -> list[tuple[float, list, dict]]:
-    """Runs the real cluster at each rate: (rate, the requests as sent, loadgen's summary) per rate."""
+def measure(args: argparse.Namespace, first: Profile, slo: SLO, console: Console) -> list[RateRun]:
+    """Runs the real cluster at each rate."""
     workload = WorkloadConfig(kind="random", arrival="poisson", rate_rps=1.0, num_requests=args.min_requests,
                               prompt_mean=args.input_len, output_mean=args.output_len, range_ratio=args.range_ratio,
                               seed=args.seed)
@@ -166,14 +169,14 @@ def measure(args: argparse.Namespace, first: Profile, slo: SLO, console: Console
             cpu_before, wall_before = cluster_cpu_s(cluster), time.perf_counter()
             result = asyncio.run(run_with_progress(make_target("pdserve", cluster.grpc_target), specs, prompts,
                                                    RunConfig(warmup_requests=4), f"{rate:g} req/s"))
+            cpu_cores = (cluster_cpu_s(cluster) - cpu_before) / (time.perf_counter() - wall_before)
             measured = summarize(result.records, result.duration_s, slo)
-            measured["cluster_cpu_cores"] = (cluster_cpu_s(cluster) - cpu_before) / (time.perf_counter() - wall_before)
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
-                          f"{measured['cluster_cpu_cores']:.2f} of the host's {len(os.sched_getaffinity(0))} cores")
+                          f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores")
             if measured["failed"]:
                 console.print(f"[red]{measured['failed']} requests failed at {rate:g} req/s: "
                               f"{measured['errors_by_kind']}[/red]")
-            runs.append((rate, as_sent(specs, result.records), measured))
+            runs.append(RateRun(rate, as_sent(specs, result.records), measured, cpu_cores))
     finally:
         cluster.stop()
     return runs
@@ -184,18 +187,17 @@ def cluster_cpu_s(cluster) -> float:
     and model runners, their polling included: what the OS sees) and by this process (the client).
     Where it nears the host's cores the cluster is CPU-bound and the simulator's host model, which
     counts measured work and not polling, is past what it was built on."""
-    from planner.profiler.serving_probe import cpu_seconds, process_tree
+    from planner.profiler.serving_probe import cpu_seconds, host_cpu_seconds, process_tree
 
-    roots = [cluster.router.popen.pid] + [worker.popen.pid for worker in cluster.workers.values()]
-    return cpu_seconds([pid for root in roots for pid in process_tree(root)]) + time.process_time()
+    workers = [pid for worker in cluster.workers.values() for pid in process_tree(worker.popen.pid)]
+    return host_cpu_seconds(cluster.router.popen.pid) + cpu_seconds(workers)
 
 
-def as_sent(specs: list, records) -> list[SentRequest]:
+def as_sent(specs: list[RequestSpec], records) -> list[RequestSpec]:
     """The requests as the client really sent them: a starved client sends late, and the simulator
     must see the arrivals the cluster saw, not the schedule."""
     sent = {record.index: record.sent_s for record in records}
-    return [SentRequest(sent.get(index, spec.arrival_s), spec.prompt_tokens, spec.output_tokens)
-            for index, spec in enumerate(specs)]
+    return [replace(spec, arrival_s=sent.get(index, spec.arrival_s)) for index, spec in enumerate(specs)]
 
 
 def first_vocab(model: Path) -> int:

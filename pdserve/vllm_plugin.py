@@ -48,16 +48,21 @@ def register() -> None:
 
 def request_amx_permission() -> bool:
     """Asks Linux to let this process use AMX tile data, where the CPU has AMX (see the module
-    doc); True when the process may now use it, False on CPUs without AMX."""
+    doc); True when the process may now use it, False on CPUs without AMX or where it cannot be
+    asked. Never raises: vLLM does not catch a plugin's error, and it would kill every process."""
     import torch
 
-    if not torch.cpu._is_amx_tile_supported():
+    try:
+        if not torch.cpu._is_amx_tile_supported():
+            return False
+        if torch.cpu._init_amx():
+            return True
+    except (AttributeError, RuntimeError) as error:  # private torch API: gone or failing in another release
+        logger.warning("could not ask for AMX tile data (%s); vLLM's bfloat16 attention may die with SIGILL", error)
         return False
-    if not torch._C._cpu._init_amx():
-        logger.warning("the CPU reports AMX but Linux refused the tile-data permission; "
-                       "vLLM's bfloat16 attention may die with SIGILL (use --dtype float32)")
-        return False
-    return True
+    logger.warning("the CPU reports AMX but Linux refused the tile-data permission; "
+                   "vLLM's bfloat16 attention may die with SIGILL (use --dtype float32)")
+    return False
 
 
 def cap_shm_spin(spin_s: float) -> None:

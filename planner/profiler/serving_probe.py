@@ -14,8 +14,9 @@
     the prefill worker's API process                 -> prefill_cpu_s_per_request
     the router and this process (the client)         -> host_cpu_s_per_request
     the router alone                                 -> its share, netted out of the batches below
-  Each group's CPU while the cluster sits idle (`IDLE_S` with no request: heartbeats, timers,
-  the progress bar) is netted out of both runs first: it is not work the traffic brings, and at a
+  Each group's CPU while the cluster sits idle (a tenth of a run's expected length, at least
+  `MIN_IDLE_S`, with no request: heartbeats, timers, the progress bar; long enough that /proc's
+  10 ms ticks, scaled up to the run, stay small per request) is netted out of both runs first: it is not work the traffic brings, and at a
   slow model's low profiling rate it would read as tens of ms per request (43 ms per request of
   "router and client" CPU on `bench`, 9 ms on `tiny`, for the same Python).
   Not counted: vLLM's engine core and model runner. The engine tables were measured through
@@ -89,8 +90,11 @@ def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool) -> ServingP
 def process_tree(pid: int) -> list[int]:
     """`pid` and its descendants, from /proc (Linux)."""
     children: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        children += [int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            children += [int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except FileNotFoundError:  # the process, or one of its threads, exited while we looked
+        pass
     return [pid] + [p for child in children for p in process_tree(child)]
 
 
@@ -111,7 +115,7 @@ def host_cpu_seconds(router_pid: int) -> float:
     return cpu_seconds(process_tree(router_pid)) + time.process_time()
 
 
-IDLE_S = 3.0  # seconds of no traffic over which each group's idle CPU is measured
+MIN_IDLE_S, MAX_IDLE_S = 3.0, 20.0  # bounds of the window without traffic where idle CPU is measured
 
 
 @dataclass(frozen=True)
@@ -280,7 +284,7 @@ async def _steady_run(target: str, rate_rps: float, plan: ServingPlan, output_to
                   {name: after[name] - before[name] for name in groups}, wall_s)
 
 
-def idle_cpu_cores(groups: dict, idle_s: float = IDLE_S) -> dict[str, float]:
+def idle_cpu_cores(groups: dict, idle_s: float) -> dict[str, float]:
     """Each group's CPU, in cores, over `idle_s` with no traffic."""
     before, started = {name: pids() for name, pids in groups.items()}, time.perf_counter()
     time.sleep(idle_s)
@@ -300,7 +304,7 @@ def measure_cpu(target: str, pids: dict[str, int], rate_rps: float, plan: Servin
         "host": lambda: host_cpu_seconds(pids["router"]),
     }
     time.sleep(LONE_PAUSE_S)  # past the last request's polling
-    idle = idle_cpu_cores(groups)
+    idle = idle_cpu_cores(groups, min(MAX_IDLE_S, max(MIN_IDLE_S, 0.1 * plan.load_requests / rate_rps)))
     short = asyncio.run(_steady_run(target, rate_rps, plan, SHORT_OUTPUT, groups, seed=11)).net_of_idle(idle)
     advance(f"serving: CPU at {rate_rps:.2f} req/s, {SHORT_OUTPUT}-token outputs")
     long = asyncio.run(_steady_run(target, rate_rps, plan, LONG_OUTPUT, groups, seed=12)).net_of_idle(idle)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from rich.console import Console
 
 from planner.validation import Comparison, error_table, mean_abs_errors, plot_validation, to_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import validate_planner  # noqa: E402
 
 
 def summary(ttft50: float, ttft90: float, tpot50: float, tpot90: float, attainment: float) -> dict[str, float]:
@@ -46,26 +52,12 @@ def test_json_table_and_plot(tmp_path):
     assert png.stat().st_size > 10_000
 
 
-def _validation_script():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "bench" / "validate_planner.py"
-    module_spec = importlib.util.spec_from_file_location("validate_planner", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module  # its dataclasses look their module up there
-    module_spec.loader.exec_module(module)
-    return module
-
-
 def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measured(tmp_path):
     """bench/validate_planner.py --resimulate: no cluster; the kept requests go through the simulator
     with the given profile and are compared with the earlier run's measurements."""
     import json
-    from pathlib import Path
 
-    script = _validation_script()
+    script = validate_planner
     profile = Path(__file__).resolve().parents[3] / "planner" / "profiles" / "tiny_2cpu_served.json"
     earlier = tmp_path / "earlier"
     earlier.mkdir()
@@ -73,7 +65,7 @@ def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measur
     heavy = [[0.01 * i, 100, 20] for i in range(200)]        # 100 req/s: queues
     measured = summary(15.0, 20.0, 3.0, 4.0, 1.0)
     (earlier / "validation.json").write_text(json.dumps({
-        "model": "tiny", "profiles": ["x"], "slo_ms": {"ttft": 200.0, "tpot": 20.0}, "workload": {},
+        "model": "tiny", "profiles": ["x"], "slo_ms": {"ttft": 200.0, "tpot": 20.0}, "workload": {}, "transport": "torch",
         "runs": [{"rate_rps": 2.0, "model": "x", "measured": measured},
                  {"rate_rps": 100.0, "model": "x", "measured": measured}],
         "requests": {"2.0": light, "100.0": heavy}}))
@@ -83,6 +75,7 @@ def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measur
     written = json.loads((out / "validation.json").read_text())
     runs = {run["rate_rps"]: run for run in written["runs"]}
     assert set(runs) == {2.0, 100.0} and written["resimulated"] == str(earlier)
+    assert written["transport"] == "torch"  # the earlier run's, not the command line's default
     assert all(run["model"] == "tiny_2cpu_served" and run["measured"] == measured for run in runs.values())
     light_ttft, heavy_ttft = runs[2.0]["simulated"]["median_ttft_ms"], runs[100.0]["simulated"]["median_ttft_ms"]
     assert 0 < light_ttft < heavy_ttft  # the heavy run's requests queued behind each other
@@ -92,30 +85,22 @@ def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measur
 
 def test_the_validation_needs_a_model_or_an_earlier_run():
     with pytest.raises(SystemExit):
-        _validation_script().parse_args(["--profile", "p.json"])
+        validate_planner.parse_args(["--profile", "p.json"])
 
 
-def test_the_cluster_cpu_counts_every_process_of_the_cluster_and_their_children():
-    """What the validation reports as the cluster's CPU: the router's and each worker's whole
-    process tree (a worker's vLLM processes are its children)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
+def test_the_cluster_cpu_counts_the_router_the_client_and_every_worker_with_its_children(monkeypatch):
+    """What the validation reports as the cluster's CPU: the router's tree and this process (the
+    host's processes, as the profiler counts them) and each worker's whole tree (its vLLM processes)."""
     from types import SimpleNamespace
 
-    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\ntime.sleep(30)"
-    parent_of_burner = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {burn!r}])\ntime.sleep(30)"
-    router = subprocess.Popen([sys.executable, "-c", burn])
-    worker = subprocess.Popen([sys.executable, "-c", parent_of_burner], start_new_session=True)
-    try:
-        cluster = SimpleNamespace(router=SimpleNamespace(popen=router), workers={"w": SimpleNamespace(popen=worker)})
-        cluster_cpu_s = _validation_script().cluster_cpu_s
-        deadline = time.monotonic() + 15
-        while (used := cluster_cpu_s(cluster) - time.process_time()) < 0.8 and time.monotonic() < deadline:
-            time.sleep(0.1)  # the processes are new: everything they used is counted
-        assert 0.8 <= used <= 1.4, used  # 0.4 s each of router and grandchild, plus interpreter start-ups
-    finally:
-        router.kill()
-        os.killpg(worker.pid, signal.SIGKILL)
+    from planner.profiler import serving_probe
+
+    trees = {10: [10, 11, 12], 20: [20, 21]}  # worker pid -> its tree
+    cpu = {10: 1.0, 11: 2.0, 12: 4.0, 20: 8.0, 21: 16.0}
+    monkeypatch.setattr(serving_probe, "process_tree", lambda pid: trees[pid])
+    monkeypatch.setattr(serving_probe, "cpu_seconds", lambda pids: sum(cpu[pid] for pid in pids))
+    monkeypatch.setattr(serving_probe, "host_cpu_seconds", lambda router_pid: 100.0 * router_pid)
+    cluster = SimpleNamespace(router=SimpleNamespace(popen=SimpleNamespace(pid=5)),
+                              workers={"prefill-0": SimpleNamespace(popen=SimpleNamespace(pid=10)),
+                                       "decode-1": SimpleNamespace(popen=SimpleNamespace(pid=20))})
+    assert validate_planner.cluster_cpu_s(cluster) == 500.0 + 31.0
