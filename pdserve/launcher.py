@@ -93,7 +93,11 @@ class LocalCluster:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout_s: float = 240.0) -> "LocalCluster":
+        """Starts Redis, the router and the workers; returns once the router routes to every worker
+        (a worker's ready file says it serves; the router learns of it at its next registry refresh,
+        and a request sent in between would find no worker)."""
         try:
+            deadline = time.monotonic() + timeout_s
             self.redis = start_redis()
             self.router = self._spawn("router", self._router_argv())
             for role, count in (("prefill", self.spec.num_prefill), ("decode", self.spec.num_decode)):
@@ -101,6 +105,7 @@ class LocalCluster:
                     self.add_worker(role, wait=False)
             self.wait_ready([self.router, *self.workers.values()], timeout_s)
             self.grpc_target, self.http_url = self.router.ready_file.read_text().split()
+            self.wait_routed(max(1.0, deadline - time.monotonic()))
             return self
         except BaseException:
             self.stop()
@@ -182,6 +187,23 @@ class LocalCluster:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{process.name} not ready within {timeout_s}s; log:\n{_tail(process.log_path)}")
                 time.sleep(0.1)
+
+
+    def wait_routed(self, timeout_s: float) -> None:
+        """Waits until the router sees as many prefill and decode workers as the spec asks for."""
+        from pdserve.client import Client
+
+        deadline = time.monotonic() + timeout_s
+        with Client(self.grpc_target) as client:
+            while True:
+                info = client.model_info()
+                if info.num_prefill_workers >= self.spec.num_prefill and info.num_decode_workers >= self.spec.num_decode:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the router sees {info.num_prefill_workers} prefill and "
+                                       f"{info.num_decode_workers} decode workers after {timeout_s:.0f} s, "
+                                       f"not {self.spec.num_prefill} and {self.spec.num_decode}; logs in {self.log_dir}")
+                time.sleep(0.05)
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -54,7 +54,12 @@ def start_cluster(model: Path, tmp: Path, transport: str = "tcp", num_decode: in
     spec = ClusterSpec(engine=engine_settings(model), num_decode=num_decode, transport=transport,
                        cpu_cores={"prefill": "0", "decode": "1"}, ttl_s=ttl_s, lease_s=lease_s, log_dir=str(tmp))
     cluster = LocalCluster(spec).start()
-    wait_for_workers(cluster, 1 + num_decode)
+    from pdserve.client import Client
+
+    with Client(cluster.grpc_target) as client:  # start() returns once the router routes to every worker
+        info = client.model_info()
+    assert (info.num_prefill_workers, info.num_decode_workers) == (1, num_decode), \
+        "LocalCluster.start() returned before its router saw every worker: a first request would find none"
     return cluster
 
 
