@@ -14,7 +14,6 @@ same KV cache bytes in total: A's one engine gets what B's (or C's) two engines 
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from loadgen.targets.openai_http import OpenAITarget
 from loadgen.targets.pdserve_grpc import PdserveGrpcTarget
 from loadgen.targets.round_robin import RoundRobinTarget
 from loadgen.vllm_server import VllmOpenAIServer
-from pdserve.client import Client
 from pdserve.engine import EngineSettings
 from pdserve.launcher import ClusterSpec, LocalCluster
 
@@ -90,24 +88,7 @@ class PdserveDisaggregated:
         self._cluster: LocalCluster | None = None
 
     def start(self) -> None:
-        self._cluster = LocalCluster(self.spec).start()
-        try:
-            self._wait_for_both_workers()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_for_both_workers(self, timeout_s: float = 60.0) -> None:
-        """The router refreshes its registry view in the background: wait until it routes to both."""
-        deadline = time.monotonic() + timeout_s
-        with Client(self._cluster.grpc_target) as client:
-            while time.monotonic() < deadline:
-                info = client.model_info()
-                if info.num_prefill_workers >= 1 and info.num_decode_workers >= 1:
-                    return
-                time.sleep(0.2)
-        raise TimeoutError(f"the router did not see a prefill and a decode worker within {timeout_s:g} s; "
-                           f"logs in {self._cluster.log_dir}")
+        self._cluster = LocalCluster(self.spec).start()  # returns once its router routes to both workers
 
     def stop(self) -> None:
         if self._cluster is not None:

@@ -49,8 +49,7 @@ def measure(model: Path, num_pairs: int, prompt_tokens: int, warmup: int) -> dic
     rng = random.Random(7)
     sampling = generation_pb2.SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     samples: dict[str, list[float]] = {"via router": [], "direct": []}
-    with LocalCluster(spec) as cluster:
-        _wait_for_workers(cluster)
+    with LocalCluster(spec) as cluster:  # up: its router routes to both workers
         prefill_id = cluster.worker_ids("prefill")[0]
         with grpc.insecure_channel(cluster.grpc_target) as router_channel, \
                 grpc.insecure_channel(cluster.worker_address(prefill_id)) as worker_channel:
@@ -83,19 +82,6 @@ def measure(model: Path, num_pairs: int, prompt_tokens: int, warmup: int) -> dic
                     if index >= warmup:
                         progress.advance(task)
     return samples
-
-
-def _wait_for_workers(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
-    from pdserve.client import Client
-
-    deadline = time.monotonic() + timeout_s
-    with Client(cluster.grpc_target) as client:
-        while time.monotonic() < deadline:
-            info = client.model_info()
-            if info.num_prefill_workers and info.num_decode_workers:
-                return
-            time.sleep(0.1)
-    raise TimeoutError("the router did not see its workers")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -188,7 +188,6 @@ class LocalCluster:
                     raise TimeoutError(f"{process.name} not ready within {timeout_s}s; log:\n{_tail(process.log_path)}")
                 time.sleep(0.1)
 
-
     def wait_routed(self, timeout_s: float) -> None:
         """Waits until the router sees as many prefill and decode workers as the spec asks for."""
         from pdserve.client import Client

@@ -148,7 +148,7 @@ async def test_planner_adds_a_prefill_worker_under_a_load_step_and_drains_it_whe
     client = AsyncClient(cluster.grpc_target)
     stop_load, stop_planner, stop_trickle = asyncio.Event(), asyncio.Event(), asyncio.Event()
     try:
-        await wait_for_router(client)
+        await warm_up(client)
         load = asyncio.create_task(closed_loop(client, LOAD_STREAMS, stop_load, done, errors, 1))
         await wait_for(lambda: len(done) >= 4 * LOAD_STREAMS, 120, "the load step to run on one prefill worker")
         before = done[-4 * LOAD_STREAMS:]  # steady state of the step on one prefill worker
@@ -211,15 +211,8 @@ async def test_planner_adds_a_prefill_worker_under_a_load_step_and_drains_it_whe
         await client.close()
 
 
-async def wait_for_router(client: AsyncClient) -> None:
-    """Until the router sees both workers, then two warm-up requests."""
-    deadline = time.monotonic() + 30
-    while True:
-        info = await client.model_info()
-        if info.num_prefill_workers and info.num_decode_workers:
-            break
-        assert time.monotonic() < deadline, "the router never saw the workers"
-        await asyncio.sleep(0.1)
+async def warm_up(client: AsyncClient) -> None:
+    """Two requests through both workers (LocalCluster.start returned once the router saw them)."""
     for _ in range(2):
         async for _chunk in client.generate(token_ids=[11] * 64, max_tokens=8, ignore_eos=True):
             pass
