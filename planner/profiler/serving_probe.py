@@ -14,11 +14,12 @@
     the prefill worker's API process                 -> prefill_cpu_s_per_request
     the router and this process (the client)         -> host_cpu_s_per_request
     the router alone                                 -> its share, netted out of the batches below
-  Each group's CPU while the cluster sits idle (a tenth of a run's expected length, at least
-  `MIN_IDLE_S`, with no request: heartbeats, timers, the progress bar; long enough that /proc's
-  10 ms ticks, scaled up to the run, stay small per request) is netted out of both runs first: it is not work the traffic brings, and at a
-  slow model's low profiling rate it would read as tens of ms per request (43 ms per request of
-  "router and client" CPU on `bench`, 9 ms on `tiny`, for the same Python).
+  Each group's CPU while the cluster sits idle (heartbeats, timers, the progress bar) is netted
+  out of both runs first: it is not work the traffic brings, and at a slow model's low profiling
+  rate it would read as tens of ms per request (43 ms per request of "router and client" CPU on
+  `bench`, 9 ms on `tiny`, for the same Python). It is measured with no request for a tenth of a
+  run's expected length (`MIN_IDLE_S` to `MAX_IDLE_S`), long enough that /proc's 10 ms ticks,
+  scaled up to the run, stay small per request.
   Not counted: vLLM's engine core and model runner. The engine tables were measured through
   vLLM's own AsyncLLM, engine core and model runner, so their work is in the tables already;
   and both poll each other with sched_yield for up to --vllm-spin-ms after each message, CPU time
