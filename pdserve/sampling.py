@@ -1,7 +1,10 @@
 """Sampling parameters: one validated dataclass inside pdserve, converted at the edges.
 
 `Sampling.validated(...)` is the single place where a request's parameters are checked; each
-error names the field, so gRPC says INVALID_ARGUMENT and HTTP says 400 with that field.
+error names the field, so gRPC says INVALID_ARGUMENT and HTTP says 400 with that field. The
+ranges are vLLM's own: `check()` builds the engine's `SamplingParams`, which runs vLLM's
+validation, so the router refuses exactly what an engine would (a request the router lets
+through must never fail in an engine as the engine's fault: DESIGN 2, issue 18 item 6).
 """
 
 from __future__ import annotations
@@ -32,14 +35,17 @@ class Sampling:
         return sampling
 
     def check(self) -> None:
-        _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
-                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _require(self.temperature >= 0, "temperature", f"temperature must be >= 0, got {self.temperature}")
-        _require(0 < self.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        _require(self.top_k >= -1, "top_k", f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
-        _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
-                 f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        """Raises InvalidRequest naming the field. pdserve's own rules first (vLLM lets max_tokens
+        be None and a stop string be empty), then vLLM's validation of every range."""
+        _require(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1,
+                 "max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
+        try:
+            self.to_vllm()
+        except Exception as error:  # vLLM's VLLMValidationError is no ValueError
+            if not is_engine_input_error(error):
+                raise
+            raise InvalidRequest(str(error), field=engine_error_field(error)) from error
 
     def with_max_tokens(self, max_tokens: int) -> "Sampling":
         return replace(self, max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens))
@@ -70,6 +76,31 @@ class Sampling:
             seed=self.seed, stop=list(self.stop) or None, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
             **extra,
         )
+
+
+def is_engine_input_error(error: BaseException) -> bool:
+    """True for the errors vLLM raises for a bad request (its 4xx class), which are the client's
+    fault and never the engine's: `VLLMClientError` (validation, not found), ValueError, TypeError."""
+    if isinstance(error, (ValueError, TypeError)):
+        return True
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # no engine here (the SDK's process): nothing of vLLM's can be raised
+        return False
+    return isinstance(error, VLLMClientError)
+
+
+def engine_error_field(error: BaseException) -> str | None:
+    """The request field an engine's validation error is about: vLLM's `parameter` where it sets
+    one, else the field its message starts with ("top_k must be ..."), else None."""
+    parameter = getattr(error, "parameter", None)
+    if parameter:
+        return str(parameter)
+    first_word = str(error).split(" ", 1)[0]
+    return first_word if first_word in _FIELDS else None
+
+
+_FIELDS = frozenset(Sampling.__dataclass_fields__)
 
 
 def _require(condition: bool, field: str, message: str) -> None:

@@ -26,16 +26,15 @@ import logging
 from pdserve import metrics
 from pdserve.errors import InvalidRequest, NoHealthyWorker, Overloaded, from_grpc_code
 from pdserve.registry import WorkerRecord
+from pdserve.sampling import Sampling
 from pdserve.v1 import worker_pb2
+from router.failures import verdict_for
 from router.policies.disaggregation import DisaggregationPolicy
 from router.pool import WorkerPool
 from router.tokenizer import RouterTokenizer
 from router.types import Chunk, GenerationRequest, Timings
 
 logger = logging.getLogger(__name__)
-
-_CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
-                  grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 @dataclass(frozen=True)
@@ -60,6 +59,7 @@ class _Prefilled:
 class Lifecycle:
     def __init__(self, config: RouterConfig, pool: WorkerPool, tokenizer: RouterTokenizer):
         self.config, self.pool, self.tokenizer = config, pool, tokenizer
+        Sampling().check()  # loads vLLM's validation now, not on the first request's path
         self.inflight = 0
         self._releasing: set[asyncio.Task] = set()  # lease releases under way (held so none is dropped)
 
@@ -219,11 +219,14 @@ class Lifecycle:
         timings.decode_computed_prompt_tokens = num_decode_prompt - reply.num_cached_tokens - reply.kv_loaded_tokens
 
     def _on_worker_error(self, worker: WorkerRecord, error: grpc.aio.AioRpcError) -> None:
-        """Client errors end the request; anything else is the worker's fault: quarantine, retry."""
-        if error.code() in _CLIENT_ERRORS:
+        """Raises the client's errors; quarantines a worker at fault (`router.failures`). Returning
+        means: retry the phase on another worker."""
+        verdict = verdict_for(error.code())
+        if verdict.end_request:
             raise from_grpc_code(error.code(), error.details() or str(error.code()))
-        metrics.WORKER_FAILURES.labels(worker.role).inc()
-        self.pool.quarantine(worker)
+        if verdict.quarantine:
+            metrics.WORKER_FAILURES.labels(worker.role).inc()
+            self.pool.quarantine(worker)
 
     def _release_soon(self, worker: WorkerRecord, transfer_id: str, request_id: str) -> None:
         task = asyncio.create_task(self._release(worker, transfer_id, request_id))

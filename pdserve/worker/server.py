@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from pdserve.errors import InvalidRequest, ServeError, grpc_code
+from pdserve.sampling import engine_error_field, is_engine_input_error
 from pdserve.worker.config import WorkerConfig
 from pdserve.worker.load import EngineLoad
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
@@ -45,8 +46,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.runtime.inflight[request.request_id] = request.transfer_id
         try:
             return await self.handler.prefill(request)
-        except (ServeError, ValueError) as error:
-            await context.abort(grpc_code(as_serve_error(error)), str(error))
+        except Exception as error:
+            await _abort_for(context, error)
         finally:
             self.runtime.inflight.pop(request.request_id, None)
 
@@ -55,8 +56,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             async for response in self.handler.decode(request):
                 yield response
-        except (ServeError, ValueError) as error:
-            await context.abort(grpc_code(as_serve_error(error)), str(error))
+        except Exception as error:
+            await _abort_for(context, error)
         finally:
             self.runtime.inflight.pop(request.request_id, None)
 
@@ -80,11 +81,25 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         )
 
 
-def as_serve_error(error: Exception) -> ServeError:
-    """vLLM rejects bad input (too long, bad ids) with ValueError: that is the client's error."""
+async def _abort_for(context, error: Exception) -> None:
+    """Ends the RPC with the status `error` deserves; re-raises what is no request's error (a dead
+    engine, a bug), which gRPC reports as UNKNOWN and the router treats as this worker's fault."""
+    serve_error = as_serve_error(error)
+    if serve_error is None:
+        raise error
+    await context.abort(grpc_code(serve_error), serve_error.message)
+
+
+def as_serve_error(error: Exception) -> ServeError | None:
+    """The typed error for what a handler raised, or None if it is not the request's doing.
+
+    vLLM rejects bad input (too long, bad ids, a sampling value out of range) with ValueError or
+    its `VLLMClientError`: that is the client's error, INVALID_ARGUMENT, never the worker's."""
     if isinstance(error, ServeError):
         return error
-    return InvalidRequest(str(error))
+    if is_engine_input_error(error):
+        return InvalidRequest(str(error), field=engine_error_field(error))
+    return None
 
 
 def engine_queued_s(output) -> float:

@@ -135,6 +135,36 @@ def test_bad_input_over_http_is_400_with_an_openai_error_naming_the_field(tcp_cl
     assert error["type"] == "invalid_request_error" and field in error["message"]
 
 
+def test_a_sampling_value_only_the_engine_refused_is_400_and_takes_no_worker_out(tcp_cluster):
+    """The denial of service found by fuzzing: temperature 1e30 passed the router, the decode engine
+    refused it, and the router quarantined the worker, so valid requests got 503 for seconds."""
+    for _ in range(3):
+        response = httpx.post(f"{tcp_cluster.http_url}/v1/completions", timeout=30,
+                              json={"prompt": "hello", "max_tokens": 4, "temperature": 1e30})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "temperature"
+        served = httpx.post(f"{tcp_cluster.http_url}/v1/completions", timeout=30,
+                            json={"prompt": "hello", "max_tokens": 4, "temperature": 0, "ignore_eos": True})
+        assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_worker_answers_input_its_engine_refuses_with_invalid_argument(tcp_cluster, role):
+    """Behind the router's check, the worker itself maps vLLM's validation error to the client's."""
+    worker_id = tcp_cluster.worker_ids(role)[0]
+    sampling = generation_pb2.SamplingParams(max_tokens=4, temperature=3.0)
+    with grpc.insecure_channel(tcp_cluster.worker_address(worker_id)) as channel:
+        worker = worker_pb2_grpc.WorkerStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            if role == "prefill":
+                worker.Prefill(worker_pb2.PrefillRequest(request_id="hot", prompt_token_ids=[10, 11, 12],
+                                                         sampling=sampling, transfer_id="hot-transfer"))
+            else:
+                list(worker.Decode(worker_pb2.DecodeRequest(request_id="hot", prompt_token_ids=[10, 11, 12],
+                                                            sampling=sampling)))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "temperature" in error.value.details()
+
+
 def test_the_cluster_keeps_serving_after_bad_input(tcp_cluster):
     with Client(tcp_cluster.grpc_target) as client:
         chunks = list(client.generate("Still here?", max_tokens=5, temperature=0, ignore_eos=True))
