@@ -25,7 +25,7 @@ from loadgen.targets.pdserve_grpc import PdserveGrpcTarget
 from loadgen.targets.round_robin import RoundRobinTarget
 from loadgen.vllm_server import VllmOpenAIServer
 from pdserve.engine import EngineSettings
-from pdserve.launcher import ClusterSpec, LocalCluster
+from launch.local import ClusterSpec, LocalCluster
 
 
 class VllmServers:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))  # run as a script from anywhere
 import grpc  # noqa: E402
 
 from pdserve.engine import EngineSettings  # noqa: E402
-from pdserve.launcher import ClusterSpec, LocalCluster  # noqa: E402
+from launch.local import ClusterSpec, LocalCluster  # noqa: E402
 from pdserve.make_model import build_model  # noqa: E402
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
 

@@ -88,7 +88,7 @@ def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: 
 
 def start_cluster(model: Path, profile: Profile, transport: str, log_dir: Path):
     from pdserve.engine import EngineSettings
-    from pdserve.launcher import ClusterSpec, LocalCluster
+    from launch.local import ClusterSpec, LocalCluster
 
     # No prefix cache: the simulator computes every prompt, so the real engines must too.
     engine = EngineSettings(model=str(model), dtype=profile.model.dtype, block_size=profile.model.block_size,

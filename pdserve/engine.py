@@ -20,7 +20,9 @@ from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig
 from pdserve.cpu_placement import parse_cores
 from pdserve.vllm_plugin import SPIN_ENV
 
-Role = Literal["prefill", "decode", "colocated"]
+from pdserve.roles import Role
+
+EngineRole = Literal[Role, "colocated"]   # a worker's engine, or vLLM serving both phases
 _KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
@@ -84,7 +86,7 @@ class EngineSettings:
         return asdict(self)
 
 
-def engine_args(settings: EngineSettings, role: Role, connector: ConnectorConfig | None = None,
+def engine_args(settings: EngineSettings, role: EngineRole, connector: ConnectorConfig | None = None,
                 engine_id: str = ""):
     """vLLM `AsyncEngineArgs` for `role`; prefill and decode need a `connector` config."""
     from vllm.config import KVTransferConfig
@@ -129,7 +131,7 @@ def engine_args(settings: EngineSettings, role: Role, connector: ConnectorConfig
     )
 
 
-def start_engine(settings: EngineSettings, role: Role, connector: ConnectorConfig | None = None,
+def start_engine(settings: EngineSettings, role: EngineRole, connector: ConnectorConfig | None = None,
                  engine_id: str = ""):
     """An `AsyncLLM`; call from inside a running event loop, in a `__main__`-guarded process."""
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -1,6 +1,7 @@
 """The Redis registry: which workers are alive, where they listen, and how loaded they are.
 
     pdserve:{cluster}:worker:{worker_id}   hash, see `WorkerRecord`; expires after `ttl_s`
+                                           (the key's format, with every other, in `pdserve.keys`)
 
 A worker re-writes its hash and its TTL on every heartbeat, so its entry is a lease: a worker
 that dies (even by SIGKILL) disappears on its own within `ttl_s`, and a router that reads the
@@ -11,19 +12,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Literal
-
 import redis.asyncio as aioredis
 
-WorkerRole = Literal["prefill", "decode"]
-
-
-def key_prefix(cluster: str) -> str:
-    return f"pdserve:{cluster}"
-
-
-def worker_key(cluster: str, worker_id: str) -> str:
-    return f"{key_prefix(cluster)}:worker:{worker_id}"
+from pdserve.keys import worker_key
+from pdserve.roles import Role
 
 
 @dataclass(frozen=True)
@@ -77,7 +69,7 @@ class Registry:
     async def deregister(self, worker_id: str) -> None:
         await self.redis.delete(worker_key(self.cluster, worker_id))
 
-    async def workers(self, role: WorkerRole | None = None) -> list[WorkerRecord]:
+    async def workers(self, role: Role | None = None) -> list[WorkerRecord]:
         keys = [key async for key in self.redis.scan_iter(match=worker_key(self.cluster, "*"), count=500)]
         if not keys:
             return []

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pdserve.registry import WorkerRecord
 from planner.decision import ObservedLoad
 from planner.pool_sizes import ROLES, PoolSizes
-from router.live_stats import LoadSummary, load_key_pattern
+from pdserve.keys import router_load_key
+from router.live_stats import LoadSummary
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class LiveLoad:
 
 async def read_router_loads(redis, cluster: str) -> list[LoadSummary]:
     """Every router's current summary (expired keys are gone, so only live routers appear)."""
-    keys = [key async for key in redis.scan_iter(match=load_key_pattern(cluster), count=100)]
+    keys = [key async for key in redis.scan_iter(match=router_load_key(cluster, "*"), count=100)]
     if not keys:
         return []
     values = await redis.mget(keys)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from redis.exceptions import RedisError
 
+from pdserve.keys import planner_decision_key, planner_decisions_key
 from pdserve.registry import Registry
 from planner.actuators.base import ROLES, Actuator
 from planner.decision import Decision, ObservedLoad, PlanFn, PlannerConfig, PredictFn, decide
@@ -35,13 +36,6 @@ from planner.pool_sizes import PoolSizes
 logger = logging.getLogger(__name__)
 HISTORY_LENGTH = 100
 
-
-def decision_key(cluster: str) -> str:
-    return f"pdserve:{cluster}:planner:decision"
-
-
-def decisions_key(cluster: str) -> str:
-    return f"pdserve:{cluster}:planner:decisions"
 
 
 @dataclass(frozen=True)
@@ -173,9 +167,9 @@ class PlannerLoop:
         try:
             ttl_ms = int(10 * self.settings.interval_s * 1000)
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(decision_key(self.settings.cluster), payload, px=ttl_ms)
-                pipe.lpush(decisions_key(self.settings.cluster), payload)
-                pipe.ltrim(decisions_key(self.settings.cluster), 0, HISTORY_LENGTH - 1)
+                pipe.set(planner_decision_key(self.settings.cluster), payload, px=ttl_ms)
+                pipe.lpush(planner_decisions_key(self.settings.cluster), payload)
+                pipe.ltrim(planner_decisions_key(self.settings.cluster), 0, HISTORY_LENGTH - 1)
                 await pipe.execute()
         except (RedisError, OSError) as error:
             logger.warning("planner: could not publish the decision: %s", error)

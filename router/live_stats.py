@@ -28,15 +28,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 
+from pdserve.keys import router_load_key
+
 logger = logging.getLogger(__name__)
-
-
-def load_key(cluster: str, router_id: str) -> str:
-    return f"pdserve:{cluster}:load:router:{router_id}"
-
-
-def load_key_pattern(cluster: str) -> str:
-    return load_key(cluster, "*")
 
 
 @dataclass(frozen=True)
@@ -155,7 +149,7 @@ async def publish_forever(redis, cluster: str, config: LiveLoadConfig, window: L
     """Every `interval_s`: SET the summary with a TTL. Redis errors are logged, never fatal."""
     from redis.exceptions import RedisError
 
-    key = load_key(cluster, config.resolved_router_id)
+    key = router_load_key(cluster, config.resolved_router_id)
     while True:
         summary = window.summary(config.resolved_router_id, inflight())
         try:
@@ -185,7 +179,7 @@ def start_load_publisher(redis_url: str, cluster: str, inflight: Callable[[], in
         finally:
             metrics.FINISHED_OBSERVERS.remove(window.record)
             with contextlib.suppress(RedisError, OSError):  # the key expires on its own anyway
-                await redis.delete(load_key(cluster, config.resolved_router_id))
+                await redis.delete(router_load_key(cluster, config.resolved_router_id))
             await redis.aclose()
 
     return asyncio.create_task(run(), name="pdserve-live-load")

@@ -24,7 +24,7 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="session")
 def redis_server():
-    from pdserve.redis_server import start_redis
+    from launch.redis_server import start_redis
 
     server = start_redis()
     yield server

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pdserve.engine import EngineSettings
+from pdserve.roles import Role, check_role
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    role: Literal["prefill", "decode"]
+    role: Role
     engine: EngineSettings
     redis_url: str
     cluster: str = "default"
@@ -28,8 +29,7 @@ class WorkerConfig:
     drain_timeout_s: float = 30.0       # SIGTERM -> in-flight requests done (prefill: and KV pulled); see drain.py
 
     def __post_init__(self) -> None:
-        if self.role not in ("prefill", "decode"):
-            raise ValueError(f"role must be 'prefill' or 'decode', not {self.role!r}")
+        check_role(self.role)
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(f"ttl_s ({self.ttl_s}) must exceed heartbeat_s ({self.heartbeat_s}) or the lease lapses")
         if self.drain_timeout_s < 0:

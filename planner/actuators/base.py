@@ -10,10 +10,11 @@ processes, Ray actors, Kubernetes Deployments). Contract for every implementatio
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-Role = Literal["prefill", "decode"]
-ROLES: tuple[Role, ...] = ("prefill", "decode")
+from pdserve.roles import ROLES, Role
+
+__all__ = ["Actuator", "ROLES", "Role"]
 
 
 @runtime_checkable

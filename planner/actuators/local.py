@@ -1,6 +1,6 @@
 """Resize the pools by starting and stopping `pdserve worker` processes on this host.
 
-The processes come from a `WorkerBackend`: `pdserve.launcher.LocalCluster` (the cluster `pdserve
+The processes come from a `WorkerBackend`: `launch.local.LocalCluster` (the cluster `pdserve
 up` runs, so `up --planner` can pass itself) or `planner.actuators.local_processes.WorkerProcesses`
 (workers added next to a cluster started elsewhere, found through its Redis). Workers the
 backend did not start (`unmanaged`) count toward a pool's size but are never removed.

@@ -3,7 +3,7 @@
 The `WorkerBackend` of `planner.actuators.local.LocalActuator` for `pdserve planner --actuator
 local`: the cluster (router, first workers) was started by someone else, e.g. `pdserve up`; these
 workers join it through the registry exactly as `pdserve up`'s own do. Each worker is one process
-group (`pdserve.launcher.Process`); `stop_all()` drains them all (the planner owns them).
+group (`launch.local.Process`); `stop_all()` drains them all (the planner owns them).
 
 CPU placement: `cpu_cores` gives each role a rotation of core sets; a new worker takes the first
 set no live worker of its role holds (else the least used), so on a 2-core host a second decode
@@ -22,10 +22,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdserve.commands.engine_options import engine_option_argv
-from pdserve.orphans import die_with_parent
+from launch.commands import pdserve_argv, worker_argv
+from launch.orphans import die_with_parent
 from pdserve.engine import EngineSettings
-from pdserve.launcher import Process
+from launch.local import Process
 from planner.actuators.base import ROLES, Role
 
 
@@ -71,7 +71,7 @@ class WorkerProcesses:
         log_path = self.log_dir / f"{worker_id}.log"
         env = os.environ | {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
                             "PYTHONUNBUFFERED": "1"}
-        argv = [sys.executable, "-m", "pdserve.cli", *self._argv(role, worker_id, cores), "--ready-file", str(ready)]
+        argv = pdserve_argv([*self._argv(role, worker_id, cores), "--ready-file", str(ready)])
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                      preexec_fn=die_with_parent())
@@ -122,6 +122,5 @@ class WorkerProcesses:
 
     def _argv(self, role: Role, worker_id: str, cores: str) -> list[str]:
         s = self.spec
-        return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", s.redis_url, "--cluster", s.cluster,
-                "--transport", s.transport, "--cpu-cores", cores, "--lease-s", str(s.lease_s), "--ttl-s", str(s.ttl_s),
-                *engine_option_argv(s.engine)]
+        return worker_argv(role=role, worker_id=worker_id, redis_url=s.redis_url, cluster=s.cluster,
+                           transport=s.transport, cpu_cores=cores, lease_s=s.lease_s, ttl_s=s.ttl_s, engine=s.engine)

@@ -3,7 +3,7 @@
 The cluster is one `pdserve up --ray ADDRESS --cluster NAME`; its controller actor (named
 `controller` in the Ray namespace `pdserve-NAME`) owns the members. The actuator attaches to it
 and asks it to scale, through the same code `pdserve up --ray` starts the pools with
-(`pdserve.ray.controller`): a new member is a new actor running `pdserve worker`, which registers
+(`launch.ray.controller`): a new member is a new actor running `pdserve worker`, which registers
 in Redis on its own; a removed member is drained (SIGTERM: the worker stops taking requests,
 finishes the ones in flight, deregisters) before its actor ends.
 
@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 
 from planner.actuators.base import ROLES, Role
-from pdserve.ray.cluster import RayCluster, RayClusterError
-from pdserve.ray.spec import CLUSTER_NAME
+from launch.ray.cluster import RayCluster, RayClusterError
+from launch.ray.spec import CLUSTER_NAME
 
 
 class RayScaleError(RuntimeError):

@@ -345,7 +345,7 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
     from dataclasses import replace
 
     from pdserve.client import Client
-    from pdserve.launcher import ClusterSpec, LocalCluster
+    from launch.local import ClusterSpec, LocalCluster
 
     plan = serving_plan(engine.max_model_len, engine.max_num_seqs, quick)
     spec = ClusterSpec(engine=engine, transport=transport, cpu_cores={"prefill": cores[0], "decode": cores[1]})

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from pdserve.client import Client, NoHealthyWorker
-from pdserve.registry import worker_key
+from pdserve.keys import worker_key
 from pdserve.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 
 from cluster_helpers import start_cluster, wait_for_workers, wait_until_idle, worker_load

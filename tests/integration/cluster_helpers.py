@@ -16,7 +16,7 @@ import pytest
 
 from pdserve.engine import EngineSettings, native_dtype
 from planner.profile import DTYPE_BYTES
-from pdserve.launcher import ClusterSpec, LocalCluster
+from launch.local import ClusterSpec, LocalCluster
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 
 BLOCK_SIZE = 32

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def quick_profile(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("profile") / "tiny.json"
     env = os.environ | {"VLLM_LOGGING_LEVEL": "WARNING"}
-    run = subprocess.run([sys.executable, "-m", "pdserve.cli", "profile", "--model", str(tiny_model), "--quick",
+    run = subprocess.run([sys.executable, "-m", "cli.main", "profile", "--model", str(tiny_model), "--quick",
                           "--transports", "tcp,torch", "--kv-cache-mb", "64", "--through", "cluster", "--no-progress",
                           "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -25,7 +25,7 @@ import pytest
 
 from pdserve.client import AsyncClient, ServeError
 from pdserve.engine import EngineSettings
-from pdserve.launcher import ClusterSpec, LocalCluster
+from launch.local import ClusterSpec, LocalCluster
 from planner.actuators.local import LocalActuator
 from planner.actuators.local_processes import WorkerLaunchSpec, WorkerProcesses
 from planner.decision import PlannerConfig

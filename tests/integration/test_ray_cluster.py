@@ -20,14 +20,14 @@ import redis
 
 from pdserve.client import Client
 from pdserve.engine import EngineSettings
-from pdserve.launcher import ClusterSpec
-from pdserve.registry import worker_key
+from launch.local import ClusterSpec
+from pdserve.keys import worker_key
 
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
-from pdserve.ray.cluster import RayCluster, RayClusterError  # noqa: E402
-from pdserve.ray.spec import RayClusterSpec  # noqa: E402
+from launch.ray.cluster import RayCluster, RayClusterError  # noqa: E402
+from launch.ray.spec import RayClusterSpec  # noqa: E402
 from planner.actuators.ray import RayActuator, RayActuatorConfig  # noqa: E402
 
 CLUSTER = "raytest"
@@ -72,7 +72,7 @@ def up(ray_address, tiny_model, tmp_path_factory, reference_outputs):
     """`pdserve up --ray ADDRESS` in its own process, as a user runs it (after the reference run,
     so the engines do not share the cores with it)."""
     folder = tmp_path_factory.mktemp("ray-cluster")
-    argv = [sys.executable, "-m", "pdserve.cli", "up", "--ray", ray_address, "--cluster", CLUSTER,
+    argv = [sys.executable, "-m", "cli.main", "up", "--ray", ray_address, "--cluster", CLUSTER,
             "--model", str(tiny_model), "--kv-cache-mb", "64", "--max-num-seqs", "16", "--grpc-port", "0",
             "--http-port", "0", "--prefill-cores", "0", "--decode-cores", "1", "--router-cpus", "0",
             "--prefill-cpus", str(PREFILL_CPUS), "--decode-cpus", str(DECODE_CPUS), "--log-dir", str(folder / "members")]

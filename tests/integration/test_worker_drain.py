@@ -13,7 +13,7 @@ import grpc
 import pytest
 import redis
 
-from pdserve.registry import worker_key
+from pdserve.keys import worker_key
 from pdserve.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 
 from cluster_helpers import start_cluster

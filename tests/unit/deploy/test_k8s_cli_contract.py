@@ -1,7 +1,7 @@
 """The manifests start pdserve with flags the real `pdserve` CLI accepts.
 
 Each pdserve container's args, with $(VAR) filled from its ConfigMap and env the way the kubelet
-fills them, go through `pdserve.cli.build_parser()`: a renamed or missing flag fails here rather
+fills them, go through `cli.main.build_parser()`: a renamed or missing flag fails here rather
 than as a CrashLoopBackOff in someone's cluster.
 """
 
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from pdserve.cli import build_parser
+from cli.main import build_parser
 
 POD_VALUES = {"status.podIP": "10.0.0.7", "metadata.namespace": "pdserve"}
 
@@ -91,8 +91,8 @@ def subcommand_options(command: str) -> set[str]:
 
 
 def engine_options() -> set[str]:
-    """The flags every engine-starting command shares (`pdserve.commands.engine_options`)."""
-    from pdserve.commands.engine_options import add_engine_options
+    """The flags every engine-starting command shares (`cli.commands.engine_options`)."""
+    from cli.commands.engine_options import add_engine_options
 
     parser = argparse.ArgumentParser()
     add_engine_options(parser)

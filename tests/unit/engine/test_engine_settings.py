@@ -57,6 +57,6 @@ def test_auto_dtype_is_resolved_when_the_settings_are_made_so_workers_get_a_conc
     settings = EngineSettings(model="m")
     assert settings.dtype == native_dtype() and settings.dtype != "auto"
     assert EngineSettings(model="m", dtype="float16").dtype == "float16"  # an explicit dtype is kept
-    from pdserve.commands.engine_options import engine_option_argv
+    from launch.commands import engine_option_argv
     argv = engine_option_argv(settings)
     assert argv[argv.index("--dtype") + 1] == settings.dtype

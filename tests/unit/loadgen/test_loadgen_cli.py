@@ -12,7 +12,7 @@ from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.sweep import SearchConfig
 from loadgen.targets.openai_http import OpenAITarget
-from pdserve.cli import main
+from cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

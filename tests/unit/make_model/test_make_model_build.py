@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pdserve.cli import main
-from pdserve.commands.make_model import DelayedProgress
+from cli.main import main
+from cli.commands.make_model import DelayedProgress
 from pdserve.make_model import MODEL_FILES, STAMP_FILE, build_model, is_up_to_date
 
 ALL_FILES = (*MODEL_FILES, STAMP_FILE)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pdserve.cli import main
+from cli.main import main
 
 SMALL = ["--num-prompts", "200", "--no-progress", "--tpot-slo-ms", "50"]
 

@@ -11,7 +11,8 @@ import redis.asyncio as aioredis
 
 from pdserve import metrics
 from pdserve.timings import Timings
-from router.live_stats import LiveLoadConfig, LoadSummary, LoadWindow, load_key, percentile, start_load_publisher
+from pdserve.keys import router_load_key
+from router.live_stats import LiveLoadConfig, LoadSummary, LoadWindow, percentile, start_load_publisher
 
 
 class Clock:
@@ -88,7 +89,7 @@ async def test_publisher_records_finished_requests_and_publishes_with_a_ttl(redi
     config = LiveLoadConfig(window_s=10.0, interval_s=0.05, router_id="router-a")
     task = start_load_publisher(redis_server.url, "livetest", lambda: 4, config)
     redis = aioredis.from_url(redis_server.url)
-    key = load_key("livetest", "router-a")
+    key = router_load_key("livetest", "router-a")
     try:
         await asyncio.sleep(0.01)
         metrics.observe_finished(finished(0.05, 0.5, 64, 10))

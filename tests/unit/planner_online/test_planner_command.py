@@ -10,10 +10,10 @@ import uuid
 import pytest
 import redis
 
-from pdserve.cli import build_parser, main
+from cli.main import build_parser, main
 from pdserve.registry import WorkerRecord
-from planner.online import decision_key
-from router.live_stats import LoadSummary, load_key
+from pdserve.keys import planner_decision_key, router_load_key
+from router.live_stats import LoadSummary
 
 
 def _options(parser: argparse.ArgumentParser, prefix: str) -> dict[str, object]:
@@ -43,13 +43,13 @@ def test_once_dry_run_prints_one_decision_and_publishes_it(redis_server, capsys)
     cluster = f"cli{uuid.uuid4().hex[:6]}"
     client = redis.Redis.from_url(redis_server.url)
     summary = LoadSummary("r1", 0.0, 10.0, 50, 3, 5.0, 512.0, 128.0, 0.3, 0.6, 0.04, 0.06)
-    client.set(load_key(cluster, "r1"), summary.to_json(), px=60_000)
+    client.set(router_load_key(cluster, "r1"), summary.to_json(), px=60_000)
     for worker_id, role in (("p0", "prefill"), ("d0", "decode")):
         client.hset(f"pdserve:{cluster}:worker:{worker_id}", mapping=WorkerRecord(worker_id, role, "m", "x:1").to_hash())
     code = main(["planner", "--redis-url", redis_server.url, "--cluster", cluster, "--once", "--dry-run",
                  "--model", "unused", "--sim-requests", "100", "--tpot-slo-s", "0.05", "--ttft-slo-s", "1"])
     assert code == 0
-    published = json.loads(client.get(decision_key(cluster)))
+    published = json.loads(client.get(planner_decision_key(cluster)))
     # the example profile (bench model, 2 cores): 5 req/s of 512/128 tokens needs more than 1P+1D
     assert published["current"] == {"prefill": 1, "decode": 1} and published["applied"] is False
     assert published["target"]["decode"] > 1 and published["observed"]["arrival_rate_rps"] == 5.0

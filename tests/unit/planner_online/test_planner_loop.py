@@ -14,9 +14,10 @@ import redis.asyncio as aioredis
 
 from pdserve.registry import Registry, WorkerRecord
 from planner.decision import PlannerConfig, SloScale
-from planner.online import LoopSettings, Oracle, PlannerLoop, decision_key, decisions_key
+from pdserve.keys import planner_decision_key, planner_decisions_key, router_load_key
+from planner.online import LoopSettings, Oracle, PlannerLoop
 from planner.pool_sizes import PoolSizes
-from router.live_stats import LoadSummary, load_key
+from router.live_stats import LoadSummary
 
 
 def plan(rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float, slo_scale: SloScale) -> PoolSizes:
@@ -64,7 +65,7 @@ async def world(redis_server):
 
 async def publish(redis, cluster: str, rate: float, tpot_p90_s: float = 0.05, router: str = "r1") -> None:
     summary = LoadSummary(router, 0.0, 10.0, 20, 2, rate, 100.0, 50.0, 0.2, 0.4, 0.03, tpot_p90_s)
-    await redis.set(load_key(cluster, router), summary.to_json(), px=30_000)
+    await redis.set(router_load_key(cluster, router), summary.to_json(), px=30_000)
 
 
 def make_loop(world, actuator, clock=None, interval_s: float = 1.0) -> PlannerLoop:
@@ -80,11 +81,11 @@ async def test_a_load_step_scales_both_pools_and_publishes_the_decision(world):
     tick = await make_loop(world, actuator).tick()
     assert tick.decision.target == PoolSizes(2, 3) and tick.applied
     assert actuator.calls == [("prefill", 2), ("decode", 3)]
-    published = json.loads(await redis.get(decision_key(cluster)))
+    published = json.loads(await redis.get(planner_decision_key(cluster)))
     assert published["target"] == {"prefill": 2, "decode": 3} and published["applied"] is True
     assert published["observed"]["arrival_rate_rps"] == 5.0 and published["observed"]["ready"] == {
         "prefill": 1, "decode": 1}
-    assert await redis.llen(decisions_key(cluster)) == 1
+    assert await redis.llen(planner_decisions_key(cluster)) == 1
 
 
 async def test_growth_waits_for_starting_replicas_and_for_the_cooldown(world):
@@ -107,7 +108,7 @@ async def test_no_router_holds_and_says_why(world):
     actuator = RecordingActuator(1, 1)
     tick = await make_loop(world, actuator).tick()
     assert tick.decision is None and actuator.calls == []
-    assert json.loads(await redis.get(decision_key(cluster)))["note"] == "held: no router published live load"
+    assert json.loads(await redis.get(planner_decision_key(cluster)))["note"] == "held: no router published live load"
 
 
 async def test_an_actuator_failure_is_reported_and_the_loop_goes_on(world):
@@ -126,7 +127,7 @@ async def test_an_actuator_failure_is_reported_and_the_loop_goes_on(world):
     assert len(seen) == 2 and not seen[0].applied
     assert seen[0].errors == ("scale prefill to 2: the backend refused: check its credentials",
                               "scale decode to 3: the backend refused: check its credentials")
-    assert await redis.llen(decisions_key(cluster)) == 2
+    assert await redis.llen(planner_decisions_key(cluster)) == 2
 
 
 class UnreachableActuator(RecordingActuator):
@@ -139,7 +140,7 @@ async def test_an_unreachable_actuator_holds_and_says_why(world):
     await publish(redis, cluster, rate=5.0)
     tick = await make_loop(world, UnreachableActuator(1, 1)).tick()
     assert tick.decision is None and not tick.applied
-    assert json.loads(await redis.get(decision_key(cluster)))["note"] == (
+    assert json.loads(await redis.get(planner_decision_key(cluster)))["note"] == (
         "held: actuator unavailable: cannot reach the API server: check the kubeconfig")
 
 
@@ -147,7 +148,7 @@ async def test_a_first_decision_publishes_json_without_infinity(world):
     cluster, redis, _ = world
     await publish(redis, cluster, rate=1.0)
     await make_loop(world, RecordingActuator(1, 1)).tick()
-    raw = (await redis.get(decision_key(cluster))).decode()
+    raw = (await redis.get(planner_decision_key(cluster))).decode()
     assert "Infinity" not in raw and json.loads(raw)["observed"]["seconds_since_last_scale"] is None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pdserve.ray.child import ChildExited, ChildProcess, ready_file_probe
+from launch.supervisor import ChildExited, ChildProcess, ready_file_probe
 
 
 def python(code: str) -> list[str]:
@@ -126,7 +126,7 @@ def test_the_child_gets_sigterm_when_its_owner_is_killed(tmp_path):
     owner = f"""
         import sys, time
         from pathlib import Path
-        from pdserve.ray.child import ChildProcess, ready_file_probe
+        from launch.supervisor import ChildProcess, ready_file_probe
         child = ChildProcess({python(grandchild)!r}, Path({str(tmp_path / 'w.log')!r}),
                              ready_file_probe(Path({str(ready)!r}))).start()
         child.wait_ready(20)

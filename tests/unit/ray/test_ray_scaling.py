@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.ray.scaling import ScalePlan, plan_scale, pool_sizes
-from pdserve.ray.spec import MemberState
+from launch.ray.scaling import ScalePlan, plan_scale, pool_sizes
+from launch.ray.spec import MemberState
 
 
 def members(*specs: str) -> list[MemberState]:

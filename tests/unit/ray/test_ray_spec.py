@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pdserve.engine import EngineSettings, native_dtype
-from pdserve.launcher import ClusterSpec
-from pdserve.ray.spec import (RayClusterSpec, RoleResources, actor_options, member_id, member_index,
-                              redis_argv, router_args, worker_args)
+from launch.commands import ClusterSpec, redis_argv
+from launch.ray.spec import RayClusterSpec, RoleResources, actor_options, member_id, member_index
 
 ENGINE = EngineSettings(model="/models/tiny", block_size=32, max_model_len=1024, kv_cache_bytes=64 << 20,
                         max_num_seqs=16, seed=7)
@@ -20,22 +19,22 @@ def make_spec(**overrides) -> RayClusterSpec:
 
 
 def test_worker_runs_the_local_launchers_worker_command_with_the_clusters_settings():
-    assert worker_args(make_spec(), "decode", "decode-3", "redis://10.0.0.5:6379/0") == (
+    assert make_spec().cluster.worker_argv("decode", "decode-3", "redis://10.0.0.5:6379/0") == [
         "worker", "--role", "decode", "--worker-id", "decode-3", "--redis-url", "redis://10.0.0.5:6379/0",
         "--cluster", "c1", "--transport", "torch", "--cpu-cores", "1", "--lease-s", "20.0", "--ttl-s", "4.0",
         "--model", "/models/tiny", "--dtype", native_dtype(), "--block-size", "32", "--max-model-len", "1024",
-        "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7", "--vllm-spin-ms", "50")
+        "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7", "--vllm-spin-ms", "50"]
 
 
 def test_a_role_without_cores_is_not_pinned():
-    argv = worker_args(make_spec(), "prefill", "prefill-0", "redis://h:1/0")
+    argv = make_spec().cluster.worker_argv("prefill", "prefill-0", "redis://h:1/0")
     assert argv[argv.index("--cpu-cores") + 1] == ""
 
 
 def test_router_runs_the_router_command_on_the_clusters_ports():
-    assert router_args(make_spec(), "redis://10.0.0.5:6379/0") == (
+    assert make_spec().cluster.router_argv("redis://10.0.0.5:6379/0") == [
         "router", "--model", "/models/tiny", "--redis-url", "redis://10.0.0.5:6379/0", "--cluster", "c1",
-        "--grpc-port", "50051", "--http-port", "8000", "--max-model-len", "1024", "--local-prefill-max-tokens", "16")
+        "--grpc-port", "50051", "--http-port", "8000", "--max-model-len", "1024", "--local-prefill-max-tokens", "16"]
 
 
 def test_each_role_asks_ray_for_its_own_resources_and_restarts():
@@ -70,9 +69,10 @@ def test_a_tensor_parallel_engine_is_refused_because_its_kv_would_be_split():
 
 
 def test_redis_binds_the_node_address_so_other_nodes_reach_it():
-    argv = redis_argv("/usr/bin/redis-server", "10.0.0.5", 6380, "/tmp/r")
+    argv = redis_argv("/usr/bin/redis-server", "10.0.0.5", 6380, "/tmp/r", protected=False)
     assert argv[:5] == ["/usr/bin/redis-server", "--port", "6380", "--bind", "10.0.0.5"]
     assert argv[argv.index("--save") + 1] == "" and argv[argv.index("--appendonly") + 1] == "no"
+    assert argv[argv.index("--protected-mode") + 1] == "no"
 
 
 def test_member_ids_are_the_local_launchers_and_carry_their_creation_order():

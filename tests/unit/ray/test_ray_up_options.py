@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.cli import build_parser
-from pdserve.ray.options import ray_cluster_spec
-from pdserve.ray.spec import RoleResources, actor_options
+from cli.main import build_parser
+from cli.commands.ray_options import ray_cluster_spec
+from launch.ray.spec import RoleResources, actor_options
 
 
 def parse(*argv: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pdserve.redis_server import start_redis
+from launch.redis_server import start_redis
 from pdserve.registry import Registry, WorkerRecord
 from router.pool import WorkerPool
 

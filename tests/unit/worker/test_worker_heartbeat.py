@@ -12,8 +12,9 @@ import redis
 
 from pdserve.engine import EngineSettings
 from pdserve.metrics import start_metrics_server
-from pdserve.redis_server import start_redis
-from pdserve.registry import Registry, worker_key
+from launch.redis_server import start_redis
+from pdserve.keys import worker_key
+from pdserve.registry import Registry
 from pdserve.worker.config import WorkerConfig
 from pdserve.worker.heartbeat import heartbeat_loop
 from pdserve.worker.load import EngineLoad

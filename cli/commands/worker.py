@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 
-from pdserve.commands.engine_options import add_engine_options, engine_settings
+from cli.commands.engine_options import add_engine_options, engine_settings
 
 HELP = """\
 Runs one vLLM engine as a pdserve worker: serves the Worker gRPC API (and grpc.health.v1),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from pdserve.commands.up import add_cluster_options, cluster_spec
+from cli.commands.up import add_cluster_options, cluster_spec
 
 HELP = """\
 Starts the embedded cluster (as `pdserve up` would, on free ports), sends a few prompts through the
@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pdserve.launcher import LocalCluster
+    from launch.local import LocalCluster
 
     console = Console()
     if args.target:

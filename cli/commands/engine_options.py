@@ -39,13 +39,3 @@ def engine_settings(args: argparse.Namespace, cpu_cores: str = "") -> EngineSett
         tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores, vllm_spin_ms=args.vllm_spin_ms,
     )
 
-
-def engine_option_argv(settings: EngineSettings) -> list[str]:
-    """The command-line form of `settings`, to start a child process with the same engine."""
-    argv = ["--model", settings.model, "--dtype", settings.dtype, "--block-size", str(settings.block_size),
-            "--max-model-len", str(settings.max_model_len), "--kv-cache-mb", str(settings.kv_cache_bytes >> 20),
-            "--max-num-seqs", str(settings.max_num_seqs), "--seed", str(settings.seed),
-            "--vllm-spin-ms", f"{settings.vllm_spin_ms:g}"]
-    if settings.tensor_parallel_size > 1:
-        argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
-    return argv + ([] if settings.enable_prefix_caching else ["--no-prefix-caching"])

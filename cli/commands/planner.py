@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from pdserve.commands.engine_options import add_engine_options
+from cli.commands.engine_options import add_engine_options
 
 DESCRIPTION = """\
 Keep the prefill and decode pools sized for the load, every --interval-s:
@@ -113,7 +113,7 @@ def _actuator(args: argparse.Namespace, unmanaged):
         return RayActuator.connect(config_from_cli_args(args)), lambda: None
     if not args.model:
         raise SystemExit("pdserve planner: --actuator local needs --model (the checkpoint the cluster serves)")
-    from pdserve.commands.engine_options import engine_settings
+    from cli.commands.engine_options import engine_settings
     from planner.actuators.local import LocalActuator
     from planner.actuators.local_processes import WorkerLaunchSpec, WorkerProcesses
 

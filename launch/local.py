@@ -20,28 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pdserve.commands.engine_options import engine_option_argv
-from pdserve.engine import EngineSettings
-from pdserve.orphans import die_with_parent
-from pdserve.redis_server import RedisServer, start_redis
+from launch.commands import ClusterSpec, pdserve_argv
+from launch.orphans import die_with_parent
+from launch.redis_server import RedisServer, start_redis
+from pdserve.roles import Role
 
-Role = Literal["prefill", "decode"]
-
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    engine: EngineSettings
-    num_prefill: int = 1
-    num_decode: int = 1
-    transport: Literal["tcp", "torch"] = "tcp"
-    cluster: str = "default"
-    grpc_port: int = 0
-    http_port: int = 0
-    cpu_cores: dict[str, str] = field(default_factory=dict)   # role -> cores, e.g. {"prefill": "0", "decode": "1"}
-    lease_s: float = 30.0
-    ttl_s: float = 3.0
-    local_prefill_max_tokens: int = 0
-    log_dir: str = ""
+__all__ = ["ClusterSpec", "LocalCluster", "Process"]
 
 
 @dataclass
@@ -99,7 +83,7 @@ class LocalCluster:
         try:
             deadline = time.monotonic() + timeout_s
             self.redis = start_redis()
-            self.router = self._spawn("router", self._router_argv())
+            self.router = self._spawn("router", self.spec.router_argv(self.redis.url))
             for role, count in (("prefill", self.spec.num_prefill), ("decode", self.spec.num_decode)):
                 for _ in range(count):
                     self.add_worker(role, wait=False)
@@ -130,7 +114,7 @@ class LocalCluster:
     # ---- pools ---------------------------------------------------------------------------------
     def add_worker(self, role: Role, wait: bool = True, timeout_s: float = 240.0) -> str:
         worker_id = f"{role}-{next(self._ids)}"
-        process = self._spawn(worker_id, self._worker_argv(role, worker_id))
+        process = self._spawn(worker_id, self.spec.worker_argv(role, worker_id, self.redis.url))
         self.workers[worker_id] = process
         if wait:
             self.wait_ready([process], timeout_s)
@@ -153,26 +137,13 @@ class LocalCluster:
         return self.workers[worker_id].ready_file.read_text().strip()
 
     # ---- processes -----------------------------------------------------------------------------
-    def _router_argv(self) -> list[str]:
-        s = self.spec
-        return ["router", "--model", s.engine.model, "--redis-url", self.redis.url, "--cluster", s.cluster,
-                "--grpc-port", str(s.grpc_port), "--http-port", str(s.http_port),
-                "--max-model-len", str(s.engine.max_model_len),
-                "--local-prefill-max-tokens", str(s.local_prefill_max_tokens)]
-
-    def _worker_argv(self, role: Role, worker_id: str) -> list[str]:
-        s = self.spec
-        return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", self.redis.url,
-                "--cluster", s.cluster, "--transport", s.transport, "--cpu-cores", s.cpu_cores.get(role, ""),
-                "--lease-s", str(s.lease_s), "--ttl-s", str(s.ttl_s), *engine_option_argv(s.engine)]
-
     def _spawn(self, name: str, argv: list[str]) -> Process:
         ready = self.log_dir / f"{name}.ready"
         ready.unlink(missing_ok=True)
         log_path = self.log_dir / f"{name}.log"
         env = os.environ | {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
                             "PYTHONUNBUFFERED": "1"}
-        popen = subprocess.Popen([sys.executable, "-m", "pdserve.cli", *argv, "--ready-file", str(ready)],
+        popen = subprocess.Popen(pdserve_argv([*argv, "--ready-file", str(ready)]),
                                  stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True, preexec_fn=die_with_parent())
         return Process(name, popen, ready, log_path)

@@ -44,8 +44,8 @@ def ray_cluster_spec(args: argparse.Namespace):
     """The RayClusterSpec of `pdserve up --ray ...`, checked before anything touches Ray (a worker
     asking for several GPUs is refused here, with the reason). CPU cores are pinned only when
     asked for (--prefill-cores/--decode-cores): the local default splits *this* host's cores."""
-    from pdserve.commands.up import cluster_spec
-    from pdserve.ray.spec import RayClusterSpec, RoleResources
+    from cli.commands.up import cluster_spec
+    from launch.ray.spec import RayClusterSpec, RoleResources
 
     cores = {role: value for role, value in (("prefill", args.prefill_cores), ("decode", args.decode_cores))
              if value is not None}

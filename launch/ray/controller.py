@@ -5,7 +5,7 @@ creates it (so it lives as long as that command does) and every other client, th
 actuator included, finds it by name. Because it creates the members, they are *its* actors:
 whoever asks for a new decode worker, the worker outlives the asker, and when the controller goes
 away (Ctrl-C on `pdserve up`, or that process dying) Ray takes every member with it, and every
-member's process follows (see `pdserve.ray.member`). Nothing is left running by accident.
+member's process follows (see `launch.ray.member`). Nothing is left running by accident.
 
 Methods run on a thread pool (`max_concurrency`): `members()` answers while `scale()` drains.
 """
@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from pdserve.ray.member import MemberActor
-from pdserve.ray.scaling import ScalePlan, plan_scale, pool_sizes
-from pdserve.ray.spec import (Kind, Launch, MemberState, RayClusterSpec, Role, actor_options, member_id,
-                              router_args, worker_args)
+from launch.ray.member import MemberActor
+from launch.ray.scaling import ScalePlan, plan_scale, pool_sizes
+from launch.ray.spec import Kind, Launch, MemberState, RayClusterSpec, Role, actor_options, member_id
 
 STATE_TIMEOUT_S = 2.0
 
@@ -57,7 +56,7 @@ class _ClusterController:
         if not self._redis_url:
             redis = self._create("redis", Launch("redis", "redis", (), self.spec.cluster.log_dir))
             self._redis_url = self._wait(redis, timeout_s)
-        router = self._create("router", Launch("router", "router", router_args(self.spec, self._redis_url),
+        router = self._create("router", Launch("router", "router", tuple(self.spec.cluster.router_argv(self._redis_url)),
                                                self.spec.cluster.log_dir))
         created = [self.add_member(role, wait=False) for role, count in
                    (("prefill", self.spec.cluster.num_prefill), ("decode", self.spec.cluster.num_decode))
@@ -98,7 +97,7 @@ class _ClusterController:
         if role not in ("prefill", "decode"):
             raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
         worker_id = member_id(role, next(self._ids))
-        launch = Launch(worker_id, role, worker_args(self.spec, role, worker_id, self._redis_url),
+        launch = Launch(worker_id, role, tuple(self.spec.cluster.worker_argv(role, worker_id, self._redis_url)),
                         self.spec.cluster.log_dir)
         self._create(role, launch)
         if wait:
@@ -122,7 +121,7 @@ class _ClusterController:
             self._discard(removed)
 
     def scale(self, role: Role, replicas: int, wait: bool = False) -> ScalePlan:
-        """Brings the pool to `replicas` (see `pdserve.ray.scaling`). Removals drain before this
+        """Brings the pool to `replicas` (see `launch.ray.scaling`). Removals drain before this
         returns; additions are created (Ray accepted them) and, with `wait`, serving."""
         with self._scale_lock:
             plan = plan_scale(self.members(), role, replicas)

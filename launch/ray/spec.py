@@ -3,8 +3,8 @@
 - `RayClusterSpec`: the local `ClusterSpec` (engine, pools, transport, ports, cores) plus where the
   Ray cluster is, where Redis is, and what each role (router, prefill, decode) asks Ray for;
 - `actor_options`: the Ray resource requests of one member;
-- `router_args`/`worker_args`/`redis_argv`: the command each member's actor runs, the same
-  `pdserve router|worker` command line the local launcher uses.
+- the command each member's actor runs is `launch.commands`' (`ClusterSpec.router_argv`,
+  `ClusterSpec.worker_argv`, `redis_argv`), the same command lines the local launcher runs.
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pdserve.commands.engine_options import engine_option_argv
-from pdserve.launcher import ClusterSpec
-
-Role = Literal["prefill", "decode"]
-ROLES: tuple[Role, ...] = ("prefill", "decode")
+from launch.commands import ClusterSpec
+from pdserve.roles import ROLES, Role
 Kind = Literal["router", "prefill", "decode", "redis"]
 MemberStatus = Literal["starting", "ready", "failed", "unreachable", "dead"]
 CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -98,7 +95,7 @@ def _check_one_gpu_per_worker(spec: RayClusterSpec) -> None:
 
 @dataclass(frozen=True)
 class Launch:
-    """What one member actor runs: `python -m pdserve.cli <pdserve_args> --host NODE_IP --ready-file F`,
+    """What one member actor runs: `python -m cli.main <pdserve_args> --host NODE_IP --ready-file F`,
     or redis-server when kind is "redis" (pdserve_args empty). The actor adds the node-local parts."""
 
     member_id: str
@@ -138,27 +135,6 @@ def actor_options(spec: RayClusterSpec, kind: Kind, member_id: str) -> dict:
         "max_task_retries": -1 if restarts else 0,  # calls made while it restarts wait for the new one
         "max_concurrency": 4,                       # state() answers while ready() waits
     }
-
-
-def router_args(spec: RayClusterSpec, redis_url: str) -> tuple[str, ...]:
-    s = spec.cluster
-    return ("router", "--model", s.engine.model, "--redis-url", redis_url, "--cluster", s.cluster,
-            "--grpc-port", str(s.grpc_port), "--http-port", str(s.http_port),
-            "--max-model-len", str(s.engine.max_model_len),
-            "--local-prefill-max-tokens", str(s.local_prefill_max_tokens))
-
-
-def worker_args(spec: RayClusterSpec, role: Role, worker_id: str, redis_url: str) -> tuple[str, ...]:
-    s = spec.cluster
-    return ("worker", "--role", role, "--worker-id", worker_id, "--redis-url", redis_url,
-            "--cluster", s.cluster, "--transport", s.transport, "--cpu-cores", s.cpu_cores.get(role, ""),
-            "--lease-s", str(s.lease_s), "--ttl-s", str(s.ttl_s), *engine_option_argv(s.engine))
-
-
-def redis_argv(binary: str, host: str, port: int, workdir: str) -> list[str]:
-    """redis-server as the registry needs it: no persistence, reachable from the other nodes."""
-    return [binary, "--port", str(port), "--bind", host, "--protected-mode", "no", "--save", "",
-            "--appendonly", "no", "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"]
 
 
 def member_id(kind: Kind, index: int) -> str:

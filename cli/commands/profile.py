@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pdserve.commands.engine_options import add_engine_options, engine_settings
+from cli.commands.engine_options import add_engine_options, engine_settings
 
 DESCRIPTION = """\
 Measure what the planner needs to know about this host, for one model and engine setup:

@@ -1,7 +1,7 @@
-"""The Ray actor behind every cluster member: it owns one process (see `pdserve.ray.child`).
+"""The Ray actor behind every cluster member: it owns one process (see `launch.supervisor`).
 
 `MemberActor(launch)` starts, on the node Ray placed it, the same process the local launcher
-starts: `python -m pdserve.cli worker|router ... --host NODE_IP --ready-file F`, or redis-server.
+starts: `python -m cli.main worker|router ... --host NODE_IP --ready-file F`, or redis-server.
 A worker registers itself in Redis and heartbeats, as everywhere else; the actor adds nothing to
 that path. What the actor adds is its life cycle:
 
@@ -27,11 +27,12 @@ from pathlib import Path
 
 import ray
 
-from pdserve.ray.child import ChildExited, ChildProcess, Probe, ready_file_probe
-from pdserve.ray.spec import Launch, MemberState, redis_argv
+from launch.supervisor import ChildExited, ChildProcess, Probe, ready_file_probe
+from launch.commands import pdserve_argv, redis_argv
+from launch.ray.spec import Launch, MemberState
 from pdserve.worker.config import free_port
 
-logger = logging.getLogger("pdserve.ray.member")
+logger = logging.getLogger("launch.ray.member")
 
 
 class _MemberActor:
@@ -51,8 +52,7 @@ class _MemberActor:
             return self._redis_command(folder)
         ready = folder / f"{self.launch.member_id}.ready"
         ready.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "pdserve.cli", *self.launch.pdserve_args,
-                "--host", self.node_ip, "--ready-file", str(ready)]
+        argv = pdserve_argv([*self.launch.pdserve_args, "--host", self.node_ip, "--ready-file", str(ready)])
         return argv, ready_file_probe(ready)
 
     def _redis_command(self, folder: Path) -> tuple[list[str], Probe]:
@@ -72,7 +72,7 @@ class _MemberActor:
             except OSError:
                 return None
 
-        return redis_argv(binary, self.node_ip, port, str(workdir)), probe
+        return redis_argv(binary, self.node_ip, port, str(workdir), protected=False), probe
 
     def _on_child_exit(self, returncode: int, was_ready: bool) -> None:
         if was_ready:

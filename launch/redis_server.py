@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 
 from pdserve.worker.config import free_port
-from pdserve.orphans import die_with_parent
+from launch.commands import redis_argv
+from launch.orphans import die_with_parent
 
 
 class RedisNotFound(RuntimeError):
@@ -49,8 +50,7 @@ def start_redis(port: int = 0, timeout_s: float = 10.0) -> RedisServer:
     port = port or free_port("127.0.0.1")
     workdir = tempfile.mkdtemp(prefix="pdserve-redis-")
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
+        redis_argv(binary, "127.0.0.1", port, workdir),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent(),
     )
     server = RedisServer(process, port, workdir)

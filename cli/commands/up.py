@@ -7,8 +7,8 @@ import os
 import signal
 import threading
 
-from pdserve.commands.engine_options import add_engine_options, engine_settings
-from pdserve.ray.options import add_ray_options
+from cli.commands.engine_options import add_engine_options, engine_settings
+from cli.commands.ray_options import add_ray_options
 
 HELP = """\
 Starts a whole pdserve cluster on this machine: a private redis-server on a free port, the router,
@@ -53,7 +53,7 @@ def split_cores(num_cores: int) -> dict[str, str]:
 
 
 def cluster_spec(args: argparse.Namespace):
-    from pdserve.launcher import ClusterSpec
+    from launch.local import ClusterSpec
 
     cores = split_cores(os.cpu_count() or 1)
     if args.prefill_cores is not None:
@@ -67,12 +67,12 @@ def cluster_spec(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "ray", None):
-        from pdserve.ray.up import run_on_ray
+        from cli.commands.ray_up import run_on_ray
 
         return run_on_ray(args)
     from rich.console import Console
 
-    from pdserve.launcher import LocalCluster
+    from launch.local import LocalCluster
 
     console = Console()
     stop = threading.Event()

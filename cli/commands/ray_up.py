@@ -6,8 +6,8 @@ import argparse
 import signal
 import threading
 
-from pdserve.ray.child import ChildExited
-from pdserve.ray.options import ray_cluster_spec
+from launch.supervisor import ChildExited
+from cli.commands.ray_options import ray_cluster_spec
 
 
 def run_on_ray(args: argparse.Namespace) -> int:
@@ -15,7 +15,7 @@ def run_on_ray(args: argparse.Namespace) -> int:
 
     console = Console()
     try:
-        from pdserve.ray.cluster import RayCluster, RayClusterError
+        from launch.ray.cluster import RayCluster, RayClusterError
     except ModuleNotFoundError as missing:
         if not (missing.name or "").startswith("ray"):
             raise

@@ -13,15 +13,15 @@ import sys
 
 # (subcommand module, one-line summary shown before the module is imported)
 SUBCOMMANDS: dict[str, str] = {
-    "pdserve.commands.make_model": "write a small Hugging Face checkpoint (tiny or bench) to a folder",
-    "pdserve.commands.up": "start a local cluster: redis, router, prefill and decode workers",
-    "pdserve.commands.worker": "run one prefill or decode worker (used by `up`, Ray and Kubernetes)",
-    "pdserve.commands.router": "run the router (gRPC + OpenAI-compatible HTTP)",
-    "pdserve.commands.demo": "send a few prompts through a running cluster and print timings",
-    "pdserve.commands.load": "measure an endpoint under load (latency, throughput, SLO attainment) or sweep for goodput",
-    "pdserve.commands.plan": "choose prefill/decode pool sizes for a workload and SLOs by simulation",
-    "pdserve.commands.profile": "measure prefill, decode and KV transfer times on this host into a profile",
-    "pdserve.commands.planner": "the online SLA planner: resize the pools from live load every interval",
+    "cli.commands.make_model": "write a small Hugging Face checkpoint (tiny or bench) to a folder",
+    "cli.commands.up": "start a local cluster: redis, router, prefill and decode workers",
+    "cli.commands.worker": "run one prefill or decode worker (used by `up`, Ray and Kubernetes)",
+    "cli.commands.router": "run the router (gRPC + OpenAI-compatible HTTP)",
+    "cli.commands.demo": "send a few prompts through a running cluster and print timings",
+    "cli.commands.load": "measure an endpoint under load (latency, throughput, SLO attainment) or sweep for goodput",
+    "cli.commands.plan": "choose prefill/decode pool sizes for a workload and SLOs by simulation",
+    "cli.commands.profile": "measure prefill, decode and KV transfer times on this host into a profile",
+    "cli.commands.planner": "the online SLA planner: resize the pools from live load every interval",
 }
 
 DESCRIPTION = """\

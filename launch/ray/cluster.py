@@ -5,7 +5,7 @@
     cluster.add_worker("decode"); cluster.remove_worker("decode-3"); cluster.scale("decode", 2)
     cluster.stop()
 
-`start()` creates the cluster's controller actor (`pdserve.ray.controller`), owned by this
+`start()` creates the cluster's controller actor (`launch.ray.controller`), owned by this
 process: the cluster lives as long as this process does. `RayCluster.attach(address, name)`
 reaches a cluster another process started (the planner's Ray actuator does this); `stop()` on an
 attached handle stops that cluster too.
@@ -19,9 +19,9 @@ import time
 import ray
 from ray.exceptions import RayActorError
 
-from pdserve.ray.controller import ClusterController, Endpoints
-from pdserve.ray.scaling import ScalePlan
-from pdserve.ray.spec import MemberState, RayClusterSpec, Role, namespace_for
+from launch.ray.controller import ClusterController, Endpoints
+from launch.ray.scaling import ScalePlan
+from launch.ray.spec import MemberState, RayClusterSpec, Role, namespace_for
 
 CONTROLLER = "controller"
 CALL_TIMEOUT_S = 30.0

@@ -1,0 +1,79 @@
+"""What each process of a cluster runs, built in one place: the local launcher, the planner's
+local actuator and the Ray actors start the same command lines from here.
+
+Pure values in, argv lists out; nothing is started. `pdserve_argv` is how a child runs the
+`pdserve` command with this interpreter (so a venv's pdserve runs, whatever PATH says); the
+flags are those of `cli/commands/` (`pdserve worker --help`), which Kubernetes runs too.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pdserve.engine import EngineSettings
+from pdserve.roles import Role
+
+CLI_MODULE = "cli.main"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """One cluster: the engine every worker runs, the pools, and how the processes find each other."""
+
+    engine: EngineSettings
+    num_prefill: int = 1
+    num_decode: int = 1
+    transport: Literal["tcp", "torch"] = "tcp"
+    cluster: str = "default"
+    grpc_port: int = 0
+    http_port: int = 0
+    cpu_cores: dict[str, str] = field(default_factory=dict)   # role -> cores, e.g. {"prefill": "0", "decode": "1"}
+    lease_s: float = 30.0
+    ttl_s: float = 3.0
+    local_prefill_max_tokens: int = 0
+    log_dir: str = ""
+
+    def router_argv(self, redis_url: str) -> list[str]:
+        return ["router", "--model", self.engine.model, "--redis-url", redis_url, "--cluster", self.cluster,
+                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port),
+                "--max-model-len", str(self.engine.max_model_len),
+                "--local-prefill-max-tokens", str(self.local_prefill_max_tokens)]
+
+    def worker_argv(self, role: Role, worker_id: str, redis_url: str, cpu_cores: str | None = None) -> list[str]:
+        """`pdserve worker` arguments; `cpu_cores` overrides the role's cores of the spec."""
+        return worker_argv(role=role, worker_id=worker_id, redis_url=redis_url, cluster=self.cluster,
+                           transport=self.transport, lease_s=self.lease_s, ttl_s=self.ttl_s, engine=self.engine,
+                           cpu_cores=self.cpu_cores.get(role, "") if cpu_cores is None else cpu_cores)
+
+
+def worker_argv(*, role: Role, worker_id: str, redis_url: str, cluster: str, transport: str, cpu_cores: str,
+                lease_s: float, ttl_s: float, engine: EngineSettings) -> list[str]:
+    return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", redis_url, "--cluster", cluster,
+            "--transport", transport, "--cpu-cores", cpu_cores, "--lease-s", str(lease_s), "--ttl-s", str(ttl_s),
+            *engine_option_argv(engine)]
+
+
+def engine_option_argv(settings: EngineSettings) -> list[str]:
+    """The command-line form of `settings`, to start a child process with the same engine."""
+    argv = ["--model", settings.model, "--dtype", settings.dtype, "--block-size", str(settings.block_size),
+            "--max-model-len", str(settings.max_model_len), "--kv-cache-mb", str(settings.kv_cache_bytes >> 20),
+            "--max-num-seqs", str(settings.max_num_seqs), "--seed", str(settings.seed),
+            "--vllm-spin-ms", f"{settings.vllm_spin_ms:g}"]
+    if settings.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
+    return argv + ([] if settings.enable_prefix_caching else ["--no-prefix-caching"])
+
+
+def pdserve_argv(args: list[str] | tuple[str, ...]) -> list[str]:
+    """`pdserve ARGS` as this interpreter runs it."""
+    return [sys.executable, "-m", CLI_MODULE, *args]
+
+
+def redis_argv(binary: str, host: str, port: int, workdir: str, protected: bool = True) -> list[str]:
+    """redis-server as the registry needs it: no persistence, in the foreground. `protected=False`
+    lets other nodes connect without a password (a Ray cluster's Redis)."""
+    argv = [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no", "--dir", workdir,
+            "--daemonize", "no", "--loglevel", "warning"]
+    return argv + ([] if protected else ["--protected-mode", "no"])
