@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-from pdserve.errors import InvalidRequest
 from pdserve.sampling import Sampling
 from pdserve.v1 import worker_pb2
 from pdserve.worker.server import engine_queued_s
@@ -18,9 +17,6 @@ from pdserve.worker.server import engine_queued_s
 class DecodeHandler:
     def __init__(self, runtime):
         self.runtime = runtime
-
-    async def prefill(self, request):
-        raise InvalidRequest("this is a decode worker: send Prefill to a prefill worker")
 
     async def decode(self, request: worker_pb2.DecodeRequest):
         from vllm.inputs import TokensPrompt

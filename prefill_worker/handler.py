@@ -61,10 +61,6 @@ class PrefillHandler:
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
-    async def decode(self, request):
-        raise InvalidRequest("this is a prefill worker: send Decode to a decode worker")
-        yield  # pragma: no cover - makes this an async generator like the decode role's
-
     async def release(self, transfer_id: str) -> bool:
         """Frees the KV this worker holds for `transfer_id` (no-op if already released)."""
         try:

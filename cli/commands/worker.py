@@ -49,7 +49,11 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pdserve.worker.config import WorkerConfig
-    from pdserve.worker.main import run_worker
+
+    if args.role == "prefill":
+        from prefill_worker.main import serve
+    else:
+        from decode_worker.main import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     extra = {"worker_id": args.worker_id} if args.worker_id else {}
@@ -59,5 +63,5 @@ def run(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port, kv_port=args.kv_port, transport=args.transport, lease_s=args.lease_s,
         heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, drain_timeout_s=args.drain_timeout_s, **extra,
     )
-    asyncio.run(run_worker(config, ready_file=args.ready_file, metrics_port=args.metrics_port))
+    asyncio.run(serve(config, ready_file=args.ready_file, metrics_port=args.metrics_port))
     return 0

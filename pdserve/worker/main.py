@@ -1,4 +1,7 @@
-"""Runs one worker process until SIGTERM/SIGINT, then drains. See `pdserve.worker.server`."""
+"""Runs one worker process until SIGTERM/SIGINT, then drains. See `pdserve.worker.server`.
+
+The runtime is role-blind: a role's entry (`prefill_worker.main`, `decode_worker.main`) calls
+`run_worker` with the factory of its handler (`pdserve.worker.handler`)."""
 
 from __future__ import annotations
 
@@ -18,21 +21,12 @@ from pdserve.registry import Registry
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.config import WorkerConfig, free_port
 from pdserve.worker.drain import drain
+from pdserve.worker.handler import HandlerFactory
 from pdserve.worker.heartbeat import heartbeat_loop
 from pdserve.worker.load import EngineLoad, stat_logger_factory
 from pdserve.worker.server import WorkerRuntime, WorkerServicer
 
 logger = logging.getLogger("pdserve.worker")
-
-
-def _handler_for(runtime: WorkerRuntime):
-    if runtime.config.role == "prefill":
-        from prefill_worker.handler import PrefillHandler
-
-        return PrefillHandler(runtime)
-    from decode_worker.handler import DecodeHandler
-
-    return DecodeHandler(runtime)
 
 
 def _start_engine(config: WorkerConfig, load: EngineLoad) -> tuple[object, str]:
@@ -52,7 +46,10 @@ def _model_name(config: WorkerConfig) -> str:
     return os.path.basename(os.path.normpath(config.engine.model))
 
 
-async def run_worker(config: WorkerConfig, ready_file: str | None = None, metrics_port: int = 0) -> None:
+async def run_worker(config: WorkerConfig, make_handler: HandlerFactory, ready_file: str | None = None,
+                     metrics_port: int = 0) -> None:
+    """Serves until SIGTERM/SIGINT, then drains and stops the engine. `make_handler(runtime)` is
+    called once the engine runs; `ready_file` gets the gRPC address once serving."""
     if metrics_port:
         start_metrics_server(config.bind_host, metrics_port)
     bind_this_process(config.engine.cpu_cores)  # before vLLM spawns its engine core and model runner
@@ -60,7 +57,7 @@ async def run_worker(config: WorkerConfig, ready_file: str | None = None, metric
     engine, kv_address = _start_engine(config, load)
     runtime = WorkerRuntime(config, engine, load, kv_address=kv_address)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runtime, _handler_for(runtime)), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runtime, make_handler(runtime)), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = server.add_insecure_port(f"{config.bind_host}:{config.grpc_port}")

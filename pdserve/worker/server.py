@@ -1,7 +1,7 @@
 """The process around one vLLM engine: gRPC `Worker` service, health, registry lease, drain.
 
-Role behaviour lives in `prefill_worker.handler` and `decode_worker.handler`; this module is what
-both roles share. Life of the process:
+Role behaviour lives in `prefill_worker.handler` and `decode_worker.handler` behind the contract
+of `pdserve.worker.handler`; this module is what both roles share. Life of the process:
 
     start engine -> serve gRPC -> heartbeat into Redis every heartbeat_s
     SIGTERM/SIGINT -> health NOT_SERVING, leave the registry (no new work is routed here),
@@ -19,6 +19,7 @@ import grpc
 from pdserve.errors import InvalidRequest, ServeError, grpc_code
 from pdserve.sampling import engine_error_field, is_engine_input_error
 from pdserve.worker.config import WorkerConfig
+from pdserve.worker.handler import Decodes, Prefills, RoleHandler
 from pdserve.worker.load import EngineLoad
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 
@@ -38,11 +39,14 @@ class WorkerRuntime:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, runtime: WorkerRuntime, handler):
+    def __init__(self, runtime: WorkerRuntime, handler: RoleHandler):
         self.runtime = runtime
         self.handler = handler
 
     async def Prefill(self, request, context):
+        if not isinstance(self.handler, Prefills):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"this is a {self.runtime.config.role} worker: send Prefill to a prefill worker")
         self.runtime.inflight[request.request_id] = request.transfer_id
         try:
             return await self.handler.prefill(request)
@@ -52,6 +56,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self.runtime.inflight.pop(request.request_id, None)
 
     async def Decode(self, request, context):
+        if not isinstance(self.handler, Decodes):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"this is a {self.runtime.config.role} worker: send Decode to a decode worker")
         self.runtime.inflight[request.request_id] = ""
         try:
             async for response in self.handler.decode(request):
