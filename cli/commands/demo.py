@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from cli.commands.up import add_cluster_options, cluster_spec
+from cli.commands.cluster_options import add_cluster_options, cluster_spec
 
 HELP = """\
 Starts the embedded cluster (as `pdserve up` would, on free ports), sends a few prompts through the

@@ -44,7 +44,7 @@ def ray_cluster_spec(args: argparse.Namespace):
     """The RayClusterSpec of `pdserve up --ray ...`, checked before anything touches Ray (a worker
     asking for several GPUs is refused here, with the reason). CPU cores are pinned only when
     asked for (--prefill-cores/--decode-cores): the local default splits *this* host's cores."""
-    from cli.commands.up import cluster_spec
+    from cli.commands.cluster_options import cluster_spec
     from launch.ray.spec import RayClusterSpec, RoleResources
 
     cores = {role: value for role, value in (("prefill", args.prefill_cores), ("decode", args.decode_cores))

@@ -1,0 +1,45 @@
+"""The options that describe a local cluster (pools, transport, ports, cores, engine), shared by
+`pdserve up`, `pdserve up --ray` and `pdserve demo`, and the `ClusterSpec` they build."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from cli.commands.engine_options import add_engine_options, engine_settings
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefill", type=int, default=1, help="prefill workers (default: %(default)s)")
+    parser.add_argument("--decode", type=int, default=1, help="decode workers (default: %(default)s)")
+    parser.add_argument("--transport", choices=["tcp", "torch"], default="tcp", help="KV transport")
+    parser.add_argument("--grpc-port", type=int, default=50051, help="router gRPC port (0: any free port)")
+    parser.add_argument("--http-port", type=int, default=8000, help="router HTTP port (0: any free port)")
+    parser.add_argument("--prefill-cores", default=None, help="CPU cores for prefill engines (default: first half)")
+    parser.add_argument("--decode-cores", default=None, help="CPU cores for decode engines (default: second half)")
+    parser.add_argument("--local-prefill-max-tokens", type=int, default=0,
+                        help="prompts this short run on a decode worker alone (0: always disaggregate)")
+    parser.add_argument("--log-dir", default="", help="where process logs go (default: a temporary folder)")
+    add_engine_options(parser)
+
+
+def split_cores(num_cores: int) -> dict[str, str]:
+    """Prefill gets the first half of the cores, decode the rest; one core: no binding."""
+    if num_cores < 2:
+        return {}
+    half = num_cores // 2
+    as_range = lambda lo, hi: str(lo) if lo == hi else f"{lo}-{hi}"  # noqa: E731
+    return {"prefill": as_range(0, half - 1), "decode": as_range(half, num_cores - 1)}
+
+
+def cluster_spec(args: argparse.Namespace):
+    from launch.local import ClusterSpec
+
+    cores = split_cores(os.cpu_count() or 1)
+    if args.prefill_cores is not None:
+        cores["prefill"] = args.prefill_cores
+    if args.decode_cores is not None:
+        cores["decode"] = args.decode_cores
+    return ClusterSpec(engine=engine_settings(args), num_prefill=args.prefill, num_decode=args.decode,
+                       transport=args.transport, grpc_port=args.grpc_port, http_port=args.http_port,
+                       cpu_cores=cores, local_prefill_max_tokens=args.local_prefill_max_tokens, log_dir=args.log_dir)
