@@ -8,24 +8,21 @@ import asyncio
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere: `python bench/goodput_vs_vllm.py`
-
-from goodput_vs_vllm_budget import Budget, estimate_run_s, quiet_wait_s, skip_reason  # noqa: E402
-from goodput_vs_vllm_noise import OtherLoad, wait_for_quiet  # noqa: E402
-from goodput_vs_vllm_report import NOISY_OTHER_CORES, Measurement, Skipped, SLOPair, quiet_runs, report  # noqa: E402
-from goodput_vs_vllm_systems import PdserveDisaggregated, VllmServers  # noqa: E402
-from loadgen.harness import WorkloadConfig, run_with_progress  # noqa: E402
-from loadgen.metrics import SLO, summarize  # noqa: E402
-from loadgen.prompts import PromptSynthesizer  # noqa: E402
-from loadgen.runner import RunConfig  # noqa: E402
-from loadgen.workload import RequestSpec  # noqa: E402
-from pdserve.engine import EngineSettings  # noqa: E402
+from launch.comparison_systems import PdserveDisaggregated, VllmServers
+from loadgen.comparison.budget import Budget, estimate_run_s, quiet_wait_s, skip_reason
+from loadgen.comparison.config import QUICK, CompareConfig, prompts_for, schedule, workload
+from loadgen.comparison.goodput import Measurement, Skipped, settled
+from loadgen.comparison.report import report
+from loadgen.harness import run_with_progress
+from loadgen.metrics import summarize
+from loadgen.proc_cpu import OtherLoad, wait_for_quiet
+from loadgen.prompts import PromptSynthesizer
+from loadgen.runner import RunConfig
+from loadgen.workload import RequestSpec
 
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model:
@@ -65,99 +62,8 @@ and <label>_cdf_<rate>rps.png.
 """
 
 
-@dataclass(frozen=True)
-class BenchConfig:
-    rates_rps: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0)
-    num_requests: int = 30  # the same first N trace requests at every rate (N / rate s of arrivals)
-    stop_after_failures: int = 2  # a system is not run at higher rates once it missed the target at this many
-    max_model_len: int = 4096
-    max_prompt_tokens: int = 2000
-    max_output_tokens: int = 256
-    kv_cache_mib: int = 512  # per pdserve worker; vLLM gets twice this (the same total)
-    max_num_seqs: int = 64
-    ttft_slo_s: float = 1.5
-    tpot_tight_s: float = 0.030
-    tpot_loose_s: float = 0.060
-    attainment_target: float = 0.9
-    warmup_requests: int = 3
-    request_timeout_s: float = 120.0
-    quiet_cores: float = NOISY_OTHER_CORES  # before each run, wait until other processes use at most this many cores ...
-    max_quiet_wait_s: float = 45.0  # ... or this long (the machine is shared); a run above it is "noisy"
-    noisy_retries: int = 1  # a noisy run is measured again this many times; the quietest attempt is kept
-    seed: int = 0
-    with_c: bool = False  # also measure C: two 1-core vLLM servers, round robin
-    budget_s: float = 19 * 60.0  # the whole run, report included
-    start_estimate_s: float = 45.0  # per server brought up (vLLM or a pdserve cluster)
-    run_overhead_s: float = 20.0  # per run beyond its arrivals: warm-up, the last requests' tail, quiet check
-    report_reserve_s: float = 30.0  # kept for writing the report and plots
-    colocated_cores: str = "0-1"
-    prefill_cores: str = "0"
-    decode_cores: str = "1"
-    model_dir: Path = REPO / "models" / "bench"
-    trace_path: Path | None = None  # default: <repo>/../shared/data/traces/AzureLLMInferenceTrace_conv.csv
-    out_dir: Path = REPO / "bench" / "results"
-    label: str = "goodput_vs_vllm"
-    cdf_rates_rps: tuple[float, ...] = field(default=(0.5, 1.0))
-
-    def __post_init__(self) -> None:
-        rates = self.rates_rps
-        if not rates or any(r <= 0 for r in rates) or list(rates) != sorted(set(rates)):
-            raise ValueError(f"rates must be distinct, positive and ascending (req/s), got {rates}")
-        if self.max_prompt_tokens + self.max_output_tokens > self.max_model_len:
-            raise ValueError(f"max_prompt_tokens + max_output_tokens ({self.max_prompt_tokens} + "
-                             f"{self.max_output_tokens}) must fit max_model_len {self.max_model_len}: lower a cap")
-        if not 0 < self.tpot_tight_s < self.tpot_loose_s:
-            raise ValueError(f"need 0 < tight TPOT SLO < loose TPOT SLO, got {self.tpot_tight_s}, {self.tpot_loose_s}")
-        if not self.ttft_slo_s > 0:
-            raise ValueError(f"the TTFT SLO must be > 0 s, got {self.ttft_slo_s}")
-        if self.num_requests < 1:
-            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
-        if not self.budget_s > self.report_reserve_s:
-            raise ValueError(f"the time budget ({self.budget_s:g} s) must exceed the report's reserve "
-                             f"({self.report_reserve_s:g} s): raise --budget-min")
-
-    @property
-    def slo_pairs(self) -> tuple[SLOPair, ...]:
-        return (SLOPair("tight", SLO(ttft_s=self.ttft_slo_s, tpot_s=self.tpot_tight_s)),
-                SLOPair("loose", SLO(ttft_s=self.ttft_slo_s, tpot_s=self.tpot_loose_s)))
-
-    @property
-    def systems(self) -> tuple[str, ...]:
-        return ("A", "B", "C") if self.with_c else ("A", "B")
-
-    def engine_settings(self) -> EngineSettings:
-        """Prefix caching off: a re-measured (noisy) run resends the same prompts, which must not hit
-        the cache; the trace's random-token prompts share no prefixes anyway."""
-        return EngineSettings(model=str(self.model_dir), max_model_len=self.max_model_len,
-                              kv_cache_bytes=self.kv_cache_mib << 20, max_num_seqs=self.max_num_seqs, seed=self.seed,
-                              enable_prefix_caching=False)
-
-
-QUICK = dict(rates_rps=(0.5, 1.0, 2.0), num_requests=16, warmup_requests=2, noisy_retries=0,
-             budget_s=6 * 60.0, label="goodput_vs_vllm_quick", cdf_rates_rps=(1.0,))
-
-
-def schedule(num_rates: int, systems: tuple[str, ...] = ("A", "B")) -> list[tuple[str, int]]:
-    """(system, rate index) in ABBA order: A,B at rate 0, B,A at rate 1, ... (A,B,C then C,B,A with
-    three) so each rate costs one server switch and all systems are measured close in time."""
-    return [(key, i) for i in range(num_rates) for key in (systems if i % 2 == 0 else systems[::-1])]
-
-
-def workload(config: BenchConfig, rate_rps: float) -> list[RequestSpec]:
-    """The same `num_requests` trace requests at every rate, their gaps rescaled so the last arrives
-    at num_requests / rate_rps."""
-    return WorkloadConfig(kind="trace", arrival="trace", rate_rps=None, trace_path=config.trace_path,
-                          max_prompt_tokens=config.max_prompt_tokens, max_output_tokens=config.max_output_tokens,
-                          num_requests=config.num_requests).build(rate_rps=rate_rps)
-
-
-def prompts_for(config: BenchConfig, rate_index: int, vocab_size: int) -> PromptSynthesizer:
-    """The same token ids for every system at one rate; another set at each rate (no cross-run cache hits)."""
-    return PromptSynthesizer(seed=config.seed * 1000 + rate_index, token_id_low=10, token_id_high=vocab_size - 10)
-
-
 def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSynthesizer,
-            config: BenchConfig, title: str, restarted: bool, budget: Budget) -> Measurement | None:
+            config: CompareConfig, title: str, restarted: bool, budget: Budget) -> Measurement | None:
     """One run after waiting for a quiet machine; a noisy run (other processes above
     `quiet_cores`) is measured again up to `noisy_retries` times while the budget allows, and the
     quietest attempt kept. A run still going when the budget (less the report's reserve) ends is
@@ -185,16 +91,7 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
     return min(attempts, key=lambda m: m.other_load_cores) if attempts else None
 
 
-def settled(measurements: list[Measurement], system: str, config: BenchConfig) -> bool:
-    """True once `system` missed the attainment target under the loose SLO pair (and so under
-    every pair) in `stop_after_failures` quiet runs: its goodput is known, higher rates only cost time."""
-    loose = config.slo_pairs[-1].name
-    misses = sum(m.system == system and m.summaries[loose]["slo_attainment"] < config.attainment_target
-                 for m in quiet_runs(measurements))
-    return misses >= config.stop_after_failures
-
-
-def make_systems(config: BenchConfig, log_dir: Path) -> dict:
+def make_systems(config: CompareConfig, log_dir: Path) -> dict:
     settings = config.engine_settings()
     systems = {"A": VllmServers.colocated(settings, config.colocated_cores, log_dir),
                "B": PdserveDisaggregated(settings, config.prefill_cores, config.decode_cores, log_dir)}
@@ -203,7 +100,7 @@ def make_systems(config: BenchConfig, log_dir: Path) -> dict:
     return systems
 
 
-def run_all(config: BenchConfig, console: Console, budget: Budget) -> tuple[list[Measurement], list[Skipped]]:
+def run_all(config: CompareConfig, console: Console, budget: Budget) -> tuple[list[Measurement], list[Skipped]]:
     """Every (system, rate) run in ABBA order, one system up at a time, until a system is
     `settled`; a system found dead between runs is restarted (its next measurement says so).
     Points that do not fit the time budget, or were cut by it, are returned as skipped."""
@@ -263,7 +160,7 @@ def _vocab_size(model_dir: Path) -> int:
     return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
 
 
-def parse_args(argv: list[str] | None) -> BenchConfig:
+def parse_args(argv: list[str] | None) -> CompareConfig:
     parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 rates, shorter runs, no re-runs (~5 min): a smoke run")
     parser.add_argument("--rates", type=lambda s: tuple(float(r) for r in s.split(",")),
@@ -287,7 +184,7 @@ def parse_args(argv: list[str] | None) -> BenchConfig:
         ("ttft_slo_s", _s(args.ttft_slo_ms)), ("tpot_tight_s", _s(args.tpot_tight_ms)),
         ("tpot_loose_s", _s(args.tpot_loose_ms))) if value is not None}
     try:
-        return BenchConfig(**((QUICK if args.quick else {}) | given))
+        return CompareConfig(**((QUICK if args.quick else {}) | given))
     except ValueError as bad:
         parser.error(str(bad))
 

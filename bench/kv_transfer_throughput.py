@@ -18,18 +18,17 @@ from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from kv_transfer.consumer import PullClient  # noqa: E402
-from kv_transfer.layout import KVLayout  # noqa: E402
-from kv_transfer.leases import Lease, LeaseTable  # noqa: E402
-from kv_transfer.producer import TransferServer  # noqa: E402
-from kv_transfer.sockets import recv_into_exactly, recvmsg_into_all, sendmsg_all, tune_bulk  # noqa: E402
-from kv_transfer.wire import TransferError  # noqa: E402
-from pdserve.make_model import spec_for  # noqa: E402
+from kv_transfer.consumer import PullClient
+from kv_transfer.layout import KVLayout
+from kv_transfer.leases import Lease, LeaseTable
+from kv_transfer.producer import TransferServer
+from kv_transfer.sockets import recv_into_exactly, recvmsg_into_all, sendmsg_all, tune_bulk
+from kv_transfer.wire import TransferError
+from pdserve.make_model import spec_for
 
 DESCRIPTION = """\
 Moves the KV cache of one prompt of the `bench` model (12 layers, 4 KV heads, head_dim 64, bf16,

@@ -14,14 +14,13 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere
 
-import grpc  # noqa: E402
+import grpc
 
-from pdserve.engine import EngineSettings  # noqa: E402
-from launch.local import ClusterSpec, LocalCluster  # noqa: E402
-from pdserve.make_model import build_model  # noqa: E402
-from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
+from pdserve.engine import EngineSettings
+from launch.local import ClusterSpec, LocalCluster
+from pdserve.make_model import build_model
+from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 DESCRIPTION = """\
 Starts a local cluster (router + 1 prefill + 1 decode worker, prefill on core 0, decode and the

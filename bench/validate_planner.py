@@ -25,25 +25,20 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rich.console import Console
+
+from loadgen.harness import WorkloadConfig, make_target, run_with_progress
+from loadgen.metrics import SLO, summarize
+from loadgen.prompts import PromptSynthesizer
+from loadgen.runner import RunConfig
+from planner.profile import Profile, load_profile
+from planner.validation import error_table
+from planner.validation_runs import (RateRun, ValidationSetup, as_sent, auto_rates, cluster_cpu_s, compare,
+                                     load_earlier, write_validation)
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from rich.console import Console  # noqa: E402
-
-from loadgen.harness import WorkloadConfig, make_target, run_with_progress  # noqa: E402
-from loadgen.metrics import SLO, summarize  # noqa: E402
-from loadgen.prompts import PromptSynthesizer  # noqa: E402
-from loadgen.runner import RunConfig  # noqa: E402
-from loadgen.workload import RequestSpec  # noqa: E402
-from planner.evaluate import make_attainment_fn  # noqa: E402
-from planner.perf_model import fit_perf_model  # noqa: E402
-from planner.profile import Profile, load_profile  # noqa: E402
-from planner.search import SearchSettings, max_rate  # noqa: E402
-from planner.simulator import SimSettings, Topology, simulate  # noqa: E402
-from planner.validation import Comparison, error_table, plot_validation, to_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -72,20 +67,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str, duration_s: float,
-               min_requests: int) -> list[float]:
-    """30/60/90/120% of the simulated goodput, for the same run length the real runs get (a fixed
-    request count would arrive all at once at high rates and never show the overload)."""
-    fit = fit_perf_model(profile)
-    attainment = make_attainment_fn(
-        lambda rate: workload.build(rate_rps=rate, num_requests=max(min_requests, round(rate * duration_s))),
-        SimSettings.from_profile(profile, transport), fit.model, slo)
-    goodput, _, _ = max_rate(lambda rate: attainment(Topology.disaggregated(1, 1), rate), SearchSettings())
-    if goodput <= 0:
-        raise SystemExit("the first profile meets the SLOs at no rate; give --rates or looser SLOs")
-    return [round(goodput * share, 3) for share in (0.3, 0.6, 0.9, 1.2)]
-
-
 def start_cluster(model: Path, profile: Profile, transport: str, log_dir: Path):
     from pdserve.engine import EngineSettings
     from launch.local import ClusterSpec, LocalCluster
@@ -99,54 +80,20 @@ def start_cluster(model: Path, profile: Profile, transport: str, log_dir: Path):
     return LocalCluster(spec).start()
 
 
-@dataclass(frozen=True)
-class RateRun:
-    """One offered rate of a real run: the requests as sent, loadgen's summary, and the CPU the
-    cluster and the client used, in cores (None when not measured)."""
-
-    rate_rps: float
-    requests: list[RequestSpec]
-    measured: dict
-    cluster_cpu_cores: float | None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
     if args.resimulate:
-        earlier = json.loads((args.resimulate / "validation.json").read_text())
-        if "requests" not in earlier:
-            raise SystemExit(f"{args.resimulate / 'validation.json'} holds no requests (written before they were kept)")
-        model_name, slo_ms, workload = earlier["model"], earlier["slo_ms"], earlier["workload"]
-        transport = earlier.get("transport", args.transport)
-        slo = SLO(ttft_s=slo_ms["ttft"] / 1e3, tpot_s=slo_ms["tpot"] / 1e3)
-        measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
-        cpu_cores = earlier.get("cluster_cpu_cores", {})
-        runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows], measured[float(rate)], cpu_cores.get(rate))
-                for rate, rows in earlier["requests"].items()]
+        setup, runs = load_earlier(args.resimulate / "validation.json", args.transport)
     else:
-        model_name, transport = args.model.name, args.transport
         slo = SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3)
         workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio}
+        setup = ValidationSetup(args.model.name, slo, workload, args.transport)
         runs = measure(args, load_profile(args.profile[0]), slo, console)
-    profiles = {path.stem: load_profile(path) for path in args.profile}
-    models = {name: (SimSettings.from_profile(p, transport), fit_perf_model(p).model) for name, p in profiles.items()}
-    comparisons = [Comparison(run.rate_rps, name, run.measured,
-                              simulate(run.requests, Topology.disaggregated(1, 1), settings, model).summary(slo))
-                   for run in runs for name, (settings, model) in models.items()]
-    console.print(error_table(comparisons, f"measured vs simulated, 1P+1D, {model_name}"))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "validation.json").write_text(json.dumps(
-        {"model": model_name, "profiles": [str(p) for p in args.profile], "slo_ms": slo.as_ms(), "workload": workload,
-         "transport": transport, **({"resimulated": str(args.resimulate)} if args.resimulate else {}),
-         **to_json(comparisons),
-         "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},
-         "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
-                                          for r in run.requests] for run in runs}}, indent=1))
-    png = plot_validation(comparisons, args.out_dir / "validation.png",
-                          f"{model_name} 1P+1D: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
-                          f"TPOT<={slo.tpot_s * 1e3:g} ms)")
-    console.print(f"wrote {args.out_dir / 'validation.json'} and {png}")
+    comparisons = compare(runs, args.profile, setup.transport, setup.slo)
+    console.print(error_table(comparisons, f"measured vs simulated, 1P+1D, {setup.model_name}"))
+    json_path, png = write_validation(args.out_dir, setup, args.profile, runs, comparisons, args.resimulate)
+    console.print(f"wrote {json_path} and {png}")
     return 0
 
 
@@ -180,24 +127,6 @@ def measure(args: argparse.Namespace, first: Profile, slo: SLO, console: Console
     finally:
         cluster.stop()
     return runs
-
-
-def cluster_cpu_s(cluster) -> float:
-    """CPU seconds used so far by every process of `cluster` (router, workers, vLLM's engine cores
-    and model runners, their polling included: what the OS sees) and by this process (the client).
-    Where it nears the host's cores the cluster is CPU-bound and the simulator's host model, which
-    counts measured work and not polling, is past what it was built on."""
-    from planner.profiler.serving_probe import cpu_seconds, host_cpu_seconds, process_tree
-
-    workers = [pid for worker in cluster.workers.values() for pid in process_tree(worker.popen.pid)]
-    return host_cpu_seconds(cluster.router.popen.pid) + cpu_seconds(workers)
-
-
-def as_sent(specs: list[RequestSpec], records) -> list[RequestSpec]:
-    """The requests as the client really sent them: a starved client sends late, and the simulator
-    must see the arrivals the cluster saw, not the schedule."""
-    sent = {record.index: record.sent_s for record in records}
-    return [replace(spec, arrival_s=sent.get(index, spec.arrival_s)) for index, spec in enumerate(specs)]
 
 
 def first_vocab(model: Path) -> int:

@@ -1,25 +1,15 @@
-"""Assembling the online planner: profile -> fitted model -> plan function -> loop, and running it.
-
-`pdserve planner` calls these; so can anything that embeds the planner in-process, e.g. a local
-cluster launcher:
-
-    oracle = build_oracle(PlanModelSpec(profile_path=None, ttft_slo_s=1.0, tpot_slo_s=0.1), max_devices=8)
-    actuator = LocalActuator(local_cluster)            # LocalCluster is a WorkerBackend
-    await run_planner(redis_url, LoopSettings(cluster="default", interval_s=10), config, oracle, actuator, stop)
+"""Assembling the online planner: profile -> fitted model -> the plan and predict functions the
+loop (`planner.online.PlannerLoop`) asks. `pdserve planner` calls these.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.metrics import SLO
-from planner.actuators.base import Actuator
-from planner.decision import PlannerConfig
 from planner.evaluate import make_plan_fn, make_predict_fn
-from planner.online import LoopSettings, Oracle, PlannerLoop, Tick
+from planner.online import Oracle
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile
 from planner.search import SearchSettings
@@ -57,14 +47,3 @@ def build_oracle(spec: PlanModelSpec, max_devices: int) -> Oracle:
     return Oracle(plan=make_plan_fn(settings, fit.model, slo, max_devices, search, num_requests=spec.sim_requests),
                   predict=make_predict_fn(settings, fit.model, num_requests=spec.sim_requests), fit=fit)
 
-
-async def run_planner(redis_url: str, settings: LoopSettings, config: PlannerConfig, oracle: Oracle,
-                      actuator: Actuator, stop: asyncio.Event,
-                      on_tick: Callable[[Tick], None] | None = None) -> PlannerLoop:
-    """Run the loop until `stop` is set; returns the loop (its `ticks` are the history)."""
-    loop = PlannerLoop.connect(redis_url, settings, config, oracle, actuator)
-    try:
-        await loop.run(stop, on_tick)
-    finally:
-        await loop.close()
-    return loop

@@ -49,8 +49,8 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+from loadgen.proc_cpu import cpu_seconds, process_tree
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
 from planner.profile import DecodeSample, ServingCosts
@@ -86,29 +86,6 @@ def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool) -> ServingP
     sizes = sorted({min(b, max_num_seqs) for b in (QUICK_BATCHES if quick else BATCHES)})
     batches = tuple(sizes) if quick else tuple(sizes) * BATCH_REPEATS
     return ServingPlan(prompts, 3 if quick else 6, min(128, max_model_len // 4), 24 if quick else 60, batches)
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from /proc (Linux)."""
-    children: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            children += [int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    except FileNotFoundError:  # the process, or one of its threads, exited while we looked
-        pass
-    return [pid] + [p for child in children for p in process_tree(child)]
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds the processes have used (0 for one that has exited)."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
 
 
 def host_cpu_seconds(router_pid: int) -> float:

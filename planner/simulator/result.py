@@ -91,11 +91,6 @@ class SimResult:
     def attainment(self, slo: SLO) -> float:
         return float(self.meets_slo(slo).mean()) if self.num_requests else 0.0
 
-    def utilization(self) -> dict[str, float]:
-        """Mean busy share of each pool's instances over the run's duration."""
-        span = self.duration_s
-        return {role: (sum(b) / (len(b) * span) if b and span > 0 else 0.0) for role, b in self.busy_s.items() if b}
-
     def summary(self, slo: SLO | None = None, percentiles=DEFAULT_PERCENTILES) -> dict[str, Any]:
         """loadgen's summary keys (vLLM's names) for the simulated run."""
         duration = self.duration_s or 1.0

@@ -34,10 +34,6 @@ class SimRequest:
         self.join_step = 0
         self.join_context = 0
 
-    @property
-    def remaining_prompt_tokens(self) -> int:
-        return self.prompt_tokens - self.prefilled_tokens
-
 
 class DecodeBatch:
     """The running decode requests of one instance, in O(log n) per join/finish and O(1) per step.

@@ -3,23 +3,23 @@ goodput and ratio per SLO pair, the report of skipped points, config validation 
 
 import io
 import json
-import sys
+import runpy
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path.insert(0, str(BENCH))
+from loadgen.comparison.budget import Budget, estimate_run_s, quiet_wait_s, skip_reason
+from loadgen.comparison.config import CompareConfig as BenchConfig
+from loadgen.comparison.config import prompts_for, schedule, workload
+from loadgen.comparison.goodput import (Measurement, Skipped, SLOPair, format_goodput, goodputs, quiet_runs, ratio,
+                                        settled)
+from loadgen.comparison.report import goodput_rows, report
+from loadgen.comparison.report import plot_attainment as _plot_attainment
+from loadgen.metrics import SLO
 
-from goodput_vs_vllm import BenchConfig, parse_args, prompts_for, schedule, settled, workload  # noqa: E402
-from goodput_vs_vllm_budget import Budget, estimate_run_s, quiet_wait_s, skip_reason  # noqa: E402
-from goodput_vs_vllm_report import (Measurement, Skipped, SLOPair, _plot_attainment, format_goodput,  # noqa: E402
-                                    goodput_rows, goodputs, quiet_runs, ratio, report)
-from rich.console import Console  # noqa: E402
-
-from loadgen.metrics import SLO  # noqa: E402
-
-TRACE = BENCH.parent.parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+REPO = Path(__file__).resolve().parents[3]
+TRACE = REPO.parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 PAIRS = (SLOPair("tight", SLO(ttft_s=1.0, tpot_s=0.03)), SLOPair("loose", SLO(ttft_s=1.0, tpot_s=0.06)))
 
 
@@ -142,6 +142,11 @@ def test_config_mistakes_say_how_to_fix_them():
         BenchConfig(tpot_tight_s=0.1, tpot_loose_s=0.05)
     with pytest.raises(ValueError, match="raise --budget-min"):
         BenchConfig(budget_s=20.0)
+
+
+def parse_args(argv: list[str]) -> BenchConfig:
+    """The configuration bench/goodput_vs_vllm.py builds from `argv` (the script is run, not imported)."""
+    return runpy.run_path(str(REPO / "bench" / "goodput_vs_vllm.py"))["parse_args"](argv)
 
 
 def test_quick_mode_and_flags_build_the_config():

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from planner import validation_runs
 from planner.validation import Comparison, error_table, mean_abs_errors, plot_validation, to_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import validate_planner  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
 
 
 def summary(ttft50: float, ttft90: float, tpot50: float, tpot90: float, attainment: float) -> dict[str, float]:
@@ -57,8 +58,7 @@ def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measur
     with the given profile and are compared with the earlier run's measurements."""
     import json
 
-    script = validate_planner
-    profile = Path(__file__).resolve().parents[3] / "planner" / "profiles" / "tiny_2cpu_served.json"
+    profile = REPO / "planner" / "profiles" / "tiny_2cpu_served.json"
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     light = [[0.5 * i, 100, 20] for i in range(20)]          # 2 req/s
@@ -70,7 +70,9 @@ def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measur
                  {"rate_rps": 100.0, "model": "x", "measured": measured}],
         "requests": {"2.0": light, "100.0": heavy}}))
     out = tmp_path / "out"
-    assert script.main(["--resimulate", str(earlier), "--profile", str(profile), "--out-dir", str(out)]) == 0
+    setup, runs = validation_runs.load_earlier(earlier / "validation.json", default_transport="tcp")
+    comparisons = validation_runs.compare(runs, [profile], setup.transport, setup.slo)
+    validation_runs.write_validation(out, setup, [profile], runs, comparisons, resimulated=earlier)
 
     written = json.loads((out / "validation.json").read_text())
     runs = {run["rate_rps"]: run for run in written["runs"]}
@@ -84,8 +86,9 @@ def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measur
 
 
 def test_the_validation_needs_a_model_or_an_earlier_run():
-    with pytest.raises(SystemExit):
-        validate_planner.parse_args(["--profile", "p.json"])
+    done = subprocess.run([sys.executable, "bench/validate_planner.py", "--profile", "p.json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "give --model" in done.stderr
 
 
 def test_the_cluster_cpu_counts_the_router_the_client_and_every_worker_with_its_children(monkeypatch):
@@ -93,14 +96,12 @@ def test_the_cluster_cpu_counts_the_router_the_client_and_every_worker_with_its_
     host's processes, as the profiler counts them) and each worker's whole tree (its vLLM processes)."""
     from types import SimpleNamespace
 
-    from planner.profiler import serving_probe
-
     trees = {10: [10, 11, 12], 20: [20, 21]}  # worker pid -> its tree
     cpu = {10: 1.0, 11: 2.0, 12: 4.0, 20: 8.0, 21: 16.0}
-    monkeypatch.setattr(serving_probe, "process_tree", lambda pid: trees[pid])
-    monkeypatch.setattr(serving_probe, "cpu_seconds", lambda pids: sum(cpu[pid] for pid in pids))
-    monkeypatch.setattr(serving_probe, "host_cpu_seconds", lambda router_pid: 100.0 * router_pid)
+    monkeypatch.setattr(validation_runs, "process_tree", lambda pid: trees[pid])
+    monkeypatch.setattr(validation_runs, "cpu_seconds", lambda pids: sum(cpu[pid] for pid in pids))
+    monkeypatch.setattr(validation_runs, "host_cpu_seconds", lambda router_pid: 100.0 * router_pid)
     cluster = SimpleNamespace(router=SimpleNamespace(popen=SimpleNamespace(pid=5)),
                               workers={"prefill-0": SimpleNamespace(popen=SimpleNamespace(pid=10)),
                                        "decode-1": SimpleNamespace(popen=SimpleNamespace(pid=20))})
-    assert validate_planner.cluster_cpu_s(cluster) == 500.0 + 31.0
+    assert validation_runs.cluster_cpu_s(cluster) == 500.0 + 31.0

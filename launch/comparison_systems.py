@@ -1,5 +1,5 @@
-"""The systems `goodput_vs_vllm.py` compares, started and stopped on demand (never two up at once:
-they share the machine's two cores).
+"""The systems bench/goodput_vs_vllm.py compares (`loadgen.comparison`), started and stopped on
+demand (never two up at once: they share the machine's two cores).
 
 - A `VllmServers.colocated`: vLLM's own OpenAI server, one engine bound to both cores.
 - B `PdserveDisaggregated`: a pdserve `LocalCluster`, 1 prefill worker on one core and 1 decode

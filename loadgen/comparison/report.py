@@ -1,106 +1,27 @@
-"""Results of `goodput_vs_vllm.py`: goodput per system and SLO pair (pure), then tables (rich and
-markdown), a JSON file and PNG plots."""
+"""The results of a comparison: tables (rich and markdown), <label>.json, <label>.md and PNG
+plots under the config's out_dir. Paths in the JSON are recorded relative to the current
+directory (the repository root, where the benchmarks run) so a result file does not carry the
+machine it ran on."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
-from loadgen.metrics import PHASES, SLO, tpot_s
-import matplotlib.pyplot as plt
-
+from loadgen.comparison.goodput import (NOISY_OTHER_CORES, Measurement, Skipped, SLOPair, attainment_curves,
+                                        format_goodput, goodputs, is_noisy, quiet_runs, ratio)
+from loadgen.metrics import PHASES, tpot_s
 from loadgen.plots import plot_latency_cdfs  # also selects matplotlib's Agg backend
-from loadgen.runner import RunResult
-from loadgen.sweep import goodput_on_grid
 
-REPO = Path(__file__).resolve().parent.parent
-
-NOISY_OTHER_CORES = 0.25  # other processes averaging more than this during a run make it "noisy"
 SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D", "C": "C: 2 x 1-core vLLM, round robin"}
-
-
-@dataclass(frozen=True)
-class SLOPair:
-    name: str  # "tight" / "loose"
-    slo: SLO
-
-    def describe(self) -> str:
-        return f"TTFT <= {self.slo.ttft_s * 1000:g} ms, TPOT <= {self.slo.tpot_s * 1000:g} ms"
-
-
-@dataclass(frozen=True)
-class Measurement:
-    system: str  # "A", "B" or "C"
-    rate_rps: float
-    result: RunResult
-    summaries: dict[str, dict[str, Any]]  # SLO pair name -> loadgen.metrics.summarize(...)
-    other_load_cores: float  # CPU other processes used during the run (goodput_vs_vllm_noise)
-    restarted: bool  # the system was found dead before this run and restarted
-    attempts: int = 1  # > 1: earlier attempts were noisy and measured again (this is the quietest)
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A (system, rate) point not measured, and why (the time budget)."""
-
-    system: str
-    rate_rps: float
-    reason: str
-
-
-# ------------------------------------------------------------------------------------------ pure
-
-
-def attainment_curves(measurements: Sequence[Measurement], pair: str) -> dict[str, list[tuple[float, float]]]:
-    """system -> [(rate, attainment)] sorted by rate."""
-    curves: dict[str, list[tuple[float, float]]] = {}
-    for m in sorted(measurements, key=lambda m: (m.system, m.rate_rps)):
-        curves.setdefault(m.system, []).append((m.rate_rps, m.summaries[pair]["slo_attainment"]))
-    return curves
-
-
-def is_noisy(m: Measurement) -> bool:
-    return m.other_load_cores > NOISY_OTHER_CORES
-
-
-def quiet_runs(measurements: Sequence[Measurement]) -> list[Measurement]:
-    """The runs goodput is computed from: each system's quiet runs (a run during which other
-    processes took more than NOISY_OTHER_CORES of the two cores measured them, not the system);
-    a system without any quiet run keeps all of its runs."""
-    kept = []
-    for system in sorted({m.system for m in measurements}):
-        runs = [m for m in measurements if m.system == system]
-        kept += [m for m in runs if not is_noisy(m)] or runs
-    return kept
-
-
-def goodputs(measurements: Sequence[Measurement], pairs: Sequence[SLOPair],
-             target: float) -> dict[str, dict[str, tuple[float, bool]]]:
-    """pair -> system -> (goodput_rps, bracketed), from each system's quiet runs on the rate grid."""
-    return {p.name: {system: goodput_on_grid(curve, target)
-                     for system, curve in attainment_curves(quiet_runs(measurements), p.name).items()}
-            for p in pairs}
-
-
-def ratio(b_rps: float, a_rps: float) -> float | None:
-    """B/A; None when both are 0, inf when only A is."""
-    if a_rps == 0:
-        return None if b_rps == 0 else float("inf")
-    return b_rps / a_rps
-
-
-def format_goodput(value: tuple[float, bool], rates: Sequence[float]) -> str:
-    goodput_rps, bracketed = value
-    if bracketed:
-        return f"{goodput_rps:.2f}"
-    return f"< {min(rates):g}" if goodput_rps == 0 else f">= {goodput_rps:g}"
 
 
 # -------------------------------------------------------------------------------------- tables
@@ -200,20 +121,20 @@ def report(config, measurements: Sequence[Measurement], console: Console, wall_s
     noisy = [m for m in measurements if is_noisy(m)]
     console.print(f"wall time {wall_s / 60:.1f} min; {len(noisy)} of {len(measurements)} runs noisy "
                   f"(other processes > {NOISY_OTHER_CORES} cores); {len(skipped)} points skipped for time")
-    out, label = config.out_dir, config.label
-    out.mkdir(parents=True, exist_ok=True)
+    config.out_dir.mkdir(parents=True, exist_ok=True)
     paths = [_write_json(config, measurements, found, wall_s, argv, skipped),
              _write_markdown(config, sections, wall_s, noisy, skipped)]
-    paths += [_plot_attainment(config, measurements, p, found[p.name]) for p in pairs]
+    paths += [plot_attainment(config, measurements, p, found[p.name]) for p in pairs]
     paths += _plot_cdfs(config, measurements)
     console.print("wrote " + ", ".join(str(p) for p in paths))
 
 
 def _recordable(value: Any) -> Any:
-    """A config value as the JSON records it: paths relative to the repository, so a result file
-    does not carry the machine it ran on."""
+    """A config value as the JSON records it: paths relative to the current directory."""
     if isinstance(value, Path):
-        return str(value.relative_to(REPO)) if value.is_relative_to(REPO) else str(value)
+        here = Path.cwd()
+        absolute = value if value.is_absolute() else here / value
+        return str(absolute.relative_to(here)) if absolute.is_relative_to(here) else str(value)
     return value if isinstance(value, (int, float, tuple, type(None))) else str(value)
 
 
@@ -260,7 +181,7 @@ def _write_markdown(config, sections, wall_s: float, noisy: Sequence[Measurement
     return path
 
 
-def _plot_attainment(config, measurements, pair: SLOPair, found: dict[str, tuple[float, bool]]):
+def plot_attainment(config, measurements, pair: SLOPair, found: dict[str, tuple[float, bool]]):
     """Attainment vs rate per system: quiet runs as a line (the goodput's input), noisy runs as x."""
     fig, ax = plt.subplots(figsize=(8, 5))
     quiet = attainment_curves(quiet_runs(measurements), pair.name)

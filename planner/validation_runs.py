@@ -1,0 +1,129 @@
+"""The runs behind a measured-vs-simulated validation (`planner.validation` compares them):
+the rates to run at, the requests as the client really sent them, the CPU the cluster used, the
+comparison of each run with each profile's simulation, and validation.json, which keeps each
+rate's requests so a changed simulator or model can be re-checked without the cluster
+(`resimulate`). bench/validate_planner.py runs the real cluster and calls these.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from loadgen.harness import WorkloadConfig
+from loadgen.metrics import SLO
+from loadgen.proc_cpu import cpu_seconds, process_tree
+from loadgen.workload import RequestSpec
+from planner.evaluate import make_attainment_fn
+from planner.perf_model import fit_perf_model
+from planner.profile import Profile, load_profile
+from planner.profiler.serving_probe import host_cpu_seconds
+from planner.search import SearchSettings, max_rate
+from planner.simulator import SimSettings, Topology, simulate
+from planner.validation import Comparison, plot_validation, to_json
+
+AUTO_RATE_SHARES = (0.3, 0.6, 0.9, 1.2)  # of the first profile's simulated goodput
+
+
+@dataclass(frozen=True)
+class RateRun:
+    """One offered rate of a real run: the requests as sent, loadgen's summary, and the CPU the
+    cluster and the client used, in cores (None when not measured)."""
+
+    rate_rps: float
+    requests: list[RequestSpec]
+    measured: dict
+    cluster_cpu_cores: float | None
+
+
+@dataclass(frozen=True)
+class ValidationSetup:
+    """What a validation.json records besides its runs; `slo` holds for every run."""
+
+    model_name: str
+    slo: SLO
+    workload: dict[str, Any]
+    transport: str
+
+
+def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str, duration_s: float,
+               min_requests: int) -> list[float]:
+    """`AUTO_RATE_SHARES` of the simulated 1P+1D goodput, for the same run length the real runs
+    get (a fixed request count would arrive all at once at high rates and never show the
+    overload). Raises SystemExit when the profile meets the SLOs at no rate."""
+    fit = fit_perf_model(profile)
+    attainment = make_attainment_fn(
+        lambda rate: workload.build(rate_rps=rate, num_requests=max(min_requests, round(rate * duration_s))),
+        SimSettings.from_profile(profile, transport), fit.model, slo)
+    goodput, _, _ = max_rate(lambda rate: attainment(Topology.disaggregated(1, 1), rate), SearchSettings())
+    if goodput <= 0:
+        raise SystemExit("the first profile meets the SLOs at no rate; give --rates or looser SLOs")
+    return [round(goodput * share, 3) for share in AUTO_RATE_SHARES]
+
+
+def as_sent(specs: list[RequestSpec], records) -> list[RequestSpec]:
+    """The requests as the client really sent them (`record.sent_s` by `record.index`): a starved
+    client sends late, and the simulator must see the arrivals the cluster saw, not the schedule."""
+    sent = {record.index: record.sent_s for record in records}
+    return [replace(spec, arrival_s=sent.get(index, spec.arrival_s)) for index, spec in enumerate(specs)]
+
+
+def cluster_cpu_s(cluster) -> float:
+    """CPU seconds used so far by every process of `cluster` (a `launch.local.LocalCluster`: router,
+    workers, vLLM's engine cores and model runners, their polling included: what the OS sees) and
+    by this process (the client). Where it nears the host's cores the cluster is CPU-bound and the
+    simulator's host model, which counts measured work and not polling, is past what it was built on."""
+    workers = [pid for worker in cluster.workers.values() for pid in process_tree(worker.popen.pid)]
+    return host_cpu_seconds(cluster.router.popen.pid) + cpu_seconds(workers)
+
+
+def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: str, slo: SLO) -> list[Comparison]:
+    """Each run against each profile's simulation of its very requests through 1P+1D; a profile's
+    model is named by its file's stem."""
+    models = {}
+    for path in profile_paths:
+        profile = load_profile(path)
+        models[path.stem] = (SimSettings.from_profile(profile, transport), fit_perf_model(profile).model)
+    return [Comparison(run.rate_rps, name, run.measured,
+                       simulate(run.requests, Topology.disaggregated(1, 1), settings, model).summary(slo))
+            for run in runs for name, (settings, model) in models.items()]
+
+
+def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, list[RateRun]]:
+    """The setup and runs of an earlier validation.json (its transport, or `default_transport` for
+    one written before it was kept). Raises SystemExit when the file holds no requests."""
+    earlier = json.loads(path.read_text())
+    if "requests" not in earlier:
+        raise SystemExit(f"{path} holds no requests (written before they were kept)")
+    slo_ms = earlier["slo_ms"]
+    setup = ValidationSetup(earlier["model"], SLO(ttft_s=slo_ms["ttft"] / 1e3, tpot_s=slo_ms["tpot"] / 1e3),
+                            earlier["workload"], earlier.get("transport", default_transport))
+    measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
+    cpu_cores = earlier.get("cluster_cpu_cores", {})
+    runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows], measured[float(rate)], cpu_cores.get(rate))
+            for rate, rows in earlier["requests"].items()]
+    return setup, runs
+
+
+def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Sequence[Path], runs: Sequence[RateRun],
+                     comparisons: Sequence[Comparison], resimulated: Path | None = None) -> tuple[Path, Path]:
+    """Writes <out_dir>/validation.json (the setup, the comparisons, each run's CPU and requests as
+    [arrival_s, prompt_tokens, output_tokens]) and validation.png; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slo = setup.slo
+    json_path = out_dir / "validation.json"
+    json_path.write_text(json.dumps(
+        {"model": setup.model_name, "profiles": [str(p) for p in profile_paths], "slo_ms": slo.as_ms(),
+         "workload": setup.workload, "transport": setup.transport,
+         **({"resimulated": str(resimulated)} if resimulated else {}),
+         **to_json(comparisons),
+         "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},
+         "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
+                                          for r in run.requests] for run in runs}}, indent=1))
+    png = plot_validation(comparisons, out_dir / "validation.png",
+                          f"{setup.model_name} 1P+1D: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
+                          f"TPOT<={slo.tpot_s * 1e3:g} ms)")
+    return json_path, png

@@ -1,6 +1,0 @@
-"""The chaos tests share the integration helpers (real clusters)."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integration"))

@@ -1,0 +1,50 @@
+"""Process-tree CPU accounting (loadgen/proc_cpu.py): /proc's fields parsed, trees walked on real
+processes, other processes' load from tick counts."""
+
+import os
+import subprocess
+import time
+
+from loadgen.proc_cpu import (TICKS_PER_S, cpu_seconds, machine_busy_ticks, other_load_cores, process_tree,
+                              stat_cpu_ticks)
+
+
+def test_a_stat_line_gives_the_parent_and_user_plus_system_ticks_even_with_parentheses_in_the_name():
+    fields = ["S", "41"] + ["0"] * 9 + ["250", "70"] + ["0"] * 10  # state, ppid, ..., utime, stime, ...
+    assert stat_cpu_ticks("1234 (vllm (engine) 0) " + " ".join(fields)) == (41, 320)
+
+
+def test_the_machine_is_busy_for_every_tick_but_idle_and_iowait():
+    assert machine_busy_ticks("cpu  100 5 30 9000 40 2 3 1 0 0\ncpu0 1 2 3 4 5 6 7 8\n") == 141
+
+
+def test_other_load_is_the_machines_busy_ticks_less_ours_per_second_never_below_zero():
+    before, after = {1: 100, 2: 50}, {1: 130, 2: 50, 3: 20}  # pid 3 started during the run: all its ticks are ours
+    assert other_load_cores(4 * TICKS_PER_S + 50, before, after, wall_s=2.0) == 2.0
+    assert other_load_cores(10, before, after, wall_s=2.0) == 0.0
+    assert other_load_cores(10, before, after, wall_s=0.0) == 0.0
+
+
+def test_a_process_tree_holds_the_root_first_and_its_live_children():
+    parent = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(process_tree(parent.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = process_tree(parent.pid)
+        assert tree[0] == parent.pid and len(tree) == 3
+    finally:
+        for pid in process_tree(parent.pid)[1:]:
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()
+    assert process_tree(parent.pid) == [parent.pid]  # reaped: no children, counted as itself
+    assert cpu_seconds([parent.pid]) == 0.0  # an exited process counts 0
+
+
+def test_cpu_seconds_grow_with_this_process_work():
+    before = cpu_seconds([os.getpid()])
+    deadline = time.process_time() + 0.1
+    while time.process_time() < deadline:
+        pass
+    assert cpu_seconds([os.getpid()]) - before >= 0.05
