@@ -40,6 +40,7 @@ def cluster_spec(args: argparse.Namespace):
         cores["prefill"] = args.prefill_cores
     if args.decode_cores is not None:
         cores["decode"] = args.decode_cores
-    return ClusterSpec(engine=engine_settings(args), num_prefill=args.prefill, num_decode=args.decode,
+    probe_cores = cores.get("prefill") or cores.get("decode") or ""  # one worker's share of the cores
+    return ClusterSpec(engine=engine_settings(args, probe_cores=probe_cores), num_prefill=args.prefill, num_decode=args.decode,
                        transport=args.transport, grpc_port=args.grpc_port, http_port=args.http_port,
                        cpu_cores=cores, local_prefill_max_tokens=args.local_prefill_max_tokens, log_dir=args.log_dir)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from pathlib import Path
 
 from pdserve.engine import EngineSettings
 
@@ -14,9 +17,12 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
     group.add_argument("--model", required=model_required,
                        help="a Hugging Face checkpoint directory (see `pdserve make-model`)")
     group.add_argument("--dtype", default="auto",
-                       help="weights and KV cache dtype; auto: bfloat16 on GPUs and on CPUs with bf16 arithmetic "
-                            "(AVX512-BF16, AMX, Arm BF16), float32 on other CPUs, where bf16 is emulated at many "
-                            "times the cost (default: %(default)s)")
+                       help="weights and KV cache dtype; auto: the faster of bfloat16 and float32 for this model "
+                            "on this host, measured by a short probe of vLLM's kernels at first start and cached "
+                            "per host kind in --cache-dir (bfloat16 on GPUs) (default: %(default)s)")
+    group.add_argument("--cache-dir", default=None,
+                       help="where measured choices are kept across runs (default: $XDG_CACHE_HOME/pdserve, "
+                            "~/.cache/pdserve)")
     group.add_argument("--block-size", type=int, default=32, help="KV block size in tokens; a multiple of 32 on CPU")
     group.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + output, in tokens")
     group.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache memory per engine, MiB")
@@ -31,11 +37,25 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
                             "negative keeps vLLM's (default: %(default)s)")
 
 
-def engine_settings(args: argparse.Namespace, cpu_cores: str = "") -> EngineSettings:
+def engine_settings(args: argparse.Namespace, cpu_cores: str = "", probe_cores: str | None = None) -> EngineSettings:
+    """The engine settings the flags describe. `--dtype auto` is resolved here, once, by
+    measurement (`pdserve.dtype_probe`) with the threads of `probe_cores` (default: `cpu_cores`,
+    the cores one worker gets); the decision is printed to stderr."""
+    dtype = resolved_dtype(args, cpu_cores if probe_cores is None else probe_cores)
     return EngineSettings(
-        model=args.model, dtype=args.dtype, block_size=args.block_size, max_model_len=args.max_model_len,
+        model=args.model, dtype=dtype, block_size=args.block_size, max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_mb << 20, max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores, vllm_spin_ms=args.vllm_spin_ms,
     )
 
+
+def resolved_dtype(args: argparse.Namespace, probe_cores: str) -> str:
+    """`--dtype`, with `auto` measured on this host (cached) and the decision printed."""
+    if args.dtype != "auto" or not os.path.isfile(os.path.join(args.model, "config.json")):
+        return args.dtype  # a model id or a missing folder: EngineSettings' guess, and vLLM's error
+    from pdserve.dtype_probe import resolve_auto_dtype
+
+    decision = resolve_auto_dtype(args.model, probe_cores, Path(args.cache_dir) if args.cache_dir else None)
+    print(f"pdserve: {decision.summary()}", file=sys.stderr, flush=True)
+    return decision.dtype
