@@ -1,66 +1,25 @@
 """A local cluster of processes: a private Redis, a router, prefill and decode workers.
 
 Used by `pdserve up`, the demo, the tests, the benchmarks and the planner's local actuator.
-Each process is `pdserve <command>` in its own process group; `add_worker`/`remove_worker`
+Each process is `pdserve <command>` run by a `launch.supervisor.ChildProcess` (its own process
+group, and it dies with this process, whichever thread started it); `add_worker`/`remove_worker`
 change the pools while the cluster runs (removal is SIGTERM to the worker process alone, as a
 container runtime sends it: the worker drains with its engine intact, then stops it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from launch.commands import ClusterSpec, pdserve_argv
-from launch.orphans import die_with_parent
+from launch.commands import ClusterSpec
 from launch.redis_server import RedisServer, start_redis
+from launch.supervisor import ChildProcess, pdserve_child
 from pdserve.roles import Role
 
-__all__ = ["ClusterSpec", "LocalCluster", "Process"]
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen
-    ready_file: Path
-    log_path: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def signal(self, sig: int) -> None:
-        """`sig` to the whole process group: the pdserve process and vLLM's engine processes."""
-        if self.alive():
-            os.killpg(self.popen.pid, sig)
-
-    def terminate(self) -> None:
-        """SIGTERM to the pdserve process alone, as a container runtime's init (tini) sends it: a
-        worker drains with its engine processes intact, then stops them itself."""
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """Graceful: `terminate()`, SIGKILL to the group after `timeout_s`; its exit code. Whatever
-        is left of the group once the process exited (an engine process it left behind) is killed."""
-        self.terminate()
-        try:
-            code = self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-            code = self.popen.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        return code
+__all__ = ["ClusterSpec", "LocalCluster"]
 
 
 class LocalCluster:
@@ -69,8 +28,8 @@ class LocalCluster:
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="pdserve-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.redis: RedisServer | None = None
-        self.router: Process | None = None
-        self.workers: dict[str, Process] = {}
+        self.router: ChildProcess | None = None
+        self.workers: dict[str, ChildProcess] = {}
         self._ids = itertools.count()
         self.grpc_target = ""
         self.http_url = ""
@@ -88,7 +47,7 @@ class LocalCluster:
                 for _ in range(count):
                     self.add_worker(role, wait=False)
             self.wait_ready([self.router, *self.workers.values()], timeout_s)
-            self.grpc_target, self.http_url = self.router.ready_file.read_text().split()
+            self.grpc_target, self.http_url = self.router.wait_ready(0).split()
             self.wait_routed(max(1.0, deadline - time.monotonic()))
             return self
         except BaseException:
@@ -101,7 +60,7 @@ class LocalCluster:
                 process.terminate()  # all drain at once; stop() below waits for each
         for process in [*self.workers.values(), self.router]:
             if process is not None:
-                process.stop()
+                process.stop(timeout_s=30.0)
         if self.redis is not None:
             self.redis.stop()
 
@@ -126,38 +85,25 @@ class LocalCluster:
 
     def kill_worker(self, worker_id: str) -> None:
         """SIGKILL, as a crash: no drain, no deregistration."""
-        process = self.workers.pop(worker_id)
-        process.signal(signal.SIGKILL)
-        process.popen.wait()
+        self.workers.pop(worker_id).kill()
 
     def worker_ids(self, role: Role) -> list[str]:
         return [w for w in self.workers if w.startswith(role)]
 
     def worker_address(self, worker_id: str) -> str:
-        return self.workers[worker_id].ready_file.read_text().strip()
+        """The address a ready worker serves on (TimeoutError if it is not ready)."""
+        return self.workers[worker_id].wait_ready(0)
 
     # ---- processes -----------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> Process:
-        ready = self.log_dir / f"{name}.ready"
-        ready.unlink(missing_ok=True)
-        log_path = self.log_dir / f"{name}.log"
-        env = os.environ | {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-                            "PYTHONUNBUFFERED": "1"}
-        popen = subprocess.Popen(pdserve_argv([*argv, "--ready-file", str(ready)]),
-                                 stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True, preexec_fn=die_with_parent())
-        return Process(name, popen, ready, log_path)
+    def _spawn(self, name: str, argv: list[str]) -> ChildProcess:
+        return pdserve_child(argv, self.log_dir, name).start()
 
-    def wait_ready(self, processes: list[Process], timeout_s: float) -> None:
+    def wait_ready(self, processes: list[ChildProcess], timeout_s: float) -> None:
+        """Until every process is ready, within `timeout_s` in all; ChildExited (with its log) if one
+        exits first, TimeoutError after the deadline."""
         deadline = time.monotonic() + timeout_s
         for process in processes:
-            while not (process.ready_file.exists() and process.ready_file.read_text().strip()):
-                if not process.alive():
-                    raise RuntimeError(f"{process.name} exited with {process.popen.returncode}; "
-                                       f"last log lines:\n{_tail(process.log_path)}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{process.name} not ready within {timeout_s}s; log:\n{_tail(process.log_path)}")
-                time.sleep(0.1)
+            process.wait_ready(max(0.0, deadline - time.monotonic()))
 
     def wait_routed(self, timeout_s: float) -> None:
         """Waits until the router sees as many prefill and decode workers as the spec asks for."""
@@ -175,9 +121,3 @@ class LocalCluster:
                                        f"not {self.spec.num_prefill} and {self.spec.num_decode}; logs in {self.log_dir}")
                 time.sleep(0.05)
 
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log)"

@@ -20,15 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
-import sys
 import tempfile
 from pathlib import Path
 
 import ray
 
-from launch.supervisor import ChildExited, ChildProcess, Probe, ready_file_probe
-from launch.commands import pdserve_argv, redis_argv
+from launch.commands import redis_argv
+from launch.supervisor import ChildExited, ChildProcess, pdserve_child, tcp_probe
 from launch.ray.spec import Launch, MemberState
 from pdserve.worker.config import free_port
 
@@ -41,21 +39,15 @@ class _MemberActor:
         self.node_ip = ray.util.get_node_ip_address()
         folder = Path(launch.log_dir) if launch.log_dir else Path(tempfile.mkdtemp(prefix="pdserve-ray-"))
         folder.mkdir(parents=True, exist_ok=True)
-        argv, probe = self._command(folder)
-        env = os.environ | {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-                            "PYTHONUNBUFFERED": "1"}
-        self.child = ChildProcess(argv, folder / f"{launch.member_id}.log", probe, env=env,
-                                  on_exit=self._on_child_exit).start()
+        self.child = self._child(folder).start()
 
-    def _command(self, folder: Path) -> tuple[list[str], Probe]:
+    def _child(self, folder: Path) -> ChildProcess:
         if self.launch.kind == "redis":
-            return self._redis_command(folder)
-        ready = folder / f"{self.launch.member_id}.ready"
-        ready.unlink(missing_ok=True)
-        argv = pdserve_argv([*self.launch.pdserve_args, "--host", self.node_ip, "--ready-file", str(ready)])
-        return argv, ready_file_probe(ready)
+            return self._redis_child(folder)
+        return pdserve_child([*self.launch.pdserve_args, "--host", self.node_ip], folder, self.launch.member_id,
+                             on_exit=self._on_child_exit)
 
-    def _redis_command(self, folder: Path) -> tuple[list[str], Probe]:
+    def _redis_child(self, folder: Path) -> ChildProcess:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(f"redis-server is not installed on Ray node {self.node_ip}: install it there "
@@ -64,15 +56,9 @@ class _MemberActor:
         workdir = folder / "redis-data"
         workdir.mkdir(exist_ok=True)
         url = f"redis://{self.node_ip}:{port}/0"
-
-        def probe() -> str | None:
-            try:
-                with socket.create_connection((self.node_ip, port), timeout=0.2):
-                    return url
-            except OSError:
-                return None
-
-        return redis_argv(binary, self.node_ip, port, str(workdir), protected=False), probe
+        return ChildProcess(redis_argv(binary, self.node_ip, port, str(workdir), protected=False),
+                            folder / f"{self.launch.member_id}.log", tcp_probe(self.node_ip, port, url),
+                            on_exit=self._on_child_exit)
 
     def _on_child_exit(self, returncode: int, was_ready: bool) -> None:
         if was_ready:

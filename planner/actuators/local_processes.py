@@ -2,8 +2,11 @@
 
 The `WorkerBackend` of `planner.actuators.local.LocalActuator` for `pdserve planner --actuator
 local`: the cluster (router, first workers) was started by someone else, e.g. `pdserve up`; these
-workers join it through the registry exactly as `pdserve up`'s own do. Each worker is one process
-group (`launch.local.Process`); `stop_all()` drains them all (the planner owns them).
+workers join it through the registry exactly as `pdserve up`'s own do. Each worker is a
+`launch.supervisor.ChildProcess` (one process group); `stop_all()` drains them all (the planner owns
+them). The actuator calls `add_worker` from a worker thread of the planner's event loop; the
+supervisor still ties each worker to the planner *process*: if the planner dies, even by SIGKILL,
+its workers get SIGTERM (they deregister and drain) rather than serve on as orphans.
 
 CPU placement: `cpu_cores` gives each role a rotation of core sets; a new worker takes the first
 set no live worker of its role holds (else the least used), so on a 2-core host a second decode
@@ -14,18 +17,14 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launch.commands import pdserve_argv, worker_argv
-from launch.orphans import die_with_parent
+from launch.commands import worker_argv
+from launch.supervisor import ChildProcess, pdserve_child
 from pdserve.engine import EngineSettings
-from launch.local import Process
 from planner.actuators.base import ROLES, Role
 
 
@@ -59,38 +58,23 @@ class WorkerProcesses:
         self.spec = spec
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="pdserve-planner-workers-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._processes: dict[str, Process] = {}
+        self._processes: dict[str, ChildProcess] = {}
         self._cores: dict[str, str] = {}
         self._ids = itertools.count()
 
     def add_worker(self, role: Role, wait: bool = True, timeout_s: float = 240.0) -> str:
         worker_id = f"{role}-{self.spec.id_prefix}-{os.getpid()}-{next(self._ids)}"
         cores = self._pick_cores(role)
-        ready = self.log_dir / f"{worker_id}.ready"
-        ready.unlink(missing_ok=True)
-        log_path = self.log_dir / f"{worker_id}.log"
-        env = os.environ | {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-                            "PYTHONUNBUFFERED": "1"}
-        argv = pdserve_argv([*self._argv(role, worker_id, cores), "--ready-file", str(ready)])
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=die_with_parent())
-        self._processes[worker_id] = Process(worker_id, popen, ready, log_path)
+        self._processes[worker_id] = pdserve_child(self._argv(role, worker_id, cores), self.log_dir, worker_id).start()
         self._cores[worker_id] = cores
         if wait:
             self.wait_ready(worker_id, timeout_s)
         return worker_id
 
-    def wait_ready(self, worker_id: str, timeout_s: float = 240.0) -> None:
-        """Until the worker wrote its ready file (it serves and is registered); raises if it exited."""
-        process = self._processes[worker_id]
-        deadline = time.monotonic() + timeout_s
-        while not (process.ready_file.exists() and process.ready_file.read_text().strip()):
-            if not process.alive():
-                raise RuntimeError(f"worker {worker_id} exited with {process.popen.returncode}; see {process.log_path}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker {worker_id} not ready within {timeout_s:g} s; see {process.log_path}")
-            time.sleep(0.1)
+    def wait_ready(self, worker_id: str, timeout_s: float = 240.0) -> str:
+        """Until the worker wrote its ready file (it serves and is registered); its address.
+        ChildExited (with its log) if it exited first, TimeoutError after `timeout_s`."""
+        return self._processes[worker_id].wait_ready(timeout_s)
 
     def remove_worker(self, worker_id: str, timeout_s: float = 90.0) -> int:
         """SIGTERM: the worker drains (finishes in-flight requests) and exits; returns its exit code."""
@@ -105,9 +89,6 @@ class WorkerProcesses:
                 self._processes.pop(worker_id, None)
                 self._cores.pop(worker_id, None)
         return [w for w in self._processes if w.startswith(f"{role}-")]
-
-    def cores_of(self, worker_id: str) -> str:
-        return self._cores[worker_id]
 
     def stop_all(self) -> None:
         for worker_id in list(self._processes):

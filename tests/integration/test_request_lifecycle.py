@@ -206,6 +206,6 @@ def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
     """The API process, vLLM's engine core and model runner: none polls on the other worker's core."""
     for role, core in (("prefill", 0), ("decode", 1)):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
-        tree = _process_tree(worker.popen.pid)
+        tree = _process_tree(worker.pid)
         assert len(tree) >= 3, f"{role}: expected the API process, the engine core and the model runner"
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}

@@ -1,4 +1,5 @@
-"""ChildProcess: readiness, graceful and forced stop, crash reporting, and no orphans, with real processes."""
+"""ChildProcess, the one supervisor of every child pdserve starts: readiness, graceful and forced stop,
+crash reporting, signals to the child or its group, and no orphans, with real processes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.supervisor import ChildExited, ChildProcess, ready_file_probe
+from launch.supervisor import ChildExited, ChildProcess, child_env, pdserve_child, ready_file_probe
 
 
 def python(code: str) -> list[str]:
@@ -147,3 +148,96 @@ def test_the_child_gets_sigterm_when_its_owner_is_killed(tmp_path):
         process.wait()
         if child_pid > 0 and not gone(child_pid):
             os.kill(child_pid, signal.SIGKILL)
+
+
+def test_a_child_started_from_a_thread_that_ends_outlives_the_thread_but_not_its_owner(tmp_path):
+    """The planner starts workers from a pool thread: the death signal must follow the process, not
+    the thread that called `start()` (a `preexec_fn` PR_SET_PDEATHSIG would kill it with the thread)."""
+    marker, ready = tmp_path / "got-sigterm", tmp_path / "w.ready"
+    grandchild = f"""
+        import signal, sys, time
+        def on_term(*_):
+            open({str(marker)!r}, "w").write("SIGTERM")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+        open({str(ready)!r}, "w").write("up")
+        time.sleep(60)
+    """
+    owner = f"""
+        import threading, time
+        from pathlib import Path
+        from launch.supervisor import ChildProcess, ready_file_probe
+        children = []
+        starter = threading.Thread(target=lambda: children.append(ChildProcess(
+            {python(grandchild)!r}, Path({str(tmp_path / 'w.log')!r}), ready_file_probe(Path({str(ready)!r}))).start()))
+        starter.start()
+        starter.join()
+        children[0].wait_ready(20)
+        print(children[0].pid, flush=True)
+        time.sleep(60)
+    """
+    process = subprocess.Popen(python(owner), stdout=subprocess.PIPE, text=True)
+    child_pid = -1
+    try:
+        child_pid = int(process.stdout.readline())
+        assert not gone(child_pid) and not marker.exists(), "the child died with the thread that started it"
+        process.kill()
+        process.wait()
+        assert wait_for(lambda: marker.exists(), 10), "the child did not get SIGTERM when its owner died"
+        assert wait_for(lambda: gone(child_pid), 5)
+    finally:
+        process.kill()
+        process.wait()
+        if child_pid > 0 and not gone(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+
+
+def test_terminate_reaches_the_child_alone_and_signal_group_reaches_its_whole_group(tmp_path):
+    ready, pid_file = tmp_path / "w.ready", tmp_path / "grandchild.pid"
+    parent = f"""
+        import signal, subprocess, sys, time
+        p = subprocess.Popen(["sleep", "60"])
+        open({str(pid_file)!r}, "w").write(str(p.pid))
+        signal.signal(signal.SIGTERM, lambda *_: open({str(ready)!r} + ".term", "w").write("x"))
+        open({str(ready)!r}, "w").write("up")
+        while True:
+            time.sleep(0.05)
+    """
+    child = ChildProcess(python(parent), tmp_path / "w.log", ready_file_probe(ready)).start()
+    try:
+        child.wait_ready(10)
+        grandchild = int(pid_file.read_text())
+        child.terminate()
+        assert wait_for(lambda: Path(f"{ready}.term").exists())
+        assert child.alive() and not gone(grandchild)  # SIGTERM went to the child alone, which ignored it
+        with pytest.raises(TimeoutError):
+            child.wait(timeout_s=0.1)
+        child.signal_group(signal.SIGKILL)
+        assert child.wait(timeout_s=10) == -signal.SIGKILL
+        assert wait_for(lambda: gone(grandchild), 5)
+    finally:
+        child.stop(timeout_s=0)
+
+
+def test_kill_is_a_crash_reported_to_on_exit_with_its_exit_code(tmp_path):
+    exits = []
+    ready = tmp_path / "w.ready"
+    child = ChildProcess(python(SERVE) + [str(ready)], tmp_path / "w.log", ready_file_probe(ready),
+                         on_exit=lambda code, was_ready: exits.append((code, was_ready))).start()
+    child.wait_ready(10)
+    assert child.kill() == -signal.SIGKILL
+    assert wait_for(lambda: exits == [(-signal.SIGKILL, True)])
+
+
+def test_pdserve_child_removes_a_stale_ready_file_and_logs_in_its_folder(tmp_path):
+    (tmp_path / "w0.ready").write_text("old:1")
+    child = pdserve_child(["worker", "--role", "decode"], tmp_path, "w0")
+    assert not (tmp_path / "w0.ready").exists()
+    assert child.log_path == tmp_path / "w0.log" and child.name == "w0"
+    assert child.argv[-2:] == ["--ready-file", str(tmp_path / "w0.ready")]
+    assert child.argv[1:3] == ["-m", "cli.main"] and not child.alive()
+
+
+def test_child_env_keeps_a_set_vllm_log_level_and_defaults_it_to_warning():
+    assert child_env({"PATH": "/bin"}) == {"PATH": "/bin", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    assert child_env({"VLLM_LOGGING_LEVEL": "DEBUG"})["VLLM_LOGGING_LEVEL"] == "DEBUG"
