@@ -116,12 +116,6 @@ class ChildProcess:
         """The child's pid (also its process group id); -1 before `start()`."""
         return self._popen.pid if self._popen else -1
 
-    @property
-    def popen(self) -> subprocess.Popen | None:
-        """The running `Popen`, to inspect (`.pid`); wait and signal through this class, whose
-        babysitter reaps the child."""
-        return self._popen
-
     def alive(self) -> bool:
         return self._popen is not None and not self._exited.is_set()
 

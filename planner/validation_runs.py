@@ -76,8 +76,8 @@ def cluster_cpu_s(cluster) -> float:
     workers, vLLM's engine cores and model runners, their polling included: what the OS sees) and
     by this process (the client). Where it nears the host's cores the cluster is CPU-bound and the
     simulator's host model, which counts measured work and not polling, is past what it was built on."""
-    workers = [pid for worker in cluster.workers.values() for pid in process_tree(worker.popen.pid)]
-    return host_cpu_seconds(cluster.router.popen.pid) + cpu_seconds(workers)
+    workers = [pid for worker in cluster.workers.values() for pid in process_tree(worker.pid)]
+    return host_cpu_seconds(cluster.router.pid) + cpu_seconds(workers)
 
 
 def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: str, slo: SLO) -> list[Comparison]:

@@ -333,8 +333,8 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
         lone = asyncio.run(lone_request_latencies(
             cluster.grpc_target, model, kv_bytes_per_token, engine.block_size, transport, plan, info.vocab_size,
             advance))
-        pids = {"router": cluster.router.popen.pid,
-                **{role: cluster.workers[cluster.worker_ids(role)[0]].popen.pid for role in ("prefill", "decode")}}
+        pids = {"router": cluster.router.pid,
+                **{role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}}
         rate_rps = steady_rate(model, plan.load_prompt_tokens)
         cpu, router_request = measure_cpu(cluster.grpc_target, pids, rate_rps, plan, advance)
         step_s, per_token_s, host_per_token_s = measure_served_steps(

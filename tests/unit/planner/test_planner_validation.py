@@ -101,7 +101,7 @@ def test_the_cluster_cpu_counts_the_router_the_client_and_every_worker_with_its_
     monkeypatch.setattr(validation_runs, "process_tree", lambda pid: trees[pid])
     monkeypatch.setattr(validation_runs, "cpu_seconds", lambda pids: sum(cpu[pid] for pid in pids))
     monkeypatch.setattr(validation_runs, "host_cpu_seconds", lambda router_pid: 100.0 * router_pid)
-    cluster = SimpleNamespace(router=SimpleNamespace(popen=SimpleNamespace(pid=5)),
-                              workers={"prefill-0": SimpleNamespace(popen=SimpleNamespace(pid=10)),
-                                       "decode-1": SimpleNamespace(popen=SimpleNamespace(pid=20))})
+    cluster = SimpleNamespace(router=SimpleNamespace(pid=5),
+                              workers={"prefill-0": SimpleNamespace(pid=10),
+                                       "decode-1": SimpleNamespace(pid=20)})
     assert validation_runs.cluster_cpu_s(cluster) == 500.0 + 31.0
