@@ -2,11 +2,12 @@
 
 The producer side is `kv_transfer.producer.TransferServer` (what a prefill worker runs), the
 consumer side `kv_transfer.consumer.PullClient` (what a decode worker runs), over loopback. The
-caches have the model's real block geometry (vLLM's CPU layout, one tensor per layer of
-`[num_blocks, kv_heads, block_size, 2 * head_dim]`), so a block is exactly the bytes a worker
-moves. A sample is one PULL of `num_blocks` blocks, from the request to the last byte landing in
-the consumer's cache, the time a decode worker reports as `kv_transfer_s`; the connection and its
-handshake are set up before timing, as a worker's connection is reused across requests.
+caches have the model's real block geometry (`kv_transfer.geometry.BlockGeometry`: vLLM's CPU
+layout, one tensor per layer of `[num_blocks, kv_heads, block_size, 2 * head_dim]`), so a block is
+exactly the bytes a worker moves. A sample is one PULL of `num_blocks` blocks, from the request
+to the last byte landing in the consumer's cache, the time a decode worker reports as
+`kv_transfer_s`; the connection and its handshake are set up before timing, as a worker's
+connection is reused across requests.
 """
 
 from __future__ import annotations
@@ -19,33 +20,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import torch
-
 from kv_transfer.consumer import PullClient
+from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.producer import TransferServer
 
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-@dataclass(frozen=True)
-class BlockGeometry:
-    """One KV block of one layer: what a transfer moves per layer and block."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    dtype: str
-
-    def __post_init__(self) -> None:
-        if self.dtype not in TORCH_DTYPES:
-            raise ValueError(f"KV dtype {self.dtype!r} cannot be profiled; use one of {sorted(TORCH_DTYPES)}")
-
-    def caches(self, num_blocks: int) -> dict[str, torch.Tensor]:
-        shape = (num_blocks, self.num_kv_heads, self.block_size, 2 * self.head_dim)
-        return {f"layer.{i}": torch.zeros(shape, dtype=TORCH_DTYPES[self.dtype]) for i in range(self.num_layers)}
+# BlockGeometry lives in kv_transfer.geometry; named here too for the profiler job that builds one.
+__all__ = ["BlockGeometry", "TransferMeasurement", "measure_transfers"]
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from kv_transfer.geometry import BlockGeometry
 from planner.profiler.host import count_cores, model_info
 from planner.profiler.plan import PlanError, make_plan
-from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
+from planner.profiler.transfer_probe import measure_transfers
 
 
 def test_full_plan_for_the_cluster_defaults():

@@ -1,0 +1,184 @@
+"""A synthetic prefill/decode pair: a producer process holding a paged cache behind a real
+`TransferServer` and the raw reference servers, and a consumer (the calling process) that can
+receive the same blocks every way there is, each way a callable returning seconds.
+
+The producer's cache holds `geometry.caches(num_blocks, seed=PRODUCER_SEED)` and its raw ways serve
+`reference.payload(max_bytes)`, so a test can rebuild what every way must deliver.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from kv_transfer.consumer import PullClient
+from kv_transfer.geometry import BlockGeometry
+from kv_transfer.layout import KVLayout
+from kv_transfer.leases import Lease, LeaseTable
+from kv_transfer.producer import TransferServer
+from kv_transfer.throughput import reference
+
+PRODUCER_SEED, CONSUMER_SEED = 1, 2
+LEASE_S = 3600.0  # the pulls never release a lease: one serves every repeat
+_RAW_LISTENERS = {"raw": True, "raw_default": False}  # name -> tuned
+_STARTUP_S = 120.0
+
+
+def method_names(geometry: BlockGeometry) -> tuple[str, ...]:
+    """Every way the consumer receives blocks, in the order they run in a round."""
+    layers = geometry.num_layers
+    return ("pdserve tcp", "pdserve torch", "raw socket", f"raw socket x{layers}", "raw socket, host defaults",
+            "raw gloo", f"raw gloo x{layers}", "memcpy")
+
+
+def pin(core: int | None) -> None:
+    """Runs this process on `core` (when the host lets it) with one torch thread."""
+    if core is not None and hasattr(os, "sched_setaffinity") and core in os.sched_getaffinity(0):
+        os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+
+
+@contextmanager
+def pinned(core: int | None) -> Iterator[None]:
+    """`pin` for the duration; the caller's affinity and torch threads are restored after."""
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    threads = torch.get_num_threads()
+    pin(core)
+    try:
+        yield
+    finally:
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
+
+
+def producer_main(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, core: int | None) -> None:
+    """The producer process: sends its endpoints, grants a lease per `(transfer_id, num_blocks)`
+    received, and returns after `None` and the consumer's gloo stop request."""
+    pin(core)
+    layout = KVLayout(geometry.caches(num_blocks, seed=PRODUCER_SEED), num_blocks)
+    leases = LeaseTable()
+    server = TransferServer(layout, layout.compat("throughput", geometry.block_size), leases, "127.0.0.1", 0)
+    source = reference.payload(max_bytes)
+    listeners = {name: socket.create_server(("127.0.0.1", 0)) for name in _RAW_LISTENERS}
+    for name, listener in listeners.items():
+        threading.Thread(target=reference.serve_raw_socket, args=(listener, source, _RAW_LISTENERS[name]),
+                         daemon=True).start()
+    store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=timedelta(seconds=60),
+                          wait_for_workers=False)
+    gloo = threading.Thread(target=reference.serve_raw_gloo, args=(store, source))
+    gloo.start()
+    conn.send({"kv": f"127.0.0.1:{server.start()}", "store": store.port,
+               **{name: listener.getsockname()[1] for name, listener in listeners.items()}})
+    for transfer_id, count in iter(conn.recv, None):
+        leases.grant(Lease(transfer_id, transfer_id, tuple(range(count)), count * geometry.block_size,
+                           time.monotonic() + LEASE_S))
+        conn.send("granted")
+    gloo.join()
+    server.stop()
+
+
+class Consumer:
+    """Every way of receiving a prompt's blocks from the producer. A pdserve pull writes blocks
+    `[n, 2n)` of `layout` (other ids than the producer's `[0, n)`, as in life); the raw ways and
+    memcpy write `raw_target`."""
+
+    def __init__(self, geometry: BlockGeometry, num_blocks: int, max_bytes: int, endpoints: dict, control,
+                 eviction_bytes: int):
+        self.geometry = geometry
+        self._control = control
+        self.layout = KVLayout(geometry.caches(num_blocks, seed=CONSUMER_SEED), num_blocks)
+        compat = self.layout.compat("throughput", geometry.block_size)
+        self.kv_address = endpoints["kv"]
+        self.pull_clients = {name: PullClient(self.layout, compat, name) for name in ("tcp", "torch")}
+        self.raw_socks = {tuned: reference.tune_raw(socket.create_connection(("127.0.0.1", endpoints[name])), tuned)
+                          for name, tuned in _RAW_LISTENERS.items()}
+        self.raw_target = torch.zeros(max_bytes, dtype=torch.uint8)
+        store = dist.TCPStore("127.0.0.1", endpoints["store"], world_size=2, is_master=False,
+                              timeout=timedelta(seconds=60))
+        self.gloo = reference.gloo_group(store, rank=1)
+        self.memcpy_source = reference.payload(max_bytes)
+        self._scratch = torch.zeros(eviction_bytes, dtype=torch.uint8)
+
+    def grant(self, transfer_id: str, num_blocks: int) -> None:
+        """Has the producer lease its blocks `[0, num_blocks)` under `transfer_id`."""
+        self._control.send((transfer_id, num_blocks))
+        self._control.recv()
+
+    def evict_caches(self) -> None:
+        """Writes a buffer larger than this host's last-level cache, so no method starts with its
+        bytes cache-hot because the method before it touched the same memory (the raw ways share
+        their buffers; a prefill engine's KV is never hot in the decode engine's cache either)."""
+        self._scratch.add_(1)
+
+    def methods(self, transfer_id: str, num_blocks: int) -> dict[str, Callable[[], float]]:
+        """`method_names(geometry)` -> a callable moving `num_blocks` blocks' bytes, returning seconds."""
+        remote, local = list(range(num_blocks)), list(range(num_blocks, 2 * num_blocks))
+        nbytes, layers = num_blocks * self.geometry.bytes_per_block, self.geometry.num_layers
+        ways = [lambda: self._pull("tcp", transfer_id, remote, local),
+                lambda: self._pull("torch", transfer_id, remote, local),
+                lambda: reference.receive_raw_socket(self.raw_socks[True], self.raw_target, nbytes, 1),
+                lambda: reference.receive_raw_socket(self.raw_socks[True], self.raw_target, nbytes, layers),
+                lambda: reference.receive_raw_socket(self.raw_socks[False], self.raw_target, nbytes, 1),
+                lambda: reference.receive_raw_gloo(self.gloo, self.raw_target, nbytes, 1),
+                lambda: reference.receive_raw_gloo(self.gloo, self.raw_target, nbytes, layers),
+                lambda: reference.memcpy(self.raw_target, self.memcpy_source, nbytes)]
+        return dict(zip(method_names(self.geometry), ways, strict=True))
+
+    def _pull(self, transport: str, transfer_id: str, remote: list[int], local: list[int]) -> float:
+        """One pull as a decode worker runs it, minus the release (the lease serves every repeat)."""
+        return self.pull_clients[transport].pull(self.kv_address, transfer_id, remote, local).seconds
+
+    def close(self) -> None:
+        reference.stop_raw_gloo(self.gloo)
+        for client in self.pull_clients.values():
+            client.close()
+        for sock in self.raw_socks.values():
+            sock.close()
+
+
+def _wait_started(control, producer: mp.process.BaseProcess) -> None:
+    if not mp.connection.wait([control, producer.sentinel], _STARTUP_S):
+        raise RuntimeError(f"the producer process did not start within {_STARTUP_S:.0f} s")
+    if not control.poll():
+        producer.join(timeout=5)
+        raise RuntimeError(f"the producer process exited with code {producer.exitcode} before it started "
+                           "(its traceback is above)")
+
+
+@contextmanager
+def open_pair(geometry: BlockGeometry, num_blocks: int, max_bytes: int, *, eviction_bytes: int,
+              cores: tuple[int, int] | None) -> Iterator[Consumer]:
+    """Starts the producer process (on `cores[0]`), connects a consumer in this process (pinned to
+    `cores[1]` while the pair is open; None: no pinning), and stops both on exit, also on error."""
+    context = mp.get_context("spawn")
+    control, child = context.Pipe()
+    producer_core, consumer_core = cores if cores is not None else (None, None)
+    producer = context.Process(target=producer_main, args=(geometry, num_blocks, max_bytes, child, producer_core),
+                               daemon=True)
+    producer.start()
+    try:
+        with pinned(consumer_core):
+            _wait_started(control, producer)
+            consumer = Consumer(geometry, num_blocks, max_bytes, control.recv(), control, eviction_bytes)
+            try:
+                yield consumer
+            finally:
+                consumer.close()
+    finally:
+        if producer.is_alive():
+            control.send(None)
+        producer.join(timeout=30)
+        if producer.is_alive():
+            producer.terminate()
+            producer.join()
