@@ -1,16 +1,15 @@
 """The connector's scheduler half, in the engine-core process. It decides, it never moves bytes.
 
-Producer (request carries `do_remote_decode`): when the prefill request finishes normally, its
-prompt blocks are kept (`request_finished -> True`) under a lease granted to the worker half, and
-the returned params name them for the consumer:
+Producer (request carries `kv_transfer.handle.producer_params`): when the prefill request finishes
+normally, its prompt blocks are kept (`request_finished -> True`) under a lease granted to the
+worker half, and the returned params are a `kv_transfer.handle.KVHandle` naming them for the
+consumer (`KVHandle.to_params()`).
 
-    {"do_remote_prefill": True, "transfer_id", "remote_address", "remote_engine_id",
-     "remote_block_ids", "remote_num_tokens"}
-
-Consumer (request carries those params): the producer's prompt tokens beyond the local prefix-cache
-hit are reported as loaded asynchronously; after vLLM allocates blocks, the worker half is asked to
-pull the producer's blocks into the unhashed ones. If nothing needs pulling, or the request ends
-before it is scheduled, the producer's lease is released instead, so its blocks are never stranded.
+Consumer (request carries those params; the decode worker validated them at its edge): the
+producer's prompt tokens beyond the local prefix-cache hit are reported as loaded asynchronously;
+after vLLM allocates blocks, the worker half is asked to pull the producer's blocks into the
+unhashed ones. If nothing needs pulling, or the request ends before it is scheduled, the
+producer's lease is released instead, so its blocks are never stranded.
 
 Bookkeeping that must not grow without bound: a pull report is kept only for a request still
 waiting for it (a request aborted mid-pull finishes before its report arrives; the report is then
@@ -23,6 +22,7 @@ import math
 from typing import Any
 
 from kv_transfer.config import ConnectorConfig
+from kv_transfer.handle import KVHandle
 from kv_transfer.metadata import (LeaseGrant, PDConnectorMetadata, PDConnectorStats, PDWorkerMeta, PullReport,
                                   PullSpec, ReleaseSpec)
 from kv_transfer.stats import HELD_LEASES
@@ -60,23 +60,24 @@ class PDScheduler:
         params = request.kv_transfer_params or {}
         if not params.get("do_remote_prefill"):
             return 0, False
-        count = int(params["remote_num_tokens"]) - num_computed_tokens
+        count = KVHandle.from_params(params).remote_num_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         params = request.kv_transfer_params or {}
         if not params.get("do_remote_prefill"):
             return
+        handle = KVHandle.from_params(params)
         params["do_remote_prefill"] = False  # one transfer per request, even if called twice
         if num_external_tokens <= 0:
-            self._next.releases.append(ReleaseSpec(params["transfer_id"], params["remote_address"]))
+            self._next.releases.append(ReleaseSpec(handle.transfer_id, handle.remote_address))
             return
         group = blocks.blocks[0]
         num_local_hits = sum(block.block_hash is not None and not block.is_null for block in group)
         local_ids = blocks.get_unhashed_block_ids()
-        remote_ids = params["remote_block_ids"][num_local_hits : num_local_hits + len(local_ids)]
-        self._next.pulls.append(PullSpec(request.request_id, params["transfer_id"], params["remote_address"],
-                                         tuple(remote_ids), tuple(local_ids), num_external_tokens))
+        remote_ids = handle.remote_block_ids[num_local_hits : num_local_hits + len(local_ids)]
+        self._next.pulls.append(PullSpec(request.request_id, handle.transfer_id, handle.remote_address,
+                                         remote_ids, tuple(local_ids), num_external_tokens))
         self._awaiting_report.add(request.request_id)
 
     def update_connector_output(self, connector_output) -> None:
@@ -102,7 +103,8 @@ class PDScheduler:
         if params.get("do_remote_decode"):
             return self._finish_producer(request, block_ids, params)
         if params.get("do_remote_prefill"):  # ended before its blocks were allocated
-            self._next.releases.append(ReleaseSpec(params["transfer_id"], params["remote_address"]))
+            handle = KVHandle.from_params(params)
+            self._next.releases.append(ReleaseSpec(handle.transfer_id, handle.remote_address))
         self._awaiting_report.discard(request.request_id)  # a report arriving later is dropped
         report = self._reports.pop(request.request_id, None)
         return False, (report.as_params() if report else None)
@@ -120,11 +122,4 @@ class PDScheduler:
         self._next.grants.append(LeaseGrant(transfer_id, request.request_id, prompt_blocks, num_tokens,
                                             self.config.lease_s))
         self._held.add(request.request_id)
-        return True, {
-            "do_remote_prefill": True,
-            "transfer_id": transfer_id,
-            "remote_address": self.config.address,
-            "remote_engine_id": self.engine_id,
-            "remote_block_ids": list(prompt_blocks),
-            "remote_num_tokens": num_tokens,
-        }
+        return True, KVHandle(transfer_id, self.config.address, self.engine_id, prompt_blocks, num_tokens).to_params()

@@ -13,7 +13,7 @@ all `ServeError`), whatever the transport said.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Sequence
 
 import grpc
@@ -28,19 +28,10 @@ from pdserve.errors import (  # noqa: F401  (re-exported for users)
     ServeError,
     from_grpc_code,
 )
+from pdserve.generation import GenerationChunk  # noqa: F401  (re-exported: the SDK's chunk type)
 from pdserve.timings import Timings
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
-
-
-@dataclass
-class GenerationChunk:
-    request_id: str
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finished: bool = False
-    finish_reason: str = ""
-    timings: Timings | None = None
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,13 @@ here at once, so the blocks are freed now rather than at lease expiry.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from kv_transfer.consumer import release_transfer
+from kv_transfer.handle import KVHandle, producer_params
 from kv_transfer.wire import TransferError
-from pdserve.errors import InvalidRequest
-from pdserve.sampling import Sampling
-from pdserve.v1 import worker_pb2
 from pdserve.worker.server import engine_queued_s
+from pdserve.worker_api import PrefillRequest, PrefillResult
 
 
 class PrefillHandler:
@@ -25,13 +23,12 @@ class PrefillHandler:
         self.runtime = runtime
         self._releasing: set[asyncio.Task] = set()
 
-    async def prefill(self, request: worker_pb2.PrefillRequest) -> worker_pb2.PrefillResponse:
+    async def prefill(self, request: PrefillRequest) -> PrefillResult:
+        """`request` was validated at the edge (sampling, a non-empty transfer_id)."""
         from vllm.inputs import TokensPrompt
 
-        if not request.transfer_id:
-            raise InvalidRequest("transfer_id is required for a prefill", field="transfer_id")
-        sampling = Sampling.from_proto(request.sampling)
-        kv_params = {"do_remote_decode": True, "transfer_id": request.transfer_id}
+        sampling = request.sampling
+        kv_params = producer_params(request.transfer_id)
         params = sampling.with_max_tokens(1).to_vllm(extra_args={"kv_transfer_params": kv_params})
         started = time.perf_counter()
         final = None
@@ -41,15 +38,15 @@ class PrefillHandler:
             final = output
         completion = final.outputs[0]
         stopped = completion.finish_reason == "stop" or sampling.max_tokens == 1
-        handle = final.kv_transfer_params or {}
-        if stopped and handle:
+        handle = KVHandle.from_params(final.kv_transfer_params) if final.kv_transfer_params else None
+        if stopped and handle is not None:
             self._release_after_reply(request.transfer_id)
-            handle = {}
-        return worker_pb2.PrefillResponse(
+            handle = None
+        return PrefillResult(
             first_token_id=completion.token_ids[0],
             finished=stopped,
             finish_reason=completion.finish_reason or "",
-            kv_transfer_params_json=json.dumps(handle) if handle else "",
+            kv_handle=handle,
             engine_s=time.perf_counter() - started,
             num_cached_tokens=final.num_cached_tokens or 0,
             queued_s=engine_queued_s(final),

@@ -12,7 +12,8 @@ from pdserve.sampling import Sampling
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from router.lifecycle import Lifecycle
-from router.types import Chunk, GenerationRequest
+from pdserve.generation import GenerationChunk
+from router.types import GenerationRequest
 
 
 class GenerationService(generation_pb2_grpc.GenerationServicer):
@@ -68,7 +69,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         raise InvalidRequest("the request has no prompt: set text or token_ids", field="prompt")
 
 
-def chunk_to_proto(chunk: Chunk) -> pb.GenerateResponse:
+def chunk_to_proto(chunk: GenerationChunk) -> pb.GenerateResponse:
     message = pb.GenerateResponse(request_id=chunk.request_id, token_ids=chunk.token_ids, text=chunk.text,
                                   finished=chunk.finished, finish_reason=chunk.finish_reason)
     if chunk.timings is not None:

@@ -19,9 +19,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pdserve.errors import InvalidRequest, ServeError, http_status
+from pdserve.generation import GenerationChunk
 from router.lifecycle import Lifecycle
 from router.openai_schema import ChatCompletionRequest, CompletionRequest
-from router.types import Chunk, GenerationRequest
+from router.types import GenerationRequest
 
 
 def error_body(error: ServeError) -> dict:
@@ -107,12 +108,12 @@ class _Shape:
         kind = ("chat.completion.chunk" if streaming else "chat.completion") if self.chat else "text_completion"
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, last: Chunk) -> dict:
+    def whole(self, text: str, last: GenerationChunk) -> dict:
         choice = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
         choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         return self._base(False) | {"choices": [choice], "usage": usage(last), "pdserve_timings": last.timings.to_dict()}
 
-    def delta(self, chunk: Chunk) -> dict:
+    def delta(self, chunk: GenerationChunk) -> dict:
         choice = {"index": 0, "finish_reason": chunk.finish_reason or None, "logprobs": None}
         choice |= {"delta": {"content": chunk.text}} if self.chat else {"text": chunk.text}
         body = self._base(True) | {"choices": [choice]}
@@ -121,13 +122,14 @@ class _Shape:
         return body
 
 
-def usage(chunk: Chunk) -> dict:
+def usage(chunk: GenerationChunk) -> dict:
     timings = chunk.timings
     prompt, output = timings.prompt_tokens, timings.output_tokens
     return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
 
 
-async def _sse(chunks: AsyncIterator[Chunk], shape: _Shape, include_usage: bool) -> AsyncIterator[str]:
+async def _sse(chunks: AsyncIterator[GenerationChunk], shape: _Shape,
+               include_usage: bool) -> AsyncIterator[str]:
     try:
         async for chunk in chunks:
             yield f"data: {json.dumps(shape.delta(chunk))}\n\n"

@@ -1,38 +1,44 @@
-"""One request's walk through the cluster (DESIGN.md 2), as an async generator of `Chunk`s.
+"""One request's walk through the cluster (DESIGN.md 2), as an async generator of `GenerationChunk`s.
 
     validate -> choose: disaggregate or decode-only -> Prefill (first token streams at once)
     -> Decode (loads the KV, streams the rest) -> final chunk with per-phase timings
 
-Failure and cancel rules:
-- a worker that fails an RPC (UNAVAILABLE, INTERNAL, ...) is quarantined and the phase is retried
-  on another worker; a decode that dies mid-stream resumes elsewhere from the tokens already sent
-  (the new worker computes prompt + those tokens itself), so the client loses nothing;
+Workers are reached through `router.worker_client.WorkerClient` (the pool hands them out); no
+protobuf here. Failure and cancel rules:
+- a worker that fails a call (`WorkerError`: UNAVAILABLE, INTERNAL, ...) is quarantined and the phase
+  is retried on another worker (`router.failures.verdict_for`); a decode that dies mid-stream
+  resumes elsewhere from the tokens already sent (`router.resume.resume_plan`: the new worker
+  computes prompt + those tokens itself), so the client sees every token exactly once;
 - bad input is the client's: INVALID_ARGUMENT is passed through and never retried;
 - however the walk ends early (client cancel, Abort, error), the prefill worker is told to release
-  the transfer's lease and the decode stream is cancelled, which frees blocks on both sides.
+  the transfer's lease (once: `router.resume.KVLease`) and the decode stream is cancelled, which
+  frees blocks on both sides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-import grpc
-import logging
-
 from pdserve import metrics
 from pdserve.errors import InvalidRequest, NoHealthyWorker, Overloaded, from_grpc_code
+from pdserve.generation import GenerationChunk
 from pdserve.registry import WorkerRecord
 from pdserve.sampling import Sampling
-from pdserve.v1 import worker_pb2
+from pdserve.timings import Timings
+from pdserve.worker_api import DecodeChunk, PrefillRequest, PrefillResult
 from router.failures import verdict_for
 from router.policies.disaggregation import DisaggregationPolicy
 from router.pool import WorkerPool
+from router.resume import KVLease, resume_plan
 from router.tokenizer import RouterTokenizer
-from router.types import Chunk, GenerationRequest, Timings
+from router.types import GenerationRequest
+from router.worker_client import WorkerError
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +52,11 @@ class RouterConfig:
     policy: DisaggregationPolicy = DisaggregationPolicy()
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Prefilled:
     worker: WorkerRecord
-    first_token_id: int
-    finished: bool
-    finish_reason: str
-    kv_transfer_params_json: str
     transfer_id: str
+    result: PrefillResult
 
 
 class Lifecycle:
@@ -83,54 +86,57 @@ class Lifecycle:
         if self.inflight >= self.config.max_inflight:
             raise Overloaded(f"the router has {self.inflight} requests in flight (limit {self.config.max_inflight})")
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.admit(request)
         self.inflight += 1
         try:
-            async for chunk in self._walk(request):
-                yield chunk
+            async with contextlib.aclosing(self._walk(request)) as walk:  # closing us closes the walk now
+                async for chunk in walk:
+                    yield chunk
         finally:
             self.inflight -= 1
 
-    async def _walk(self, request: GenerationRequest) -> AsyncIterator[Chunk]:
+    async def _walk(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         started = time.perf_counter()
         timings = Timings(prompt_tokens=len(request.prompt_token_ids))
         decoder = self.tokenizer.stream_decoder()
         generated: list[int] = []
-        prefilled = None
+        lease: KVLease | None = None
         completed = False
         try:
+            prefilled = None
             if self.config.policy.disaggregate(len(request.prompt_token_ids), bool(self.pool.workers("prefill"))):
                 prefilled = await self._prefill(request, timings)  # None: no prefill worker; decode computes it
             if prefilled is not None:
-                generated.append(prefilled.first_token_id)
+                result = prefilled.result
+                generated.append(result.first_token_id)
                 timings.ttft_s = time.perf_counter() - started
-                if prefilled.finished:
+                if result.finished:
                     timings.output_tokens = 1
                     completed = True
-                    yield self._chunk(request, generated, decoder, True, prefilled.finish_reason, timings, started)
+                    yield self._chunk(request, generated, decoder, True, result.finish_reason, timings, started)
                     return
+                lease = KVLease(prefilled.worker, prefilled.transfer_id, result.kv_handle)
                 yield self._chunk(request, generated, decoder, False, "", None, started)
-            kv_json = prefilled.kv_transfer_params_json if prefilled else ""
-            abandon = ((lambda: self._release_soon(prefilled.worker, prefilled.transfer_id, request.request_id))
-                       if prefilled else None)
-            async for chunk in self._decode(request, kv_json, generated, timings, decoder, started, abandon):
-                yield chunk
+            decode = self._decode(request, lease, generated, timings, decoder, started)
+            async with contextlib.aclosing(decode):
+                async for chunk in decode:
+                    yield chunk
             completed = True
         finally:
-            if prefilled is not None and not completed:
-                self._release_soon(prefilled.worker, prefilled.transfer_id, request.request_id)
+            if lease is not None and not completed:
+                self._abandon(lease, request.request_id)
 
-    def _chunk(self, request, token_ids, decoder, finished, reason, timings, started) -> Chunk:
+    def _chunk(self, request, token_ids, decoder, finished, reason, timings, started) -> GenerationChunk:
         if timings is not None:
             timings.e2e_s = time.perf_counter() - started
             metrics.observe_finished(timings)
-        return Chunk(request.request_id, list(token_ids), decoder.step(list(token_ids)), finished, reason, timings)
+        return GenerationChunk(request.request_id, list(token_ids), decoder.step(list(token_ids)), finished, reason,
+                               timings)
 
     async def _prefill(self, request: GenerationRequest, timings: Timings) -> _Prefilled | None:
         transfer_id = uuid.uuid4().hex
-        message = worker_pb2.PrefillRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-                                            sampling=request.sampling.to_proto(), transfer_id=transfer_id)
+        message = PrefillRequest(request.request_id, tuple(request.prompt_token_ids), request.sampling, transfer_id)
         tried: set[str] = set()
         for _ in range(self.config.max_attempts):
             worker = self.pool.pick("prefill", frozenset(tried))
@@ -140,72 +146,70 @@ class Lifecycle:
             sent = time.perf_counter()
             try:
                 with self.pool.track(worker):
-                    reply = await self.pool.stub(worker).Prefill(message, timeout=self.config.request_timeout_s)
+                    result = await self.pool.client(worker).prefill(message, timeout_s=self.config.request_timeout_s)
             except asyncio.CancelledError:
                 # The engine may have finished (and leased the KV) just as the client left: the
                 # reply that would name it is lost, so release by the transfer id we chose.
                 self._release_soon(worker, transfer_id, request.request_id)
                 raise
-            except grpc.aio.AioRpcError as error:
+            except WorkerError as error:
                 self._on_worker_error(worker, error)
                 continue
-            timings.queued_s = reply.queued_s
-            timings.prefill_s = max(0.0, time.perf_counter() - sent - reply.queued_s)
+            timings.queued_s = result.queued_s
+            timings.prefill_s = max(0.0, time.perf_counter() - sent - result.queued_s)
             timings.prefill_worker = worker.worker_id
             timings.disaggregated = True
-            return _Prefilled(worker, reply.first_token_id, reply.finished, reply.finish_reason,
-                              reply.kv_transfer_params_json, transfer_id)
+            return _Prefilled(worker, transfer_id, result)
         logger.warning("no prefill worker could take %s (tried %d): decode computes the prompt",
                        request.request_id, len(tried))
         return None
 
-    async def _decode(self, request, kv_json, generated, timings, decoder, started, abandon_kv) -> AsyncIterator[Chunk]:
+    async def _decode(self, request, lease: KVLease | None, generated: list[int], timings, decoder,
+                      started) -> AsyncIterator[GenerationChunk]:
         """Streams decode output; `generated` (the tokens already sent) grows as tokens arrive.
 
-        The decode prompt is always the original prompt + `generated`: after a prefill that is the
-        prompt + first token, and after a failed decode it resumes exactly where the client is."""
+        Each attempt is `resume_plan(request, generated, attempt, handle)`: it resumes exactly where
+        the client is. A failed attempt abandons the lease (the producer is told to release; the
+        next worker computes the prompt and the tokens so far itself)."""
         tried: set[str] = set()
         for attempt in range(self.config.max_attempts):
+            plan = resume_plan(request, generated, attempt, lease.handle_for_next_attempt() if lease else None)
+            if plan is None:  # the stream broke after its last token: the client has them all
+                timings.output_tokens = len(generated)
+                yield self._chunk(request, [], decoder, True, "length", timings, started)
+                return
             worker = self.pool.pick("decode", frozenset(tried))
             if worker is None:
                 break
             tried.add(worker.worker_id)
-            remaining = request.sampling.max_tokens - len(generated)
-            message = worker_pb2.DecodeRequest(
-                request_id=request.request_id if attempt == 0 else f"{request.request_id}-retry{attempt}",
-                prompt_token_ids=request.prompt_token_ids + generated,
-                sampling=request.sampling.with_max_tokens(remaining).to_proto(), kv_transfer_params_json=kv_json)
-            num_decode_prompt = len(message.prompt_token_ids)
             sent = time.perf_counter()
             try:
                 with self.pool.track(worker):
-                    call = self.pool.stub(worker).Decode(message, timeout=self.config.request_timeout_s)
-                    try:
-                        async for reply in call:
+                    stream = self.pool.client(worker).decode(plan, timeout_s=self.config.request_timeout_s)
+                    async with contextlib.aclosing(stream):
+                        async for reply in stream:
                             generated.extend(reply.token_ids)
                             if not timings.ttft_s and reply.token_ids:
                                 timings.ttft_s = time.perf_counter() - started
                             if reply.finished and reply.kv_load_error:
                                 metrics.KV_LOAD_FAILURES.inc()
                             if reply.finished:
-                                self._finish_timings(timings, reply, worker, sent, num_decode_prompt, len(generated))
+                                self._finish_timings(timings, reply, worker, sent, len(plan.prompt_token_ids),
+                                                     len(generated))
                             yield self._chunk(request, reply.token_ids, decoder, reply.finished, reply.finish_reason,
                                               timings if reply.finished else None, started)
                             if reply.finished:
                                 return
-                    finally:
-                        call.cancel()
-            except grpc.aio.AioRpcError as error:
+            except WorkerError as error:
                 self._on_worker_error(worker, error)
-                if kv_json and abandon_kv:
-                    abandon_kv()  # the producer's KV is no longer wanted
-                kv_json = ""  # the next worker computes the prompt and the tokens so far itself
+                if lease is not None:
+                    self._abandon(lease, request.request_id)  # the producer's KV is no longer wanted
                 continue
             raise NoHealthyWorker(f"decode worker {worker.worker_id} ended the stream without finishing")
         raise NoHealthyWorker(f"no decode worker could take the request (tried {len(tried)})")
 
     @staticmethod
-    def _finish_timings(timings: Timings, reply, worker: WorkerRecord, sent: float, num_decode_prompt: int,
+    def _finish_timings(timings: Timings, reply: DecodeChunk, worker: WorkerRecord, sent: float, num_decode_prompt: int,
                         num_generated: int) -> None:
         timings.decode_s = time.perf_counter() - sent
         if not timings.disaggregated:  # decode-only: the decode engine's queue is the request's
@@ -218,15 +222,24 @@ class Lifecycle:
         timings.output_tokens = num_generated
         timings.decode_computed_prompt_tokens = num_decode_prompt - reply.num_cached_tokens - reply.kv_loaded_tokens
 
-    def _on_worker_error(self, worker: WorkerRecord, error: grpc.aio.AioRpcError) -> None:
+    def _on_worker_error(self, worker: WorkerRecord, error: WorkerError) -> None:
         """Raises the client's errors; quarantines a worker at fault (`router.failures`). Returning
         means: retry the phase on another worker."""
-        verdict = verdict_for(error.code())
+        verdict = verdict_for(error.code)
         if verdict.end_request:
-            raise from_grpc_code(error.code(), error.details() or str(error.code()))
+            raise from_grpc_code(error.code, error.details)
         if verdict.quarantine:
             metrics.WORKER_FAILURES.labels(worker.role).inc()
             self.pool.quarantine(worker)
+
+    async def wait_for_releases(self) -> None:
+        """Returns when every lease release started so far has ended (sent, or given up on)."""
+        while self._releasing:
+            await asyncio.gather(*self._releasing)
+
+    def _abandon(self, lease: KVLease, request_id: str) -> None:
+        if lease.abandon():
+            self._release_soon(lease.worker, lease.transfer_id, request_id)
 
     def _release_soon(self, worker: WorkerRecord, transfer_id: str, request_id: str) -> None:
         task = asyncio.create_task(self._release(worker, transfer_id, request_id))
@@ -236,7 +249,6 @@ class Lifecycle:
     async def _release(self, worker: WorkerRecord, transfer_id: str, request_id: str) -> None:
         """Frees the prefill worker's KV for an abandoned transfer (no-op if already pulled or never held)."""
         try:
-            await self.pool.stub(worker).Abort(
-                worker_pb2.WorkerAbortRequest(request_id=request_id, transfer_id=transfer_id), timeout=5.0)
-        except grpc.aio.AioRpcError as error:  # worker gone (its blocks with it), or the lease expires
-            logger.info("could not release transfer %s: %s", transfer_id, error.code())
+            await self.pool.client(worker).release(transfer_id, request_id)
+        except WorkerError as error:  # worker gone (its blocks with it), or the lease expires
+            logger.info("could not release transfer %s: %s", transfer_id, error.code.name)

@@ -2,7 +2,9 @@
 
 Routing never waits on Redis: `refresh()` runs every `refresh_s` and replaces the snapshot.
 A worker that fails an RPC is quarantined for `quarantine_s` (its registry lease may not have
-lapsed yet), so retries go elsewhere at once.
+lapsed yet), so retries go elsewhere at once. `client(worker)` hands out one `WorkerClient` per
+worker address, made by `connect(address)` (gRPC by default: one channel per address, reused by
+every request) and closed with the pool.
 """
 
 from __future__ import annotations
@@ -12,27 +14,29 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from typing import Callable
 
-import grpc
 from redis.exceptions import RedisError
 
 from pdserve.registry import Registry, WorkerRecord
-from pdserve.v1 import worker_pb2_grpc
+from router.grpc_worker_client import GrpcWorkerClient
 from router.policies.least_loaded import Candidate, pick_least_loaded
+from router.worker_client import WorkerClient
 
 logger = logging.getLogger(__name__)
 
 
 class WorkerPool:
-    def __init__(self, registry: Registry, refresh_s: float = 0.25, quarantine_s: float = 5.0):
+    def __init__(self, registry: Registry, refresh_s: float = 0.25, quarantine_s: float = 5.0,
+                 connect: Callable[[str], WorkerClient] = GrpcWorkerClient):
         self.registry = registry
+        self.connect = connect
         self.refresh_s = refresh_s
         self.quarantine_s = quarantine_s
         self._workers: dict[str, WorkerRecord] = {}
         self._inflight: Counter[str] = Counter()
         self._quarantined: dict[str, float] = {}
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, worker_pb2_grpc.WorkerStub] = {}
+        self._clients: dict[str, WorkerClient] = {}   # grpc address -> its client
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -44,8 +48,9 @@ class WorkerPool:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for channel in self._channels.values():
-            await channel.close()
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
 
     async def refresh(self) -> None:
         records = await self.registry.workers()
@@ -97,12 +102,9 @@ class WorkerPool:
                        worker.grpc_address, self.quarantine_s)
         self._quarantined[worker.worker_id] = time.monotonic() + self.quarantine_s
 
-    def stub(self, worker: WorkerRecord) -> worker_pb2_grpc.WorkerStub:
-        """One channel and stub per worker address, reused by every request (a stub builds a
-        callable per RPC: cheap, but on the path of every request)."""
-        stub = self._stubs.get(worker.grpc_address)
-        if stub is None:
-            channel = grpc.aio.insecure_channel(worker.grpc_address)
-            self._channels[worker.grpc_address] = channel
-            stub = self._stubs[worker.grpc_address] = worker_pb2_grpc.WorkerStub(channel)
-        return stub
+    def client(self, worker: WorkerRecord) -> WorkerClient:
+        """The client of `worker`'s address, made on first use and reused by every request."""
+        client = self._clients.get(worker.grpc_address)
+        if client is None:
+            client = self._clients[worker.grpc_address] = self.connect(worker.grpc_address)
+        return client

@@ -1,11 +1,13 @@
-"""The router's in-process messages. Protobuf and JSON stay at the API edges."""
+"""The router's in-process messages. Protobuf and JSON stay at the API edges.
+
+What the router streams back is `pdserve.generation.GenerationChunk`, the class the SDK returns;
+what it sends workers is `pdserve.worker_api`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pdserve.sampling import Sampling
-from pdserve.timings import Timings
 
 
 @dataclass(frozen=True)
@@ -14,15 +16,3 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     sampling: Sampling
     slo_class: str = ""
-
-
-@dataclass
-class Chunk:
-    """New tokens for the client; the last chunk of a request has `finished` and `timings`."""
-
-    request_id: str
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finished: bool = False
-    finish_reason: str = ""
-    timings: Timings | None = None

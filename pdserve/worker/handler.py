@@ -6,6 +6,7 @@ A handler implements `RoleHandler` and the phase protocols of the RPCs it serves
 `Prefills`, a decode worker `Decodes` (a hybrid worker may serve both). The servicer answers an RPC
 whose protocol the handler does not implement with FAILED_PRECONDITION, so no role stubs another's.
 
+Handlers see dataclasses only (`pdserve.worker_api`): the servicer converts protobuf at the edge.
 Handlers may raise `pdserve.errors.ServeError` (mapped to its status) or let vLLM's input errors
 through (mapped to INVALID_ARGUMENT); anything else is the worker's fault (UNKNOWN), see
 `pdserve.worker.server`.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from pdserve.worker_api import DecodeChunk, DecodeRequest, PrefillRequest, PrefillResult
 
 if TYPE_CHECKING:
     from pdserve.worker.server import WorkerRuntime
@@ -30,14 +33,14 @@ class RoleHandler(Protocol):
 
 @runtime_checkable
 class Prefills(Protocol):
-    async def prefill(self, request):
+    async def prefill(self, request: PrefillRequest) -> PrefillResult:
         """Runs the prompt, returns its first token and the KV handle a decode worker pulls."""
         ...
 
 
 @runtime_checkable
 class Decodes(Protocol):
-    def decode(self, request) -> AsyncIterator:
+    def decode(self, request: DecodeRequest) -> AsyncIterator[DecodeChunk]:
         """Loads (or computes) the prompt's KV and streams the generated tokens; the last message
         is marked finished and carries the phase's report."""
         ...

@@ -22,6 +22,8 @@ from pdserve.worker.config import WorkerConfig
 from pdserve.worker.handler import Decodes, Prefills, RoleHandler
 from pdserve.worker.load import EngineLoad
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
+from pdserve.worker_proto import (decode_chunk_to_proto, decode_request_from_proto, prefill_request_from_proto,
+                                  prefill_result_to_proto)
 
 @dataclass
 class WorkerRuntime:
@@ -49,7 +51,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                 f"this is a {self.runtime.config.role} worker: send Prefill to a prefill worker")
         self.runtime.inflight[request.request_id] = request.transfer_id
         try:
-            return await self.handler.prefill(request)
+            return prefill_result_to_proto(await self.handler.prefill(prefill_request_from_proto(request)))
         except Exception as error:
             await _abort_for(context, error)
         finally:
@@ -61,8 +63,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                 f"this is a {self.runtime.config.role} worker: send Decode to a decode worker")
         self.runtime.inflight[request.request_id] = ""
         try:
-            async for response in self.handler.decode(request):
-                yield response
+            async for chunk in self.handler.decode(decode_request_from_proto(request)):
+                yield decode_chunk_to_proto(chunk)
         except Exception as error:
             await _abort_for(context, error)
         finally:

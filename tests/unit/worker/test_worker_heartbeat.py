@@ -82,10 +82,19 @@ async def test_metrics_port_serves_the_worker_gauges_over_http(redis_server):
     registry = Registry(redis_server.url, "default")
     stop = asyncio.Event()
     loop = asyncio.create_task(heartbeat_loop(registry, runtime, "10.0.0.7:50061", stop))
+    expected = {"pdserve_worker_num_running": 3, "pdserve_worker_num_waiting": 2,
+                "pdserve_worker_kv_blocks_used": 17, "pdserve_worker_kv_blocks_total": 512,
+                "pdserve_worker_num_inflight": 2}
+    deadline = time.monotonic() + 10  # the first beat publishes the gauges; a loaded host may delay it
     try:
-        await asyncio.sleep(0.2)  # one beat publishes the gauges
         async with httpx.AsyncClient() as client:
-            response = await client.get(f"http://127.0.0.1:{metrics.server_port}/metrics", timeout=5)
+            while True:
+                response = await client.get(f"http://127.0.0.1:{metrics.server_port}/metrics", timeout=5)
+                samples = {line.split()[0]: float(line.split()[1]) for line in response.text.splitlines()
+                           if line.startswith("pdserve_worker_")}
+                if samples == expected or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
     finally:
         stop.set()
         await loop
@@ -93,8 +102,6 @@ async def test_metrics_port_serves_the_worker_gauges_over_http(redis_server):
         metrics.shutdown()
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
-    samples = {line.split()[0]: float(line.split()[1]) for line in response.text.splitlines()
-               if line.startswith("pdserve_worker_")}
     assert samples == {"pdserve_worker_num_running": 3, "pdserve_worker_num_waiting": 2,
                        "pdserve_worker_kv_blocks_used": 17, "pdserve_worker_kv_blocks_total": 512,
                        "pdserve_worker_num_inflight": 2}

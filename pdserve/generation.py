@@ -1,0 +1,21 @@
+"""The unit a client receives: one chunk of a request's stream. Made by the router's lifecycle,
+sent by its gRPC and HTTP edges, rebuilt by the SDK (`pdserve.client`): the same class on both sides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.timings import Timings
+
+
+@dataclass
+class GenerationChunk:
+    """New tokens for the client. Invariant: a request's stream ends with exactly one chunk with
+    `finished` set, and only that chunk carries `finish_reason` and `timings`."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_reason: str = ""
+    timings: Timings | None = None

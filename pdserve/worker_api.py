@@ -1,0 +1,59 @@
+"""Router <-> worker messages as dataclasses: the inside of `proto/pdserve/v1/worker.proto`.
+
+Both ends speak these; protobuf is converted only at the two edges (`pdserve.worker_proto`, used by
+the router's gRPC worker client and by the worker's servicer). The KV handle travels typed
+(`kv_transfer.handle.KVHandle`); on the wire it is the JSON string of `KVHandle.encode()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kv_transfer.handle import KVHandle
+from pdserve.sampling import Sampling
+
+
+@dataclass(frozen=True)
+class PrefillRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: Sampling          # the client's; the prefill worker runs it with max_tokens 1
+    transfer_id: str            # pdserve's key for the KV handoff (never vLLM's request id)
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """The first token, and the producer's handle when a decode worker should continue.
+    Invariant: `kv_handle` is None when `finished` (nobody will pull; the lease is already released)."""
+
+    first_token_id: int
+    finished: bool              # the request ended at its first token (eos, stop, max_tokens 1)
+    finish_reason: str = ""
+    kv_handle: KVHandle | None = None
+    engine_s: float = 0.0       # time inside the prefill engine
+    num_cached_tokens: int = 0  # prompt tokens served from the prefill engine's prefix cache
+    queued_s: float = 0.0       # in the prefill engine's queue (vLLM: queued -> first scheduled)
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]   # the prompt plus every token already sent to the client
+    sampling: Sampling                  # max_tokens/min_tokens already reduced by those tokens
+    kv_handle: KVHandle | None = None   # None: the decode worker computes the prompt itself
+
+
+@dataclass(frozen=True)
+class DecodeChunk:
+    """New tokens of a decode stream. The fields after `finish_reason` are set on the final chunk only."""
+
+    token_ids: tuple[int, ...] = ()
+    finished: bool = False
+    finish_reason: str = ""
+    kv_transfer_bytes: int = 0
+    kv_transfer_s: float = 0.0
+    kv_transfer_blocks: int = 0
+    num_cached_tokens: int = 0     # prompt tokens the engine did not compute (loaded or cached)
+    kv_load_error: str = ""        # non-empty when the pull failed and the prompt was recomputed
+    kv_loaded_tokens: int = 0      # prompt tokens whose KV was loaded from the producer
+    queued_s: float = 0.0          # in the decode engine's queue

@@ -1,0 +1,50 @@
+"""Where a decode attempt resumes and when the prefill lease is given up: pure rules, plain values."""
+
+from kv_transfer.handle import KVHandle
+from pdserve.registry import WorkerRecord
+from pdserve.sampling import Sampling
+from pdserve.worker_api import DecodeRequest
+from router.resume import KVLease, remaining_sampling, resume_plan
+from router.types import GenerationRequest
+
+HANDLE = KVHandle("x1", "10.0.0.5:7000", "prefill-0", (4, 5), 4)
+PREFILL = WorkerRecord("prefill-a", "prefill", "tiny", "10.0.0.5:50061")
+
+
+def _request(max_tokens=8, min_tokens=6):
+    return GenerationRequest("req-1", [101, 102, 103], Sampling(max_tokens=max_tokens, min_tokens=min_tokens,
+                                                                 temperature=0.0))
+
+
+def test_the_first_decode_after_a_prefill_continues_from_the_first_token_with_the_handle():
+    plan = resume_plan(_request(), [7], attempt=0, kv_handle=HANDLE)
+    assert plan == DecodeRequest("req-1", (101, 102, 103, 7), Sampling(max_tokens=7, min_tokens=5, temperature=0.0),
+                                 HANDLE)
+
+
+def test_a_resumed_decode_sends_prompt_plus_every_token_sent_and_reduces_both_budgets():
+    plan = resume_plan(_request(), [7, 8, 9, 10], attempt=1, kv_handle=None)
+    assert plan == DecodeRequest("req-1-retry1", (101, 102, 103, 7, 8, 9, 10),
+                                 Sampling(max_tokens=4, min_tokens=2, temperature=0.0), None)
+
+
+def test_min_tokens_already_met_becomes_zero():
+    assert remaining_sampling(Sampling(max_tokens=8, min_tokens=2), 5) == Sampling(max_tokens=3, min_tokens=0)
+
+
+def test_a_decode_only_request_starts_from_the_prompt_alone():
+    plan = resume_plan(_request(), [], attempt=0, kv_handle=None)
+    assert (plan.request_id, plan.prompt_token_ids, plan.sampling.max_tokens, plan.sampling.min_tokens) == (
+        "req-1", (101, 102, 103), 8, 6)
+
+
+def test_nothing_is_left_to_decode_once_the_client_has_max_tokens():
+    assert resume_plan(_request(max_tokens=3, min_tokens=0), [7, 8, 9], attempt=2, kv_handle=None) is None
+
+
+def test_a_lease_is_abandoned_once_and_its_handle_is_never_offered_again():
+    lease = KVLease(PREFILL, "x1", HANDLE)
+    assert lease.handle_for_next_attempt() == HANDLE
+    assert lease.abandon() is True      # the caller tells the producer to release
+    assert lease.handle_for_next_attempt() is None
+    assert lease.abandon() is False     # a second failure, or the walk's end: no second release
