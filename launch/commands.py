@@ -63,7 +63,8 @@ def engine_option_argv(settings: EngineSettings) -> list[str]:
             "--vllm-spin-ms", f"{settings.vllm_spin_ms:g}"]
     if settings.tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
-    return argv + ([] if settings.enable_prefix_caching else ["--no-prefix-caching"])
+    argv += [] if settings.enable_prefix_caching else ["--no-prefix-caching"]
+    return argv + ([] if settings.preload_libraries else ["--no-preload"])
 
 
 def pdserve_argv(args: list[str] | tuple[str, ...]) -> list[str]:

@@ -25,11 +25,26 @@ def parse_cores(spec: str) -> frozenset[int]:
 
 
 def bind_this_process(spec: str) -> frozenset[int]:
-    """Binds the calling process (and every process it starts later) to the cores of `spec`.
+    """Binds the calling process, every thread it already runs, and every thread and process it
+    starts later to the cores of `spec`. (Linux binds threads, not processes: `sched_setaffinity`
+    of pid 0 moves the calling thread alone, so a thread an import started earlier, gRPC's or a
+    thread pool's, would go on polling on every core.)
 
     Returns the cores bound; "" binds nothing and returns the current affinity."""
     if not spec:
         return frozenset(os.sched_getaffinity(0))
     cores = parse_cores(spec)
     os.sched_setaffinity(0, cores)
+    for thread_id in _thread_ids():
+        try:
+            os.sched_setaffinity(thread_id, cores)
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
     return cores
+
+
+def _thread_ids() -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
+    except FileNotFoundError:  # no /proc (not Linux): the calling thread is all that was bound
+        return []

@@ -44,10 +44,6 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdserve"
 
 
-def on_gpu() -> bool:
-    return os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1")
-
-
 def this_host_kind() -> str:
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
@@ -65,6 +61,8 @@ def resolve_auto_dtype(model_dir: str, cpu_cores: str = "", cache_dir: Path | No
     threads = len(parse_cores(cpu_cores)) if cpu_cores else (os.cpu_count() or 1)
     kind = this_host_kind()
     shape = ModelShape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    from pdserve.engine import on_gpu
+
     if on_gpu():
         return DtypeDecision("bfloat16", "a GPU: vLLM's default there", kind, shape.key, threads)
     path = cache_path(cache_dir or default_cache_dir(), kind, shape, threads)

@@ -12,17 +12,20 @@ name to every worker a launcher starts, so one cluster never mixes dtypes.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig
 from pdserve.cpu_placement import parse_cores
+from pdserve.preload import Preload, find_preload
 from pdserve.vllm_plugin import SPIN_ENV
 
 from pdserve.roles import Role
 
 EngineRole = Literal[Role, "colocated"]   # a worker's engine, or vLLM serving both phases
+logger = logging.getLogger(__name__)
 _KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
@@ -32,7 +35,7 @@ def native_dtype(cpuinfo: str | None = None) -> str:
     emulates bf16 matmuls at 13-67x the time of float32 ones (measured on a 2-core AMD EPYC with the
     `tiny` and `bench` models' shapes), so a bf16 engine there serves a fraction of what it could.
     `cpuinfo` is /proc/cpuinfo's text (read when None); where neither is known, vLLM's bfloat16."""
-    if os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1"):
+    if on_gpu():
         return "bfloat16"
     if cpuinfo is None:
         try:
@@ -67,6 +70,9 @@ class EngineSettings:
     # before sleeping on a socket (vLLM: 1 s). On CPU hosts that poll competes with the compute
     # threads; see pdserve.vllm_plugin. Negative: leave vLLM's own value.
     vllm_spin_ms: float = 50.0
+    # CPU hosts: preload tcmalloc and Intel OpenMP into vLLM's engine processes where they are
+    # installed (vLLM's CPU guide; see pdserve.preload). False: vLLM's own choice.
+    preload_libraries: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":
@@ -86,16 +92,40 @@ class EngineSettings:
         return asdict(self)
 
 
+def on_gpu() -> bool:
+    return os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1")
+
+
+def preload_into_engine_processes() -> Preload:
+    """Puts tcmalloc and Intel OpenMP (where installed) into LD_PRELOAD, which the engine core and
+    the model runner vLLM spawns next inherit; logs what was preloaded and what was skipped."""
+    preload = find_preload()
+    os.environ.update(preload.env(dict(os.environ)))
+    (logger.warning if preload.missing else logger.info)("%s", preload.summary())
+    return preload
+
+
+def thread_env(cpu_cores: str) -> dict[str, str]:
+    """The variables that give vLLM's processes the worker's cores: vLLM binds one OpenMP compute
+    thread per core of `VLLM_CPU_OMP_THREADS_BIND`, and OpenMP and MKL size their pools to the
+    same count (by default they would size them to every core of the host). Empty: no binding."""
+    if not cpu_cores:
+        return {}
+    threads = str(len(parse_cores(cpu_cores)))
+    return {"VLLM_CPU_OMP_THREADS_BIND": cpu_cores, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+
+
 def engine_args(settings: EngineSettings, role: EngineRole, connector: ConnectorConfig | None = None,
                 engine_id: str = ""):
     """vLLM `AsyncEngineArgs` for `role`; prefill and decode need a `connector` config."""
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    if settings.cpu_cores:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_cores
+    os.environ.update(thread_env(settings.cpu_cores))
     if settings.vllm_spin_ms >= 0:  # read by pdserve.vllm_plugin in the engine's child processes
         os.environ[SPIN_ENV] = f"{settings.vllm_spin_ms / 1000:g}"
+    if settings.preload_libraries and not on_gpu():
+        preload_into_engine_processes()
     kv_transfer_config = None
     if role != "colocated":
         if connector is None:

