@@ -44,12 +44,13 @@ def _load(server, tmp_path, *extra, label="run"):
 
 
 def test_load_writes_vllm_style_json_and_a_cdf_plot(server, tmp_path, capsys):
-    code, path = _load(server, tmp_path, "--request-rate", "20", "--ttft-slo-ms", "500", "--tpot-slo-ms", "100",
+    # SLOs a stalled host still meets: the test is about the file's shape, not the stub's speed
+    code, path = _load(server, tmp_path, "--request-rate", "20", "--ttft-slo-ms", "5000", "--tpot-slo-ms", "1000",
                        "--no-progress")
     assert code == 0
     result = json.loads(path.read_text())
     assert (result["backend"], result["completed"], result["failed"], result["timed_out"]) == ("openai", 6, 0, 0)
-    assert result["model_id"] == "test-model" and result["slo_attainment"] == 1.0 and result["goodput"] == {"ttft": 500.0, "tpot": 100.0}
+    assert result["model_id"] == "test-model" and result["slo_attainment"] == 1.0 and result["goodput"] == {"ttft": 5000.0, "tpot": 1000.0}
     assert result["output_lens"] == [4] * 6 and result["input_lens"] == [16] * 6
     assert {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2el_ms", "request_goodput"} <= result.keys()
     assert (result["endpoint_type"], result["tokenizer_id"], result["request_rate"], result["burstiness"]) == (
