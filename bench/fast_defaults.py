@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (model / "config.json").exists():
         build_model(model.name if model.name in ("tiny", "bench") else "bench", model)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
     decision = resolve_auto_dtype(str(model), args.cores)
     found = find_preload()
     print(f"host kind {this_host_kind()}\n{decision.summary()}\n{found.summary()}", flush=True)
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     order = [v for _ in range(args.rounds) for v in chosen + chosen[::-1]]
     runs: dict[str, list] = {v.name: [] for v in chosen}
     for index, variant in enumerate(order, 1):
-        result = run_variant(variant, str(model), args.cores, out / f"run-{index}.json", found, args.prompt_tokens,
+        result = run_variant(variant, str(model), args.cores, runs_dir / f"run-{index}.json", found, args.prompt_tokens,
                              (1, 8, 32), context_tokens=128, steps=32, repeats=3)
         runs[variant.name].append(result)
         steps = ", ".join(f"b{b} {s * 1e3:.1f} ms" for b, s in result.decode_step_s.items())
