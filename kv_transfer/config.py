@@ -15,7 +15,7 @@ CONNECTOR_MODULE = "kv_transfer.connector"
 
 @dataclass(frozen=True)
 class ConnectorConfig:
-    transport: Literal["tcp", "torch"] = "tcp"
+    transport: Literal["tcp", "torch", "shm", "auto"] = "tcp"
     host: str = "127.0.0.1"          # where consumers reach the producer's transfer server
     bind_host: str = ""              # where it listens; "" = `host` (use 0.0.0.0 in containers)
     port: int = 0                    # producer: transfer server port (must be fixed, not 0, to advertise)
@@ -26,8 +26,8 @@ class ConnectorConfig:
     tcp_congestion: str = "cubic"    # KV connections' congestion control ("" = the host's; see kv_transfer.sockets)
 
     def __post_init__(self) -> None:
-        if self.transport not in ("tcp", "torch"):
-            raise ValueError(f"transport must be 'tcp' or 'torch', not {self.transport!r}")
+        if self.transport not in ("tcp", "torch", "shm", "auto"):
+            raise ValueError(f"transport must be 'tcp', 'torch', 'shm' or 'auto', not {self.transport!r}")
         if self.lease_s <= 0 or self.pull_timeout_s <= 0:
             raise ValueError("lease_s and pull_timeout_s must be positive seconds")
         if not isinstance(self.tcp_congestion, str):

@@ -42,7 +42,8 @@ class PDConnector(KVConnectorBase_V1):
             self._scheduler = PDScheduler(config, transfer.engine_id or "", block_size)
         else:
             self._worker = PDWorker(config, transfer.is_kv_producer, transfer.is_kv_consumer, block_size,
-                                    kv_cache_config.num_blocks, _model_identity(vllm_config))
+                                    kv_cache_config.num_blocks, _model_identity(vllm_config),
+                                    cache_bytes=_cache_bytes(kv_cache_config))
 
     # ---- scheduler role --------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -73,6 +74,10 @@ class PDConnector(KVConnectorBase_V1):
         return PDConnectorStats(data=dict(data or {}))
 
     # ---- worker role ---------------------------------------------------------------------------
+    def get_mem_pool_context(self):
+        """Producer with transport shm/auto: the cache is allocated in a shared-memory segment."""
+        return self._worker.allocation_context() if self._worker is not None else None
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._worker.register_kv_caches(kv_caches)
 
@@ -107,6 +112,12 @@ class PDConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+
+
+def _cache_bytes(kv_cache_config) -> int:
+    """The size of vLLM's one KV cache allocation (0 when it makes several or none)."""
+    sizes = {tensor.size for tensor in getattr(kv_cache_config, "kv_cache_tensors", None) or ()}
+    return sizes.pop() if len(sizes) == 1 else 0
 
 
 def _model_identity(vllm_config) -> ModelIdentity:

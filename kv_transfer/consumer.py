@@ -76,7 +76,7 @@ class PullClient:
     def __init__(self, layout: KVLayout, compat: KVCompat, transport: str, timeout_s: float = 30.0,
                  congestion: str = DEFAULT_CONGESTION):
         self.layout, self.compat = layout, compat
-        self.transport = get_transport(transport, timeout_s)
+        self.transport = get_transport(transport, timeout_s, local=layout)
         self.timeout_s = timeout_s
         self.congestion = congestion
         self._connections: dict[str, _Connection] = {}
@@ -138,8 +138,13 @@ class PullClient:
         expected = self.layout.num_bytes(len(local_block_ids))
         if require_field(expect(reply, "SENDING"), "num_bytes", int) != expected:
             raise TransferError(f"producer sends {reply['num_bytes']} bytes, expected {expected}")
-        connection.channel.recv(ranges)
-        send_message(sock, DONE)
+        if connection.channel.kind == "mapped":  # one-sided: we copy, then the producer confirms its pin held
+            connection.channel.copy(local_block_ids, remote_block_ids)
+            send_message(sock, DONE)
+            expect(recv_message(sock), "DONE_OK")
+        else:
+            connection.channel.recv(ranges)
+            send_message(sock, DONE)
         connection.num_pulls += 1
 
     def release(self, address: str, transfer_id: str) -> bool:
@@ -182,7 +187,7 @@ class PullClient:
             if reply["op"] == "REFUSED":
                 raise IncompatiblePeer(f"producer {address} refused: {reply.get('error', '')}")
             expect(reply, "WELCOME")
-            return _Connection(sock, offer.connect(sock))
+            return _Connection(sock, offer.connect(sock, reply))
         except TransferError:
             sock.close()
             raise

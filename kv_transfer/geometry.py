@@ -52,12 +52,24 @@ class BlockGeometry:
         """All layers, K and V: what a transfer moves per block (`KVLayout.bytes_per_block`)."""
         return self.num_layers * self.bytes_per_block_layer
 
-    def caches(self, num_blocks: int, seed: int | None = None) -> dict[str, torch.Tensor]:
+    def cache_bytes(self, num_blocks: int) -> int:
+        return num_blocks * self.bytes_per_block
+
+    def caches(self, num_blocks: int, seed: int | None = None, memory: torch.Tensor | None = None
+               ) -> dict[str, torch.Tensor]:
         """Per-layer views, named as vLLM names its attention layers, of one buffer: zeros, or
-        random bytes drawn from `seed` (the same seed gives the same bytes in any process)."""
+        random bytes drawn from `seed` (the same seed gives the same bytes in any process).
+        `memory` (flat, `cache_bytes(num_blocks)` bytes, e.g. a shared-memory segment's) is used
+        as the buffer instead of a fresh one."""
         shape = (num_blocks, *self.block_shape)
         per_layer = torch.Size(shape).numel()
-        buffer = torch.zeros(self.num_layers * per_layer, dtype=self.torch_dtype)
+        if memory is None:
+            buffer = torch.zeros(self.num_layers * per_layer, dtype=self.torch_dtype)
+        elif memory.numel() * memory.element_size() != self.cache_bytes(num_blocks):
+            raise ValueError(f"{memory.numel() * memory.element_size()} bytes of memory for a cache of "
+                             f"{self.cache_bytes(num_blocks)}")
+        else:
+            buffer = memory.view(self.torch_dtype)
         if seed is not None:
             buffer.view(torch.uint8).random_(0, 256, generator=torch.Generator().manual_seed(seed))
         return {f"model.layers.{i}.self_attn.attn": buffer[i * per_layer:(i + 1) * per_layer].view(shape)

@@ -21,8 +21,8 @@ from typing import Sequence
 from kv_transfer.layout import KVCompat, KVLayout, LayoutError
 from kv_transfer.leases import LeaseTable
 from kv_transfer.sockets import DEFAULT_CONGESTION, configure, wait_readable
-from kv_transfer.transports.base import TRANSPORTS, DataChannel, byte_ranges, get_transport
-from kv_transfer.wire import TransferError, encode, expect, require_field, recv_message, send_message
+from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
+from kv_transfer.wire import DONE_OK, TransferError, encode, expect, require_field, recv_message, send_message
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ class ProducerStats:
     transfers: int = 0
     bytes_sent: int = 0
     data_channels: int = 0    # handshakes that opened a data channel
+    mapped_channels: int = 0  # of those, one-sided (shm): the consumer copies, we send no KV byte
     refused_handshakes: int = 0
     missing_transfers: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -51,13 +52,13 @@ class TransferServer:
     the data channel's; `congestion` is the connections' TCP congestion control."""
 
     def __init__(self, layout: KVLayout, compat: KVCompat, leases: LeaseTable, host: str, port: int,
-                 grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = TRANSPORTS,
-                 congestion: str = DEFAULT_CONGESTION):
+                 grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = ("tcp", "torch"),
+                 congestion: str = DEFAULT_CONGESTION, shared_cache=None):
         self.layout, self.compat, self.leases = layout, compat, leases
         self._grant_wait_s = grant_wait_s
         self._io_timeout_s = io_timeout_s
         self._congestion = congestion
-        self._transports = {name: get_transport(name, io_timeout_s) for name in transports}
+        self._transports = {name: get_transport(name, io_timeout_s, cache=shared_cache) for name in transports}
         self._listener = socket.create_server((host, port), reuse_port=False)
         self._listener.settimeout(0.5)
         self.port = self._listener.getsockname()[1]
@@ -126,9 +127,14 @@ class TransferServer:
             self.stats.add(refused_handshakes=1)
             send_message(sock, {"op": "REFUSED", "error": refusal})
             return None
-        send_message(sock, {"op": "WELCOME"})
+        transport = self._transports[hello["transport"]]
+        welcome = {"op": "WELCOME", **transport.welcome_fields(hello)}
+        send_message(sock, welcome)
         self.stats.add(data_channels=1)
-        return self._transports[hello["transport"]].producer_channel(sock, hello, self.layout.device)
+        channel = transport.producer_channel(sock, hello, self.layout.device, welcome)
+        if channel.kind == "mapped":
+            self.stats.add(mapped_channels=1)
+        return channel
 
     def _refusal(self, hello: dict) -> str:
         """Why this consumer may not pull from us ("" if it may)."""
@@ -136,6 +142,8 @@ class TransferServer:
         if hello.get("transport") not in self._transports:
             problems.append(f"transport: {sorted(self._transports)} at the producer vs "
                             f"{hello.get('transport')!r} at the consumer")
+        else:
+            problems += [why for why in [self._transports[hello["transport"]].refusal(hello)] if why]
         compat = hello.get("compat")
         problems += self.compat.mismatches(compat if isinstance(compat, dict) else {})
         return "incompatible KV peer: " + "; ".join(problems) if problems else ""
@@ -171,6 +179,8 @@ class TransferServer:
             num_bytes = self.layout.num_bytes(len(wanted))
             channel.send(encode({"op": "SENDING", "num_bytes": num_bytes}), ranges)
             expect(recv_message(sock), "DONE")
+            if channel.kind == "mapped":  # the pin held for the whole copy: say so before letting go
+                sock.sendall(DONE_OK)
             delivered = True
             self.stats.add(transfers=1, bytes_sent=num_bytes)
         finally:

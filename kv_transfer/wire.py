@@ -2,11 +2,13 @@
 
 Every message is a dict with an "op" key. The exchanges on one connection:
 
-    consumer -> HELLO {compat, transport, channel...}   producer -> WELCOME {} | REFUSED {error}
+    consumer -> HELLO {compat, transport, channel...}   producer -> WELCOME {channel...} | REFUSED {error}
+    consumer -> CHANNEL {kind, proof}  (shm/auto: which channel it opened; shm proves the segment)
     consumer -> PULL {transfer_id, block_ids, local_block_ids, release}
                                                         producer -> SENDING {num_bytes} + data | MISSING {error}
     consumer -> READY {}       (torch transport: its receives are posted; the producer then sends)
     consumer -> DONE {}        (after the last byte landed; only after SENDING)
+                                                        producer -> DONE_OK {}  (shm: the pin held throughout)
     consumer -> RELEASE {transfer_id}                   producer -> RELEASED {found}
 
 The producer keeps a transfer's blocks pinned from PULL until DONE (or until the exchange fails),
@@ -46,6 +48,7 @@ def send_message(sock: socket.socket, message: dict | bytes) -> None:
 # The fixed messages of every pull, framed once (a pull's control path runs with cold caches).
 DONE = encode({"op": "DONE"})
 READY = encode({"op": "READY"})
+DONE_OK = encode({"op": "DONE_OK"})
 
 
 def recv_message(sock: socket.socket) -> dict:

@@ -1,7 +1,9 @@
 """The connector's worker half, in the model-runner process. It moves bytes, it never decides.
 
 Producer: serves pulls of leased blocks from a `TransferServer`, reports released and expired
-leases as `finished_sending`. Consumer: runs each requested pull on a small thread pool (the pull
+leases as `finished_sending`. With transport `shm` or `auto` (and a CPU cache) the cache itself is
+allocated in a shared-memory segment (`allocation_context`), which same-host consumers read
+one-sidedly; the segment is unlinked at shutdown. Consumer: runs each requested pull on a small thread pool (the pull
 itself releases the producer's lease once the bytes are in, on the same connection), and reports
 the request as `finished_recving` (and, on failure, as `failed_recving` with its blocks invalid, so
 vLLM's `kv_load_failure_policy` applies, after a one-shot release of the producer's lease).
@@ -25,6 +27,9 @@ from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.metadata import PDConnectorMetadata, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
 from kv_transfer.producer import TransferServer
+from kv_transfer.shm_segment import SegmentAllocation, SegmentError
+from kv_transfer.transports.base import SERVED
+from kv_transfer.transports.shm import SharedCache
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ class ModelIdentity:
 
 class PDWorker:
     def __init__(self, config: ConnectorConfig, is_producer: bool, is_consumer: bool, block_size: int,
-                 num_blocks: int, identity: ModelIdentity = ModelIdentity()):
+                 num_blocks: int, identity: ModelIdentity = ModelIdentity(), cache_bytes: int = 0):
         self.config = config
         self.is_producer, self.is_consumer = is_producer, is_consumer
         self.block_size, self.num_blocks = block_size, num_blocks
@@ -52,20 +57,46 @@ class PDWorker:
         self._inflight: dict[str, tuple[PullSpec, Future]] = {}
         self._invalid_block_ids: set[int] = set()
         self._reports: dict[str, PullReport] = {}
+        self.cache_bytes = cache_bytes
+        self._allocation: SegmentAllocation | None = None
+        self.shared_cache: SharedCache | None = None
+
+    def allocation_context(self) -> SegmentAllocation | None:
+        """Where vLLM allocates the KV cache: a shared-memory segment for a producer whose transport
+        reads one-sidedly (shm, auto); None (vLLM's own memory) otherwise."""
+        if not (self.is_producer and self.config.transport in ("shm", "auto") and self.cache_bytes > 0):
+            return None
+        self._allocation = SegmentAllocation(self.cache_bytes)
+        return self._allocation
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layout = KVLayout(kv_caches, self.num_blocks)
         compat = layout.compat(self.config.model, self.block_size, fingerprint=self.identity.fingerprint,
                                num_kv_heads=self.identity.num_kv_heads, head_dim=self.identity.head_dim)
         if self.is_producer:
+            self.shared_cache = self._shared_cache(kv_caches)
             self.server = TransferServer(layout, compat, self.leases, self.config.bind_host or self.config.host,
                                          self.config.port, io_timeout_s=self.config.pull_timeout_s,
-                                         transports=(self.config.transport,), congestion=self.config.tcp_congestion)
+                                         transports=SERVED[self.config.transport],
+                                         congestion=self.config.tcp_congestion, shared_cache=self.shared_cache)
             logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
         if self.is_consumer:
             self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s,
                                      self.config.tcp_congestion)
             self._pool = ThreadPoolExecutor(self.config.max_parallel_pulls, thread_name_prefix="pdserve-kv-pull")
+
+    def _shared_cache(self, kv_caches: dict[str, torch.Tensor]) -> SharedCache | None:
+        segment = self._allocation.segment if self._allocation is not None else None
+        if segment is None:
+            if self.config.transport in ("shm", "auto"):
+                logger.warning("the KV cache is not in shared memory (vLLM allocated it otherwise): "
+                               "consumers read it over tcp")
+            return None
+        try:
+            return SharedCache.of(segment, kv_caches, self.num_blocks)
+        except SegmentError as error:
+            logger.warning("%s: consumers read the KV cache over tcp", error)
+            return None
 
     def start_load_kv(self, meta: PDConnectorMetadata) -> None:
         for grant in meta.grants:
@@ -109,6 +140,8 @@ class PDWorker:
     def shutdown(self) -> None:
         if self.server is not None:
             self.server.stop()
+        if self._allocation is not None and self._allocation.segment is not None:
+            self._allocation.segment.close()  # unlinked; the engine's own map ends with the process
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self.client is not None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
 
+from kv_transfer.transports.base import TransportName
 from pdserve.engine import EngineSettings
 from pdserve.roles import Role
 
@@ -25,7 +25,7 @@ class ClusterSpec:
     engine: EngineSettings
     num_prefill: int = 1
     num_decode: int = 1
-    transport: Literal["tcp", "torch"] = "tcp"
+    transport: TransportName = "tcp"
     cluster: str = "default"
     grpc_port: int = 0
     http_port: int = 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig

@@ -220,7 +220,8 @@ class Lifecycle:
         timings.kv_transfer_s = reply.kv_transfer_s
         timings.kv_transfer_blocks = reply.kv_transfer_blocks
         timings.output_tokens = num_generated
-        timings.decode_computed_prompt_tokens = num_decode_prompt - reply.num_cached_tokens - reply.kv_loaded_tokens
+        # vLLM (0.32) counts the tokens a connector loaded in num_cached_tokens, with its own prefix hits
+        timings.decode_computed_prompt_tokens = num_decode_prompt - reply.num_cached_tokens
 
     def _on_worker_error(self, worker: WorkerRecord, error: WorkerError) -> None:
         """Raises the client's errors; quarantines a worker at fault (`router.failures`). Returning

@@ -4,15 +4,19 @@ A connection between them starts as a TCP control socket (see `kv_transfer.wire`
 decides how the bulk bytes travel once the handshake is done:
 
     consumer: offer = transport.consumer_offer(sock, device) -> fields added to HELLO
-    producer: transport.producer_channel(sock, hello, device) -> DataChannel   (after WELCOME)
-    consumer: offer.connect(sock)                         -> DataChannel   (after WELCOME)
+    producer: transport.refusal(hello)                    -> why not ("": go on)
+    producer: transport.welcome_fields(hello)             -> fields added to WELCOME
+    producer: transport.producer_channel(sock, hello, device, welcome) -> DataChannel  (after WELCOME)
+    consumer: offer.connect(sock, welcome)                -> DataChannel   (after WELCOME)
 
 A DataChannel moves one transfer's byte ranges: `send(header, ranges)` on the producer, which
 also puts the framed SENDING message `header` on the control socket first, and `recv(ranges)` on
 the consumer once it has read that header. Both sides pass the ranges of `KVLayout` cut alike
 (`paired_with`), as `memoryview`s when the channel's `kind` is "buffers" (socket I/O) or as uint8
-tensors when it is "tensors". Every wait inside has the transport's timeout. Channels are used by
-one thread at a time; callers serialise.
+tensors when it is "tensors". A "mapped" channel (`shm`) moves no bytes through the producer: the
+consumer copies blocks by id (`copy(local_ids, remote_ids)`), and the producer answers DONE with
+DONE_OK. Every wait inside has the transport's timeout. Channels are used by one thread at a time;
+callers serialise.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 if TYPE_CHECKING:
     from kv_transfer.layout import KVLayout
 
-RangeKind = Literal["buffers", "tensors"]
+RangeKind = Literal["buffers", "tensors", "mapped"]
 
 
 class DataChannel(ABC):
@@ -48,7 +52,7 @@ class DataChannel(ABC):
 class ConsumerOffer(Protocol):
     fields: dict
 
-    def connect(self, sock: socket.socket) -> DataChannel: ...
+    def connect(self, sock: socket.socket, welcome: dict) -> DataChannel: ...
 
 
 class Transport(ABC):
@@ -63,12 +67,23 @@ class Transport(ABC):
     def consumer_offer(self, sock: socket.socket, device: torch.device) -> ConsumerOffer:
         """Called on a connected control socket, before HELLO."""
 
+    def refusal(self, hello: dict) -> str:
+        """Producer: why this consumer's HELLO cannot get a channel of this transport ("": it can)."""
+        return ""
+
+    def welcome_fields(self, hello: dict) -> dict:
+        """Producer: what the consumer needs in WELCOME to open the channel."""
+        return {}
+
     @abstractmethod
-    def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device) -> DataChannel: ...
+    def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device,
+                         welcome: dict | None = None) -> DataChannel: ...
 
 
 def byte_ranges(channel: DataChannel, layout: "KVLayout", runs: list[tuple[int, int]]) -> list:
     """The ranges `channel` moves for `runs` (cut by `layout.runs`), in the form it wants."""
+    if channel.kind == "mapped":
+        return []  # the consumer copies by block id
     if channel.kind == "buffers":
         return layout.buffers_of(runs)
     return layout.views_of(runs)
@@ -78,12 +93,22 @@ def total_bytes(views: Sequence[torch.Tensor]) -> int:
     return sum(view.numel() for view in views)
 
 
-TRANSPORTS = ("tcp", "torch")
+TransportName = Literal["tcp", "torch", "shm", "auto"]
+TRANSPORTS: tuple[TransportName, ...] = ("tcp", "torch", "shm", "auto")
+# What a producer configured with a transport serves: a cache in shared memory serves tcp too.
+SERVED: dict[str, tuple[str, ...]] = {"tcp": ("tcp",), "torch": ("torch",), "shm": ("shm", "auto", "tcp"),
+                                      "auto": ("auto", "shm", "tcp")}
 
 
-def get_transport(name: str, timeout_s: float = 30.0) -> Transport:
-    """`tcp` or `torch` (torch.distributed p2p: gloo for CPU caches, nccl for CUDA caches); every
-    wait inside the transport gives up after `timeout_s`."""
+def get_transport(name: str, timeout_s: float = 30.0, cache=None, local: "KVLayout | None" = None) -> Transport:
+    """`tcp`, `torch` (torch.distributed p2p: gloo for CPU caches, nccl for CUDA caches), `shm`
+    (one-sided reads of a producer's cache in shared memory) or `auto` (shm on one host, tcp
+    otherwise); every wait inside the transport gives up after `timeout_s`. A producer passes its
+    `cache` (`kv_transfer.transports.shm.SharedCache`, or None), a consumer its `local` layout."""
+    if name in ("shm", "auto"):
+        from kv_transfer.transports.shm import ShmTransport
+
+        return ShmTransport(timeout_s, cache=cache, local=local, fallback_tcp=name == "auto")
     if name == "tcp":
         from kv_transfer.transports.tcp import TcpTransport
 
@@ -92,4 +117,4 @@ def get_transport(name: str, timeout_s: float = 30.0) -> Transport:
         from kv_transfer.transports.torch_dist import TorchDistTransport
 
         return TorchDistTransport(timeout_s)
-    raise ValueError(f"unknown KV transport {name!r}: choose 'tcp' or 'torch'")
+    raise ValueError(f"unknown KV transport {name!r}: choose one of {', '.join(TRANSPORTS)}")

@@ -38,7 +38,7 @@ class _TcpOffer:
     timeout_s: float
     fields: dict = field(default_factory=dict)
 
-    def connect(self, sock: socket.socket) -> DataChannel:
+    def connect(self, sock: socket.socket, welcome: dict | None = None) -> DataChannel:
         return TcpChannel(sock, self.timeout_s)
 
 
@@ -49,7 +49,8 @@ class TcpTransport(Transport):
         _require_cpu(device)
         return _TcpOffer(self.timeout_s)
 
-    def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device) -> DataChannel:
+    def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device,
+                         welcome: dict | None = None) -> DataChannel:
         _require_cpu(device)
         return TcpChannel(sock, self.timeout_s)
 

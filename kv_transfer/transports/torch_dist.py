@@ -134,7 +134,7 @@ class _TorchOffer:
     host: str
     timeout: timedelta
 
-    def connect(self, sock: socket.socket) -> DataChannel:
+    def connect(self, sock: socket.socket, welcome: dict | None = None) -> DataChannel:
         prefixed = dist.PrefixStore(self.fields["pair_id"], self.store)
         group = _process_group(prefixed, CONSUMER_RANK, self.device, self.host, self.timeout)
         return TorchChannel(sock, group, PRODUCER_RANK, self.device, self.store)
@@ -153,7 +153,8 @@ class TorchDistTransport(Transport):
         fields = {"store_host": host, "store_port": store.port, "pair_id": f"pdserve-kv-{uuid.uuid4().hex}"}
         return _TorchOffer(fields, store, device, host, self._timeout)
 
-    def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device) -> DataChannel:
+    def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device,
+                         welcome: dict | None = None) -> DataChannel:
         store = dist.TCPStore(hello["store_host"], hello["store_port"], world_size=2, is_master=False,
                               timeout=self._timeout)
         prefixed = dist.PrefixStore(hello["pair_id"], store)

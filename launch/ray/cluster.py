@@ -21,7 +21,8 @@ from ray.exceptions import RayActorError
 
 from launch.ray.controller import ClusterController, Endpoints
 from launch.ray.scaling import ScalePlan
-from launch.ray.spec import MemberState, RayClusterSpec, Role, namespace_for
+from pdserve.roles import Role
+from launch.ray.spec import MemberState, RayClusterSpec, namespace_for
 
 CONTROLLER = "controller"
 CALL_TIMEOUT_S = 30.0

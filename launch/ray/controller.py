@@ -21,7 +21,8 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from launch.ray.member import MemberActor
 from launch.ray.scaling import ScalePlan, plan_scale, pool_sizes
-from launch.ray.spec import Kind, Launch, MemberState, RayClusterSpec, Role, actor_options, member_id
+from pdserve.roles import Role
+from launch.ray.spec import Kind, Launch, MemberState, RayClusterSpec, actor_options, member_id
 
 STATE_TIMEOUT_S = 2.0
 

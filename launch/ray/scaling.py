@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from launch.ray.spec import MemberState, Role, member_index
+from pdserve.roles import Role
+from launch.ray.spec import MemberState, member_index
 
 _BROKEN = ("failed", "dead")
 _REMOVAL_ORDER = {"starting": 0, "unreachable": 1, "ready": 2}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from launch.commands import ClusterSpec
-from pdserve.roles import ROLES, Role
+from pdserve.roles import ROLES
 Kind = Literal["router", "prefill", "decode", "redis"]
 MemberStatus = Literal["starting", "ready", "failed", "unreachable", "dead"]
 CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

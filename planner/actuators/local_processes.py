@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kv_transfer.transports.base import TRANSPORTS
 from launch.commands import worker_argv
 from launch.supervisor import ChildProcess, pdserve_child
 from pdserve.engine import EngineSettings
@@ -43,7 +44,7 @@ class WorkerLaunchSpec:
     def __post_init__(self) -> None:
         if not self.redis_url:
             raise ValueError("redis_url is empty: give the cluster's registry, e.g. redis://127.0.0.1:6379/0")
-        if self.transport not in ("tcp", "torch"):
+        if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be tcp or torch (the cluster's), got {self.transport!r}")
         unknown = set(self.cpu_cores) - set(ROLES)
         if unknown:

@@ -44,7 +44,15 @@ def torch_cluster(tiny_model, tmp_path_factory):
     cluster.stop()
 
 
-@pytest.fixture(params=["tcp", "torch"])
+@pytest.fixture(scope="session")
+def shm_cluster(tiny_model, tmp_path_factory):
+    """The same cluster over the one-sided shared-memory transport."""
+    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-shm"), "shm")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["tcp", "torch", "shm"])
 def cluster(request):
     """Each transport's cluster in turn."""
     return request.getfixturevalue(f"{request.param}_cluster")

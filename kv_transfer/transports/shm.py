@@ -1,0 +1,214 @@
+"""One-sided KV reads through shared memory (`shm`), and `auto`: shm on one host, tcp otherwise.
+
+The producer's paged cache lives in a segment (`kv_transfer.shm_segment`); the WELCOME of a
+handshake describes it (`SharedCache.describe`: path, size, and each layer's place in it). The
+consumer maps it once per connection, read-only, proves with CHANNEL that it reads the same memory,
+and from then on copies each transfer's blocks itself, cache to cache (`ShmConsumerChannel.copy`).
+The producer's CPU sends only control messages; its lease pins the blocks from PULL to DONE as on
+every transport, and its DONE_OK after DONE tells the consumer the pin held for the whole copy (a
+producer that gave up waiting closed the connection instead, and the pull fails: recompute).
+
+Which channel a connection gets is decided at handshake, never from addresses alone: `shm` needs
+the same kernel boot on both sides (HELLO carries the consumer's boot id), a producer whose cache
+is in a segment, and a consumer that can open that segment and read its token. `auto` takes tcp
+when any of that fails; `shm` refuses instead (an operator asked for it). CUDA caches would use
+CUDA IPC handles here (same interface); this host has none, so CUDA is refused with that reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from kv_transfer.layout import KVLayout
+from kv_transfer.shm_segment import MappedSegment, Segment, SegmentError, boot_id, map_segment, proof
+from kv_transfer.transports.base import ConsumerOffer, DataChannel, Transport
+from kv_transfer.transports.tcp import TcpChannel
+from kv_transfer.wire import TransferError, expect, recv_message, require_field, send_message
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SharedCache:
+    """A producer's cache as a consumer needs to find it in the segment."""
+
+    segment: Segment
+    num_blocks: int
+    layers: tuple[dict, ...]   # name, offset (bytes from the data start), shape, stride, dtype
+
+    @classmethod
+    def of(cls, segment: Segment, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> "SharedCache":
+        """Raises SegmentError unless every cache tensor lies in `segment` (vLLM allocated the cache
+        through `SegmentAllocation`)."""
+        layers = []
+        for name in sorted(kv_caches):
+            tensor = kv_caches[name]
+            if tensor.untyped_storage().data_ptr() != segment.base_address:
+                raise SegmentError(f"layer {name}'s KV cache is not in the shared segment")
+            layers.append({"name": name, "offset": tensor.data_ptr() - segment.base_address,
+                           "shape": list(tensor.shape), "stride": list(tensor.stride()),
+                           "dtype": str(tensor.dtype).removeprefix("torch.")})
+        return cls(segment, num_blocks, tuple(layers))
+
+    def describe(self) -> dict:
+        return {"path": str(self.segment.path), "size": self.segment.size, "num_blocks": self.num_blocks,
+                "layers": list(self.layers)}
+
+
+def remote_layout(mapped: MappedSegment, description: dict) -> KVLayout:
+    """The producer's cache as a `KVLayout` over a read-only map, every layer checked to lie inside."""
+    tensors = {}
+    for layer in require_field(description, "layers", list):
+        dtype = getattr(torch, str(layer["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise TransferError(f"unknown KV dtype {layer['dtype']!r} in the producer's description")
+        element = torch.empty((), dtype=dtype).element_size()
+        offset, shape, stride = int(layer["offset"]), [int(s) for s in layer["shape"]], [int(s) for s in layer["stride"]]
+        extent = offset + element * (1 + sum((n - 1) * s for n, s in zip(shape, stride)))
+        if offset < 0 or offset % element or extent > mapped.size or min(shape + stride, default=0) < 0:
+            raise TransferError(f"layer {layer['name']} lies outside the producer's segment")
+        flat = mapped.tensor(dtype)
+        tensors[str(layer["name"])] = torch.as_strided(flat, shape, stride, offset // element)
+    return KVLayout(tensors, int(require_field(description, "num_blocks", int)))
+
+
+class ShmProducerChannel(DataChannel):
+    """The producer's end: no bytes, only the SENDING header (the consumer copies)."""
+
+    kind = "mapped"
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+
+    def send(self, header: bytes, ranges: Sequence) -> None:
+        self._sock.sendall(header)
+
+    def recv(self, ranges: Sequence) -> None:
+        raise TransferError("a producer's shm channel receives nothing")
+
+
+class ShmConsumerChannel(DataChannel):
+    """The consumer's end: copies blocks from the producer's mapped cache into its own."""
+
+    kind = "mapped"
+
+    def __init__(self, mapped: MappedSegment, remote: KVLayout, local: KVLayout):
+        self._mapped, self._remote, self._local = mapped, remote, local
+
+    def send(self, header: bytes, ranges: Sequence) -> None:
+        raise TransferError("a consumer's shm channel sends nothing")
+
+    def recv(self, ranges: Sequence) -> None:
+        raise TransferError("an shm channel copies by block ids: call copy()")
+
+    def copy(self, local_block_ids: Sequence[int], remote_block_ids: Sequence[int]) -> int:
+        """Copies the producer's `remote_block_ids` into our `local_block_ids` (the same order),
+        run by run, with the GIL released (ctypes). Returns the bytes copied."""
+        sources = self._remote.views(remote_block_ids, paired_with=local_block_ids)
+        targets = self._local.views(local_block_ids, paired_with=remote_block_ids)
+        if [t.numel() for t in targets] != [s.numel() for s in sources]:
+            raise TransferError("the producer's and our block runs differ in size")
+        for target, source in zip(targets, sources):
+            ctypes.memmove(target.data_ptr(), source.data_ptr(), target.numel())
+        return sum(t.numel() for t in targets)
+
+    def close(self) -> None:
+        self._remote = None  # the views over the map go first, then the map
+        self._mapped.close()
+
+
+@dataclass
+class _ShmOffer:
+    """The consumer's half of the handshake. `fallback_tcp`: `auto` (tcp when shm cannot be had)."""
+
+    local: KVLayout | None
+    timeout_s: float
+    fallback_tcp: bool
+    fields: dict
+
+    def connect(self, sock: socket.socket, welcome: dict) -> DataChannel:
+        if welcome.get("channel") == "shm":
+            try:
+                channel = self._map(welcome)
+            except (SegmentError, TransferError, ValueError, KeyError, TypeError) as error:
+                if not self.fallback_tcp:
+                    send_message(sock, {"op": "CHANNEL", "kind": "none"})
+                    raise TransferError(f"cannot read the producer's KV segment: {error}") from error
+                logger.info("KV over tcp: the producer's segment cannot be read here (%s)", error)
+            else:
+                send_message(sock, {"op": "CHANNEL", "kind": "shm", "proof": proof(channel._mapped.token)})
+                return channel
+        if not self.fallback_tcp:
+            raise TransferError("the producer offers no shared-memory channel")
+        send_message(sock, {"op": "CHANNEL", "kind": "tcp"})
+        return TcpChannel(sock, self.timeout_s)
+
+    def _map(self, welcome: dict) -> ShmConsumerChannel:
+        if self.local is None:
+            raise TransferError("no local KV layout to copy into")
+        description = require_field(welcome, "segment", dict)
+        mapped = map_segment(require_field(description, "path", str), require_field(description, "size", int))
+        try:
+            return ShmConsumerChannel(mapped, remote_layout(mapped, description), self.local)
+        except BaseException:
+            mapped.close()
+            raise
+
+
+class ShmTransport(Transport):
+    """`shm`, or with `fallback_tcp` `auto`. A producer passes its `SharedCache` (None: its cache is
+    not in shared memory); a consumer passes its own `local` layout to copy into."""
+
+    def __init__(self, timeout_s: float = 30.0, cache: SharedCache | None = None, local: KVLayout | None = None,
+                 fallback_tcp: bool = False):
+        super().__init__(timeout_s)
+        self.cache, self.local, self.fallback_tcp = cache, local, fallback_tcp
+        self.name = "auto" if fallback_tcp else "shm"
+
+    # ---- consumer ----
+    def consumer_offer(self, sock: socket.socket, device: torch.device) -> ConsumerOffer:
+        _require_cpu(device)
+        return _ShmOffer(self.local, self.timeout_s, self.fallback_tcp, {"boot_id": boot_id()})
+
+    # ---- producer ----
+    def refusal(self, hello: dict) -> str:
+        if self.fallback_tcp:
+            return ""
+        return self._why_not_shm(hello)
+
+    def welcome_fields(self, hello: dict) -> dict:
+        if self._why_not_shm(hello):
+            return {"channel": "tcp"}
+        return {"channel": "shm", "segment": self.cache.describe()}
+
+    def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device,
+                         welcome: dict | None = None) -> DataChannel:
+        _require_cpu(device)
+        reply = expect(recv_message(sock), "CHANNEL")
+        kind = reply.get("kind")
+        if kind == "shm" and (welcome or {}).get("channel") == "shm":
+            if reply.get("proof") != proof(self.cache.segment.token):
+                raise TransferError("the consumer mapped another segment than ours (its proof does not match)")
+            return ShmProducerChannel(sock)
+        if kind == "tcp" and self.fallback_tcp:
+            return TcpChannel(sock, self.timeout_s)
+        raise TransferError(f"the consumer could not open a {self.name} channel ({kind})")
+
+    def _why_not_shm(self, hello: dict) -> str:
+        if self.cache is None or self.cache.segment.closed:
+            return "the producer's KV cache is not in shared memory (its transport is not shm or auto)"
+        if not hello.get("boot_id") or hello.get("boot_id") != boot_id():
+            return "the consumer runs on another host (kernel boot ids differ)"
+        return ""
+
+
+def _require_cpu(device: torch.device) -> None:
+    if device.type != "cpu":
+        raise ValueError("the shm transport moves CPU KV caches; on CUDA use the torch transport (NCCL), "
+                         "CUDA IPC within a node is not built yet")

@@ -1,0 +1,179 @@
+"""The one-sided shared-memory transport: segments, the handshake's choice, and exact block copies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from kv_transfer.consumer import PullClient
+from kv_transfer.geometry import BlockGeometry
+from kv_transfer.layout import KVLayout
+from kv_transfer.leases import Lease, LeaseTable
+from kv_transfer.producer import TransferServer
+from kv_transfer.shm_segment import (HEADER_BYTES, PREFIX, SEGMENT_DIR, Segment, SegmentAllocation, SegmentError,
+                                     map_segment, sweep_stale)
+from kv_transfer.transports.base import SERVED
+from kv_transfer.transports.shm import SharedCache, ShmTransport
+from kv_transfer.wire import IncompatiblePeer
+
+GEOMETRY = BlockGeometry(num_layers=3, num_kv_heads=2, head_dim=32, block_size=32, dtype="bfloat16")
+NUM_BLOCKS = 24
+
+
+def _producer(transport: str, in_segment: bool):
+    """A transfer server whose cache (seeded bytes) is in a segment or in ordinary memory."""
+    segment = Segment(GEOMETRY.cache_bytes(NUM_BLOCKS)) if in_segment else None
+    caches = GEOMETRY.caches(NUM_BLOCKS, seed=None, memory=segment.tensor if segment else None)
+    for index, tensor in enumerate(caches.values()):
+        tensor.view(torch.uint8).copy_(torch.randint(0, 256, tensor.view(torch.uint8).shape, dtype=torch.uint8,
+                                                     generator=torch.Generator().manual_seed(index)))
+    layout = KVLayout(caches, NUM_BLOCKS)
+    leases = LeaseTable()
+    shared = SharedCache.of(segment, caches, NUM_BLOCKS) if segment else None
+    server = TransferServer(layout, layout.compat("m", 32), leases, "127.0.0.1", 0, grant_wait_s=0.5,
+                            transports=SERVED[transport], shared_cache=shared)
+    return caches, leases, f"127.0.0.1:{server.start()}", server, segment
+
+
+@pytest.fixture
+def shm_producer():
+    caches, leases, address, server, segment = _producer("shm", in_segment=True)
+    yield caches, leases, address, server
+    server.stop()
+    segment.close()
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bytewise (random bytes hold NaN patterns, which compare unequal as numbers)."""
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _consumer(transport: str) -> tuple[dict, PullClient]:
+    caches = GEOMETRY.caches(NUM_BLOCKS)
+    layout = KVLayout(caches, NUM_BLOCKS)
+    return caches, PullClient(layout, layout.compat("m", 32), transport)
+
+
+@pytest.mark.parametrize("transport", ["shm", "auto"])
+def test_a_same_host_consumer_copies_exactly_the_leased_blocks_itself(shm_producer, transport):
+    source, leases, address, server = shm_producer
+    leases.grant(Lease("t1", "r1", (5, 6, 7, 20), 100, time.monotonic() + 30))
+    target, client = _consumer(transport)
+    untouched = {name: t[0].clone() for name, t in target.items()}
+    result = client.pull(address, "t1", [5, 6, 7, 20], [1, 2, 9, 10], release=True)
+    for name in source:
+        assert _same_bytes(source[name][[5, 6, 7, 20]], target[name][[1, 2, 9, 10]])
+        assert _same_bytes(untouched[name], target[name][0])
+    assert result.num_bytes == 4 * GEOMETRY.bytes_per_block
+    assert (server.stats.data_channels, server.stats.mapped_channels) == (1, 1)
+    assert leases.take_released() == {"r1"}  # released at DONE, as on every transport
+    client.close()
+
+
+def test_auto_falls_back_to_tcp_when_the_producer_cache_is_not_shared():
+    source, leases, address, server, _ = _producer("auto", in_segment=False)
+    try:
+        leases.grant(Lease("t1", "r1", (3, 4), 50, time.monotonic() + 30))
+        target, client = _consumer("auto")
+        client.pull(address, "t1", [3, 4], [0, 1])
+        assert all(_same_bytes(source[n][[3, 4]], target[n][[0, 1]]) for n in source)
+        assert (server.stats.data_channels, server.stats.mapped_channels) == (1, 0)
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_auto_falls_back_to_tcp_for_a_consumer_on_another_host(shm_producer, monkeypatch):
+    source, leases, address, server = shm_producer
+    original = ShmTransport.consumer_offer
+
+    def offer_from_another_boot(self, sock, device):
+        offer = original(self, sock, device)
+        offer.fields["boot_id"] = "another-host"
+        return offer
+
+    monkeypatch.setattr(ShmTransport, "consumer_offer", offer_from_another_boot)
+    leases.grant(Lease("t1", "r1", (2,), 20, time.monotonic() + 30))
+    target, client = _consumer("auto")
+    client.pull(address, "t1", [2], [5])
+    assert all(_same_bytes(source[n][2], target[n][5]) for n in source)
+    assert server.stats.mapped_channels == 0
+    client.close()
+
+
+def test_explicit_shm_is_refused_with_the_reason_when_the_cache_is_not_shared():
+    _, _, address, server, _ = _producer("shm", in_segment=False)
+    try:
+        _, client = _consumer("shm")
+        with pytest.raises(IncompatiblePeer, match="not in shared memory"):
+            client.pull(address, "t1", [1], [1])
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_a_segment_is_private_and_unlinked_on_close():
+    segment = Segment(1 << 20)
+    info = os.stat(segment.path)
+    assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_size == HEADER_BYTES + (1 << 20)
+    assert segment.path.parent == SEGMENT_DIR and segment.path.name.startswith(f"{PREFIX}{os.getuid()}-")
+    assert int(segment.tensor.abs().sum()) == 0 and segment.tensor.numel() == 1 << 20
+    segment.close()
+    assert not segment.path.exists()
+
+
+def test_mapping_checks_the_file_before_trusting_it(tmp_path):
+    segment = Segment(4096)
+    try:
+        mapped = map_segment(str(segment.path), 4096)
+        assert mapped.token == segment.token
+        mapped.close()
+        with pytest.raises(SegmentError, match="holds"):
+            map_segment(str(segment.path), 8192)  # another size than advertised
+        os.chmod(segment.path, 0o644)
+        with pytest.raises(SegmentError, match="0600"):
+            map_segment(str(segment.path), 4096)
+        with pytest.raises(SegmentError, match="not a pdserve KV segment path"):
+            map_segment(str(tmp_path / "elsewhere"), 4096)
+    finally:
+        segment.close()
+
+
+def test_the_segment_of_a_killed_engine_is_swept_and_a_live_one_kept():
+    live = Segment(4096)
+    owner = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom kv_transfer.shm_segment import Segment\n"
+                              "s = Segment(4096)\nprint(s.path, flush=True)\ntime.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        dead_path = owner.stdout.readline().strip()
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        assert os.path.exists(dead_path)  # SIGKILL: nobody unlinked it
+        removed = sweep_stale()
+        assert os.path.basename(dead_path) in removed and not os.path.exists(dead_path)
+        assert live.path.exists()
+    finally:
+        owner.kill()
+        live.close()
+
+
+def test_the_allocation_context_puts_exactly_the_cache_in_a_segment():
+    allocation = SegmentAllocation(3 << 20)
+    with allocation:
+        other = torch.zeros(16, dtype=torch.int8)
+        cache = torch.zeros(3 << 20, dtype=torch.int8, device="cpu")
+        again = torch.zeros(3 << 20, dtype=torch.int8)  # one cache per engine: the second is ordinary
+    try:
+        assert allocation.segment is not None
+        assert cache.data_ptr() == allocation.segment.base_address
+        assert other.data_ptr() != allocation.segment.base_address
+        assert again.data_ptr() != allocation.segment.base_address
+    finally:
+        allocation.segment.close()
