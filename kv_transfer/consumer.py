@@ -150,6 +150,21 @@ class PullClient:
     def release(self, address: str, transfer_id: str) -> bool:
         return release_transfer(address, transfer_id, self.timeout_s)
 
+    def drop_stale(self) -> list[str]:
+        """Closes idle connections whose channel went stale (an shm producer that is gone: its map
+        would keep the dead cache's memory); the addresses dropped. A busy one is left for later."""
+        with self._lock:
+            candidates = [(a, c) for a, c in self._connections.items() if c.channel.stale()]
+        dropped = []
+        for address, connection in candidates:
+            if connection.lock.acquire(blocking=False):
+                try:
+                    self._drop(address, connection)
+                    dropped.append(address)
+                finally:
+                    connection.lock.release()
+        return dropped
+
     def close(self) -> None:
         with self._lock:
             connections, self._connections = list(self._connections.values()), {}
@@ -160,14 +175,16 @@ class PullClient:
         """The open connection to `address`, or a new one. Concurrent first pulls to one producer
         wait for a single handshake (a second one would open a data channel nobody closes)."""
         existing = self._connections.get(address)  # the usual case, without locks (a dict read is atomic)
-        if existing is not None and not existing.closed:
+        if existing is not None and not existing.closed and not existing.channel.stale():
             return existing
         with self._lock:
             dialing = self._dialing.setdefault(address, threading.Lock())
         with dialing:
             with self._lock:
                 existing = self._connections.get(address)
-            if existing is not None and not existing.closed:
+            if existing is not None and existing.channel.stale():
+                self._drop(address, existing)  # the producer there restarted: a new segment, a new map
+            elif existing is not None and not existing.closed:
                 return existing
             connection = self._handshake(address)
             with self._lock:

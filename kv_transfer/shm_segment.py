@@ -187,18 +187,25 @@ class SegmentAllocation(torch.overrides.TorchFunctionMode):
     """The allocation context for vLLM's KV cache (`KVConnectorBase_V1.get_mem_pool_context`): the
     one `torch.zeros(size, dtype=int8)` on the CPU of exactly the cache's size is answered with a
     segment of that size (fresh shared memory is zeros). Anything else runs as usual. `segment` is
-    None until the cache was allocated, and stays None if vLLM allocated otherwise."""
+    None until the cache was allocated, and stays None if vLLM allocated otherwise or the segment
+    could not be made (too small a /dev/shm: the cache then goes to private memory, as without us)."""
 
     def __init__(self, size: int, folder: Path = SEGMENT_DIR):
         super().__init__()
         self.size, self.folder = size, folder
         self.segment: Segment | None = None
+        self.tried = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.zeros and self.segment is None and self._is_the_cache(args, kwargs):
+        if func is torch.zeros and not self.tried and self._is_the_cache(args, kwargs):
+            self.tried = True
             sweep_stale(self.folder)
-            self.segment = Segment(self.size, self.folder)
+            try:
+                self.segment = Segment(self.size, self.folder)
+            except SegmentError as error:  # e.g. a container's small /dev/shm: private memory, tcp
+                logger.warning("the KV cache stays in private memory, consumers read it over tcp: %s", error)
+                return func(*args, **kwargs)
             logger.info("the KV cache lives in %s (%d MiB, one-sided reads by same-host consumers)",
                         self.segment.path, self.size >> 20)
             return self.segment.tensor

@@ -60,6 +60,7 @@ class PDWorker:
         self.cache_bytes = cache_bytes
         self._allocation: SegmentAllocation | None = None
         self.shared_cache: SharedCache | None = None
+        self._stale_checked_at = 0.0
 
     def allocation_context(self) -> SegmentAllocation | None:
         """Where vLLM allocates the KV cache: a shared-memory segment for a producer whose transport
@@ -114,6 +115,7 @@ class PDWorker:
             logger.warning("released %d KV leases nobody pulled in time: %s", len(expired),
                            [lease.transfer_id for lease in expired])
         finished_sending = self.leases.take_released()
+        self._drop_stale_connections()
         finished_recving, failed_recving = set(), set()
         for request_id, (pull, future) in list(self._inflight.items()):
             if not future.done():
@@ -126,6 +128,15 @@ class PDWorker:
                 failed_recving.add(request_id)
                 self._invalid_block_ids.update(pull.local_block_ids)
         return finished_sending, finished_recving, failed_recving
+
+    def _drop_stale_connections(self, every_s: float = 2.0) -> None:
+        """Consumer: at most every `every_s`, lets go of maps of producers that are gone."""
+        now = time.monotonic()
+        if self.client is None or now - self._stale_checked_at < every_s:
+            return
+        self._stale_checked_at = now
+        for address in self.client.drop_stale():
+            logger.info("the KV producer at %s is gone: its shared-memory map is released", address)
 
     def take_invalid_block_ids(self) -> set[int]:
         invalid, self._invalid_block_ids = self._invalid_block_ids, set()

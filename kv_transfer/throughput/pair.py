@@ -2,8 +2,13 @@
 `TransferServer` and the raw reference servers, and a consumer (the calling process) that can
 receive the same blocks every way there is, each way a callable returning seconds.
 
-The producer's cache holds `geometry.caches(num_blocks, seed=PRODUCER_SEED)` and its raw ways serve
-`reference.payload(max_bytes)`, so a test can rebuild what every way must deliver.
+The producer runs two transfer servers sharing one lease table, as two producers configured
+differently would: one over a cache in ordinary memory serving `tcp` and `torch`, and one over a
+cache in a shared-memory `Segment` serving `SERVED["shm"]` (the consumer copies blocks out of it
+itself). Both caches hold `geometry.caches(num_blocks, seed=PRODUCER_SEED)` and the raw ways serve
+`reference.payload(max_bytes)`, so a test can rebuild what every way must deliver. The segment is
+unlinked when the producer returns or raises, and by `open_pair` once the producer is gone (a
+producer killed before it reported its segment leaves it to `shm_segment.sweep_stale`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,19 +32,23 @@ from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.producer import TransferServer
+from kv_transfer.shm_segment import Segment
 from kv_transfer.throughput import reference
+from kv_transfer.transports.base import SERVED
+from kv_transfer.transports.shm import SharedCache
 
 PRODUCER_SEED, CONSUMER_SEED = 1, 2
 LEASE_S = 3600.0  # the pulls never release a lease: one serves every repeat
 _RAW_LISTENERS = {"raw": True, "raw_default": False}  # name -> tuned
 _STARTUP_S = 120.0
+_PULLED = ("tcp", "torch", "shm")  # the pdserve transports, each a "pdserve <name>" method
 
 
 def method_names(geometry: BlockGeometry) -> tuple[str, ...]:
     """Every way the consumer receives blocks, in the order they run in a round."""
     layers = geometry.num_layers
-    return ("pdserve tcp", "pdserve torch", "raw socket", f"raw socket x{layers}", "raw socket, host defaults",
-            "raw gloo", f"raw gloo x{layers}", "memcpy")
+    return (*(f"pdserve {name}" for name in _PULLED), "raw socket", f"raw socket x{layers}",
+            "raw socket, host defaults", "raw gloo", f"raw gloo x{layers}", "memcpy")
 
 
 def pin(core: int | None) -> None:
@@ -62,13 +72,36 @@ def pinned(core: int | None) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def transfer_server(geometry: BlockGeometry, num_blocks: int, leases: LeaseTable,
+                    segment: Segment | None = None) -> TransferServer:
+    """A server over a fresh seeded cache: in ordinary memory serving `tcp` and `torch`, or in
+    `segment` (`geometry.cache_bytes(num_blocks)` bytes) serving what a producer configured for
+    `shm` serves."""
+    memory = None if segment is None else segment.tensor
+    caches = geometry.caches(num_blocks, seed=PRODUCER_SEED, memory=memory)
+    layout = KVLayout(caches, num_blocks)
+    shared = None if segment is None else SharedCache.of(segment, caches, num_blocks)
+    transports = ("tcp", "torch") if segment is None else SERVED["shm"]
+    return TransferServer(layout, layout.compat("throughput", geometry.block_size), leases, "127.0.0.1", 0,
+                          transports=transports, shared_cache=shared)
+
+
 def producer_main(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, core: int | None) -> None:
     """The producer process: sends its endpoints, grants a lease per `(transfer_id, num_blocks)`
-    received, and returns after `None` and the consumer's gloo stop request."""
+    received, and returns after `None` and the consumer's gloo stop request. Its segment is
+    unlinked when this returns or raises."""
     pin(core)
-    layout = KVLayout(geometry.caches(num_blocks, seed=PRODUCER_SEED), num_blocks)
+    segment = Segment(geometry.cache_bytes(num_blocks))
+    try:
+        _produce(geometry, num_blocks, max_bytes, conn, segment)
+    finally:
+        segment.close()
+
+
+def _produce(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, segment: Segment) -> None:
     leases = LeaseTable()
-    server = TransferServer(layout, layout.compat("throughput", geometry.block_size), leases, "127.0.0.1", 0)
+    server = transfer_server(geometry, num_blocks, leases)
+    shm_server = transfer_server(geometry, num_blocks, leases, segment)
     source = reference.payload(max_bytes)
     listeners = {name: socket.create_server(("127.0.0.1", 0)) for name in _RAW_LISTENERS}
     for name, listener in listeners.items():
@@ -78,7 +111,8 @@ def producer_main(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn
                           wait_for_workers=False)
     gloo = threading.Thread(target=reference.serve_raw_gloo, args=(store, source))
     gloo.start()
-    conn.send({"kv": f"127.0.0.1:{server.start()}", "store": store.port,
+    conn.send({"kv": f"127.0.0.1:{server.start()}", "kv_shm": f"127.0.0.1:{shm_server.start()}",
+               "segment": str(segment.path), "store": store.port,
                **{name: listener.getsockname()[1] for name, listener in listeners.items()}})
     for transfer_id, count in iter(conn.recv, None):
         leases.grant(Lease(transfer_id, transfer_id, tuple(range(count)), count * geometry.block_size,
@@ -86,6 +120,7 @@ def producer_main(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn
         conn.send("granted")
     gloo.join()
     server.stop()
+    shm_server.stop()
 
 
 class Consumer:
@@ -99,8 +134,8 @@ class Consumer:
         self._control = control
         self.layout = KVLayout(geometry.caches(num_blocks, seed=CONSUMER_SEED), num_blocks)
         compat = self.layout.compat("throughput", geometry.block_size)
-        self.kv_address = endpoints["kv"]
-        self.pull_clients = {name: PullClient(self.layout, compat, name) for name in ("tcp", "torch")}
+        self.kv_addresses = {"tcp": endpoints["kv"], "torch": endpoints["kv"], "shm": endpoints["kv_shm"]}
+        self.pull_clients = {name: PullClient(self.layout, compat, name) for name in _PULLED}
         self.raw_socks = {tuned: reference.tune_raw(socket.create_connection(("127.0.0.1", endpoints[name])), tuned)
                           for name, tuned in _RAW_LISTENERS.items()}
         self.raw_target = torch.zeros(max_bytes, dtype=torch.uint8)
@@ -125,8 +160,7 @@ class Consumer:
         """`method_names(geometry)` -> a callable moving `num_blocks` blocks' bytes, returning seconds."""
         remote, local = list(range(num_blocks)), list(range(num_blocks, 2 * num_blocks))
         nbytes, layers = num_blocks * self.geometry.bytes_per_block, self.geometry.num_layers
-        ways = [lambda: self._pull("tcp", transfer_id, remote, local),
-                lambda: self._pull("torch", transfer_id, remote, local),
+        ways = [*(lambda name=name: self._pull(name, transfer_id, remote, local) for name in _PULLED),
                 lambda: reference.receive_raw_socket(self.raw_socks[True], self.raw_target, nbytes, 1),
                 lambda: reference.receive_raw_socket(self.raw_socks[True], self.raw_target, nbytes, layers),
                 lambda: reference.receive_raw_socket(self.raw_socks[False], self.raw_target, nbytes, 1),
@@ -137,7 +171,7 @@ class Consumer:
 
     def _pull(self, transport: str, transfer_id: str, remote: list[int], local: list[int]) -> float:
         """One pull as a decode worker runs it, minus the release (the lease serves every repeat)."""
-        return self.pull_clients[transport].pull(self.kv_address, transfer_id, remote, local).seconds
+        return self.pull_clients[transport].pull(self.kv_addresses[transport], transfer_id, remote, local).seconds
 
     def close(self) -> None:
         reference.stop_raw_gloo(self.gloo)
@@ -160,17 +194,20 @@ def _wait_started(control, producer: mp.process.BaseProcess) -> None:
 def open_pair(geometry: BlockGeometry, num_blocks: int, max_bytes: int, *, eviction_bytes: int,
               cores: tuple[int, int] | None) -> Iterator[Consumer]:
     """Starts the producer process (on `cores[0]`), connects a consumer in this process (pinned to
-    `cores[1]` while the pair is open; None: no pinning), and stops both on exit, also on error."""
+    `cores[1]` while the pair is open; None: no pinning), and stops both on exit, also on error;
+    the producer's segment is gone after (it unlinks it; this makes sure once it is stopped)."""
     context = mp.get_context("spawn")
     control, child = context.Pipe()
     producer_core, consumer_core = cores if cores is not None else (None, None)
     producer = context.Process(target=producer_main, args=(geometry, num_blocks, max_bytes, child, producer_core),
                                daemon=True)
     producer.start()
+    endpoints: dict = {}
     try:
         with pinned(consumer_core):
             _wait_started(control, producer)
-            consumer = Consumer(geometry, num_blocks, max_bytes, control.recv(), control, eviction_bytes)
+            endpoints = control.recv()
+            consumer = Consumer(geometry, num_blocks, max_bytes, endpoints, control, eviction_bytes)
             try:
                 yield consumer
             finally:
@@ -182,3 +219,5 @@ def open_pair(geometry: BlockGeometry, num_blocks: int, max_bytes: int, *, evict
         if producer.is_alive():
             producer.terminate()
             producer.join()
+        if "segment" in endpoints:  # a terminated producer had no chance to unlink it
+            Path(endpoints["segment"]).unlink(missing_ok=True)

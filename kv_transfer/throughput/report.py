@@ -40,7 +40,7 @@ def plot(rows: Sequence[Row], path: Path, title: str) -> None:
     sizes = sorted({r.prompt_tokens for r in rows})
     methods = list(dict.fromkeys(r.method for r in rows))
     by = {(r.prompt_tokens, r.method): r for r in rows}
-    figure, axes = plt.subplots(figsize=(8, 4.5))
+    figure, axes = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
         xs = [j + i * width for j in range(len(sizes))]
@@ -49,7 +49,7 @@ def plot(rows: Sequence[Row], path: Path, title: str) -> None:
     axes.set_xticklabels([f"{s}-token prompt\n({by[(s, methods[0])].num_bytes / 2**20:.0f} MiB)" for s in sizes])
     axes.set_ylabel("GB/s (median)")
     axes.set_title(title)
-    axes.legend()
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # off the bars
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

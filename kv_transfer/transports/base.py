@@ -45,6 +45,10 @@ class DataChannel(ABC):
     def recv(self, ranges: Sequence) -> None:
         """Fills `ranges`, in order, with the bytes the peer sends. Returns when they are written."""
 
+    def stale(self) -> bool:
+        """True when the channel can no longer serve (a one-sided channel whose producer is gone)."""
+        return False
+
     def close(self) -> None:
         return None
 

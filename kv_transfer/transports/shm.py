@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import socket
 from dataclasses import dataclass
 from typing import Sequence
@@ -117,6 +118,11 @@ class ShmConsumerChannel(DataChannel):
         for target, source in zip(targets, sources):
             ctypes.memmove(target.data_ptr(), source.data_ptr(), target.numel())
         return sum(t.numel() for t in targets)
+
+    def stale(self) -> bool:
+        """True once the producer's segment is unlinked (its engine stopped, or died and was swept):
+        the map then only keeps dead memory alive, and the connection should be dropped."""
+        return not os.path.exists(self._mapped.path)
 
     def close(self) -> None:
         self._remote = None  # the views over the map go first, then the map

@@ -177,3 +177,24 @@ def test_the_allocation_context_puts_exactly_the_cache_in_a_segment():
         assert again.data_ptr() != allocation.segment.base_address
     finally:
         allocation.segment.close()
+
+
+def test_a_consumer_lets_go_of_a_gone_producers_map_and_reconnects():
+    caches, leases, address, server, segment = _producer("shm", in_segment=True)
+    target, client = _consumer("shm")
+    try:
+        leases.grant(Lease("t1", "r1", (1,), 10, time.monotonic() + 30))
+        client.pull(address, "t1", [1], [2])
+        assert client.drop_stale() == []      # the producer is alive: its map stays
+        segment.close()                       # the producer's engine stopped: the segment is unlinked
+        assert client.drop_stale() == [address]
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_a_segment_that_cannot_be_made_leaves_the_cache_in_private_memory(tmp_path):
+    allocation = SegmentAllocation(1 << 20, folder=tmp_path / "missing")  # no such folder: creation fails
+    with allocation:
+        cache = torch.zeros(1 << 20, dtype=torch.int8)
+    assert allocation.segment is None and cache.numel() == 1 << 20 and int(cache.abs().sum()) == 0

@@ -1,0 +1,73 @@
+"""The shared-memory transport in a real cluster: segments live exactly as long as their engines."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from pdserve.client import Client
+
+from cluster_helpers import start_cluster, wait_until_idle
+
+pytestmark = pytest.mark.integration
+
+
+def _process_tree(pid: int) -> list[int]:
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listing:
+            children += [int(child) for child in listing.read().split()]
+    return [pid] + [p for child in children for p in _process_tree(child)]
+
+
+def _segments_of(cluster, worker_id: str) -> set[str]:
+    """The KV segments the worker's processes map (other tests' clusters may own segments too)."""
+    found = set()
+    for pid in _process_tree(cluster.workers[worker_id].pid):
+        with open(f"/proc/{pid}/maps") as maps:
+            found |= {line.split()[-1] for line in maps if f"/dev/shm/pdserve-kv-{os.getuid()}-" in line}
+    return found
+
+
+def _served(cluster, first_token: int) -> list[int]:
+    """Tokens, KV blocks moved and prompt tokens the decode engine computed for a 100-token prompt
+    (`first_token` differs per call, so no prompt is in the decode engine's prefix cache)."""
+    prompt = [first_token] + list(range(10, 109))
+    with Client(cluster.grpc_target) as client:
+        chunks = list(client.generate(token_ids=prompt, max_tokens=4, temperature=0, ignore_eos=True))
+    timings = chunks[-1].timings
+    return [sum(len(c.token_ids) for c in chunks), timings.kv_transfer_blocks, timings.decode_computed_prompt_tokens]
+
+
+def test_a_killed_producers_segment_is_swept_by_the_next_and_none_outlives_the_cluster(tiny_model, tmp_path):
+    cluster = start_cluster(tiny_model, tmp_path, "shm")
+    try:
+        first = _segments_of(cluster, cluster.worker_ids("prefill")[0])
+        assert len(first) == 1  # the prefill engine's cache lives in shared memory
+        decode_maps = _segments_of(cluster, cluster.worker_ids("decode")[0])
+        assert _served(cluster, 200) == [4, 4, 1]  # 100 prompt tokens: 4 blocks read from the segment
+        assert _segments_of(cluster, cluster.worker_ids("decode")[0]) - decode_maps == first  # mapped to read
+        cluster.kill_worker(cluster.worker_ids("prefill")[0])  # SIGKILL: nobody unlinks
+        assert all(os.path.exists(path) for path in first)
+        second = _segments_of(cluster, cluster.add_worker("prefill"))  # its engine sweeps dead owners' segments
+        assert len(second) == 1 and not second & first
+        assert not any(os.path.exists(path) for path in first)
+        for first_token in range(300, 400):  # the router drops the dead worker within its registry lease
+            try:
+                assert _served(cluster, first_token) == [4, 4, 1]
+                break
+            except AssertionError:
+                if first_token == 399:
+                    raise
+                time.sleep(0.3)
+        decode_id = cluster.worker_ids("decode")[0]
+        deadline = time.monotonic() + 10  # the consumer lets go of the dead producer's map
+        while _segments_of(cluster, decode_id) & first and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _segments_of(cluster, decode_id) & first
+        wait_until_idle(cluster)
+    finally:
+        cluster.stop()
+    assert not any(os.path.exists(path) for path in first | second)
