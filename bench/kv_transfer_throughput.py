@@ -25,6 +25,9 @@ pinned to core 1, as a prefill and a decode worker do, and times each way of mov
 
   pdserve tcp     PullClient -> TransferServer, transport `tcp` (what a decode worker runs)
   pdserve torch   the same, transport `torch` (gloo on CPU; the same code runs nccl on CUDA)
+  pdserve shm     the same, transport `shm`, from a producer whose cache is a shared-memory segment
+                  (/dev/shm): the consumer maps it once per connection and copies the blocks itself
+                  (one memmove per layer run); the producer only answers PULL and DONE
   raw socket      one contiguous buffer, one blocking sendall / recv_into(MSG_WAITALL) on a TCP
                   socket set up as pdserve's (TCP_NODELAY, cubic congestion control): the
                   reference for `pdserve tcp`
@@ -38,7 +41,8 @@ pinned to core 1, as a prefill and a decode worker do, and times each way of mov
 
 Every pull is a request (PULL message, or a 16-byte request for the raw ways) followed by the
 bytes, timed by the consumer from the request to the last byte written (for pdserve, to its DONE
-sent; the pulls do not release the lease, so one lease serves every repeat). The caches use
+sent, and for shm to the producer's DONE_OK; the pulls do not release the lease, so one lease
+serves every repeat). The caches use
 vLLM-CPU's layout: each layer is [num_blocks, kv_heads, block_size, 2*head_dim] in one shared
 buffer, so a prompt's blocks are 12 runs of contiguous bytes (one per layer). Methods are
 interleaved within every repeat so host noise hits them alike, and before each transfer the

@@ -4,12 +4,14 @@ samples, and a short real run of the producer/consumer pair (no speeds asserted)
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
+from kv_transfer.shm_segment import PREFIX, SEGMENT_DIR
 from kv_transfer.throughput import reference
 from kv_transfer.throughput.measure import measure
 from kv_transfer.throughput.pair import PRODUCER_SEED, method_names, open_pair
@@ -97,7 +99,7 @@ def test_every_method_delivers_the_producers_exact_bytes():
         consumer.grant("t", count)
         ways = consumer.methods("t", count)
         assert list(ways) == list(method_names(SMALL)) == [
-            "pdserve tcp", "pdserve torch", "raw socket", "raw socket x2", "raw socket, host defaults", "raw gloo",
+            "pdserve tcp", "pdserve torch", "pdserve shm", "raw socket", "raw socket x2", "raw socket, host defaults", "raw gloo",
             "raw gloo x2", "memcpy"]
         for method, run in ways.items():
             for view in consumer.layout.views([2, 3]):
@@ -111,6 +113,28 @@ def test_every_method_delivers_the_producers_exact_bytes():
                 parts = SMALL.num_layers if method.endswith("x2") else 1
                 got = reference.split(consumer.raw_target, nbytes, parts)
                 assert all(torch.equal(g, w) for g, w in zip(got, reference.split(expected_raw, nbytes, parts))), method
+
+
+def _our_segments() -> set[Path]:
+    return set(SEGMENT_DIR.glob(f"{PREFIX}{os.getuid()}-*"))
+
+
+def test_pdserve_shm_copies_the_producers_exact_bytes_and_the_pair_unlinks_its_segment():
+    num_blocks, count = 6, 3
+    expected = KVLayout(SMALL.caches(num_blocks, seed=PRODUCER_SEED), num_blocks)
+    before = _our_segments()  # other tests may hold live segments of their own
+    with open_pair(SMALL, num_blocks, count * SMALL.bytes_per_block, eviction_bytes=0, cores=None) as consumer:
+        consumer.grant("t", count)
+        during = _our_segments() - before
+        for _ in range(2):  # the second pull reuses the connection and its mapping
+            for view in consumer.layout.views([3, 4, 5]):
+                view.zero_()
+            assert consumer.methods("t", count)["pdserve shm"]() > 0  # explicit shm: no tcp fallback
+            got, want = consumer.layout.views([3, 4, 5]), expected.views([0, 1, 2])
+            assert all(torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+                       for g, w in zip(got, want, strict=True))
+    assert len(during) == 1
+    assert not (during & _our_segments())
 
 
 def test_a_short_measurement_has_a_row_per_prompt_and_method_and_restores_the_callers_pinning():
