@@ -25,7 +25,7 @@ class ClusterSpec:
     engine: EngineSettings
     num_prefill: int = 1
     num_decode: int = 1
-    transport: TransportName = "tcp"
+    transport: TransportName = "auto"
     cluster: str = "default"
     grpc_port: int = 0
     http_port: int = 0

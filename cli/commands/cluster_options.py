@@ -12,7 +12,7 @@ from cli.commands.engine_options import add_engine_options, engine_settings
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", type=int, default=1, help="prefill workers (default: %(default)s)")
     parser.add_argument("--decode", type=int, default=1, help="decode workers (default: %(default)s)")
-    parser.add_argument("--transport", choices=["tcp", "torch", "shm", "auto"], default="tcp",
+    parser.add_argument("--transport", choices=["tcp", "torch", "shm", "auto"], default="auto",
                         help="KV transport: tcp, torch (gloo/nccl), shm (one-sided, same host) or auto (shm on one "
                              "host, else tcp) (default: %(default)s)")
     parser.add_argument("--grpc-port", type=int, default=50051, help="router gRPC port (0: any free port)")

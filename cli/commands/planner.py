@@ -71,7 +71,7 @@ def _add_local_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("local actuator (--actuator local): workers started on this host")
     g.add_argument("--actuator", choices=["local", "kubernetes", "ray"], default="local",
                    help="what resizes the pools (default local)")
-    g.add_argument("--worker-transport", choices=["tcp", "torch", "shm", "auto"], default="tcp",
+    g.add_argument("--worker-transport", choices=["tcp", "torch", "shm", "auto"], default="auto",
                    help="the cluster's KV transport")
     g.add_argument("--prefill-cores", default="", help="core sets new prefill workers rotate over, e.g. 0 or 0,1")
     g.add_argument("--decode-cores", default="", help="core sets new decode workers rotate over, e.g. 1,0")

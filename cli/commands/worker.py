@@ -30,7 +30,7 @@ def register(subparsers) -> None:
                         help="address others reach this worker at (default: --host; env PDSERVE_ADVERTISE_HOST)")
     parser.add_argument("--grpc-port", type=int, default=0, help="Worker gRPC port (0: any free port)")
     parser.add_argument("--kv-port", type=int, default=0, help="prefill: KV transfer port (0: any free port)")
-    parser.add_argument("--transport", choices=["tcp", "torch", "shm", "auto"], default="tcp",
+    parser.add_argument("--transport", choices=["tcp", "torch", "shm", "auto"], default="auto",
                         help="KV transport: tcp sockets; torch.distributed p2p (gloo on CPU, nccl on GPU); shm, "
                              "one-sided reads of the prefill worker's cache in shared memory (same host); auto, "
                              "shm where the peers share a host, else tcp (default: %(default)s)")

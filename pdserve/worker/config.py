@@ -23,7 +23,7 @@ class WorkerConfig:
     advertise_host: str = "127.0.0.1"   # the address other processes reach this worker at
     grpc_port: int = 0                  # 0: any free port
     kv_port: int = 0                    # prefill: KV transfer server port; 0: a free port picked at start
-    transport: TransportName = "tcp"
+    transport: TransportName = "auto"
     lease_s: float = 30.0
     heartbeat_s: float = 1.0
     ttl_s: float = 3.0

@@ -34,7 +34,7 @@ class WorkerLaunchSpec:
     redis_url: str
     cluster: str
     engine: EngineSettings
-    transport: str = "tcp"
+    transport: str = "auto"
     cpu_cores: dict[str, tuple[str, ...]] = field(default_factory=dict)  # role -> core sets, e.g. ("1", "0")
     lease_s: float = 30.0
     ttl_s: float = 3.0
