@@ -58,14 +58,11 @@ def resolve_auto_dtype(model_dir: str, cpu_cores: str = "", cache_dir: Path | No
     `cpu_cores` is what one worker gets (its thread count); "" means every core. On a GPU the
     answer is bfloat16 without a probe (vLLM's default there). A probe that fails falls back to
     the CPU flags' guess, and says so in the decision's reason (nothing is cached then)."""
-    threads = len(parse_cores(cpu_cores)) if cpu_cores else (os.cpu_count() or 1)
-    kind = this_host_kind()
-    shape = ModelShape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
     from pdserve.engine import on_gpu
 
+    threads, kind, shape, path = _where(model_dir, cpu_cores, cache_dir)
     if on_gpu():
         return DtypeDecision("bfloat16", "a GPU: vLLM's default there", kind, shape.key, threads)
-    path = cache_path(cache_dir or default_cache_dir(), kind, shape, threads)
     cached = load_decision(path, kind)
     if cached is not None:
         return cached
@@ -81,6 +78,23 @@ def resolve_auto_dtype(model_dir: str, cpu_cores: str = "", cache_dir: Path | No
     decision = DtypeDecision(dtype, reason, kind, shape.key, threads, timings)
     save_decision(path, decision)
     return decision
+
+
+def cached_decision(model_dir: str, cpu_cores: str = "", cache_dir: Path | None = None) -> DtypeDecision | None:
+    """The decision `resolve_auto_dtype` would reuse, or None; never probes."""
+    try:
+        _, kind, _, path = _where(model_dir, cpu_cores, cache_dir)
+    except (OSError, ValueError):
+        return None
+    return load_decision(path, kind)
+
+
+def _where(model_dir: str, cpu_cores: str, cache_dir: Path | None):
+    """(threads, host kind, model shape, cache file) of a decision."""
+    threads = len(parse_cores(cpu_cores)) if cpu_cores else (os.cpu_count() or 1)
+    kind = this_host_kind()
+    shape = ModelShape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    return threads, kind, shape, cache_path(cache_dir or default_cache_dir(), kind, shape, threads)
 
 
 def _probe_in_child(model_dir: str, cpu_cores: str, out: Path) -> dict[str, dict[str, float]]:

@@ -59,6 +59,8 @@ class HardwareInfo:
     cpu_model: str
     num_cores: int
     device: str = "cpu"
+    host_kind: str = ""       # `pdserve.dtype_probe.this_host_kind()`: profiles carry to hosts of one kind
+    dtype_choice: str = ""    # how the engine's dtype was chosen (the probe's decision and timings)
 
     def __post_init__(self) -> None:
         _positive_int("hardware", "num_cores", self.num_cores)

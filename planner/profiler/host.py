@@ -28,9 +28,26 @@ def count_cores(cpu_cores: str) -> int:
     return len(parse_cores(cpu_cores))
 
 
-def hardware_info(cpu_cores: str) -> HardwareInfo:
-    """A "device" here is what one worker gets: the cores its engine is bound to."""
-    return HardwareInfo(cpu_model=cpu_model(), num_cores=count_cores(cpu_cores), device="cpu")
+def hardware_info(cpu_cores: str, model_dir: str = "", dtype: str = "") -> HardwareInfo:
+    """A "device" here is what one worker gets: the cores its engine is bound to. With the model
+    and the engine's dtype, it records how that dtype was chosen."""
+    from pdserve.dtype_probe import this_host_kind
+
+    return HardwareInfo(cpu_model=cpu_model(), num_cores=count_cores(cpu_cores), device="cpu",
+                        host_kind=this_host_kind(), dtype_choice=dtype_choice(model_dir, cpu_cores, dtype))
+
+
+def dtype_choice(model_dir: str, cpu_cores: str, dtype: str) -> str:
+    """The probe's decision for this model and these cores when the engine runs what it chose,
+    else a note that the dtype was given (or that nothing was probed)."""
+    from pdserve.dtype_probe import cached_decision
+
+    decision = cached_decision(model_dir, cpu_cores) if model_dir else None
+    if decision is None:
+        return f"{dtype}: not probed on this host kind" if dtype else ""
+    if decision.dtype != dtype:
+        return f"{dtype}: given explicitly (the probe chose {decision.dtype})"
+    return decision.summary()
 
 
 def model_info(model_dir: str | Path, dtype: str, block_size: int) -> ModelInfo:

@@ -100,7 +100,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
             serving = _measure_serving(engine, job, model, prefill, decode, transfers, budget, advance)
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
     profile = Profile(
-        hardware=hardware_info(engine.cpu_cores), model=model,
+        hardware=hardware_info(engine.cpu_cores, engine.model, engine.dtype), model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,
                               kv_cache_memory_bytes=engine.kv_cache_bytes, enforce_eager=True),
         prefill=prefill, decode=decode, kv_transfer=transfers,
