@@ -198,3 +198,39 @@ def test_a_segment_that_cannot_be_made_leaves_the_cache_in_private_memory(tmp_pa
     with allocation:
         cache = torch.zeros(1 << 20, dtype=torch.int8)
     assert allocation.segment is None and cache.numel() == 1 << 20 and int(cache.abs().sum()) == 0
+
+
+def test_a_consumer_that_dies_mid_copy_leaves_the_lease_to_expire_and_the_producer_serving(shm_producer):
+    """The consumer got SENDING (the blocks are pinned for it) and vanished before DONE: the pin ends
+    with its connection, the lease is neither released nor lost, and expiry frees the blocks."""
+    import socket as socket_module
+
+    from kv_transfer.shm_segment import boot_id, proof
+    from kv_transfer.wire import expect, recv_message, send_message
+
+    source, leases, address, server = shm_producer
+    leases.grant(Lease("dying", "r-dying", (3, 4), 50, time.monotonic() + 1.0))
+    leases.grant(Lease("next", "r-next", (5,), 20, time.monotonic() + 30))
+    _, probe_client = _consumer("shm")
+    host, port = address.rsplit(":", 1)
+    with socket_module.create_connection((host, int(port)), timeout=5) as sock:
+        send_message(sock, {"op": "HELLO", "compat": probe_client.compat.to_dict(), "transport": "shm",
+                            "boot_id": boot_id()})
+        welcome = expect(recv_message(sock), "WELCOME")
+        mapped = map_segment(welcome["segment"]["path"], welcome["segment"]["size"])
+        send_message(sock, {"op": "CHANNEL", "kind": "shm", "proof": proof(mapped.token)})
+        send_message(sock, {"op": "PULL", "transfer_id": "dying", "block_ids": [3, 4], "local_block_ids": [0, 1],
+                            "release": True})
+        expect(recv_message(sock), "SENDING")
+        mapped.close()
+    # the connection is gone without DONE: the lease is not released, and other pulls go on
+    target, client = _consumer("shm")
+    client.pull(address, "next", [5], [7], release=True)
+    assert _same_bytes(source[next(iter(source))][5], target[next(iter(target))][7])
+    assert leases.take_released() == {"r-next"}
+    deadline = time.monotonic() + 10
+    while not leases.expire() and time.monotonic() < deadline:  # its deadline passes; the worker half expires it
+        time.sleep(0.05)
+    assert leases.num_held == 0 and leases.take_released() == {"r-dying"}
+    client.close()
+    probe_client.close()
