@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from loadgen.proc_cpu import process_tree
 from pdserve.client import Client
 
 from cluster_helpers import start_cluster, wait_until_idle
@@ -14,18 +15,10 @@ from cluster_helpers import start_cluster, wait_until_idle
 pytestmark = pytest.mark.integration
 
 
-def _process_tree(pid: int) -> list[int]:
-    children = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as listing:
-            children += [int(child) for child in listing.read().split()]
-    return [pid] + [p for child in children for p in _process_tree(child)]
-
-
 def _segments_of(cluster, worker_id: str) -> set[str]:
     """The KV segments the worker's processes map (other tests' clusters may own segments too)."""
     found = set()
-    for pid in _process_tree(cluster.workers[worker_id].pid):
+    for pid in process_tree(cluster.workers[worker_id].pid):
         with open(f"/proc/{pid}/maps") as maps:
             found |= {line.split()[-1] for line in maps if f"/dev/shm/pdserve-kv-{os.getuid()}-" in line}
     return found

@@ -10,6 +10,7 @@ import grpc
 import httpx
 import pytest
 
+from loadgen.proc_cpu import process_tree
 from pdserve.client import Cancelled, Client, InvalidRequest
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -194,19 +195,11 @@ def test_http_completions_stream_chat_and_models(tcp_cluster):
     assert [m["id"] for m in models["data"]] == ["tiny"]
 
 
-def _process_tree(pid: int) -> list[int]:
-    children = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as listing:
-            children += [int(child) for child in listing.read().split()]
-    return [pid] + [p for child in children for p in _process_tree(child)]
-
-
 def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
     """The API process, vLLM's engine core and model runner: none polls on the other worker's core."""
     for role, core in (("prefill", 0), ("decode", 1)):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
-        tree = _process_tree(worker.pid)
+        tree = process_tree(worker.pid)
         assert len(tree) >= 3, f"{role}: expected the API process, the engine core and the model runner"
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}
 
@@ -222,7 +215,7 @@ def test_the_engine_processes_run_with_tcmalloc_and_intel_openmp_preloaded(tcp_c
     wanted = {os.path.basename(os.path.realpath(path)) for path in preload.paths}  # maps name the real file
     for role in ("prefill", "decode"):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
-        engine_processes = _process_tree(worker.pid)[1:]  # the engine core, the model runner, ...
+        engine_processes = process_tree(worker.pid)[1:]  # the engine core, the model runner, ...
         assert engine_processes, f"{role}: vLLM's processes not found"
         assert {pid: wanted <= loaded_libraries(pid) for pid in engine_processes} == \
             {pid: True for pid in engine_processes}
@@ -239,10 +232,10 @@ def test_every_thread_of_a_worker_and_its_thread_pools_fit_the_workers_core(tcp_
     and the model runner run on the worker's one core, and the pools are sized for one core."""
     for role, core in (("prefill", 0), ("decode", 1)):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
-        for pid in _process_tree(worker.pid)[1:]:  # vLLM's processes (the API process sets these for them)
+        for pid in process_tree(worker.pid)[1:]:  # vLLM's processes (the API process sets these for them)
             env = _environ(pid)
             assert (env.get("OMP_NUM_THREADS"), env.get("MKL_NUM_THREADS")) == ("1", "1"), (role, pid)
-        for pid in _process_tree(worker.pid):
+        for pid in process_tree(worker.pid):
             threads = _thread_affinities(pid)
             assert threads and threads == {tid: {core} for tid in threads}, (role, pid)
 

@@ -230,9 +230,10 @@ def test_child_env_keeps_a_set_vllm_log_level_and_defaults_it_to_warning():
 def _records_sigterm(marker, ready) -> str:
     """A child's script: writes `ready`, then waits; on SIGTERM it writes "SIGTERM" to `marker`."""
     return f"""
-        import signal, sys, time
+        import os, signal, sys, time
         def on_term(*_):
-            open({str(marker)!r}, "w").write("SIGTERM")
+            open({str(marker)!r} + ".tmp", "w").write("SIGTERM")
+            os.replace({str(marker)!r} + ".tmp", {str(marker)!r})  # whole or absent: the test reads it
             sys.exit(0)
         signal.signal(signal.SIGTERM, on_term)
         open({str(ready)!r}, "w").write("up")
