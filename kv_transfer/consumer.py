@@ -166,10 +166,18 @@ class PullClient:
         return dropped
 
     def close(self) -> None:
+        """Closes every connection once its pull in flight (if any) ends, waiting up to the pull
+        timeout; one still busy then keeps its map (the process is ending) and loses its socket."""
         with self._lock:
             connections, self._connections = list(self._connections.values()), {}
         for connection in connections:
-            connection.close()
+            if connection.lock.acquire(timeout=self.timeout_s):
+                try:
+                    connection.close()
+                finally:
+                    connection.lock.release()
+            else:
+                connection.sock.close()
 
     def _connect(self, address: str) -> _Connection:
         """The open connection to `address`, or a new one. Concurrent first pulls to one producer
@@ -183,7 +191,8 @@ class PullClient:
             with self._lock:
                 existing = self._connections.get(address)
             if existing is not None and existing.channel.stale():
-                self._drop(address, existing)  # the producer there restarted: a new segment, a new map
+                with existing.lock:  # a copy in flight on it finishes first: its map must not go under it
+                    self._drop(address, existing)  # the producer there restarted: a new segment, a new map
             elif existing is not None and not existing.closed:
                 return existing
             connection = self._handshake(address)

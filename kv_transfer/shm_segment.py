@@ -30,6 +30,7 @@ import os
 import secrets
 import stat
 import struct
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 SEGMENT_DIR = Path("/dev/shm")
 PREFIX = "pdserve-kv-"
+NEW_PREFIX = "pdserve-kv-new-"   # a segment being made, before its owner's lock is held
+UNFINISHED_AGE_S = 60.0          # an unfinished one this old lost its maker mid-way
 HEADER_BYTES = 4096
 MAGIC = b"PDSERVEKV\x01"
 _HEADER = struct.Struct("<10s32sQ36s")   # magic, token, data bytes, boot id
@@ -70,14 +73,19 @@ class Segment:
             raise SegmentError(f"a KV segment needs a positive size, not {size}")
         self.size = size
         self.token = secrets.token_bytes(32)
-        self.path = Path(folder) / f"{PREFIX}{os.getuid()}-{secrets.token_hex(8)}"
+        name = f"{os.getuid()}-{secrets.token_hex(8)}"
+        self.path = Path(folder) / f"{PREFIX}{name}"
+        # Made under a name the sweep never looks at, locked, then renamed: a segment is never
+        # visible to another producer's sweep before its lock is held.
+        self._path_being_made = Path(folder) / f"{NEW_PREFIX}{name}"
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
-            self._fd = os.open(self.path, flags, 0o600)
+            self._fd = os.open(self._path_being_made, flags, 0o600)
         except OSError as error:
-            raise SegmentError(f"cannot create {self.path}: {error}") from error
+            raise SegmentError(f"cannot create {self._path_being_made}: {error}") from error
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while this process lives
+            os.rename(self._path_being_made, self.path)
             os.ftruncate(self._fd, HEADER_BYTES + size)
             if hasattr(os, "posix_fallocate"):
                 os.posix_fallocate(self._fd, 0, HEADER_BYTES + size)  # ENOSPC now, not SIGBUS later
@@ -105,8 +113,9 @@ class Segment:
         self._close_fd_and_unlink()
 
     def _close_fd_and_unlink(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        for path in (self.path, self._path_being_made):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         with contextlib.suppress(OSError):
             os.close(self._fd)
 
@@ -129,8 +138,11 @@ class MappedSegment:
             return torch.frombuffer(self.data, dtype=dtype)
 
     def close(self) -> None:
+        """Unmaps. The caller must hold no view in use: a tensor made by `tensor()` keeps only a
+        reference to `data`, not the mapping, and reading it after this faults (the consumer closes
+        a channel only under its connection's lock, never during a copy)."""
         self.data.release()
-        with contextlib.suppress(BufferError):  # a tensor over it is still alive: the GC unmaps later
+        with contextlib.suppress(BufferError):  # a memoryview of it is still exported: unmapped at its GC
             self._map.close()
 
 
@@ -152,6 +164,8 @@ def map_segment(path: str, size: int) -> MappedSegment:
         if info.st_size != HEADER_BYTES + size:
             raise SegmentError(f"{path} holds {info.st_size} bytes, not {HEADER_BYTES + size}")
         mapping = mmap.mmap(fd, HEADER_BYTES + size, mmap.MAP_SHARED, mmap.PROT_READ)
+    except OSError as error:
+        raise SegmentError(f"cannot map {path}: {error}") from error
     finally:
         os.close(fd)
     magic, token, data_size, _ = _HEADER.unpack(mapping[:_HEADER.size])
@@ -162,8 +176,14 @@ def map_segment(path: str, size: int) -> MappedSegment:
 
 
 def sweep_stale(folder: Path = SEGMENT_DIR) -> list[str]:
-    """Removes this uid's segments whose owner is gone (nobody holds their lock); their names."""
+    """Removes this uid's segments whose owner is gone (nobody holds their lock), and unfinished
+    ones a crash left behind; their names."""
     removed = []
+    for path in Path(folder).glob(f"{NEW_PREFIX}{os.getuid()}-*"):
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_mtime < time.time() - UNFINISHED_AGE_S:
+                os.unlink(path)
+                removed.append(path.name)
     for path in Path(folder).glob(f"{PREFIX}{os.getuid()}-*"):
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))

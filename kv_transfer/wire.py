@@ -4,6 +4,7 @@ Every message is a dict with an "op" key. The exchanges on one connection:
 
     consumer -> HELLO {compat, transport, channel...}   producer -> WELCOME {channel...} | REFUSED {error}
     consumer -> CHANNEL {kind, proof}  (shm/auto: which channel it opened; shm proves the segment)
+                                                        producer -> CHANNEL_OK {kind}  (the one it accepted)
     consumer -> PULL {transfer_id, block_ids, local_block_ids, release}
                                                         producer -> SENDING {num_bytes} + data | MISSING {error}
     consumer -> READY {}       (torch transport: its receives are posted; the producer then sends)

@@ -25,6 +25,7 @@ Contract of `ChildProcess`:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,7 +36,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from kv_transfer.shm_segment import sweep_stale
 from launch.commands import pdserve_argv
+from pdserve.engine import THREAD_KEYS
 
 Probe = Callable[[], "str | None"]
 OnExit = Callable[[int, bool], None]
@@ -49,6 +52,8 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment every child gets: `base` (default: this process's), vLLM logging at WARNING
     unless `VLLM_LOGGING_LEVEL` says otherwise, and unbuffered Python output (logs stay current)."""
     env = dict(os.environ if base is None else base)
+    for key in THREAD_KEYS:  # an engine this process ran bound its own threads; children bind theirs
+        env.pop(key, None)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -188,6 +193,9 @@ class ChildProcess:
         finally:  # even if the probe raised: this thread must live as long as the child (death signal)
             self.returncode = self._popen.wait()
             _signal_group(self._popen.pid, signal.SIGKILL)  # engine processes the child left behind
+            if self.returncode != 0:  # a killed engine cannot unlink its shared KV cache: free the memory now
+                with contextlib.suppress(OSError):
+                    sweep_stale()
             self._exited.set()
         if not self._stopping and self.on_exit is not None:
             self.on_exit(self.returncode, self._ready.is_set())

@@ -67,7 +67,7 @@ def resolve_auto_dtype(model_dir: str, cpu_cores: str = "", cache_dir: Path | No
     if cached is not None:
         return cached
     try:
-        timings = _probe_in_child(model_dir, cpu_cores, path.with_suffix(".timings.json"))
+        timings = _probe_in_child(model_dir, cpu_cores, path.with_suffix(f".{os.getpid()}.timings.json"))
     except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as error:
         from pdserve.engine import native_dtype
 
@@ -106,11 +106,12 @@ def _probe_in_child(model_dir: str, cpu_cores: str, out: Path) -> dict[str, dict
             "--out", str(out)]
     run = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          timeout=PROBE_TIMEOUT_S, env=os.environ | {"VLLM_LOGGING_LEVEL": "ERROR"})
-    if run.returncode != 0 or not out.exists():
-        raise RuntimeError(f"exit {run.returncode}: {run.stderr.strip().splitlines()[-1:] or ''}")
-    timings = json.loads(out.read_text())
-    out.unlink(missing_ok=True)
-    return timings
+    try:
+        if run.returncode != 0 or not out.exists():
+            raise RuntimeError(f"exit {run.returncode}: {run.stderr.strip().splitlines()[-1:] or ''}")
+        return json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
 
 
 # ---- the probe itself, in its own process -------------------------------------------------------

@@ -105,6 +105,9 @@ def preload_into_engine_processes() -> Preload:
     return preload
 
 
+THREAD_KEYS = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def thread_env(cpu_cores: str) -> dict[str, str]:
     """The variables that give vLLM's processes the worker's cores: vLLM binds one OpenMP compute
     thread per core of `VLLM_CPU_OMP_THREADS_BIND`, and OpenMP and MKL size their pools to the
@@ -121,6 +124,8 @@ def engine_args(settings: EngineSettings, role: EngineRole, connector: Connector
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    for key in THREAD_KEYS:  # one engine's binding must not leak into the next one started here
+        os.environ.pop(key, None)
     os.environ.update(thread_env(settings.cpu_cores))
     if settings.vllm_spin_ms >= 0:  # read by pdserve.vllm_plugin in the engine's child processes
         os.environ[SPIN_ENV] = f"{settings.vllm_spin_ms / 1000:g}"

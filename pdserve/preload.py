@@ -2,10 +2,10 @@
 
 vLLM on a CPU host runs fastest with tcmalloc as the allocator and Intel's OpenMP runtime
 (libiomp5) under its compute threads, both through `LD_PRELOAD` (vLLM's CPU installation guide,
-"set LD_PRELOAD"); without them each model runner warns at start. Neither can be preloaded from
-inside a running Python process, so whoever starts an engine's process does it: the local
-launcher and the planner's local actuator through `launch.supervisor`, the Ray actors through the
-same, the container image through its `ENV`.
+"set LD_PRELOAD"); without them each model runner warns at start. They take effect only in a process
+that starts after LD_PRELOAD is set, so the worker sets it (`pdserve.engine.engine_args`) just
+before vLLM spawns its engine core and model runner, where the compute runs: every launcher
+(local, the planner's, Ray, Kubernetes) gets them the same way.
 
 Where they come from (no download at run time): tcmalloc from the OS packages
 (`libtcmalloc-minimal4` on Debian/Ubuntu; `make` installs it), Intel OpenMP from PyPI

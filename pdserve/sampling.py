@@ -80,8 +80,9 @@ class Sampling:
 
 def is_engine_input_error(error: BaseException) -> bool:
     """True for the errors vLLM raises for a bad request (its 4xx class), which are the client's
-    fault and never the engine's: `VLLMClientError` (validation, not found), ValueError, TypeError."""
-    if isinstance(error, (ValueError, TypeError)):
+    fault and never the engine's: `VLLMClientError` (validation, not found) and ValueError (vLLM's
+    older checks: a prompt too long, token ids out of range)."""
+    if isinstance(error, ValueError):
         return True
     try:
         from vllm.exceptions import VLLMClientError

@@ -175,6 +175,8 @@ class Lifecycle:
         for attempt in range(self.config.max_attempts):
             plan = resume_plan(request, generated, attempt, lease.handle_for_next_attempt() if lease else None)
             if plan is None:  # the stream broke after its last token: the client has them all
+                if lease is not None:
+                    self._abandon(lease, request.request_id)  # nobody will pull it now
                 timings.output_tokens = len(generated)
                 yield self._chunk(request, [], decoder, True, "length", timings, started)
                 return

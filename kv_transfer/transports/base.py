@@ -100,8 +100,9 @@ def total_bytes(views: Sequence[torch.Tensor]) -> int:
 TransportName = Literal["tcp", "torch", "shm", "auto"]
 TRANSPORTS: tuple[TransportName, ...] = ("tcp", "torch", "shm", "auto")
 # What a producer configured with a transport serves: a cache in shared memory serves tcp too.
-SERVED: dict[str, tuple[str, ...]] = {"tcp": ("tcp",), "torch": ("torch",), "shm": ("shm", "auto", "tcp"),
-                                      "auto": ("auto", "shm", "tcp")}
+# An `auto` consumer is served by every producer (tcp where there is no segment to read).
+SERVED: dict[str, tuple[str, ...]] = {"tcp": ("tcp", "auto"), "torch": ("torch", "auto"),
+                                      "shm": ("shm", "auto", "tcp"), "auto": ("auto", "shm", "tcp")}
 
 
 def get_transport(name: str, timeout_s: float = 30.0, cache=None, local: "KVLayout | None" = None) -> Transport:

@@ -139,6 +139,9 @@ class _ShmOffer:
     fields: dict
 
     def connect(self, sock: socket.socket, welcome: dict) -> DataChannel:
+        """Opens the channel WELCOME offers, or tcp under `auto`; CHANNEL says which (with the
+        proof for shm) and the producer's CHANNEL_OK says which it accepted."""
+        channel: ShmConsumerChannel | None = None
         if welcome.get("channel") == "shm":
             try:
                 channel = self._map(welcome)
@@ -147,13 +150,21 @@ class _ShmOffer:
                     send_message(sock, {"op": "CHANNEL", "kind": "none"})
                     raise TransferError(f"cannot read the producer's KV segment: {error}") from error
                 logger.info("KV over tcp: the producer's segment cannot be read here (%s)", error)
-            else:
-                send_message(sock, {"op": "CHANNEL", "kind": "shm", "proof": proof(channel._mapped.token)})
-                return channel
-        if not self.fallback_tcp:
+        elif not self.fallback_tcp:
             raise TransferError("the producer offers no shared-memory channel")
-        send_message(sock, {"op": "CHANNEL", "kind": "tcp"})
-        return TcpChannel(sock, self.timeout_s)
+        if channel is not None:
+            send_message(sock, {"op": "CHANNEL", "kind": "shm", "proof": proof(channel._mapped.token)})
+        else:
+            send_message(sock, {"op": "CHANNEL", "kind": "tcp"})
+        accepted = expect(recv_message(sock), "CHANNEL_OK").get("kind")
+        if accepted == "shm" and channel is not None:
+            return channel
+        if channel is not None:
+            channel.close()
+        if accepted == "tcp" and self.fallback_tcp:
+            logger.info("KV over tcp: the producer did not accept our map of its segment")
+            return TcpChannel(sock, self.timeout_s)
+        raise TransferError(f"the producer accepted no usable channel ({accepted!r})")
 
     def _map(self, welcome: dict) -> ShmConsumerChannel:
         if self.local is None:
@@ -198,13 +209,16 @@ class ShmTransport(Transport):
         _require_cpu(device)
         reply = expect(recv_message(sock), "CHANNEL")
         kind = reply.get("kind")
-        if kind == "shm" and (welcome or {}).get("channel") == "shm":
-            if reply.get("proof") != proof(self.cache.segment.token):
-                raise TransferError("the consumer mapped another segment than ours (its proof does not match)")
+        offered_shm = (welcome or {}).get("channel") == "shm"
+        if kind == "shm" and offered_shm and reply.get("proof") == proof(self.cache.segment.token):
+            send_message(sock, {"op": "CHANNEL_OK", "kind": "shm"})
             return ShmProducerChannel(sock)
-        if kind == "tcp" and self.fallback_tcp:
+        if self.fallback_tcp and kind in ("shm", "tcp"):  # a wrong proof: it mapped something else
+            send_message(sock, {"op": "CHANNEL_OK", "kind": "tcp"})
             return TcpChannel(sock, self.timeout_s)
-        raise TransferError(f"the consumer could not open a {self.name} channel ({kind})")
+        send_message(sock, {"op": "CHANNEL_OK", "kind": "none"})
+        raise TransferError(f"the consumer could not open a {self.name} channel ({kind}; "
+                            f"{'proof mismatch' if kind == 'shm' else 'no segment'})")
 
     def _why_not_shm(self, hello: dict) -> str:
         if self.cache is None or self.cache.segment.closed:

@@ -45,7 +45,7 @@ class WorkerLaunchSpec:
         if not self.redis_url:
             raise ValueError("redis_url is empty: give the cluster's registry, e.g. redis://127.0.0.1:6379/0")
         if self.transport not in TRANSPORTS:
-            raise ValueError(f"transport must be tcp or torch (the cluster's), got {self.transport!r}")
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)} (the cluster's), got {self.transport!r}")
         unknown = set(self.cpu_cores) - set(ROLES)
         if unknown:
             raise ValueError(f"cpu_cores has roles {sorted(unknown)}; use prefill and/or decode")

@@ -21,7 +21,7 @@ from kv_transfer.shm_segment import (HEADER_BYTES, PREFIX, SEGMENT_DIR, Segment,
                                      map_segment, sweep_stale)
 from kv_transfer.transports.base import SERVED
 from kv_transfer.transports.shm import SharedCache, ShmTransport
-from kv_transfer.wire import IncompatiblePeer
+from kv_transfer.wire import IncompatiblePeer, TransferError
 
 GEOMETRY = BlockGeometry(num_layers=3, num_kv_heads=2, head_dim=32, block_size=32, dtype="bfloat16")
 NUM_BLOCKS = 24
@@ -219,6 +219,7 @@ def test_a_consumer_that_dies_mid_copy_leaves_the_lease_to_expire_and_the_produc
         welcome = expect(recv_message(sock), "WELCOME")
         mapped = map_segment(welcome["segment"]["path"], welcome["segment"]["size"])
         send_message(sock, {"op": "CHANNEL", "kind": "shm", "proof": proof(mapped.token)})
+        assert expect(recv_message(sock), "CHANNEL_OK")["kind"] == "shm"
         send_message(sock, {"op": "PULL", "transfer_id": "dying", "block_ids": [3, 4], "local_block_ids": [0, 1],
                             "release": True})
         expect(recv_message(sock), "SENDING")
@@ -234,3 +235,60 @@ def test_a_consumer_that_dies_mid_copy_leaves_the_lease_to_expire_and_the_produc
     assert leases.num_held == 0 and leases.take_released() == {"r-dying"}
     client.close()
     probe_client.close()
+
+
+@pytest.mark.parametrize("transport, channel", [("auto", "buffers"), ("shm", None)])
+def test_a_consumer_that_maps_the_wrong_memory_gets_tcp_under_auto_and_an_error_under_shm(
+        shm_producer, monkeypatch, transport, channel):
+    """The proof is the token read through the map: another segment's token is refused, and
+    the producer's CHANNEL_OK tells the consumer which channel it accepted."""
+    import kv_transfer.transports.shm as shm_module
+
+    def map_the_wrong_memory(path, size):
+        mapped = map_segment(path, size)
+        mapped.token = b"\0" * 32
+        return mapped
+
+    monkeypatch.setattr(shm_module, "map_segment", map_the_wrong_memory)
+    source, leases, address, server = shm_producer
+    leases.grant(Lease("t1", "r1", (4,), 20, time.monotonic() + 30))
+    target, client = _consumer(transport)
+    if channel is None:
+        with pytest.raises(TransferError):
+            client.pull(address, "t1", [4], [6])
+    else:
+        client.pull(address, "t1", [4], [6])
+        assert all(_same_bytes(source[n][4], target[n][6]) for n in source)
+        assert next(iter(client._connections.values())).channel.kind == channel
+    assert server.stats.mapped_channels == 0
+    client.close()
+
+
+def test_an_auto_consumer_is_served_by_a_tcp_producer():
+    source, leases, address, server, _ = _producer("tcp", in_segment=False)
+    try:
+        leases.grant(Lease("t1", "r1", (1,), 10, time.monotonic() + 30))
+        target, client = _consumer("auto")
+        client.pull(address, "t1", [1], [2])
+        assert all(_same_bytes(source[n][1], target[n][2]) for n in source)
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_an_unfinished_segment_is_swept_only_once_its_maker_is_surely_gone():
+    from kv_transfer.shm_segment import NEW_PREFIX, UNFINISHED_AGE_S
+
+    fresh = SEGMENT_DIR / f"{NEW_PREFIX}{os.getuid()}-fresh{os.getpid()}"
+    old = SEGMENT_DIR / f"{NEW_PREFIX}{os.getuid()}-old{os.getpid()}"
+    for path in (fresh, old):
+        path.write_bytes(b"")
+    long_ago = time.time() - UNFINISHED_AGE_S - 5
+    os.utime(old, (long_ago, long_ago))
+    try:
+        removed = sweep_stale()
+        assert old.name in removed and not old.exists()
+        assert fresh.exists()  # its maker may be between creating and locking it
+    finally:
+        fresh.unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
