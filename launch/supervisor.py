@@ -193,7 +193,8 @@ class ChildProcess:
         finally:  # even if the probe raised: this thread must live as long as the child (death signal)
             self.returncode = self._popen.wait()
             _signal_group(self._popen.pid, signal.SIGKILL)  # engine processes the child left behind
-            if self.returncode != 0:  # a killed engine cannot unlink its shared KV cache: free the memory now
+            if self.returncode != 0:  # a killed engine cannot unlink its shared KV cache: free it now if its
+                # processes are gone already (killpg is asynchronous); the next producer's start sweeps otherwise
                 with contextlib.suppress(OSError):
                     sweep_stale()
             self._exited.set()
