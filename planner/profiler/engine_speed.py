@@ -44,7 +44,7 @@ class Variant:
 class SpeedResult:
     variant: str
     dtype: str                         # what the engine ran in
-    ld_preload: str                    # the LD_PRELOAD the engine's processes started with
+    ld_preload: str                    # the libraries in LD_PRELOAD the engine's processes started with
     prefill_s: float
     decode_step_s: dict[int, float] = field(default_factory=dict)   # batch size -> seconds per step
 
@@ -143,7 +143,8 @@ async def _measure(model: str, cores: str, dtype: str, variant: str, spin_ms: fl
     finally:
         engine.shutdown()
         gc.collect()
-    return SpeedResult(variant, ran, os.environ.get("LD_PRELOAD", ""), prefill_s, decode)
+    preloaded = ":".join(os.path.basename(path) for path in os.environ.get("LD_PRELOAD", "").split(":") if path)
+    return SpeedResult(variant, ran, preloaded, prefill_s, decode)
 
 
 def main(argv: list[str] | None = None) -> int:
