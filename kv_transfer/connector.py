@@ -43,7 +43,7 @@ class PDConnector(KVConnectorBase_V1):
         else:
             self._worker = PDWorker(config, transfer.is_kv_producer, transfer.is_kv_consumer, block_size,
                                     kv_cache_config.num_blocks, _model_identity(vllm_config),
-                                    cache_bytes=_cache_bytes(kv_cache_config))
+                                    cache_bytes=_cache_bytes(kv_cache_config), device_type=_device_type(vllm_config))
 
     # ---- scheduler role --------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -75,7 +75,8 @@ class PDConnector(KVConnectorBase_V1):
 
     # ---- worker role ---------------------------------------------------------------------------
     def get_mem_pool_context(self):
-        """Producer with transport shm/auto: the cache is allocated in a shared-memory segment."""
+        """CPU producer with transport shm/auto: the cache is allocated in a shared-memory segment
+        (None on CUDA: vLLM's own allocation exports as CUDA IPC handles as it is)."""
         return self._worker.allocation_context() if self._worker is not None else None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -118,6 +119,12 @@ def _cache_bytes(kv_cache_config) -> int:
     """The size of vLLM's one KV cache allocation (0 when it makes several or none)."""
     sizes = {tensor.size for tensor in getattr(kv_cache_config, "kv_cache_tensors", None) or ()}
     return sizes.pop() if len(sizes) == 1 else 0
+
+
+def _device_type(vllm_config) -> str:
+    """Where vLLM puts the KV cache: "cpu", "cuda", ... (vLLM resolves its "auto" device itself)."""
+    device_config = getattr(vllm_config, "device_config", None)
+    return str(getattr(device_config, "device_type", "") or "cpu")
 
 
 def _model_identity(vllm_config) -> ModelIdentity:

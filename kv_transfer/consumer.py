@@ -151,8 +151,9 @@ class PullClient:
         return release_transfer(address, transfer_id, self.timeout_s)
 
     def drop_stale(self) -> list[str]:
-        """Closes idle connections whose channel went stale (an shm producer that is gone: its map
-        would keep the dead cache's memory); the addresses dropped. A busy one is left for later."""
+        """Closes idle connections whose channel went stale (a one-sided producer that is gone: our
+        map of its segment, or its CUDA IPC handles, would keep the dead cache's memory); the
+        addresses dropped. A busy one is left for later."""
         with self._lock:
             candidates = [(a, c) for a, c in self._connections.items() if c.channel.stale()]
         dropped = []

@@ -21,6 +21,7 @@ from typing import Sequence
 from kv_transfer.layout import KVCompat, KVLayout, LayoutError
 from kv_transfer.leases import LeaseTable
 from kv_transfer.sockets import DEFAULT_CONGESTION, configure, wait_readable
+from kv_transfer.threads import name_this_thread
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
 from kv_transfer.wire import DONE_OK, TransferError, encode, expect, require_field, recv_message, send_message
 
@@ -33,7 +34,7 @@ class ProducerStats:
     transfers: int = 0
     bytes_sent: int = 0
     data_channels: int = 0    # handshakes that opened a data channel
-    mapped_channels: int = 0  # of those, one-sided (shm): the consumer copies, we send no KV byte
+    mapped_channels: int = 0  # of those, one-sided (shm, cuda_ipc): the consumer copies, we send no KV byte
     refused_handshakes: int = 0
     missing_transfers: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -49,7 +50,9 @@ class TransferServer:
 
     `transports` are the ones a consumer may ask for (a worker serves its configured one; tools
     that measure both serve both). `io_timeout_s` bounds every wait inside an exchange, including
-    the data channel's; `congestion` is the connections' TCP congestion control."""
+    the data channel's; `congestion` is the connections' TCP congestion control. `shared_cache` is
+    what one-sided consumers read: a `SharedCache` (CPU cache in a segment) or a `CudaCache` (CUDA
+    cache exported as IPC handles), None for neither."""
 
     def __init__(self, layout: KVLayout, compat: KVCompat, leases: LeaseTable, host: str, port: int,
                  grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = ("tcp", "torch"),
@@ -58,7 +61,8 @@ class TransferServer:
         self._grant_wait_s = grant_wait_s
         self._io_timeout_s = io_timeout_s
         self._congestion = congestion
-        self._transports = {name: get_transport(name, io_timeout_s, cache=shared_cache) for name in transports}
+        self._transports = {name: get_transport(name, io_timeout_s, cache=shared_cache, device=layout.device)
+                            for name in transports}
         self._listener = socket.create_server((host, port), reuse_port=False)
         self._listener.settimeout(0.5)
         self.port = self._listener.getsockname()[1]
@@ -89,6 +93,7 @@ class TransferServer:
             _shutdown(sock)
 
     def _accept_loop(self) -> None:
+        name_this_thread("pdserve-kv-srv")
         while not self._stopping.is_set():
             try:
                 sock, _ = self._listener.accept()
@@ -98,6 +103,7 @@ class TransferServer:
             threading.Thread(target=self._serve_connection, args=(sock,), name="pdserve-kv-conn", daemon=True).start()
 
     def _serve_connection(self, sock: socket.socket) -> None:
+        name_this_thread("pdserve-kv-conn")
         with self._open_lock:
             self._open.add(sock)
         channel = None

@@ -94,6 +94,17 @@ def wait_readable(sock: socket.socket) -> None:
     poller.poll()
 
 
+def peer_closed(sock: socket.socket) -> bool:
+    """True when the peer closed or reset `sock` (or it is closed here). Never blocks and consumes
+    nothing, so it is safe next to another thread's exchange on a blocking-mode socket (`configure`)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False  # nothing to read: the connection is alive and idle
+    except OSError:
+        return True
+
+
 def recv_into_exactly(sock: socket.socket, target: memoryview) -> None:
     """Fills `target` from `sock`. Raises `PeerClosed` when the peer closes or resets the connection
     (with `received`, the bytes read before that) and `TransferTimeout` when it stalls longer than
@@ -169,5 +180,5 @@ def _advance(buffers: list[memoryview], num_sent: int) -> list[memoryview]:
     return rest
 
 
-__all__ = ["DEFAULT_CONGESTION", "configure", "connect", "recv_into_exactly", "recvmsg_into_all", "sendmsg_all",
-           "set_io_timeout", "tune_bulk", "wait_readable"]
+__all__ = ["DEFAULT_CONGESTION", "configure", "connect", "peer_closed", "recv_into_exactly", "recvmsg_into_all",
+           "sendmsg_all", "set_io_timeout", "tune_bulk", "wait_readable"]

@@ -3,13 +3,14 @@
 Every message is a dict with an "op" key. The exchanges on one connection:
 
     consumer -> HELLO {compat, transport, channel...}   producer -> WELCOME {channel...} | REFUSED {error}
-    consumer -> CHANNEL {kind, proof}  (shm/auto: which channel it opened; shm proves the segment)
+    consumer -> CHANNEL {kind, proof}  (shm/auto: which channel it opened; shm and cuda_ipc prove
+                                        the memory they mapped; kind torch brings the NCCL store)
                                                         producer -> CHANNEL_OK {kind}  (the one it accepted)
     consumer -> PULL {transfer_id, block_ids, local_block_ids, release}
                                                         producer -> SENDING {num_bytes} + data | MISSING {error}
     consumer -> READY {}       (torch transport: its receives are posted; the producer then sends)
     consumer -> DONE {}        (after the last byte landed; only after SENDING)
-                                                        producer -> DONE_OK {}  (shm: the pin held throughout)
+                                                        producer -> DONE_OK {}  (mapped: the pin held throughout)
     consumer -> RELEASE {transfer_id}                   producer -> RELEASED {found}
 
 The producer keeps a transfer's blocks pinned from PULL until DONE (or until the exchange fails),

@@ -1,9 +1,11 @@
 """The connector's worker half, in the model-runner process. It moves bytes, it never decides.
 
 Producer: serves pulls of leased blocks from a `TransferServer`, reports released and expired
-leases as `finished_sending`. With transport `shm` or `auto` (and a CPU cache) the cache itself is
+leases as `finished_sending`. With transport `shm` or `auto` and a CPU cache, the cache itself is
 allocated in a shared-memory segment (`allocation_context`), which same-host consumers read
-one-sidedly; the segment is unlinked at shutdown. Consumer: runs each requested pull on a small thread pool (the pull
+one-sidedly; the segment is unlinked at shutdown. With a CUDA cache vLLM allocates as usual and the
+registered cache is exported as CUDA IPC handles (`CudaCache`), which consumers on the same node
+that see the GPU read one-sidedly. Consumer: runs each requested pull on a small thread pool (the pull
 itself releases the producer's lease once the bytes are in, on the same connection), and reports
 the request as `finished_recving` (and, on failure, as `failed_recving` with its blocks invalid, so
 vLLM's `kv_load_failure_policy` applies, after a one-shot release of the producer's lease).
@@ -28,7 +30,8 @@ from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.metadata import PDConnectorMetadata, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
 from kv_transfer.producer import TransferServer
 from kv_transfer.shm_segment import SegmentAllocation, SegmentError
-from kv_transfer.transports.base import SERVED
+from kv_transfer.transports.base import served
+from kv_transfer.transports.cuda_ipc_cache import CudaCache
 from kv_transfer.transports.shm import SharedCache
 
 logger = logging.getLogger(__name__)
@@ -45,7 +48,8 @@ class ModelIdentity:
 
 class PDWorker:
     def __init__(self, config: ConnectorConfig, is_producer: bool, is_consumer: bool, block_size: int,
-                 num_blocks: int, identity: ModelIdentity = ModelIdentity(), cache_bytes: int = 0):
+                 num_blocks: int, identity: ModelIdentity = ModelIdentity(), cache_bytes: int = 0,
+                 device_type: str = "cpu"):
         self.config = config
         self.is_producer, self.is_consumer = is_producer, is_consumer
         self.block_size, self.num_blocks = block_size, num_blocks
@@ -58,13 +62,17 @@ class PDWorker:
         self._invalid_block_ids: set[int] = set()
         self._reports: dict[str, PullReport] = {}
         self.cache_bytes = cache_bytes
+        self.device_type = device_type  # where vLLM puts the KV cache ("cpu", "cuda")
         self._allocation: SegmentAllocation | None = None
-        self.shared_cache: SharedCache | None = None
+        self.shared_cache: SharedCache | CudaCache | None = None
         self._stale_checked_at = 0.0
 
     def allocation_context(self) -> SegmentAllocation | None:
-        """Where vLLM allocates the KV cache: a shared-memory segment for a producer whose transport
-        reads one-sidedly (shm, auto); None (vLLM's own memory) otherwise."""
+        """Where vLLM allocates the KV cache: a shared-memory segment for a CPU producer whose
+        transport reads one-sidedly (shm, auto); None (vLLM's own memory, its own pools) otherwise.
+        CUDA needs no special allocation: any cudaMalloc'd cache exports as IPC handles."""
+        if self.device_type != "cpu":
+            return None
         if not (self.is_producer and self.config.transport in ("shm", "auto") and self.cache_bytes > 0):
             return None
         self._allocation = SegmentAllocation(self.cache_bytes)
@@ -75,16 +83,23 @@ class PDWorker:
         compat = layout.compat(self.config.model, self.block_size, fingerprint=self.identity.fingerprint,
                                num_kv_heads=self.identity.num_kv_heads, head_dim=self.identity.head_dim)
         if self.is_producer:
-            self.shared_cache = self._shared_cache(kv_caches)
+            self.shared_cache = (self._cuda_cache(kv_caches) if layout.device.type == "cuda"
+                                 else self._shared_cache(kv_caches))
             self.server = TransferServer(layout, compat, self.leases, self.config.bind_host or self.config.host,
                                          self.config.port, io_timeout_s=self.config.pull_timeout_s,
-                                         transports=SERVED[self.config.transport],
+                                         transports=served(self.config.transport, layout.device.type),
                                          congestion=self.config.tcp_congestion, shared_cache=self.shared_cache)
             logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
         if self.is_consumer:
             self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s,
                                      self.config.tcp_congestion)
             self._pool = ThreadPoolExecutor(self.config.max_parallel_pulls, thread_name_prefix="pdserve-kv-pull")
+
+    def _cuda_cache(self, kv_caches: dict[str, torch.Tensor]) -> CudaCache | None:
+        """The CUDA cache exported for one-sided reads (shm, auto), before any consumer connects."""
+        if self.config.transport not in ("shm", "auto"):
+            return None
+        return CudaCache.of(kv_caches, self.num_blocks)
 
     def _shared_cache(self, kv_caches: dict[str, torch.Tensor]) -> SharedCache | None:
         segment = self._allocation.segment if self._allocation is not None else None
@@ -136,7 +151,7 @@ class PDWorker:
             return
         self._stale_checked_at = now
         for address in self.client.drop_stale():
-            logger.info("the KV producer at %s is gone: its shared-memory map is released", address)
+            logger.info("the KV producer at %s is gone: our map of its cache (shm or CUDA IPC) is released", address)
 
     def take_invalid_block_ids(self) -> set[int]:
         invalid, self._invalid_block_ids = self._invalid_block_ids, set()

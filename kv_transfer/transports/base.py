@@ -13,10 +13,10 @@ A DataChannel moves one transfer's byte ranges: `send(header, ranges)` on the pr
 also puts the framed SENDING message `header` on the control socket first, and `recv(ranges)` on
 the consumer once it has read that header. Both sides pass the ranges of `KVLayout` cut alike
 (`paired_with`), as `memoryview`s when the channel's `kind` is "buffers" (socket I/O) or as uint8
-tensors when it is "tensors". A "mapped" channel (`shm`) moves no bytes through the producer: the
-consumer copies blocks by id (`copy(local_ids, remote_ids)`), and the producer answers DONE with
-DONE_OK. Every wait inside has the transport's timeout. Channels are used by one thread at a time;
-callers serialise.
+tensors when it is "tensors". A "mapped" channel (`shm` on CPU, `cuda_ipc` on CUDA) moves no bytes
+through the producer: the consumer copies blocks by id (`copy(local_ids, remote_ids)`), and the
+producer answers DONE with DONE_OK. Every wait inside has the transport's timeout. Channels are
+used by one thread at a time; callers serialise.
 """
 
 from __future__ import annotations
@@ -103,13 +103,31 @@ TRANSPORTS: tuple[TransportName, ...] = ("tcp", "torch", "shm", "auto")
 # An `auto` consumer is served by every producer (tcp where there is no segment to read).
 SERVED: dict[str, tuple[str, ...]] = {"tcp": ("tcp", "auto"), "torch": ("torch", "auto"),
                                       "shm": ("shm", "auto", "tcp"), "auto": ("auto", "shm", "tcp")}
+# The same on CUDA, where the fallback of shm and auto is torch (NCCL) rather than tcp.
+SERVED_CUDA: dict[str, tuple[str, ...]] = {"tcp": ("tcp", "auto"), "torch": ("torch", "auto"),
+                                           "shm": ("shm", "auto", "torch"), "auto": ("auto", "shm", "torch")}
 
 
-def get_transport(name: str, timeout_s: float = 30.0, cache=None, local: "KVLayout | None" = None) -> Transport:
+def served(name: str, device_type: str = "cpu") -> tuple[str, ...]:
+    """The transports a producer configured with `name` serves, for a cache on `device_type`."""
+    return (SERVED if device_type == "cpu" else SERVED_CUDA)[name]
+
+
+def get_transport(name: str, timeout_s: float = 30.0, cache=None, local: "KVLayout | None" = None,
+                  device: torch.device | None = None) -> Transport:
     """`tcp`, `torch` (torch.distributed p2p: gloo for CPU caches, nccl for CUDA caches), `shm`
-    (one-sided reads of a producer's cache in shared memory) or `auto` (shm on one host, tcp
-    otherwise); every wait inside the transport gives up after `timeout_s`. A producer passes its
-    `cache` (`kv_transfer.transports.shm.SharedCache`, or None), a consumer its `local` layout."""
+    (one-sided reads of the producer's cache) or `auto` (one-sided on one node, else tcp on CPU and
+    torch on CUDA); every wait inside the transport gives up after `timeout_s`.
+
+    `shm` and `auto` pick their implementation by the cache's `device` (default: `local`'s, else
+    the CPU): a segment on CPU (`kv_transfer.transports.shm`), CUDA IPC handles on CUDA
+    (`kv_transfer.transports.cuda_ipc`). A producer passes its `cache` (`SharedCache` on CPU,
+    `CudaCache` on CUDA, or None) and its device, a consumer its `local` layout."""
+    device_type = (device or (local.device if local is not None else torch.device("cpu"))).type
+    if name in ("shm", "auto") and device_type == "cuda":
+        from kv_transfer.transports.cuda_ipc import CudaIpcTransport
+
+        return CudaIpcTransport(timeout_s, cache=cache, local=local, fallback_torch=name == "auto")
     if name in ("shm", "auto"):
         from kv_transfer.transports.shm import ShmTransport
 

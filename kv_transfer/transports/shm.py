@@ -11,8 +11,9 @@ producer that gave up waiting closed the connection instead, and the pull fails:
 Which channel a connection gets is decided at handshake, never from addresses alone: `shm` needs
 the same kernel boot on both sides (HELLO carries the consumer's boot id), a producer whose cache
 is in a segment, and a consumer that can open that segment and read its token. `auto` takes tcp
-when any of that fails; `shm` refuses instead (an operator asked for it). CUDA caches would use
-CUDA IPC handles here (same interface); this host has none, so CUDA is refused with that reason.
+when any of that fails; `shm` refuses instead (an operator asked for it); the decision itself is
+`kv_transfer.transports.choice.choose_channel`. CUDA caches take the same names to CUDA IPC within
+a node and NCCL otherwise (`kv_transfer.transports.cuda_ipc`, chosen by `get_transport`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from kv_transfer.layout import KVLayout
 from kv_transfer.shm_segment import MappedSegment, Segment, SegmentError, boot_id, map_segment, proof
 from kv_transfer.transports.base import ConsumerOffer, DataChannel, Transport
+from kv_transfer.transports.choice import choose_channel, same_boot
 from kv_transfer.transports.tcp import TcpChannel
 from kv_transfer.wire import TransferError, expect, recv_message, require_field, send_message
 
@@ -200,7 +202,7 @@ class ShmTransport(Transport):
         return self._why_not_shm(hello)
 
     def welcome_fields(self, hello: dict) -> dict:
-        if self._why_not_shm(hello):
+        if self._why_not_shm(hello):  # only `auto` gets here then: tcp
             return {"channel": "tcp"}
         return {"channel": "shm", "segment": self.cache.describe()}
 
@@ -221,14 +223,13 @@ class ShmTransport(Transport):
                             f"{'proof mismatch' if kind == 'shm' else 'no segment'})")
 
     def _why_not_shm(self, hello: dict) -> str:
-        if self.cache is None or self.cache.segment.closed:
-            return "the producer's KV cache is not in shared memory (its transport is not shm or auto)"
-        if not hello.get("boot_id") or hello.get("boot_id") != boot_id():
-            return "the consumer runs on another host (kernel boot ids differ)"
-        return ""
+        """Why this consumer cannot get shm ("": it can); the same reason whether `auto` or `shm`."""
+        choice = choose_channel("cpu", "shm", same_boot=same_boot(hello, boot_id()), peer_gpu_visible=False,
+                                cache_shared=self.cache is not None and not self.cache.segment.closed)
+        return choice.reason if choice.channel is None else ""
 
 
 def _require_cpu(device: torch.device) -> None:
     if device.type != "cpu":
-        raise ValueError("the shm transport moves CPU KV caches; on CUDA use the torch transport (NCCL), "
-                         "CUDA IPC within a node is not built yet")
+        raise ValueError("the shm transport moves CPU KV caches; for a CUDA cache get_transport picks "
+                         "kv_transfer.transports.cuda_ipc (CUDA IPC within a node, NCCL otherwise)")
