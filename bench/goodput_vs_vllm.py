@@ -27,7 +27,9 @@ from loadgen.workload import RequestSpec
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model:
   A  vLLM's own OpenAI server, colocated: one engine on both cores (VLLM_CPU_OMP_THREADS_BIND=0-1)
-  B  pdserve: 1 prefill worker on core 0 + 1 decode worker on core 1, KV over tcp (LocalCluster)
+  B  pdserve: 1 prefill worker on core 0 + 1 decode worker on core 1 (LocalCluster), KV over
+     --transport (default auto: shared memory, one-sided, on one host)
+  B-tcp (--systems A,B,B-tcp) the same cluster with KV over tcp: the transport's share, side by side
   C  (--with-c) two vLLM servers, one per core, requests dealt round robin: one core per engine
      like B, without disaggregation
 Workload: one fixed request set, the first N requests of the Azure LLM inference conversation
@@ -76,6 +78,7 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
             break  # no time to re-measure: keep the noisy attempt
         wait_for_quiet(config.quiet_cores, quiet_wait_s(config, budget.remaining_s(), need_s))
         other = OtherLoad.start()
+        kv_cpu_before_s = _kv_producer_cpu_s(system)
         suffix = f" retry (noise {attempts[-1].other_load_cores:.1f} cores)" if attempts else ""
         running = run_with_progress(system.target(), specs, prompts, run_config, title + suffix)
         try:
@@ -84,17 +87,26 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
             other.stop()
             break
         other_cores = other.stop()
+        kv_cpu_s = None if kv_cpu_before_s is None else _kv_producer_cpu_s(system) - kv_cpu_before_s
         summaries = {p.name: summarize(result.records, result.duration_s, p.slo) for p in config.slo_pairs}
-        attempts.append(Measurement(system.key, rate_rps, result, summaries, other_cores, restarted, len(attempts) + 1))
+        attempts.append(Measurement(system.key, rate_rps, result, summaries, other_cores, restarted, len(attempts) + 1,
+                                    kv_cpu_s))
         if other_cores <= config.quiet_cores:
             break
     return min(attempts, key=lambda m: m.other_load_cores) if attempts else None
 
 
+def _kv_producer_cpu_s(system) -> float | None:
+    reader = getattr(system, "kv_producer_cpu_s", None)  # pdserve systems only
+    return None if reader is None else reader()
+
+
 def make_systems(config: CompareConfig, log_dir: Path) -> dict:
     settings = config.engine_settings()
-    systems = {"A": VllmServers.colocated(settings, config.colocated_cores, log_dir),
-               "B": PdserveDisaggregated(settings, config.prefill_cores, config.decode_cores, log_dir)}
+    systems = {"A": VllmServers.colocated(settings, config.colocated_cores, log_dir)}
+    for key in config.pdserve_systems:
+        systems[key] = PdserveDisaggregated(settings, config.prefill_cores, config.decode_cores, log_dir,
+                                            config.transport_of(key), key)
     if config.with_c:
         systems["C"] = VllmServers.pair(settings, (config.prefill_cores, config.decode_cores), log_dir)
     return systems
@@ -169,6 +181,10 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     parser.add_argument("--budget-min", type=float, help="the whole run fits in this many minutes (default 19; --quick 6)")
     parser.add_argument("--with-c", action="store_true",
                         help="also measure C: two 1-core vLLM servers, round robin (~10 more minutes: pass --budget-min 30)")
+    parser.add_argument("--systems", type=lambda s: tuple(s.split(",")),
+                        help="the systems, comma-separated, A first (default A,B; A,B,B-tcp adds pdserve over tcp)")
+    parser.add_argument("--transport", choices=("auto", "shm", "tcp", "torch"),
+                        help="B's KV transport (default auto: shm on one host)")
     parser.add_argument("--ttft-slo-ms", type=float, help="TTFT SLO (default 1500)")
     parser.add_argument("--tpot-tight-ms", type=float, help="tight TPOT SLO (default 30)")
     parser.add_argument("--tpot-loose-ms", type=float, help="loose TPOT SLO (default 60)")
@@ -180,6 +196,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     given = {name: value for name, value in (
         ("rates_rps", args.rates), ("num_requests", args.num_requests), ("trace_path", args.trace),
         ("budget_s", None if args.budget_min is None else args.budget_min * 60), ("with_c", args.with_c or None),
+        ("pdserve_systems", _pdserve_systems(parser, args.systems)), ("transport", args.transport),
         ("out_dir", args.out_dir), ("label", args.label), ("seed", args.seed),
         ("ttft_slo_s", _s(args.ttft_slo_ms)), ("tpot_tight_s", _s(args.tpot_tight_ms)),
         ("tpot_loose_s", _s(args.tpot_loose_ms))) if value is not None}
@@ -187,6 +204,15 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         return CompareConfig(**((QUICK if args.quick else {}) | given))
     except ValueError as bad:
         parser.error(str(bad))
+
+
+def _pdserve_systems(parser, systems: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """--systems as CompareConfig takes it: A first, then pdserve's, C only through --with-c."""
+    if systems is None:
+        return None
+    if systems[0] != "A" or "C" in systems:
+        parser.error(f"--systems starts with A (the baseline) and leaves C to --with-c, got {','.join(systems)}")
+    return systems[1:]
 
 
 def _s(ms: float | None) -> float | None:

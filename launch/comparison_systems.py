@@ -3,7 +3,8 @@ demand (never two up at once: they share the machine's two cores).
 
 - A `VllmServers.colocated`: vLLM's own OpenAI server, one engine bound to both cores.
 - B `PdserveDisaggregated`: a pdserve `LocalCluster`, 1 prefill worker on one core and 1 decode
-  worker on the other, KV over tcp.
+  worker on the other, KV over the cluster's default transport (`auto`: shared memory on one
+  host); `B-tcp` is the same cluster with KV over tcp, for the transport's share side by side.
 - C `VllmServers.pair` (optional): two vLLM servers, one per core, requests dealt round robin by
   the client (no router process). It has B's "one core per engine" without disaggregation, so
   A vs C is what splitting the cores costs and C vs B what disaggregation adds or costs on top.
@@ -26,6 +27,7 @@ from loadgen.targets.round_robin import RoundRobinTarget
 from loadgen.vllm_server import VllmOpenAIServer
 from pdserve.engine import EngineSettings
 from launch.local import ClusterSpec, LocalCluster
+from loadgen.proc_cpu import named_threads_cpu_s
 
 
 class VllmServers:
@@ -77,15 +79,27 @@ class VllmServers:
 
 
 class PdserveDisaggregated:
-    key = "B"
     servers = 1  # one cluster start
 
-    def __init__(self, settings: EngineSettings, prefill_cores: str, decode_cores: str, log_dir: Path) -> None:
-        self.spec = ClusterSpec(engine=settings, num_prefill=1, num_decode=1, transport="tcp",
+    def __init__(self, settings: EngineSettings, prefill_cores: str, decode_cores: str, log_dir: Path,
+                 transport: str = "auto", key: str = "B") -> None:
+        self.key = key
+        self.spec = ClusterSpec(engine=settings, num_prefill=1, num_decode=1, transport=transport,
                                 cpu_cores={"prefill": prefill_cores, "decode": decode_cores},
-                                log_dir=str(log_dir / "pdserve"))
-        self.label = f"B: pdserve 1 prefill (core {prefill_cores}) + 1 decode (core {decode_cores})"
+                                log_dir=str(log_dir / f"pdserve-{key}"))
+        self.label = (f"{key}: pdserve 1 prefill (core {prefill_cores}) + 1 decode (core {decode_cores}), "
+                      f"KV over {transport}")
         self._cluster: LocalCluster | None = None
+
+    def kv_producer_cpu_s(self) -> float:
+        """CPU seconds the prefill workers' KV server threads (`pdserve-kv-*`) have used so far:
+        what serving transfers costs the producer (the prefill compute is not in it). Read it
+        before and after a run; connection threads live as long as the decode worker's connection."""
+        cluster = self._cluster
+        if cluster is None:
+            return 0.0
+        return sum(named_threads_cpu_s(worker.pid, "pdserve-kv-")
+                   for name, worker in cluster.workers.items() if name.startswith("prefill") and worker.pid)
 
     def start(self) -> None:
         self._cluster = LocalCluster(self.spec).start()  # returns once its router routes to both workers

@@ -53,6 +53,27 @@ def cpu_seconds(pids: list[int]) -> float:
     return total_ticks / TICKS_PER_S
 
 
+def named_threads_cpu_s(root_pid: int, name_prefix: str) -> float:
+    """User + system CPU seconds of the threads whose name (/proc's `comm`) starts with
+    `name_prefix`, in `root_pid` and its live descendants. A thread that has exited counts 0, so
+    take the difference of two readings while the threads live (e.g. a KV server's connection
+    threads, which live as long as their connection)."""
+    total_ticks = 0
+    for pid in process_tree(root_pid):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                comm = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+                if comm.startswith(name_prefix):
+                    total_ticks += stat_cpu_ticks(Path(f"/proc/{pid}/task/{task}/stat").read_text())[1]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return total_ticks / TICKS_PER_S
+
+
 def busy_ticks() -> int:
     """Busy CPU ticks of the whole machine since boot."""
     return machine_busy_ticks((_PROC / "stat").read_text())

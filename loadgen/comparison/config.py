@@ -16,6 +16,9 @@ from loadgen.workload import RequestSpec
 from pdserve.engine import EngineSettings
 
 
+PDSERVE_SYSTEMS = ("B", "B-tcp")
+
+
 @dataclass(frozen=True)
 class CompareConfig:
     rates_rps: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0)
@@ -37,6 +40,8 @@ class CompareConfig:
     noisy_retries: int = 1  # a noisy run is measured again this many times; the quietest attempt is kept
     seed: int = 0
     with_c: bool = False  # also measure C: two 1-core vLLM servers, round robin
+    pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: the same over tcp
+    transport: str = "auto"  # B's KV transport (auto: shared memory on one host)
     budget_s: float = 19 * 60.0  # the whole run, report included
     start_estimate_s: float = 45.0  # per server brought up (vLLM or a pdserve cluster)
     run_overhead_s: float = 20.0  # per run beyond its arrivals: warm-up, the last requests' tail, quiet check
@@ -63,6 +68,10 @@ class CompareConfig:
             raise ValueError(f"the TTFT SLO must be > 0 s, got {self.ttft_slo_s}")
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        unknown = set(self.pdserve_systems) - set(PDSERVE_SYSTEMS)
+        if unknown or not self.pdserve_systems:
+            raise ValueError(f"pdserve systems must be among {', '.join(PDSERVE_SYSTEMS)}, got "
+                             f"{', '.join(self.pdserve_systems) or 'none'}")
         if not self.budget_s > self.report_reserve_s:
             raise ValueError(f"the time budget ({self.budget_s:g} s) must exceed the report's reserve "
                              f"({self.report_reserve_s:g} s): raise --budget-min")
@@ -74,7 +83,11 @@ class CompareConfig:
 
     @property
     def systems(self) -> tuple[str, ...]:
-        return ("A", "B", "C") if self.with_c else ("A", "B")
+        return ("A", *self.pdserve_systems, *(("C",) if self.with_c else ()))
+
+    def transport_of(self, system: str) -> str:
+        """The KV transport of a pdserve system."""
+        return "tcp" if system == "B-tcp" else self.transport
 
     def engine_settings(self) -> EngineSettings:
         """Prefix caching off: a re-measured (noisy) run resends the same prompts, which must not hit

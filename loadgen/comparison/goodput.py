@@ -29,13 +29,14 @@ class SLOPair:
 
 @dataclass(frozen=True)
 class Measurement:
-    system: str  # "A", "B" or "C"
+    system: str  # "A", "B", "B-tcp" or "C"
     rate_rps: float
     result: RunResult
     summaries: dict[str, dict[str, Any]]  # SLO pair name -> loadgen.metrics.summarize(...)
     other_load_cores: float  # CPU other processes used during the run (loadgen.proc_cpu.OtherLoad)
     restarted: bool  # the system was found dead before this run and restarted
     attempts: int = 1  # > 1: earlier attempts were noisy and measured again (this is the quietest)
+    kv_producer_cpu_s: float | None = None  # pdserve: CPU of the prefill worker's KV server threads during the run
 
 
 @dataclass(frozen=True)

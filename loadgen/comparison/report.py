@@ -21,7 +21,8 @@ from loadgen.comparison.goodput import (NOISY_OTHER_CORES, Measurement, Skipped,
 from loadgen.metrics import PHASES, tpot_s
 from loadgen.plots import plot_latency_cdfs  # also selects matplotlib's Agg backend
 
-SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D", "C": "C: 2 x 1-core vLLM, round robin"}
+SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D", "B-tcp": "B-tcp: pdserve 1P+1D, KV over tcp",
+                 "C": "C: 2 x 1-core vLLM, round robin"}
 
 
 # -------------------------------------------------------------------------------------- tables
@@ -70,18 +71,28 @@ def _notes(m: Measurement) -> str:
 
 
 def phase_rows(measurements: Sequence[Measurement], pair: str) -> tuple[list[str], list[list[str]]]:
-    """pdserve's own per-phase breakdown (means and p90s, ms) at each rate."""
-    headers = ["rate (req/s)", "prefill mean", "prefill p90", "KV transfer mean", "KV transfer p90",
-               "decode mean", "KV MiB / request", "TTFT p90 (client)"]
+    """pdserve's own per-phase breakdown (means and p90s, ms) at each rate, per pdserve system,
+    with the CPU the producer's KV server threads spent per MiB it served."""
+    headers = ["rate (req/s)", "system", "prefill mean", "prefill p90", "KV transfer mean", "KV transfer p90",
+               "decode mean", "KV MiB / request", "producer KV CPU ms / MiB", "TTFT p90 (client)"]
     rows = []
-    for m in sorted((m for m in measurements if m.system == "B"), key=lambda m: m.rate_rps):
+    for m in sorted((m for m in measurements if m.system.startswith("B")), key=lambda m: (m.rate_rps, m.system)):
         s = m.summaries[pair]
         if "mean_prefill_ms" not in s:
             continue
-        rows.append([f"{m.rate_rps:g}", f"{s['mean_prefill_ms']:.0f}", f"{s['p90_prefill_ms']:.0f}",
+        rows.append([f"{m.rate_rps:g}", m.system, f"{s['mean_prefill_ms']:.0f}", f"{s['p90_prefill_ms']:.0f}",
                      f"{s['mean_kv_transfer_ms']:.0f}", f"{s['p90_kv_transfer_ms']:.0f}", f"{s['mean_decode_ms']:.0f}",
-                     f"{s['mean_kv_transfer_bytes'] / 2**20:.1f}", f"{s['p90_ttft_ms']:.0f}"])
+                     f"{s['mean_kv_transfer_bytes'] / 2**20:.1f}", _cpu_ms_per_mib(m, s), f"{s['p90_ttft_ms']:.0f}"])
     return headers, rows
+
+
+def _cpu_ms_per_mib(m: Measurement, summary: dict) -> str:
+    """The producer's KV-serving CPU over the MiB the run's requests moved (the run's few uncounted
+    warm-up requests add their CPU but not their bytes: a slight overestimate)."""
+    moved_mib = summary["total_kv_transfer_bytes"] / 2**20
+    if m.kv_producer_cpu_s is None or moved_mib <= 0:
+        return "-"
+    return f"{m.kv_producer_cpu_s * 1e3 / moved_mib:.2f}"
 
 
 def skipped_rows(skipped: Sequence[Skipped]) -> tuple[list[str], list[list[str]]]:
@@ -113,7 +124,7 @@ def report(config, measurements: Sequence[Measurement], console: Console, wall_s
     found = goodputs(measurements, pairs, config.attainment_target)
     sections = [("Goodput (>= 90% of requests within both SLOs)", goodput_rows(found, pairs, rates, config.systems)),
                 ("Per run", per_rate_rows(measurements, pairs)),
-                ("B: pdserve's per-phase breakdown (ms)", phase_rows(measurements, pairs[0].name))]
+                ("pdserve's per-phase breakdown (ms)", phase_rows(measurements, pairs[0].name))]
     if skipped:
         sections.append(("Not measured (time budget)", skipped_rows(skipped)))
     for title, (headers, rows) in sections:

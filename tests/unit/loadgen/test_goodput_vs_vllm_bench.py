@@ -29,6 +29,30 @@ def test_abba_order_switches_system_once_per_rate_and_measures_all_at_every_rate
     assert BenchConfig(with_c=True).systems == ("A", "B", "C") and BenchConfig().systems == ("A", "B")
 
 
+def test_pdserve_systems_name_their_transport_and_unknown_ones_are_refused():
+    config = BenchConfig(pdserve_systems=("B", "B-tcp"), transport="shm")
+    assert config.systems == ("A", "B", "B-tcp")
+    assert config.transport_of("B") == "shm" and config.transport_of("B-tcp") == "tcp"
+    assert BenchConfig().transport_of("B") == "auto"
+    with pytest.raises(ValueError, match="among B, B-tcp"):
+        BenchConfig(pdserve_systems=("B", "D"))
+
+
+def test_the_phase_table_gives_each_pdserve_system_and_its_producers_kv_cpu_per_mib():
+    from loadgen.comparison.report import phase_rows
+
+    def run(system, kv_cpu_s):
+        phases = {"mean_prefill_ms": 400.0, "p90_prefill_ms": 900.0, "mean_kv_transfer_ms": 9.0,
+                  "p90_kv_transfer_ms": 12.0, "mean_decode_ms": 1200.0, "mean_kv_transfer_bytes": 8 * 2**20,
+                  "total_kv_transfer_bytes": 30 * 8 * 2**20, "p90_ttft_ms": 1100.0, "slo_attainment": 1.0}
+        return Measurement(system, 1.0, None, {"tight": phases}, 0.0, False, kv_producer_cpu_s=kv_cpu_s)
+
+    headers, rows = phase_rows([run("B-tcp", 0.48), run("B", 0.012), run("A", None)], "tight")
+    assert headers[1] == "system" and headers[-2] == "producer KV CPU ms / MiB"
+    assert [row[1] for row in rows] == ["B", "B-tcp"]  # A has no phases; pdserve systems sorted by name
+    assert rows[0][-2] == "0.05" and rows[1][-2] == "2.00"  # 12 ms and 480 ms over 240 MiB
+
+
 @pytest.mark.skipif(not TRACE.is_file(), reason="the shared Azure trace is not present")
 def test_every_rate_replays_the_same_capped_requests_retimed_to_the_rate():
     config = BenchConfig(num_requests=30, max_prompt_tokens=2000, max_output_tokens=256)

@@ -48,3 +48,34 @@ def test_cpu_seconds_grow_with_this_process_work():
     while time.process_time() < deadline:
         pass
     assert cpu_seconds([os.getpid()]) - before >= 0.05
+
+
+def test_named_threads_cpu_counts_only_the_threads_of_that_name():
+    import threading
+
+    from kv_transfer.threads import name_this_thread
+    from loadgen.proc_cpu import named_threads_cpu_s
+
+    done = threading.Event()
+
+    def spin(name: str, seconds: float) -> None:
+        name_this_thread(name)
+        until = time.thread_time() + seconds
+        while time.thread_time() < until:
+            pass
+        done.wait()
+
+    busy = threading.Thread(target=spin, args=("pdserve-kv-test", 0.4))
+    other = threading.Thread(target=spin, args=("someone-else", 0.4))
+    before = named_threads_cpu_s(os.getpid(), "pdserve-kv-")
+    busy.start(), other.start()
+    deadline = time.monotonic() + 30
+    while named_threads_cpu_s(os.getpid(), "pdserve-kv-") - before < 0.35 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        counted = named_threads_cpu_s(os.getpid(), "pdserve-kv-") - before
+        assert 0.35 <= counted < 0.7  # the named thread's 0.4 s (tick resolution), not the other's
+        assert named_threads_cpu_s(os.getpid(), "no-such-thread-") == 0.0
+    finally:
+        done.set()
+        busy.join(), other.join()
