@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pdserve.dtype_probe import resolve_auto_dtype, this_host_kind
 from pdserve.make_model import build_model
-from pdserve.preload import find_preload
+from pdserve.preload import DEFAULT_LIBRARIES, find_preload
 from planner.profiler.engine_speed import VLLM_AUTO, Variant, median_result, run_variant, speed_table
 
 DESCRIPTION = """\
@@ -21,8 +21,9 @@ adding one of pdserve's choices to the one before:
   vLLM defaults      --dtype auto as vLLM resolves it, no preload, vLLM's busy-polling
   + measured dtype   the dtype pdserve's probe picks on this host (--dtype auto in pdserve)
   + tcmalloc         LD_PRELOAD libtcmalloc_minimal (vLLM's CPU guide)
-  + Intel OpenMP     LD_PRELOAD libiomp5 too
   pdserve defaults   + the 50 ms cap on vLLM's busy-polling: what a pdserve worker runs
+  + Intel OpenMP     pdserve defaults with libiomp5 preloaded too (vLLM's CPU guide; opt-in:
+                     --preload tcmalloc,iomp5)
   other dtype        pdserve defaults with the dtype the probe did not pick
 
 Variants run in order, then in reverse (ABBA), --rounds times; the report takes each time's
@@ -33,10 +34,11 @@ Markdown and a PNG.
 
 def variants(measured: str) -> list[Variant]:
     other = "float32" if measured == "bfloat16" else "bfloat16"
-    both = ("tcmalloc", "iomp5")
     return [Variant("vLLM defaults", VLLM_AUTO), Variant("+ measured dtype", measured),
-            Variant("+ tcmalloc", measured, ("tcmalloc",)), Variant("+ Intel OpenMP", measured, both),
-            Variant("pdserve defaults", measured, both, 50.0), Variant(f"other dtype ({other})", other, both, 50.0)]
+            Variant("+ tcmalloc", measured, ("tcmalloc",)),
+            Variant("pdserve defaults", measured, DEFAULT_LIBRARIES, 50.0),
+            Variant("+ Intel OpenMP", measured, ("tcmalloc", "iomp5"), 50.0),
+            Variant(f"other dtype ({other})", other, DEFAULT_LIBRARIES, 50.0)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", default="1", help="the cores the engine is bound to (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds (each runs every variant twice)")
     parser.add_argument("--prompt-tokens", type=int, default=1024)
+    parser.add_argument("--decode-steps", type=int, default=128,
+                        help="tokens each sequence decodes per decode measurement (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="measurements of each time per run; the run reports their median (default: %(default)s)")
     parser.add_argument("--out", default="bench/results/fast_defaults", help="output folder")
     args = parser.parse_args(argv)
 
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list] = {v.name: [] for v in chosen}
     for index, variant in enumerate(order, 1):
         result = run_variant(variant, str(model), args.cores, runs_dir / f"run-{index}.json", found, args.prompt_tokens,
-                             (1, 8, 32), context_tokens=128, steps=32, repeats=3)
+                             (1, 8, 32), context_tokens=128, steps=args.decode_steps, repeats=args.repeats)
         runs[variant.name].append(result)
         steps = ", ".join(f"b{b} {s * 1e3:.1f} ms" for b, s in result.decode_step_s.items())
         print(f"[{index}/{len(order)}] {variant.name}: {result.dtype}, prefill {result.prefill_s * 1e3:.0f} ms, "

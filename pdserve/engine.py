@@ -19,7 +19,7 @@ from typing import Literal
 
 from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig
 from pdserve.cpu_placement import parse_cores
-from pdserve.preload import Preload, find_preload
+from pdserve.preload import DEFAULT_LIBRARIES, Preload, check_libraries, find_preload
 from pdserve.vllm_plugin import SPIN_ENV
 
 from pdserve.roles import Role
@@ -70,9 +70,9 @@ class EngineSettings:
     # before sleeping on a socket (vLLM: 1 s). On CPU hosts that poll competes with the compute
     # threads; see pdserve.vllm_plugin. Negative: leave vLLM's own value.
     vllm_spin_ms: float = 50.0
-    # CPU hosts: preload tcmalloc and Intel OpenMP into vLLM's engine processes where they are
-    # installed (vLLM's CPU guide; see pdserve.preload). False: vLLM's own choice.
-    preload_libraries: bool = True
+    # CPU hosts: the libraries of pdserve.preload.LIBRARIES preloaded into vLLM's engine processes
+    # where installed (default: the measured choice, tcmalloc; see pdserve.preload). (): vLLM's own.
+    preload: tuple[str, ...] = DEFAULT_LIBRARIES
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":
@@ -87,6 +87,7 @@ class EngineSettings:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size}: must be at least 1")
         if self.cpu_cores:
             parse_cores(self.cpu_cores)  # raises with the bad part named
+        object.__setattr__(self, "preload", check_libraries(tuple(self.preload)))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,10 +97,10 @@ def on_gpu() -> bool:
     return os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1")
 
 
-def preload_into_engine_processes() -> Preload:
-    """Puts tcmalloc and Intel OpenMP (where installed) into LD_PRELOAD, which the engine core and
-    the model runner vLLM spawns next inherit; logs what was preloaded and what was skipped."""
-    preload = find_preload()
+def preload_into_engine_processes(names: tuple[str, ...]) -> Preload:
+    """Puts the libraries `names` (where installed) into LD_PRELOAD, which the engine core and the
+    model runner vLLM spawns next inherit; logs what was preloaded and what was skipped."""
+    preload = find_preload(names=names)
     os.environ.update(preload.env(dict(os.environ)))
     (logger.warning if preload.missing else logger.info)("%s", preload.summary())
     return preload
@@ -129,8 +130,8 @@ def engine_args(settings: EngineSettings, role: EngineRole, connector: Connector
     os.environ.update(thread_env(settings.cpu_cores))
     if settings.vllm_spin_ms >= 0:  # read by pdserve.vllm_plugin in the engine's child processes
         os.environ[SPIN_ENV] = f"{settings.vllm_spin_ms / 1000:g}"
-    if settings.preload_libraries and not on_gpu():
-        preload_into_engine_processes()
+    if settings.preload and not on_gpu():
+        preload_into_engine_processes(settings.preload)
     kv_transfer_config = None
     if role != "colocated":
         if connector is None:

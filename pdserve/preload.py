@@ -1,8 +1,11 @@
 """The memory allocator and OpenMP runtime vLLM's CPU guide asks to preload, found and preloaded.
 
-vLLM on a CPU host runs fastest with tcmalloc as the allocator and Intel's OpenMP runtime
-(libiomp5) under its compute threads, both through `LD_PRELOAD` (vLLM's CPU installation guide,
-"set LD_PRELOAD"); without them each model runner warns at start. They take effect only in a process
+vLLM's CPU installation guide recommends tcmalloc as the allocator and Intel's OpenMP runtime
+(libiomp5) under its compute threads, both through `LD_PRELOAD`; without them each model runner
+warns at start. pdserve preloads what measurement supports (`DEFAULT_LIBRARIES`): tcmalloc, worth
+1.14-1.2x on a 1k-token prefill on both host kinds measured (an AMX Xeon and an AVX512-BF16 EPYC;
+BENCHMARKS "Fast defaults"); Intel OpenMP on top of it was slower on both (prefill 1.08 vs 1.14x
+and 1.18 vs 1.20x, decode 2-7% slower at batch 32), so it is opt-in (`--preload tcmalloc,iomp5`). They take effect only in a process
 that starts after LD_PRELOAD is set, so the worker sets it (`pdserve.engine.engine_args`) just
 before vLLM spawns its engine core and model runner, where the compute runs: every launcher
 (local, the planner's, Ray, Kubernetes) gets them the same way.
@@ -29,6 +32,7 @@ LIBRARIES: dict[str, tuple[tuple[str, ...], str]] = {
                  "apt-get install libtcmalloc-minimal4"),
     "iomp5": (("libiomp5.so",), "pip install intel-openmp"),
 }
+DEFAULT_LIBRARIES: tuple[str, ...] = ("tcmalloc",)   # measured: see the module doc
 SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                    "/usr/local/lib")
 
@@ -53,15 +57,26 @@ class Preload:
         return f"preloading {loaded} into vLLM's processes" + (f"; skipped: {skipped}" if skipped else "")
 
 
-def find_preload(search_dirs: tuple[str, ...] | None = None, machine: str | None = None) -> Preload:
-    """The libraries of `LIBRARIES` found on this host. Linux only: elsewhere nothing is preloaded;
-    Intel OpenMP only on x86 (vLLM's guide; Arm builds use their own OpenMP)."""
+def check_libraries(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` if each is one of `LIBRARIES`, else ValueError listing them."""
+    unknown = [name for name in names if name not in LIBRARIES]
+    if unknown:
+        raise ValueError(f"cannot preload {', '.join(unknown)}: choose among {', '.join(LIBRARIES)}")
+    return names
+
+
+def find_preload(search_dirs: tuple[str, ...] | None = None, machine: str | None = None,
+                 names: tuple[str, ...] | None = None) -> Preload:
+    """The libraries `names` (default: every one of `LIBRARIES`) found on this host. Linux only:
+    elsewhere nothing is preloaded; Intel OpenMP only on x86 (vLLM's guide; Arm builds use their
+    own OpenMP)."""
     if not sys.platform.startswith("linux"):
         return Preload()
     machine = machine or platform.machine()
     dirs = search_dirs if search_dirs is not None else (str(Path(sys.prefix) / "lib"), *SYSTEM_LIB_DIRS)
     paths, missing = [], {}
-    for name, (file_names, how) in LIBRARIES.items():
+    wanted = check_libraries(names) if names is not None else tuple(LIBRARIES)
+    for name, (file_names, how) in ((name, LIBRARIES[name]) for name in wanted):
         if name == "iomp5" and machine not in ("x86_64", "AMD64"):
             continue
         found = next((str(Path(d) / f) for d in dirs for f in file_names if (Path(d) / f).is_file()), None)

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from pdserve.preload import DEFAULT_LIBRARIES
 from pdserve.engine import EngineSettings
 
 
@@ -31,9 +32,11 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
     group.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     group.add_argument("--tensor-parallel-size", type=int, default=1,
                        help="GPUs each engine spans (vLLM tensor parallelism; 1 on CPU)")
-    group.add_argument("--no-preload", action="store_true",
-                       help="CPU hosts: do not preload tcmalloc and Intel OpenMP into vLLM's processes (by default "
-                            "they are, where installed, as vLLM's CPU guide recommends)")
+    group.add_argument("--preload", default=",".join(DEFAULT_LIBRARIES),
+                       help="CPU hosts: libraries preloaded into vLLM's processes where installed, comma-separated, "
+                            "among tcmalloc and iomp5 (Intel OpenMP; vLLM's CPU guide recommends both; measured "
+                            "here, only tcmalloc helps) (default: %(default)s)")
+    group.add_argument("--no-preload", action="store_true", help="CPU hosts: preload nothing (vLLM's own choice)")
     group.add_argument("--vllm-spin-ms", type=float, default=50.0,
                        help="how long vLLM's engine processes busy-poll each other after each message before "
                             "sleeping (vLLM's own: 1000; polling steals CPU from compute on CPU hosts); "
@@ -50,7 +53,7 @@ def engine_settings(args: argparse.Namespace, cpu_cores: str = "", probe_cores: 
         kv_cache_bytes=args.kv_cache_mb << 20, max_num_seqs=args.max_num_seqs,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores, vllm_spin_ms=args.vllm_spin_ms,
-        preload_libraries=not args.no_preload,
+        preload=() if args.no_preload else tuple(name for name in args.preload.split(",") if name),
     )
 
 

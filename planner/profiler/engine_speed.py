@@ -129,7 +129,7 @@ async def _measure(model: str, cores: str, dtype: str, variant: str, spin_ms: fl
     settings = EngineSettings(model=model, dtype="float32" if dtype == VLLM_AUTO else dtype, cpu_cores=cores,
                               max_model_len=max(prompt_tokens, context_tokens + steps) + 64,
                               max_num_seqs=max(batch_sizes), kv_cache_bytes=max(256 << 20, largest * 64 << 10),
-                              enable_prefix_caching=False, preload_libraries=False, vllm_spin_ms=spin_ms)
+                              enable_prefix_caching=False, preload=(), vllm_spin_ms=spin_ms)
     args = engine_args(settings, "colocated")
     if dtype == VLLM_AUTO:
         args.dtype = "auto"
@@ -138,13 +138,22 @@ async def _measure(model: str, cores: str, dtype: str, variant: str, spin_ms: fl
         probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()))
         await probe.warm_up()
         prefill_s = await probe.prefill_s(prompt_tokens, repeats)
-        decode = {b: (await probe.decode(b, context_tokens, steps)).step_s for b in batch_sizes}
+        decode = {b: await _median_decode_step_s(probe, b, context_tokens, steps, repeats) for b in batch_sizes}
         ran = str(engine.vllm_config.model_config.dtype).removeprefix("torch.")
     finally:
         engine.shutdown()
         gc.collect()
     preloaded = ":".join(os.path.basename(path) for path in os.environ.get("LD_PRELOAD", "").split(":") if path)
     return SpeedResult(variant, ran, preloaded, prefill_s, decode)
+
+
+async def _median_decode_step_s(probe, batch_size: int, context_tokens: int, steps: int, repeats: int) -> float:
+    """The median of `repeats` decode measurements at one batch size (one is at the mercy of a
+    neighbour's burst; decode steps are short, so a burst weighs more than on a prefill)."""
+    import statistics
+
+    samples = [(await probe.decode(batch_size, context_tokens, steps)).step_s for _ in range(repeats)]
+    return statistics.median(samples)
 
 
 def main(argv: list[str] | None = None) -> int:

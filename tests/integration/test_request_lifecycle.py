@@ -204,12 +204,12 @@ def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}
 
 
-def test_the_engine_processes_run_with_tcmalloc_and_intel_openmp_preloaded(tcp_cluster):
-    """vLLM's CPU guide: tcmalloc and Intel OpenMP in LD_PRELOAD. A worker puts them there before
-    vLLM spawns its engine core and model runner, which is where the compute runs."""
-    from pdserve.preload import find_preload, loaded_libraries
+def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
+    """The libraries measurement chose (tcmalloc; vLLM's CPU guide) in LD_PRELOAD. A worker puts
+    them there before vLLM spawns its engine core and model runner, which is where the compute runs."""
+    from pdserve.preload import DEFAULT_LIBRARIES, find_preload, loaded_libraries
 
-    preload = find_preload()
+    preload = find_preload(names=DEFAULT_LIBRARIES)
     if preload.missing:
         pytest.skip(preload.summary())
     wanted = {os.path.basename(os.path.realpath(path)) for path in preload.paths}  # maps name the real file

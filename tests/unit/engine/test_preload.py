@@ -44,3 +44,18 @@ def test_the_environment_keeps_what_was_preloaded_already_once():
 
 def test_loaded_libraries_reads_this_process_maps():
     assert any(name.startswith("libc.so") or name.startswith("libc-") for name in loaded_libraries(os.getpid()))
+
+
+def test_the_default_preload_is_the_measured_choice_and_unknown_names_are_refused(tmp_path):
+    import pytest
+
+    from pdserve.engine import EngineSettings
+    from pdserve.preload import DEFAULT_LIBRARIES
+
+    _touch(tmp_path, "libiomp5.so")
+    tcmalloc = _touch(tmp_path, "libtcmalloc_minimal.so.4")
+    assert DEFAULT_LIBRARIES == ("tcmalloc",) and EngineSettings(model="/m").preload == ("tcmalloc",)
+    assert find_preload(search_dirs=(str(tmp_path),), machine="x86_64", names=DEFAULT_LIBRARIES) == \
+        Preload((tcmalloc,), {})
+    with pytest.raises(ValueError, match="cannot preload jemalloc: choose among tcmalloc, iomp5"):
+        EngineSettings(model="/m", preload=("jemalloc",))
