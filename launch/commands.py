@@ -12,8 +12,9 @@ import sys
 from dataclasses import dataclass, field
 
 from kv_transfer.transports.base import TransportName
+from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings
-from pdserve.roles import Role
+from pdserve.roles import Role, Topology, check_topology
 
 CLI_MODULE = "cli.main"
 
@@ -34,12 +35,30 @@ class ClusterSpec:
     ttl_s: float = 3.0
     local_prefill_max_tokens: int = 0
     log_dir: str = ""
+    topology: Topology = "disaggregated"
+    router_flags: tuple[str, ...] = ()   # more `pdserve router` flags: SLOs, placement and cost files
+
+    def __post_init__(self) -> None:
+        check_topology(self.topology, self.num_prefill)
 
     def router_argv(self, redis_url: str) -> list[str]:
         return ["router", "--model", self.engine.model, "--redis-url", redis_url, "--cluster", self.cluster,
                 "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port),
                 "--max-model-len", str(self.engine.max_model_len),
-                "--local-prefill-max-tokens", str(self.local_prefill_max_tokens)]
+                "--local-prefill-max-tokens", str(self.local_prefill_max_tokens), "--topology", self.topology,
+                *self.router_flags]
+
+    def cores_of(self, role: Role, index: int, count: int) -> str:
+        """Worker `index` of `count` in a role's pool: its share of the role's cores, split evenly
+        when there are at least as many cores as workers (the first workers take any remainder),
+        else the role's cores shared; "" when the role is not bound."""
+        spec = self.cpu_cores.get(role, "")
+        cores = sorted(parse_cores(spec)) if spec else []
+        if count <= 1 or len(cores) < count:
+            return spec
+        size, extra = divmod(len(cores), count)
+        start = index * size + min(index, extra)
+        return ",".join(str(core) for core in cores[start:start + size + (index < extra)])
 
     def worker_argv(self, role: Role, worker_id: str, redis_url: str, cpu_cores: str | None = None) -> list[str]:
         """`pdserve worker` arguments; `cpu_cores` overrides the role's cores of the spec."""
@@ -64,7 +83,7 @@ def engine_option_argv(settings: EngineSettings) -> list[str]:
     if settings.tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
     argv += [] if settings.enable_prefix_caching else ["--no-prefix-caching"]
-    return argv + ([] if settings.preload_libraries else ["--no-preload"])
+    return argv + (["--preload", ",".join(settings.preload)] if settings.preload else ["--no-preload"])
 
 
 def pdserve_argv(args: list[str] | tuple[str, ...]) -> list[str]:

@@ -44,8 +44,8 @@ class LocalCluster:
             self.redis = start_redis()
             self.router = self._spawn("router", self.spec.router_argv(self.redis.url))
             for role, count in (("prefill", self.spec.num_prefill), ("decode", self.spec.num_decode)):
-                for _ in range(count):
-                    self.add_worker(role, wait=False)
+                for index in range(count):
+                    self.add_worker(role, wait=False, cpu_cores=self.spec.cores_of(role, index, count))
             self.wait_ready([self.router, *self.workers.values()], timeout_s)
             self.grpc_target, self.http_url = self.router.wait_ready(0).split()
             self.wait_routed(max(1.0, deadline - time.monotonic()))
@@ -71,9 +71,10 @@ class LocalCluster:
         self.stop()
 
     # ---- pools ---------------------------------------------------------------------------------
-    def add_worker(self, role: Role, wait: bool = True, timeout_s: float = 240.0) -> str:
+    def add_worker(self, role: Role, wait: bool = True, timeout_s: float = 240.0, cpu_cores: str | None = None) -> str:
+        """Starts one more worker of `role` on `cpu_cores` (default: the role's cores)."""
         worker_id = f"{role}-{next(self._ids)}"
-        process = self._spawn(worker_id, self.spec.worker_argv(role, worker_id, self.redis.url))
+        process = self._spawn(worker_id, self.spec.worker_argv(role, worker_id, self.redis.url, cpu_cores))
         self.workers[worker_id] = process
         if wait:
             self.wait_ready([process], timeout_s)

@@ -24,6 +24,7 @@ from pdserve.errors import (  # noqa: F401  (re-exported for users)
     InternalError,
     InvalidRequest,
     NoHealthyWorker,
+    RETRY_AFTER_METADATA,
     Overloaded,
     ServeError,
     from_grpc_code,
@@ -65,7 +66,13 @@ def _chunk(message: pb.GenerateResponse) -> GenerationChunk:
 
 
 def _typed(error: grpc.RpcError) -> ServeError:
-    return from_grpc_code(error.code(), error.details() or str(error.code()))
+    """The typed error of a failed call; an `Overloaded` carries the router's `retry_after_s`."""
+    typed = from_grpc_code(error.code(), error.details() or str(error.code()))
+    if isinstance(typed, Overloaded):
+        trailing = dict(error.trailing_metadata() or ())
+        if RETRY_AFTER_METADATA in trailing:
+            typed.retry_after_s = float(trailing[RETRY_AFTER_METADATA])
+    return typed
 
 
 def _sampling_kwargs(max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, min_tokens) -> dict:

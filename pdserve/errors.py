@@ -6,6 +6,8 @@ the HTTP app, the SDK) translate with `grpc_code`, `http_status` and `from_grpc_
 
 from __future__ import annotations
 
+import math
+
 import grpc
 
 
@@ -25,7 +27,16 @@ class InvalidRequest(ServeError):
 
 
 class Overloaded(ServeError):
+    """The cluster refuses work now (admission control, the router's in-flight limit).
+    `retry_after_s`, when known, is the predicted time until a request like this one would be
+    admitted: HTTP sends it as `Retry-After` (whole seconds, rounded up), gRPC as the trailing
+    metadata `retry-after-s`, and the SDK's `Overloaded` carries it back."""
+
     kind = "overloaded"
+
+    def __init__(self, message: str, field: str | None = None, retry_after_s: float | None = None):
+        super().__init__(message, field)
+        self.retry_after_s = retry_after_s
 
 
 class NoHealthyWorker(ServeError):
@@ -62,6 +73,21 @@ def grpc_code(error: ServeError) -> grpc.StatusCode:
 
 def http_status(error: ServeError) -> int:
     return STATUS_TABLE[_entry(error)][1]
+
+
+RETRY_AFTER_METADATA = "retry-after-s"  # gRPC trailing metadata of RESOURCE_EXHAUSTED: seconds, a float
+
+
+def retry_after_header(error: ServeError) -> dict[str, str]:
+    """The HTTP headers an error's response carries: `Retry-After` in whole seconds (RFC 9110),
+    rounded up so a client that waits it is not refused again for the same reason."""
+    retry_after_s = getattr(error, "retry_after_s", None)
+    return {} if retry_after_s is None else {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
+
+
+def grpc_trailing_metadata(error: ServeError) -> tuple[tuple[str, str], ...]:
+    retry_after_s = getattr(error, "retry_after_s", None)
+    return () if retry_after_s is None else ((RETRY_AFTER_METADATA, f"{retry_after_s:.3f}"),)
 
 
 def from_grpc_code(code: grpc.StatusCode, message: str) -> ServeError:

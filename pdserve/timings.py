@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 class Timings:
     """Per-phase breakdown of one request, all seconds measured at the router unless noted."""
 
-    queued_s: float = 0.0          # in the first engine's queue: prefill's (or decode's, decode-only)
+    queued_s: float = 0.0          # the router's dispatch queue + the first engine's queue (prefill's, or decode's when Local)
     prefill_s: float = 0.0         # prefill RPC round trip minus queued_s: hops and prefill compute
     kv_transfer_bytes: int = 0     # measured by the decode worker's connector
     kv_transfer_s: float = 0.0     # measured by the decode worker's connector

@@ -7,7 +7,7 @@ import uuid
 
 import grpc
 
-from pdserve.errors import InvalidRequest, ServeError, grpc_code
+from pdserve.errors import InvalidRequest, ServeError, grpc_code, grpc_trailing_metadata
 from pdserve.sampling import Sampling
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
@@ -34,7 +34,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
             async for chunk in self.lifecycle.generate(internal):
                 yield chunk_to_proto(chunk)
         except ServeError as error:
-            await context.abort(grpc_code(error), error.message)
+            await context.abort(grpc_code(error), error.message, trailing_metadata=grpc_trailing_metadata(error))
         except asyncio.CancelledError:
             if request_id not in self._aborted:
                 raise  # the client went away: nobody to tell

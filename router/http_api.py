@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pdserve.errors import InvalidRequest, ServeError, http_status
+from pdserve.errors import InvalidRequest, ServeError, http_status, retry_after_header
 from pdserve.generation import GenerationChunk
 from router.lifecycle import Lifecycle
 from router.openai_schema import ChatCompletionRequest, CompletionRequest
@@ -30,7 +30,7 @@ def error_body(error: ServeError) -> dict:
 
 
 def error_response(error: ServeError) -> JSONResponse:
-    return JSONResponse(error_body(error), status_code=http_status(error))
+    return JSONResponse(error_body(error), status_code=http_status(error), headers=retry_after_header(error))
 
 
 def _validation_error(exc: RequestValidationError) -> InvalidRequest:
@@ -83,7 +83,7 @@ def create_app(lifecycle: Lifecycle, model_name: str) -> FastAPI:
 
 async def _respond(lifecycle: Lifecycle, model_name: str, body, prompt_ids: list[int], chat: bool):
     request = GenerationRequest(body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-                                prompt_ids, body.sampling())
+                                prompt_ids, body.sampling(), body.slo_class)
     lifecycle.admit(request)  # refuse before any byte is sent, with a proper status
     shape = _Shape(request.request_id, model_name, chat)
     chunks = lifecycle.generate(request)

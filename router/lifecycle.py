@@ -1,7 +1,9 @@
 """One request's walk through the cluster (DESIGN.md 2), as an async generator of `GenerationChunk`s.
 
-    validate -> choose: disaggregate or decode-only -> Prefill (first token streams at once)
-    -> Decode (loads the KV, streams the rest) -> final chunk with per-phase timings
+    validate -> admit (`router.scheduler`: refuse now with a retry time when the predicted TTFT
+    misses the SLO) -> wait in the router's queue for a turn and a placement (a prefill worker and
+    a decode worker, or Local: the decode worker computes the prompt) -> Prefill (first token
+    streams at once) -> Decode (loads the KV, streams the rest) -> final chunk with per-phase timings
 
 Workers are reached through `router.worker_client.WorkerClient` (the pool hands them out); no
 protobuf here. Failure and cancel rules:
@@ -33,9 +35,10 @@ from pdserve.sampling import Sampling
 from pdserve.timings import Timings
 from pdserve.worker_api import DecodeChunk, PrefillRequest, PrefillResult
 from router.failures import verdict_for
-from router.policies.disaggregation import DisaggregationPolicy
+from router.policies.placement import Disaggregated
 from router.pool import WorkerPool
 from router.resume import KVLease, resume_plan
+from router.scheduler import Scheduler, SchedulerConfig, Ticket
 from router.tokenizer import RouterTokenizer
 from router.types import GenerationRequest
 from router.worker_client import WorkerError
@@ -49,7 +52,7 @@ class RouterConfig:
     max_inflight: int = 256
     max_attempts: int = 3          # per phase
     request_timeout_s: float = 600.0
-    policy: DisaggregationPolicy = DisaggregationPolicy()
+    scheduler: SchedulerConfig = SchedulerConfig()
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class _Prefilled:
 class Lifecycle:
     def __init__(self, config: RouterConfig, pool: WorkerPool, tokenizer: RouterTokenizer):
         self.config, self.pool, self.tokenizer = config, pool, tokenizer
+        self.scheduler = Scheduler(config.scheduler, pool)
         Sampling().check()  # loads vLLM's validation now, not on the first request's path
         self.inflight = 0
         self._releasing: set[asyncio.Task] = set()  # lease releases under way (held so none is dropped)
@@ -79,12 +83,15 @@ class Lifecycle:
 
     def admit(self, request: GenerationRequest) -> None:
         """Raises what would refuse `request` now, before any work is done or any byte is sent:
-        bad input, no decode worker (every request ends on one), or the router at its limit."""
+        bad input, no decode worker (every request ends on one), the router at its limit, or a
+        predicted TTFT that misses the SLO by more than the policy allows (`Scheduler.check`)."""
         self.validate(request)
         if not self.pool.workers("decode"):
             raise NoHealthyWorker("no decode worker is alive")
         if self.inflight >= self.config.max_inflight:
-            raise Overloaded(f"the router has {self.inflight} requests in flight (limit {self.config.max_inflight})")
+            raise Overloaded(f"the router has {self.inflight} requests in flight (limit {self.config.max_inflight})",
+                             retry_after_s=1.0)
+        self.scheduler.check(request)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.admit(request)
@@ -99,16 +106,22 @@ class Lifecycle:
     async def _walk(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         started = time.perf_counter()
         timings = Timings(prompt_tokens=len(request.prompt_token_ids))
+        ticket = await self.scheduler.dispatch(request)
+        router_queued_s = time.perf_counter() - started
         decoder = self.tokenizer.stream_decoder()
         generated: list[int] = []
         lease: KVLease | None = None
         completed = False
         try:
             prefilled = None
-            if self.config.policy.disaggregate(len(request.prompt_token_ids), bool(self.pool.workers("prefill"))):
-                prefilled = await self._prefill(request, timings)  # None: no prefill worker; decode computes it
+            path = ticket.placement.path
+            if isinstance(path, Disaggregated):
+                prefilled = await self._prefill(request, timings, path.prefill_id)  # None: decode computes it
+                timings.queued_s += router_queued_s
             if prefilled is not None:
                 result = prefilled.result
+                self.scheduler.prefilled(ticket, timings.prefill_s,
+                                         len(request.prompt_token_ids) - result.num_cached_tokens)
                 generated.append(result.first_token_id)
                 timings.ttft_s = time.perf_counter() - started
                 if result.finished:
@@ -118,7 +131,8 @@ class Lifecycle:
                     return
                 lease = KVLease(prefilled.worker, prefilled.transfer_id, result.kv_handle)
                 yield self._chunk(request, generated, decoder, False, "", None, started)
-            decode = self._decode(request, lease, generated, timings, decoder, started)
+            decode = self._decode(request, lease, generated, timings, decoder, started, ticket,
+                                  path.decode_id, 0.0 if prefilled else router_queued_s)
             async with contextlib.aclosing(decode):
                 async for chunk in decode:
                     yield chunk
@@ -126,6 +140,17 @@ class Lifecycle:
         finally:
             if lease is not None and not completed:
                 self._abandon(lease, request.request_id)
+            self.scheduler.finish(ticket, self._held_prefixes(request, timings, generated) if completed else ())
+
+    @staticmethod
+    def _held_prefixes(request: GenerationRequest, timings: Timings, generated: list[int]) -> list:
+        """What each worker of a served request now holds in its prefix cache: the prefill worker
+        its prompt, the decode worker the prompt and the tokens it generated (a conversation's next
+        turn starts with them)."""
+        held = [(timings.decode_worker, list(request.prompt_token_ids) + generated[:-1])]
+        if timings.disaggregated and timings.prefill_worker:
+            held.append((timings.prefill_worker, list(request.prompt_token_ids)))
+        return [(worker, tokens) for worker, tokens in held if worker]
 
     def _chunk(self, request, token_ids, decoder, finished, reason, timings, started) -> GenerationChunk:
         if timings is not None:
@@ -134,12 +159,13 @@ class Lifecycle:
         return GenerationChunk(request.request_id, list(token_ids), decoder.step(list(token_ids)), finished, reason,
                                timings)
 
-    async def _prefill(self, request: GenerationRequest, timings: Timings) -> _Prefilled | None:
+    async def _prefill(self, request: GenerationRequest, timings: Timings, preferred: str) -> _Prefilled | None:
+        """The prompt on the `preferred` prefill worker (the placement's), then on others if it fails."""
         transfer_id = uuid.uuid4().hex
         message = PrefillRequest(request.request_id, tuple(request.prompt_token_ids), request.sampling, transfer_id)
         tried: set[str] = set()
-        for _ in range(self.config.max_attempts):
-            worker = self.pool.pick("prefill", frozenset(tried))
+        for attempt in range(self.config.max_attempts):
+            worker = self._choose("prefill", preferred if attempt == 0 else None, tried)
             if worker is None:
                 break
             tried.add(worker.worker_id)
@@ -164,8 +190,13 @@ class Lifecycle:
                        request.request_id, len(tried))
         return None
 
+    def _choose(self, role: str, preferred: str | None, tried: set[str]) -> WorkerRecord | None:
+        """The placement's worker when it is still alive and untried, else the least loaded."""
+        record = self.pool.get(preferred) if preferred and preferred not in tried else None
+        return record if record is not None and record.role == role else self.pool.pick(role, frozenset(tried))
+
     async def _decode(self, request, lease: KVLease | None, generated: list[int], timings, decoder,
-                      started) -> AsyncIterator[GenerationChunk]:
+                      started, ticket: Ticket, preferred: str, router_queued_s: float) -> AsyncIterator[GenerationChunk]:
         """Streams decode output; `generated` (the tokens already sent) grows as tokens arrive.
 
         Each attempt is `resume_plan(request, generated, attempt, handle)`: it resumes exactly where
@@ -180,7 +211,7 @@ class Lifecycle:
                 timings.output_tokens = len(generated)
                 yield self._chunk(request, [], decoder, True, "length", timings, started)
                 return
-            worker = self.pool.pick("decode", frozenset(tried))
+            worker = self._choose("decode", preferred if attempt == 0 else None, tried)
             if worker is None:
                 break
             tried.add(worker.worker_id)
@@ -193,11 +224,13 @@ class Lifecycle:
                             generated.extend(reply.token_ids)
                             if not timings.ttft_s and reply.token_ids:
                                 timings.ttft_s = time.perf_counter() - started
+                                self.scheduler.prefilled(ticket, None)  # a Local prompt is computed
                             if reply.finished and reply.kv_load_error:
                                 metrics.KV_LOAD_FAILURES.inc()
                             if reply.finished:
                                 self._finish_timings(timings, reply, worker, sent, len(plan.prompt_token_ids),
                                                      len(generated))
+                                timings.queued_s += router_queued_s
                             yield self._chunk(request, reply.token_ids, decoder, reply.finished, reply.finish_reason,
                                               timings if reply.finished else None, started)
                             if reply.finished:

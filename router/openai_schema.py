@@ -33,6 +33,8 @@ class _SamplingFields(BaseModel):
     n: int = Field(default=1, description="only 1 is supported")
     user: str | None = None
     request_id: str | None = None
+    slo_class: str = Field(default="", description="pdserve: the request's SLO class (interactive goes before "
+                                                   "batch in the router's queue)")
 
     def sampling(self) -> Sampling:
         if self.n != 1:

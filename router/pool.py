@@ -89,6 +89,17 @@ class WorkerPool:
         chosen = pick_least_loaded(candidates, exclude)
         return records[chosen.worker_id] if chosen else None
 
+    def get(self, worker_id: str) -> WorkerRecord | None:
+        """The live, unquarantined worker `worker_id`, or None."""
+        record = self._workers.get(worker_id)
+        if record is None or self._quarantined.get(worker_id, 0.0) > time.monotonic():
+            return None
+        return record
+
+    def inflight(self, worker_id: str) -> int:
+        """Calls this router has in flight at `worker_id` (exact, current)."""
+        return self._inflight[worker_id]
+
     @contextlib.contextmanager
     def track(self, worker: WorkerRecord):
         self._inflight[worker.worker_id] += 1

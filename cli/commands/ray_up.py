@@ -34,8 +34,8 @@ def run_on_ray(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        console.print(f"[bold green]pdserve is up on Ray[/] ({args.prefill} prefill, {args.decode} decode, "
-                      f"{args.transport}; Ray namespace {spec.namespace})")
+        console.print(f"[bold green]pdserve is up on Ray[/] ({spec.cluster.topology}: {spec.cluster.num_prefill} prefill, "
+                      f"{spec.cluster.num_decode} decode, {args.transport}; Ray namespace {spec.namespace})")
         console.print(f"  gRPC   {cluster.grpc_target}   (pdserve.client.Client)")
         console.print(f"  HTTP   {cluster.http_url}/v1/completions   (OpenAI-compatible)")
         console.print(f"  redis  {cluster.redis_url}")

@@ -9,9 +9,17 @@ import logging
 HELP = """\
 Runs the router: the public gRPC API (pdserve.v1.Generation, grpc.health.v1) and an OpenAI-compatible
 HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics). It finds workers in
-the Redis registry, sends each prompt to the least-loaded prefill worker, streams the first token at
-once, and has the least-loaded decode worker pull the KV and stream the rest.
+the Redis registry and places each request from live state: it predicts the time to first token on
+every path (a prefill worker then a KV transfer to a decode worker, or, in hybrid and aggregated
+clusters, the decode worker computing the prompt itself), and takes the path that meets the SLOs
+with the most headroom. Requests wait in the router's queue (interactive before batch, shorter
+prompts first, with aging) while the workers are busy; with --slo-ttft-ms set, a request predicted
+to miss it by more than the policy's slack is refused at once (429 / RESOURCE_EXHAUSTED with a
+retry time).
 """
+
+
+from cli.commands.placement_options import add_placement_options, scheduler_config
 
 
 def register(subparsers) -> None:
@@ -25,8 +33,7 @@ def register(subparsers) -> None:
     parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (0: any free port)")
     parser.add_argument("--max-model-len", type=int, default=2048, help="must match the workers' --max-model-len")
     parser.add_argument("--max-inflight", type=int, default=256, help="admission limit; beyond it: 429/RESOURCE_EXHAUSTED")
-    parser.add_argument("--local-prefill-max-tokens", type=int, default=0,
-                        help="prompts this short skip the prefill pool and run on a decode worker alone (0: never)")
+    add_placement_options(parser)
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM, how long streams in flight may run before they are cancelled")
     parser.add_argument("--ready-file", default=None, help="write the addresses here once serving")
@@ -36,13 +43,16 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from router.lifecycle import RouterConfig
     from router.main import RouterProcessConfig, run_router
-    from router.policies.disaggregation import DisaggregationPolicy
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    router = RouterConfig(max_model_len=args.max_model_len, max_inflight=args.max_inflight,
-                          policy=DisaggregationPolicy(args.local_prefill_max_tokens))
+    try:
+        scheduler = scheduler_config(args)
+    except (ValueError, OSError) as bad:
+        raise SystemExit(f"pdserve router: {bad}") from None
+    router = RouterConfig(max_model_len=args.max_model_len, max_inflight=args.max_inflight, scheduler=scheduler)
     config = RouterProcessConfig(model=args.model, redis_url=args.redis_url, cluster=args.cluster, host=args.host,
                                  grpc_port=args.grpc_port, http_port=args.http_port, router=router,
                                  drain_timeout_s=args.drain_timeout_s)
     asyncio.run(run_router(config, ready_file=args.ready_file))
     return 0
+

@@ -41,10 +41,16 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with console.status("starting redis, router and workers (vLLM engines take ~20 s)..."):
-        cluster = LocalCluster(cluster_spec(args)).start()
     try:
-        console.print(f"[bold green]pdserve is up[/] ({args.prefill} prefill, {args.decode} decode, {args.transport})")
+        spec = cluster_spec(args)
+    except ValueError as bad:
+        console.print(f"[red]pdserve up:[/] {bad}", markup=True, highlight=False)
+        return 2
+    with console.status("starting redis, router and workers (vLLM engines take ~20 s)..."):
+        cluster = LocalCluster(spec).start()
+    try:
+        console.print(f"[bold green]pdserve is up[/] ({spec.topology}: {spec.num_prefill} prefill, {spec.num_decode} decode, "
+                      f"{spec.transport})")
         console.print(f"  gRPC   {cluster.grpc_target}   (pdserve.client.Client)")
         console.print(f"  HTTP   {cluster.http_url}/v1/completions   (OpenAI-compatible)")
         console.print(f"  redis  {cluster.redis.url}")

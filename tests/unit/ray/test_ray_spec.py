@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pdserve.engine import EngineSettings, native_dtype
@@ -23,7 +25,7 @@ def test_worker_runs_the_local_launchers_worker_command_with_the_clusters_settin
         "worker", "--role", "decode", "--worker-id", "decode-3", "--redis-url", "redis://10.0.0.5:6379/0",
         "--cluster", "c1", "--transport", "torch", "--cpu-cores", "1", "--lease-s", "20.0", "--ttl-s", "4.0",
         "--model", "/models/tiny", "--dtype", native_dtype(), "--block-size", "32", "--max-model-len", "1024",
-        "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7", "--vllm-spin-ms", "50"]
+        "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7", "--vllm-spin-ms", "50", "--preload", "tcmalloc"]
 
 
 def test_a_role_without_cores_is_not_pinned():
@@ -34,7 +36,16 @@ def test_a_role_without_cores_is_not_pinned():
 def test_router_runs_the_router_command_on_the_clusters_ports():
     assert make_spec().cluster.router_argv("redis://10.0.0.5:6379/0") == [
         "router", "--model", "/models/tiny", "--redis-url", "redis://10.0.0.5:6379/0", "--cluster", "c1",
-        "--grpc-port", "50051", "--http-port", "8000", "--max-model-len", "1024", "--local-prefill-max-tokens", "16"]
+        "--grpc-port", "50051", "--http-port", "8000", "--max-model-len", "1024", "--local-prefill-max-tokens", "16",
+        "--topology", "disaggregated"]
+
+
+def test_the_router_gets_the_clusters_topology_and_placement_flags():
+    cluster = replace(make_spec().cluster, topology="hybrid", router_flags=("--slo-ttft-ms", "1500"))
+    argv = cluster.router_argv("redis://h:1/0")
+    assert argv[argv.index("--topology") + 1] == "hybrid" and argv[-2:] == ["--slo-ttft-ms", "1500"]
+    with pytest.raises(ValueError, match="pass --prefill 0"):
+        replace(make_spec().cluster, topology="aggregated")   # an aggregated cluster has no prefill pool
 
 
 def test_each_role_asks_ray_for_its_own_resources_and_restarts():

@@ -7,75 +7,20 @@ The registry is a real Redis and the tokenizer the tiny model's.
 
 from __future__ import annotations
 
-import uuid
-
 import grpc
 import pytest
 
 from kv_transfer.handle import KVHandle
 from pdserve.errors import InvalidRequest, NoHealthyWorker
-from pdserve.registry import Registry, WorkerRecord
 from pdserve.sampling import Sampling
-from pdserve.worker_api import DecodeChunk, DecodeRequest, PrefillRequest, PrefillResult
-from router.lifecycle import Lifecycle, RouterConfig
-from router.pool import WorkerPool
-from router.tokenizer import RouterTokenizer
+from pdserve.worker_api import DecodeChunk, DecodeRequest, PrefillResult
+from router.lifecycle import Lifecycle
 from router.types import GenerationRequest
 from router.worker_client import WorkerError
+from scripted_workers import ScriptedWorker, scripted_cluster
 
 PROMPT = [101, 102, 103]
 HANDLE = KVHandle("x1", "10.0.0.5:7000", "prefill-a", (4,), 3)
-
-
-class ScriptedWorker:
-    """A `WorkerClient` that answers from a script: a prefill result or a WorkerError, and a
-    decode stream of chunks that may end with a WorkerError. Records every call it receives."""
-
-    def __init__(self, prefill: PrefillResult | WorkerError | None = None,
-                 decode: list[DecodeChunk | WorkerError] = ()):
-        self.prefill_script, self.decode_script = prefill, list(decode)
-        self.prefills: list[PrefillRequest] = []
-        self.decodes: list[DecodeRequest] = []
-        self.releases: list[tuple[str, str]] = []
-        self.num_streams_closed = 0
-
-    async def prefill(self, request: PrefillRequest, timeout_s: float) -> PrefillResult:
-        self.prefills.append(request)
-        if isinstance(self.prefill_script, WorkerError):
-            raise self.prefill_script
-        return self.prefill_script
-
-    async def decode(self, request: DecodeRequest, timeout_s: float):
-        self.decodes.append(request)
-        try:
-            for step in self.decode_script:
-                if isinstance(step, WorkerError):
-                    raise step
-                yield step
-        finally:
-            self.num_streams_closed += 1
-
-    async def release(self, transfer_id: str, request_id: str) -> bool:
-        self.releases.append((transfer_id, request_id))
-        return True
-
-    async def close(self) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model):
-    return RouterTokenizer(str(tiny_model))
-
-
-async def _cluster(redis_server, tokenizer, workers: dict[str, ScriptedWorker]):
-    """A lifecycle whose pool sees `workers` (id -> script; the role is the id's prefix)."""
-    registry = Registry(redis_server.url, f"walk-{uuid.uuid4().hex[:8]}")
-    for worker_id in workers:
-        await registry.heartbeat(WorkerRecord(worker_id, worker_id.split("-")[0], "tiny", f"{worker_id}:1"), ttl_s=60)
-    pool = WorkerPool(registry, connect=lambda address: workers[address.removesuffix(":1")])
-    await pool.refresh()
-    return Lifecycle(RouterConfig(max_model_len=256), pool, tokenizer), pool, registry
 
 
 async def _tokens(lifecycle: Lifecycle, request: GenerationRequest) -> tuple[list[int], list]:
@@ -88,7 +33,7 @@ async def test_a_decode_that_dies_mid_stream_resumes_elsewhere_and_the_client_se
     prefill = ScriptedWorker(prefill=PrefillResult(first_token_id=7, finished=False, kv_handle=HANDLE))
     dying = ScriptedWorker(decode=[DecodeChunk((8, 9)), WorkerError(grpc.StatusCode.UNAVAILABLE, "gone")])
     healthy = ScriptedWorker(decode=[DecodeChunk((10,)), DecodeChunk((11,), finished=True, finish_reason="length")])
-    lifecycle, pool, registry = await _cluster(redis_server, tokenizer,
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
                                                {"prefill-a": prefill, "decode-a": dying, "decode-b": healthy})
     sampling = Sampling(max_tokens=5, min_tokens=5, temperature=0.0, ignore_eos=True)
     try:
@@ -116,7 +61,7 @@ async def test_a_decode_that_dies_mid_stream_resumes_elsewhere_and_the_client_se
 async def test_a_decode_failing_on_every_worker_ends_unavailable_and_releases_the_lease_once(redis_server, tokenizer):
     prefill = ScriptedWorker(prefill=PrefillResult(first_token_id=7, finished=False, kv_handle=HANDLE))
     crashes = [WorkerError(grpc.StatusCode.INTERNAL, "engine died")]
-    lifecycle, pool, registry = await _cluster(redis_server, tokenizer, {
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer, {
         "prefill-a": prefill, "decode-a": ScriptedWorker(decode=crashes), "decode-b": ScriptedWorker(decode=crashes)})
     try:
         with pytest.raises(NoHealthyWorker, match="no decode worker could take the request"):
@@ -132,7 +77,7 @@ async def test_a_decode_failing_on_every_worker_ends_unavailable_and_releases_th
 async def test_a_worker_s_bad_input_error_ends_the_request_and_quarantines_nobody(redis_server, tokenizer):
     prefill = ScriptedWorker(prefill=WorkerError(grpc.StatusCode.INVALID_ARGUMENT, "top_k must be -1 or >= 1"))
     decode = ScriptedWorker(decode=[DecodeChunk((8,), finished=True, finish_reason="length")])
-    lifecycle, pool, registry = await _cluster(redis_server, tokenizer, {"prefill-a": prefill, "decode-a": decode})
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer, {"prefill-a": prefill, "decode-a": decode})
     try:
         with pytest.raises(InvalidRequest, match="top_k must be -1 or >= 1"):
             await _tokens(lifecycle, GenerationRequest("req-3", PROMPT, Sampling(max_tokens=4, temperature=0.0)))
@@ -148,7 +93,7 @@ async def test_a_worker_s_bad_input_error_ends_the_request_and_quarantines_nobod
 async def test_a_prefill_that_finishes_at_its_first_token_never_reaches_a_decode_worker(redis_server, tokenizer):
     prefill = ScriptedWorker(prefill=PrefillResult(first_token_id=2, finished=True, finish_reason="stop"))
     decode = ScriptedWorker(decode=[])
-    lifecycle, pool, registry = await _cluster(redis_server, tokenizer, {"prefill-a": prefill, "decode-a": decode})
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer, {"prefill-a": prefill, "decode-a": decode})
     try:
         tokens, chunks = await _tokens(lifecycle, GenerationRequest("req-4", PROMPT, Sampling(max_tokens=4)))
         await lifecycle.wait_for_releases()
@@ -162,7 +107,7 @@ async def test_a_prefill_that_finishes_at_its_first_token_never_reaches_a_decode
 async def test_a_client_leaving_mid_decode_closes_the_stream_and_releases_the_lease_once(redis_server, tokenizer):
     prefill = ScriptedWorker(prefill=PrefillResult(first_token_id=7, finished=False, kv_handle=HANDLE))
     decode = ScriptedWorker(decode=[DecodeChunk((8,)), DecodeChunk((9,)), DecodeChunk((10,), finished=True)])
-    lifecycle, pool, registry = await _cluster(redis_server, tokenizer, {"prefill-a": prefill, "decode-a": decode})
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer, {"prefill-a": prefill, "decode-a": decode})
     try:
         stream = lifecycle.generate(GenerationRequest("req-5", PROMPT, Sampling(max_tokens=4, temperature=0.0)))
         assert [(await stream.__anext__()).token_ids for _ in range(2)] == [[7], [8]]

@@ -1,0 +1,62 @@
+"""The router's placement options (topology, SLOs, policy and cost files), shared by `pdserve router`
+and the commands that start a cluster (`pdserve up`, `pdserve demo`), and the `SchedulerConfig`
+they make."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_placement_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--topology", choices=["disaggregated", "hybrid", "aggregated"], default="disaggregated",
+                        help="disaggregated: prefill workers compute prompts, decode workers decode (they compute a "
+                             "prompt only when no prefill worker is alive, or under --local-prefill-max-tokens); "
+                             "hybrid: the same pools, and the router may have a decode worker compute a prompt when "
+                             "that meets the SLOs with more headroom; aggregated: decode workers only, each serving "
+                             "both phases (a cluster then starts no prefill worker and gives its decode workers all "
+                             "the cores) (default: %(default)s)")
+    parser.add_argument("--local-prefill-max-tokens", type=int, default=0,
+                        help="the longest prompt (uncached tokens) a decode worker may compute itself; in a "
+                             "disaggregated cluster, > 0 allows that for prompts this short (0: no local prefill "
+                             "when disaggregated, no cap otherwise)")
+    parser.add_argument("--slo-ttft-ms", type=float, default=None,
+                        help="time-to-first-token SLO: placement aims under it, admission refuses a request "
+                             "predicted to miss it by more than the policy's refuse_slack (default: none, never refuse)")
+    parser.add_argument("--slo-tpot-ms", type=float, default=None, help="time-per-output-token SLO (placement's aim)")
+    parser.add_argument("--placement-config", default=None,
+                        help="JSON or YAML file of the placement policy (scorer weights, refuse_slack, SLO classes, "
+                             "the dispatch gate): keys of router.policies.placement.PlacementConfig")
+    parser.add_argument("--cost-model", default=None,
+                        help="JSON file of the cost model's coefficients (router.policies.placement.CostModel "
+                             "fields), e.g. from a profile; the router refines the prefill part online")
+
+
+def scheduler_config(args: argparse.Namespace):
+    """The router's placement, admission and cost settings from its flags and files."""
+    import dataclasses
+    import json
+
+    from router.policies.placement import PlacementConfig
+    from router.scheduler import DEFAULT_COST, SchedulerConfig, SloTargets
+
+    placement = PlacementConfig.from_file(args.placement_config) if args.placement_config else PlacementConfig()
+    if args.local_prefill_max_tokens:
+        placement = dataclasses.replace(placement, local_prefill_max_tokens=args.local_prefill_max_tokens)
+    cost = DEFAULT_COST
+    if args.cost_model:
+        with open(args.cost_model) as file:
+            cost = dataclasses.replace(DEFAULT_COST, **json.load(file))
+    ms = lambda value: None if value is None else value / 1000  # noqa: E731
+    return SchedulerConfig(topology=args.topology, placement=placement,
+                           slo=SloTargets(ms(args.slo_ttft_ms), ms(args.slo_tpot_ms)), cost_prior=cost)
+
+
+def router_flags(args: argparse.Namespace) -> list[str]:
+    """The placement options given to this command, as `pdserve router` flags (a launcher passes
+    them on to the router it starts)."""
+    flags = []
+    for name in ("slo_ttft_ms", "slo_tpot_ms", "placement_config", "cost_model"):
+        value = getattr(args, name, None)
+        if value is not None:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags

@@ -1,0 +1,77 @@
+"""The live state the placement policy reads, built from the pool and the router's own bookkeeping.
+
+The registry says which workers are alive and how full their KV caches are (a heartbeat old);
+this router knows exactly what it has sent and not yet seen come back. `LiveView` keeps the latter:
+- `queued_prefill_tokens[worker]`: prompt tokens dispatched to a worker that has not yet produced
+  their first token (a prefill worker's prompts, or a decode worker's Local prompts);
+- the prefix index: which prompts (and, on decode workers, prompt + output) each worker has
+  computed, so a repeated prefix is routed where its KV already is.
+`views(request)` turns that into the policy's `WorkerView`s, one per live worker.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+from pdserve.roles import Topology
+from router.policies.placement import PlacementConfig, WorkerView
+from router.policies.prefix_index import PrefixIndex
+from router.pool import WorkerPool
+
+DEFAULT_BLOCK_SIZE = 32   # until a worker reports its own
+
+
+@dataclass(frozen=True)
+class LocalPrefillRule:
+    """Whether decode workers may compute prompts themselves (the Local path), by topology:
+    hybrid and aggregated always; disaggregated only under `local_prefill_max_tokens` (the
+    placement's cap), or when no prefill worker is alive (the decode worker is then the only way)."""
+
+    topology: Topology
+    local_prefill_max_tokens: int
+
+    def accepts(self, any_prefill_alive: bool) -> bool:
+        if self.topology in ("hybrid", "aggregated") or not any_prefill_alive:
+            return True
+        return self.local_prefill_max_tokens > 0
+
+
+class LiveView:
+    def __init__(self, pool: WorkerPool, topology: Topology, placement: PlacementConfig,
+                 prefix_capacity_blocks: int = 65536):
+        self.pool = pool
+        self.rule = LocalPrefillRule(topology, placement.local_prefill_max_tokens)
+        self.queued_prefill_tokens: Counter[str] = Counter()
+        self._prefix_capacity_blocks = prefix_capacity_blocks
+        self._prefix: PrefixIndex | None = None
+
+    def prefix(self, block_size: int) -> PrefixIndex:
+        """The prefix index, keyed by the workers' block size (made at the first request)."""
+        if self._prefix is None or self._prefix.block_size != block_size:
+            self._prefix = PrefixIndex(block_size, self._prefix_capacity_blocks)
+        return self._prefix
+
+    def views(self, prompt_token_ids: Sequence[int], extra_queued_tokens: int = 0) -> list[WorkerView]:
+        """Every live worker as the policy sees it for this prompt. `extra_queued_tokens` is added to
+        every worker's queue (the router's own queue ahead of this request, spread over them)."""
+        prefill, decode = self.pool.workers("prefill"), self.pool.workers("decode")
+        accepts_local = self.rule.accepts(bool(prefill))
+        block_size = next((w.block_size for w in prefill + decode if w.block_size), DEFAULT_BLOCK_SIZE)
+        index = self.prefix(block_size)
+        views = []
+        for record in prefill + decode:
+            kv_free = record.kv_blocks_total - record.kv_blocks_used if record.kv_blocks_total else 1 << 30
+            views.append(WorkerView(
+                worker_id=record.worker_id, role=record.role, accepts_local_prefill=accepts_local,
+                queued_prefill_tokens=self.queued_prefill_tokens[record.worker_id] + extra_queued_tokens,
+                running_decodes=self.pool.inflight(record.worker_id) if record.role == "decode" else 0,
+                kv_blocks_free=max(0, kv_free), block_size=record.block_size or block_size,
+                cached_prefix_tokens=index.longest_prefix_tokens(record.worker_id, prompt_token_ids)))
+        return views
+
+    def computing_workers(self) -> int:
+        """How many workers compute prompts (the router's queue is spread over them)."""
+        prefill = self.pool.workers("prefill")
+        return len(prefill) + (len(self.pool.workers("decode")) if self.rule.accepts(bool(prefill)) else 0)

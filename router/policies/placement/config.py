@@ -1,0 +1,122 @@
+"""The placement policy as data: scorer weights, caps, admission slack, SLO classes.
+
+An operator writes it (JSON, or YAML when PyYAML is installed); `from_dict` / `from_file` refuse an
+unknown key, a wrong type or a bad value with a message naming the key and how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path as FilePath
+from types import MappingProxyType
+from typing import Any
+
+from router.policies.placement.scorers import DEFAULT_WEIGHTS, SCORERS
+
+DEFAULT_CLASS_RANK: Mapping[str, int] = {"interactive": 0, "": 1, "batch": 2}
+_INT_KEYS = ("local_prefill_max_tokens", "max_queued_prefill_tokens_per_worker")
+_FLOAT_KEYS = ("refuse_slack", "min_retry_after_s", "class_gap_s")
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """`weights`: scorer name -> weight >= 0; the scorers listed are the whole mix (an unlisted one
+    weighs 0). `local_prefill_max_tokens`: the most uncached tokens a decode worker computes itself
+    (0: no cap). `refuse_slack`: admission refuses when the best predicted TTFT exceeds
+    ttft_slo * (1 + refuse_slack). `class_rank`: SLO class -> rank, 0 first; a class not listed
+    ranks as "" (or last if "" is not listed). `class_gap_s`: seconds of waiting that make up one
+    rank. `max_queued_prefill_tokens_per_worker`: the dispatch gate (0: no gate)."""
+
+    weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    local_prefill_max_tokens: int = 0
+    refuse_slack: float = 1.0
+    min_retry_after_s: float = 1.0
+    class_rank: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_CLASS_RANK))
+    class_gap_s: float = 2.0
+    max_queued_prefill_tokens_per_worker: int = 4096
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+        object.__setattr__(self, "class_rank", MappingProxyType(dict(self.class_rank)))
+        unknown = sorted(set(self.weights) - set(SCORERS))
+        if unknown:
+            raise ValueError(f"weights: unknown scorer(s) {unknown}; known: {sorted(SCORERS)}")
+        if any(not (math.isfinite(w) and w >= 0) for w in self.weights.values()) or not any(self.weights.values()):
+            raise ValueError(f"weights: need finite weights >= 0 with at least one > 0, got {dict(self.weights)}")
+        if not self.class_rank or any(r < 0 for r in self.class_rank.values()):
+            raise ValueError(f"class_rank: need at least one class and ranks >= 0 (0 goes first), "
+                             f"got {dict(self.class_rank)}")
+        for name in _INT_KEYS + _FLOAT_KEYS:
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+
+    def rank_of(self, slo_class: str) -> int:
+        """The rank of `slo_class`; an unknown class ranks as the default class "" (never refused
+        here: the edge decides whether to reject unknown classes)."""
+        if slo_class in self.class_rank:
+            return self.class_rank[slo_class]
+        return self.class_rank.get("", max(self.class_rank.values()))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlacementConfig:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a placement config is a mapping of keys to values, got {type(data).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown}; known: {known}")
+        for key, value in data.items():
+            _check_type(key, value)
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str | FilePath) -> PlacementConfig:
+        """Reads JSON (.json) or YAML (.yaml/.yml; needs PyYAML); errors are prefixed with the path."""
+        path = FilePath(path)
+        text = path.read_text()
+        try:
+            if path.suffix in (".yaml", ".yml"):
+                data = _load_yaml(text)
+            elif path.suffix == ".json":
+                data = json.loads(text)
+            else:
+                raise ValueError(f"unknown extension {path.suffix!r}: write the config as .json, .yaml or .yml")
+            return cls.from_dict(data)
+        except ValueError as error:  # json.JSONDecodeError is one
+            raise ValueError(f"{path}: {error}") from error
+
+
+def _load_yaml(text: str) -> Any:
+    try:
+        import yaml
+    except ImportError as error:
+        raise ValueError("YAML needs PyYAML (pip install pyyaml); or write the config as .json") from error
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(f"not valid YAML: {error}") from error
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, float)
+
+
+def _check_type(key: str, value: Any) -> None:
+    if key in _INT_KEYS and not _is_int(value):
+        raise ValueError(f"{key}: expected a whole number of tokens, got {value!r}")
+    if key in _FLOAT_KEYS and not _is_number(value):
+        raise ValueError(f"{key}: expected a number, got {value!r}")
+    if key in ("weights", "class_rank"):
+        check, kind = (_is_number, "a number") if key == "weights" else (_is_int, "a whole number")
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{key}: expected a mapping of name -> {kind}, got {value!r}")
+        for name, item in value.items():
+            if not isinstance(name, str) or not check(item):
+                raise ValueError(f"{key}.{name}: expected {kind}, got {item!r}")

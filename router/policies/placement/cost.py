@@ -1,0 +1,132 @@
+"""How long things take: the cost model every prediction uses, and an online fit of its prefill part.
+
+`CostModel` is a prior (from a profile, or a fit); `OnlinePrefillFit` refines its prefill
+coefficients from the prefills the router observes. Both are pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds as functions of token counts. Every coefficient is finite and >= 0, so every cost is
+    >= 0 and non-decreasing in its argument. A count <= 0 costs 0 s (an empty queue waits for
+    nothing), so `prefill_s(0) == 0` even with a fixed cost."""
+
+    fixed_s: float                  # prefill: per-call overhead
+    per_token_s: float              # prefill: linear (MLP, projections)
+    step_fixed_s: float             # decode step: overhead of one step
+    step_per_seq_s: float           # decode step: each sequence in the batch
+    per_token2_s: float = 0.0       # prefill: quadratic (attention over the prompt)
+    transfer_fixed_s: float = 0.0   # KV transfer: per transfer
+    transfer_per_token_s: float = 0.0
+    local_interference_per_decode: float = 0.0  # slowdown of a local prefill per running decode
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"CostModel.{field.name} must be a finite number >= 0, got {value!r}: a negative "
+                                 f"cost predicts time running backwards; fit it on measured times or set it to 0")
+
+    def prefill_s(self, num_tokens: int) -> float:
+        """Compute time of `num_tokens` prompt tokens in one prefill, alone on a prefill worker."""
+        if num_tokens <= 0:
+            return 0.0
+        return self.fixed_s + self.per_token_s * num_tokens + self.per_token2_s * num_tokens * num_tokens
+
+    def decode_step_s(self, batch: int) -> float:
+        """One decode step of `batch` sequences: each of them gets one token after this long."""
+        if batch <= 0:
+            return 0.0
+        return self.step_fixed_s + self.step_per_seq_s * batch
+
+    def kv_transfer_s(self, num_tokens: int) -> float:
+        """Moving the KV of `num_tokens` tokens from a prefill worker to a decode worker."""
+        if num_tokens <= 0:
+            return 0.0
+        return self.transfer_fixed_s + self.transfer_per_token_s * num_tokens
+
+    def local_prefill_slowdown(self, running_decodes: int) -> float:
+        """>= 1: how much longer a prefill takes on a decode worker that is also running
+        `running_decodes` decodes (they share its steps) than alone."""
+        return 1.0 + self.local_interference_per_decode * max(0, running_decodes)
+
+
+_COLUMNS = ("fixed_s", "per_token_s", "per_token2_s")
+# Column subsets tried: (1, n, n^2), (1, n), (n, n^2). Each has the linear term (without it a fit
+# extrapolates to nothing per token) and a second one (n alone would fold the fixed cost into it).
+_SUBSETS = ((0, 1, 2), (0, 1), (1, 2))
+
+
+class OnlinePrefillFit:
+    """Least squares of prefill seconds on (1, n, n^2) over the last `window` observations.
+
+    Contract of `model(prior)`: the prior unchanged while fewer than `min_distinct_sizes` distinct
+    prompt sizes are in the window; otherwise the prior with its three prefill coefficients
+    replaced by the best non-negative fit: the subsets (1, n, n^2), (1, n) and (n, n^2) are
+    solved, those whose (column-scaled) design has a condition number above `max_condition`
+    (sizes too close together to separate the terms) or that give a negative coefficient are
+    dropped, and the least residual wins. So ill-conditioned or concave data falls back to a linear
+    fit, and to the prior when no subset survives. The fit only interpolates well within the sizes
+    observed: feed it the served mix. Observe compute time only (no queueing), of the tokens
+    actually computed (prompt minus cached prefix)."""
+
+    def __init__(self, window: int = 256, min_distinct_sizes: int = 3, max_condition: float = 1e3):
+        if window < 1 or min_distinct_sizes < 2:
+            raise ValueError(f"need window >= 1 and min_distinct_sizes >= 2 (a line needs two sizes), got "
+                             f"{window} and {min_distinct_sizes}")
+        self.min_distinct_sizes = min_distinct_sizes
+        self.max_condition = max_condition
+        self._observations: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def __len__(self) -> int:
+        return len(self._observations)
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        """Adds one prefill of `num_tokens` computed tokens that took `seconds`; the oldest goes when full."""
+        if num_tokens < 1 or not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"an observation needs num_tokens >= 1 and finite seconds >= 0, got {num_tokens}, "
+                             f"{seconds!r}")
+        self._observations.append((num_tokens, float(seconds)))
+
+    def model(self, prior: CostModel) -> CostModel:
+        if len({n for n, _ in self._observations}) < self.min_distinct_sizes:
+            return prior
+        sizes = np.array([n for n, _ in self._observations], dtype=float)
+        seconds = np.array([s for _, s in self._observations])
+        coefficients = _nonnegative_fit(sizes, seconds, self.max_condition)
+        if coefficients is None:
+            return prior
+        return replace(prior, **dict(zip(_COLUMNS, coefficients)))
+
+
+def _nonnegative_fit(sizes: np.ndarray, seconds: np.ndarray, max_condition: float) -> tuple[float, ...] | None:
+    """(fixed, linear, quadratic) >= 0 minimising squared error, or None. Columns are scaled by the
+    largest size so the condition number measures the data's spread, not the units."""
+    scale = float(sizes.max())
+    x = sizes / scale
+    design = np.column_stack([np.ones_like(x), x, x * x])
+    best: tuple[float, np.ndarray] | None = None
+    for subset in _SUBSETS:
+        columns = design[:, subset]
+        if np.linalg.matrix_rank(columns) < len(subset) or np.linalg.cond(columns) > max_condition:
+            continue
+        solution, *_ = np.linalg.lstsq(columns, seconds, rcond=None)
+        if (solution < 0).any():
+            continue
+        residual = float(np.sum((columns @ solution - seconds) ** 2))
+        if best is None or residual < best[0]:
+            full = np.zeros(3)
+            full[list(subset)] = solution
+            best = (residual, full)
+    if best is None:
+        return None
+    fixed, linear, quadratic = best[1]
+    return float(fixed), float(linear) / scale, float(quadratic) / scale ** 2

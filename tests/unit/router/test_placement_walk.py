@@ -1,0 +1,161 @@
+"""The router's placement, admission and dispatch order, end to end in the lifecycle, against
+scripted workers (tests/unit/router/scripted_workers.py): which worker gets which call, in which
+order, and what is refused before any call. Real engines: tests/integration/test_placement_cluster.py."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from kv_transfer.handle import KVHandle
+from pdserve.errors import Overloaded
+from pdserve.sampling import Sampling
+from pdserve.worker_api import DecodeChunk, PrefillRequest, PrefillResult
+from router.lifecycle import RouterConfig
+from router.policies.placement import PlacementConfig
+from router.scheduler import DEFAULT_COST, SchedulerConfig, SloTargets
+from router.types import GenerationRequest
+from scripted_workers import ScriptedWorker, scripted_cluster
+
+LONG = [100 + i % 1000 for i in range(2000)]   # DEFAULT_COST: ~1 s of prefill
+SHORT = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+GREEDY = Sampling(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+
+class HeldPrefillWorker(ScriptedWorker):
+    """A prefill worker whose first prefill waits for `unblock` (a long prompt being computed);
+    every prefill it receives is recorded in order."""
+
+    def __init__(self, first_token_id: int = 5):
+        super().__init__(prefill=PrefillResult(first_token_id, False, kv_handle=KVHandle("t", "h:1", "p", (1,), 3)))
+        self.unblock = asyncio.Event()
+
+    async def prefill(self, request: PrefillRequest, timeout_s: float) -> PrefillResult:
+        self.prefills.append(request)
+        if len(self.prefills) == 1:
+            await self.unblock.wait()
+        return self.prefill_script
+
+
+def _decoder(tokens=(6,)) -> ScriptedWorker:
+    return ScriptedWorker(decode=[DecodeChunk(tuple(tokens), finished=True, finish_reason="length")] * 8)
+
+
+def _config(**scheduler) -> RouterConfig:
+    return RouterConfig(max_model_len=4096, scheduler=SchedulerConfig(**scheduler))
+
+
+async def _served(lifecycle, request_id: str, prompt: list[int], slo_class: str = "") -> list[int]:
+    request = GenerationRequest(request_id, prompt, GREEDY, slo_class)
+    lifecycle.admit(request)
+    return [t async for chunk in lifecycle.generate(request) for t in chunk.token_ids]
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting for the router"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_short_prompt_behind_a_long_prefill_queue_is_computed_on_the_decode_worker(redis_server, tokenizer):
+    prefill, decode = HeldPrefillWorker(), _decoder()
+    config = _config(topology="hybrid", placement=PlacementConfig(local_prefill_max_tokens=512))
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode}, config)
+    try:
+        long_request = asyncio.create_task(_served(lifecycle, "long", LONG))  # over the local cap: remote
+        await _until(lambda: len(prefill.prefills) == 1)
+        assert await _served(lifecycle, "short", SHORT) == [6]
+        assert [p.request_id for p in prefill.prefills] == ["long"]   # the short one never queued there
+        assert [(d.request_id, d.kv_handle) for d in decode.decodes] == [("short", None)]  # computed locally
+        prefill.unblock.set()
+        assert await long_request == [5, 6]
+        assert decode.decodes[-1].request_id == "long" and decode.decodes[-1].kv_handle is not None
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_disaggregated_cluster_never_prefills_on_a_decode_worker_while_a_prefill_worker_lives(
+        redis_server, tokenizer):
+    prefill, decode = HeldPrefillWorker(), _decoder()
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode}, _config())
+    try:
+        long_request = asyncio.create_task(_served(lifecycle, "long", LONG))
+        await _until(lambda: len(prefill.prefills) == 1)
+        assert await _served(lifecycle, "short", SHORT) == [5, 6]   # behind the long one, yet remote
+        assert [p.request_id for p in prefill.prefills] == ["long", "short"]
+        assert decode.decodes[0].request_id == "short" and decode.decodes[0].kv_handle is not None
+        prefill.unblock.set()
+        assert await long_request == [5, 6]
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_request_that_cannot_meet_its_ttft_is_refused_with_a_retry_time_and_costs_no_worker_call(
+        redis_server, tokenizer):
+    prefill, decode = ScriptedWorker(prefill=PrefillResult(5, True, "length")), _decoder()
+    config = _config(slo=SloTargets(ttft_s=0.1), cost_prior=DEFAULT_COST)
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode}, config)
+    try:
+        with pytest.raises(Overloaded, match="time to first token") as refused:
+            lifecycle.admit(GenerationRequest("long", LONG, GREEDY))  # ~1.02 s predicted, limit 0.2 s
+        assert refused.value.retry_after_s == 1.0   # ceil(1.02 - 0.1): the predicted drain time
+        assert (prefill.prefills, decode.decodes) == ([], [])
+        assert await _served(lifecycle, "short", SHORT) == [5]     # ~0.025 s: admitted
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_interactive_requests_overtake_batch_ones_in_the_router_queue(redis_server, tokenizer):
+    prefill, decode = HeldPrefillWorker(), _decoder()
+    gate_one = PlacementConfig(max_queued_prefill_tokens_per_worker=1)  # one prompt at a time per worker
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode},
+                                                       _config(placement=gate_one))
+    try:
+        first = asyncio.create_task(_served(lifecycle, "first", SHORT))
+        await _until(lambda: len(prefill.prefills) == 1)
+        waiting = [asyncio.create_task(_served(lifecycle, rid, SHORT, cls))
+                   for rid, cls in (("batch-1", "batch"), ("batch-2", "batch"), ("interactive-1", "interactive"))]
+        await _until(lambda: len(lifecycle.scheduler.queue) == 3)
+        prefill.unblock.set()
+        await asyncio.gather(first, *waiting)
+        assert [p.request_id for p in prefill.prefills] == ["first", "interactive-1", "batch-1", "batch-2"]
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_repeated_prefix_goes_to_the_worker_that_holds_it(redis_server, tokenizer):
+    workers = {"decode-a": _decoder(), "decode-b": _decoder()}
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer, workers,
+                                                       _config(topology="aggregated"))
+    conversation = [200 + i for i in range(64)]   # two full blocks of 32
+    try:
+        assert await _served(lifecycle, "turn-1", conversation) == [6]
+        served_on = workers["decode-a"].decodes and "decode-a" or "decode-b"
+        other = "decode-b" if served_on == "decode-a" else "decode-a"
+        index = lifecycle.scheduler.live.prefix(32)
+        assert index.longest_prefix_tokens(served_on, conversation + [1]) == 64   # learnt when served
+        index.forget_worker(served_on)
+        index.record(other, conversation)   # now only the other worker holds it
+        assert await _served(lifecycle, "turn-2", conversation + [300, 301]) == [6]
+        assert [d.request_id for d in workers[other].decodes] == ["turn-2"]
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+def test_no_ttft_slo_means_admission_never_refuses_for_load():
+    assert SchedulerConfig().slo == SloTargets(None, None)
+    with pytest.raises(ValueError, match="TTFT SLO must be > 0"):
+        SloTargets(ttft_s=0.0)
+    assert replace(SchedulerConfig(), topology="hybrid").topology == "hybrid"
