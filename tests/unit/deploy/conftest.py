@@ -18,7 +18,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "k8s"
-OVERLAYS = ("cpu", "gpu", "dev")
+OVERLAYS = ("cpu", "gpu", "dev", "hybrid")
 NO_RENDERER = (
     "no Kustomize renderer: `pip install -e .[k8s]` (brings kubectl, whose `kubectl kustomize` "
     "renders deploy/k8s), or put kubectl or the standalone `kustomize` on PATH"

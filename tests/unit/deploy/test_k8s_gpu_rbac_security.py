@@ -70,7 +70,7 @@ def test_pdserve_containers_run_the_image_of_their_overlay(k8s, overlay):
         f"{n}/{c['name']}": c["image"]
         for n, t in k8s.pod_templates(objects).items() for c in t["spec"]["containers"]
     }
-    tag = {"cpu": "pdserve:cpu", "gpu": "pdserve:cuda", "dev": "pdserve:cpu"}[name]
+    tag = {"cpu": "pdserve:cpu", "gpu": "pdserve:cuda", "dev": "pdserve:cpu", "hybrid": "pdserve:cpu"}[name]
 
     assert images == {
         "pdserve-router/router": tag, "pdserve-prefill/worker": tag, "pdserve-decode/worker": tag,

@@ -137,9 +137,18 @@ def test_transport_follows_the_overlay(k8s, overlay):
     name, objects = overlay
     (config_map,) = k8s.by_kind(objects, "ConfigMap").values()
 
-    assert config_map["data"]["PDSERVE_TRANSPORT"] == {"cpu": "tcp", "gpu": "torch", "dev": "tcp"}[name]
+    assert config_map["data"]["PDSERVE_TRANSPORT"] == {"cpu": "tcp", "gpu": "torch", "dev": "tcp", "hybrid": "tcp"}[name]
     assert config_map["data"]["PDSERVE_REDIS_URL"] == "redis://pdserve-redis:6379/0"
-    assert config_map["data"]["PDSERVE_KV_CACHE_MB"] == {"cpu": "4096", "gpu": "16384", "dev": "256"}[name]
+    assert config_map["data"]["PDSERVE_KV_CACHE_MB"] == {"cpu": "4096", "gpu": "16384", "dev": "256",
+                                                         "hybrid": "4096"}[name]
+
+
+def test_the_router_runs_the_overlays_topology(k8s, overlay):
+    name, objects = overlay
+    (config_map,) = k8s.by_kind(objects, "ConfigMap").values()
+    (router,) = [c for n, c in k8s.pod_templates(objects).items() if n == "pdserve-router"]
+    assert config_map["data"]["PDSERVE_TOPOLOGY"] == ("hybrid" if name == "hybrid" else "disaggregated")
+    assert "--topology=$(PDSERVE_TOPOLOGY)" in router["spec"]["containers"][0]["args"]
 
 
 def test_model_volume_is_the_claim_model_kustomization_creates_and_is_read_only(k8s, overlay):
