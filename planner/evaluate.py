@@ -7,6 +7,7 @@ These close over a workload, the engine settings and the fitted model, and are w
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -21,10 +22,19 @@ from planner.simulator import SimSettings, Topology, simulate
 WorkloadAt = Callable[[float], Sequence[RequestSpec]]  # rate_rps -> the requests sent at that rate
 
 
+def with_router_slo(settings: SimSettings, slo: SLO) -> SimSettings:
+    """`settings` whose simulated router aims at `slo` (as `pdserve router --slo-ttft-ms/--slo-tpot-ms`
+    would); an SLO not set keeps the router's nominal one."""
+    router = settings.router
+    return replace(settings, router=replace(router, ttft_slo_s=slo.ttft_s or router.ttft_slo_s,
+                                            tpot_slo_s=slo.tpot_s or router.tpot_slo_s))
+
+
 def make_attainment_fn(workload_at: WorkloadAt, settings: SimSettings, model: PerfModel,
                        slo: SLO) -> AttainmentFn:
-    """attainment(topology, rate): the share of `workload_at(rate)` meeting `slo` in simulation.
-    Results are memoized per (topology, rate)."""
+    """attainment(topology, rate): the share of `workload_at(rate)` meeting `slo` in simulation, the
+    simulated router aiming at `slo`. Results are memoized per (topology, rate)."""
+    settings = with_router_slo(settings, slo)
     cache: dict[tuple[Topology, float], float] = {}
 
     def attainment(topology: Topology, rate_rps: float) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -13,11 +13,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from loadgen.metrics import SLO
 from loadgen.workload import RequestSpec
+from pdserve.roles import TOPOLOGIES
+from pdserve.roles import Topology as TopologyKind
 from planner import report
 from planner.evaluate import WorkloadAt, make_attainment_fn
 from planner.perf_model import FitReport
-from planner.search import RateSearch, SearchSettings, enumerate_splits, fewest_devices, search_splits
-from planner.simulator import SimSettings, Topology, simulate
+from planner.router_config import up_flags, write_router_config
+from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, RateSearch, SearchSettings, SplitSearch,
+                            enumerate_topologies, fewest_devices, search_splits)
+from planner.simulator import SimSettings, Topology, cost_model_from, simulate
 
 
 @dataclass(frozen=True)
@@ -29,10 +33,26 @@ class PlanInputs:
     slo: SLO
     search: SearchSettings
     budget_devices: int
-    include_colocated: bool
     output_dir: Path
     label: str
     show_progress: bool = True
+    kinds: tuple[TopologyKind, ...] = TOPOLOGIES
+    local_prefill_caps: tuple[int, ...] = DEFAULT_LOCAL_PREFILL_CAPS
+    router_config_dir: Path | None = None  # --write-router-config: where the picked cluster's router files go
+
+    @property
+    def include_colocated(self) -> bool:
+        return "aggregated" in self.kinds
+
+
+def with_router_cost(settings: SimSettings, fit: FitReport, workload_at: WorkloadAt) -> SimSettings:
+    """`settings` whose simulated router places with the cost model of this profile and workload
+    (the one `--write-router-config` writes), fixed once for every simulation of the search."""
+    sample = workload_at(1.0)
+    prompt = sum(r.prompt_tokens for r in sample) / len(sample)
+    output = sum(r.output_tokens for r in sample) / len(sample)
+    cost = cost_model_from(fit.model, settings, prompt, output)
+    return replace(settings, router=replace(settings.router, cost=cost))
 
 
 def _progress(show: bool, total: int | None) -> Progress:
@@ -62,30 +82,58 @@ def _operating_points(inputs: PlanInputs, picks: Sequence[RateSearch | None]) ->
     return rows
 
 
+def describe(topology: Topology) -> str:
+    """The topology in words, for the recommendation."""
+    if topology.kind == "aggregated":
+        return f"{topology.num_colocated} aggregated workers (each serving both phases)"
+    pools = f"{topology.num_prefill} prefill + {topology.num_decode} decode"
+    if topology.kind == "disaggregated":
+        return f"{pools} (disaggregated)"
+    cap = topology.local_prefill_max_tokens
+    return f"{pools}, hybrid (decode workers may prefill locally{f' prompts up to {cap} tokens' if cap else ''})"
+
+
+def _print_picks(console: Console, result: SplitSearch) -> None:
+    """Each kind's best per device with its goodput, then the pick."""
+    for kind, best in result.best_by_kind().items():
+        if best is None:
+            console.print(f"{kind}: no topology within the budget meets the SLOs at any rate")
+            continue
+        console.print(f"{kind}: best {best.topology.label}: {best.max_rate_rps:.3f} req/s "
+                      f"({best.goodput_per_device:.3f} req/s per device) at {best.attainment:.1%} attainment")
+    best = result.best
+    if best is None:
+        console.print("[red]no topology within the budget meets the SLOs at any rate[/red]")
+        return
+    others = [f"{best.goodput_per_device / other.goodput_per_device:.2f}x the best {kind}"
+              for kind, other in result.best_by_kind().items() if other is not None and kind != best.topology.kind]
+    console.print(f"[bold green]recommended:[/bold green] {describe(best.topology)}: {best.max_rate_rps:.3f} req/s "
+                  f"({best.goodput_per_device:.3f} req/s per device) at {best.attainment:.1%} attainment"
+                  + (f"; per device {', '.join(others)}" if others else ""))
+
+
+def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console) -> None:
+    router = inputs.settings.router
+    paths = write_router_config(inputs.router_config_dir, router.placement_for(best.topology), router.cost)
+    console.print(f"wrote {', '.join(map(str, paths))}; run the cluster with:", highlight=False)
+    console.print("  pdserve up " + " ".join(up_flags(best.topology, inputs.router_config_dir, inputs.slo)),
+                  markup=False, highlight=False)
+
+
 def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     _print_header(console, inputs)
     attainment = make_attainment_fn(inputs.workload_at, inputs.settings, inputs.fit.model, inputs.slo)
-    total = len(enumerate_splits(inputs.budget_devices)) + (inputs.budget_devices if inputs.include_colocated else 0)
+    total = len(enumerate_topologies(inputs.budget_devices, inputs.kinds, inputs.local_prefill_caps))
     started = time.perf_counter()
     with _progress(inputs.show_progress, total) as progress:
         task = progress.add_task("searching topologies", total=total, last="")
-        result = search_splits(attainment, inputs.budget_devices, inputs.search, inputs.include_colocated,
+        result = search_splits(attainment, inputs.budget_devices, inputs.search, kinds=inputs.kinds,
+                               local_prefill_caps=inputs.local_prefill_caps,
                                progress=lambda label: progress.update(task, advance=1, last=label))
     elapsed = time.perf_counter() - started
     console.print(report.search_table(result, inputs.search.target_attainment))
-    best, colocated = result.best, result.best_colocated
-    if best is None:
-        console.print("[red]no disaggregated split within the budget meets the SLOs at any rate[/red]")
-    else:
-        console.print(f"[bold green]recommended:[/bold green] {best.topology.num_prefill} prefill + "
-                      f"{best.topology.num_decode} decode: {best.max_rate_rps:.3f} req/s "
-                      f"({best.goodput_per_device:.3f} req/s per device) at {best.attainment:.1%} attainment")
-    if colocated is not None:
-        ratio = (f"; disaggregated/colocated per device: {best.goodput_per_device / colocated.goodput_per_device:.2f}x"
-                 if best else "")
-        console.print(f"colocated alternative: {colocated.topology.num_colocated} vLLM instances: "
-                      f"{colocated.max_rate_rps:.3f} req/s ({colocated.goodput_per_device:.3f} per device{ratio})")
-    points = _operating_points(inputs, (best, colocated))
+    _print_picks(console, result)
+    points = _operating_points(inputs, list(result.best_by_kind().values()))
     console.print(report.detail_table("simulated latency at the goodput rate", points))
     slo = inputs.slo
     title = f"{inputs.label}: {inputs.workload_label}; TTFT<={slo.ttft_s * 1e3:g} ms, TPOT<={slo.tpot_s * 1e3:g} ms"
@@ -97,7 +145,9 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
                                "budget_devices": inputs.budget_devices, "search_s": elapsed,
                                **report.search_json(result)}, indent=1))
     console.print(f"search took {elapsed:.1f} s; wrote {png} and {out}")
-    return 0 if best is not None or colocated is not None else 1
+    if inputs.router_config_dir is not None and result.best is not None:
+        _write_router_config(inputs, result.best, console)
+    return 0 if result.best is not None else 1
 
 
 def run_fewest_devices(inputs: PlanInputs, rate_rps: float, max_devices: int, console: Console) -> int:

@@ -10,16 +10,28 @@ from rich.table import Table
 from planner.search import FewestDevices, RateSearch, SplitSearch
 
 
+KIND_COLORS = {"disaggregated": "tab:blue", "hybrid": "tab:green", "aggregated": "tab:orange"}
+
+
+def marks(result: SplitSearch) -> dict[int, str]:
+    """id(RateSearch) -> its mark: "picked" for the pick, "best <kind>" for each kind's best."""
+    out = {id(best): f"best {kind}" for kind, best in result.best_by_kind().items() if best is not None}
+    if result.best is not None:
+        out[id(result.best)] = f"picked (best {result.best.topology.kind})"
+    return out
+
+
 def search_table(result: SplitSearch, target: float) -> Table:
-    table = Table(title=f"goodput per topology (highest rate with >= {target:.0%} of requests meeting the SLOs)")
-    for name, justify in (("topology", "left"), ("devices", "right"), ("rate req/s", "right"),
+    table = Table(title=f"goodput per topology (highest rate with >= {target:.0%} of requests meeting the SLOs); "
+                        "D: decode workers, H: hybrid decode workers (/N: local prefill cap), C: aggregated")
+    for name, justify in (("topology", "left"), ("kind", "left"), ("devices", "right"), ("rate req/s", "right"),
                           ("req/s/device", "right"), ("attainment", "right"), ("", "left")):
         table.add_column(name, justify=justify, no_wrap=True)
-    marks = {id(result.best): "best", id(result.best_colocated): "best colocated"}
-    for r in result.disaggregated + result.colocated:
-        table.add_row(r.topology.label, str(r.topology.devices), f"{r.max_rate_rps:.3f}",
-                      f"{r.goodput_per_device:.3f}", f"{r.attainment:.1%}", marks.get(id(r), ""),
-                      style="bold green" if id(r) in marks else None)
+    marked = marks(result)
+    for r in result.results:
+        table.add_row(r.topology.label, r.topology.kind, str(r.topology.devices), f"{r.max_rate_rps:.3f}",
+                      f"{r.goodput_per_device:.3f}", f"{r.attainment:.1%}", marked.get(id(r), ""),
+                      style="bold green" if id(r) in marked else None)
     return table
 
 
@@ -54,43 +66,45 @@ def fewest_table(answer: FewestDevices, target: float) -> Table:
 
 def search_json(result: SplitSearch) -> dict[str, Any]:
     def one(r: RateSearch) -> dict[str, Any]:
-        return {"topology": r.topology.label, "num_prefill": r.topology.num_prefill,
+        return {"topology": r.topology.label, "kind": r.topology.kind, "num_prefill": r.topology.num_prefill,
                 "num_decode": r.topology.num_decode, "num_colocated": r.topology.num_colocated,
+                "local_prefill_max_tokens": r.topology.local_prefill_max_tokens,
                 "devices": r.topology.devices, "max_rate_rps": r.max_rate_rps,
                 "goodput_per_device": r.goodput_per_device, "attainment": r.attainment,
                 "samples": [{"rate_rps": rate, "attainment": value} for rate, value in r.samples]}
 
-    return {"results": [one(r) for r in result.disaggregated + result.colocated],
-            "best": result.best.topology.label if result.best else None,
-            "best_colocated": result.best_colocated.topology.label if result.best_colocated else None}
+    label = lambda r: r.topology.label if r is not None else None  # noqa: E731
+    return {"results": [one(r) for r in result.results], "best": label(result.best),
+            "best_by_kind": {kind: label(best) for kind, best in result.best_by_kind().items()},
+            "best_colocated": label(result.best_colocated)}
 
 
 def plot_search(result: SplitSearch, target: float, path: Path, title: str) -> Path:
-    """Left: goodput per device of every topology. Right: attainment vs rate of the two best."""
+    """Left: goodput per device of every topology. Right: attainment vs rate of each kind's best."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(13, 4.8))
-    everything = result.disaggregated + result.colocated
-    best = {id(result.best), id(result.best_colocated)}
-    colors = ["tab:orange" if r.topology.is_colocated else "tab:blue" for r in everything]
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(max(13.0, 0.3 * len(result.results) + 6), 4.8))
+    everything = result.results
+    best = {id(r) for r in result.best_by_kind().values() if r is not None}
     positions = range(len(everything))
-    drawn = bars.bar(positions, [r.goodput_per_device for r in everything], color=colors)
+    drawn = bars.bar(positions, [r.goodput_per_device for r in everything],
+                     color=[KIND_COLORS[r.topology.kind] for r in everything])
     for bar, r in zip(drawn, everything):
         if id(r) in best:
             bar.set_edgecolor("black")
-            bar.set_linewidth(2)
-    bars.set_xticks(list(positions), [r.topology.label for r in everything], rotation=45, ha="right")
+            bar.set_linewidth(3 if r is result.best else 1.5)
+    bars.set_xticks(list(positions), [r.topology.label for r in everything], rotation=60, ha="right")
     bars.set_ylabel("goodput per device (req/s)")
-    bars.set_title("blue: disaggregated N prefill + M decode, orange: colocated (best outlined)")
-    for r, color in ((result.best, "tab:blue"), (result.best_colocated, "tab:orange")):
+    bars.set_title("blue: disaggregated, green: hybrid, orange: aggregated (each kind's best outlined)")
+    for kind, r in result.best_by_kind().items():
         if r is None:
             continue
         samples = sorted(r.samples)
-        curves.plot([s[0] for s in samples], [s[1] for s in samples], "o-", color=color,
-                    label=f"{r.topology.label}: {r.max_rate_rps:.2f} req/s")
+        curves.plot([s[0] for s in samples], [s[1] for s in samples], "o-", color=KIND_COLORS[kind],
+                    label=f"{r.topology.label}: {r.max_rate_rps:.2f} req/s" + (" (picked)" if r is result.best else ""))
     curves.axhline(target, color="gray", linestyle="--", label=f"target {target:.0%}")
     curves.set_xlabel("offered rate (req/s)")
     curves.set_ylabel("share of requests meeting TTFT and TPOT SLOs")

@@ -1,4 +1,4 @@
-"""Goodput search over pool sizes, as pure functions of an attainment oracle.
+"""Goodput search over topologies and pool sizes, as pure functions of an attainment oracle.
 
 `attainment(topology, rate_rps) -> float` is the share of requests meeting every SLO when the
 workload arrives at `rate_rps` (the simulator provides it, tests pass a formula). The search
@@ -6,22 +6,27 @@ assumes attainment does not rise with the rate and does not fall with more insta
 
 - `max_rate`: the highest rate with attainment >= target (DistServe's goodput), by doubling or
   halving to a bracket and then bisection to a relative tolerance;
-- `search_splits`: every split N prefill + M decode with N + M <= budget (and K colocated,
-  K <= budget); the best is the highest goodput per device (ties: fewer devices);
+- `search_splits`: every topology within the budget (`enumerate_topologies`): disaggregated
+  N prefill + M decode, hybrid N + M under each local prefill cap, aggregated K workers; the
+  pick is the highest goodput per device of all (ties: fewer devices, then search order), and
+  each kind's best is reported beside it;
 - `fewest_devices`: the reverse question, the smallest N + M (and K) meeting the target at a
-  given rate, walking the staircase of minimal M for each N.
+  given rate, walking the staircase of minimal M for each N (disaggregated and aggregated).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pdserve.roles import TOPOLOGIES
+from pdserve.roles import Topology as TopologyKind
 from planner.simulator.config import Topology
 
 AttainmentFn = Callable[[Topology, float], float]
 Progress = Callable[[str], None]
 MAX_BRACKET_STEPS = 40
+DEFAULT_LOCAL_PREFILL_CAPS = (0, 256, 1024)  # hybrid: the placement's local_prefill_max_tokens tried (0: none)
 
 
 @dataclass(frozen=True)
@@ -55,16 +60,42 @@ class RateSearch:
 
 @dataclass(frozen=True)
 class SplitSearch:
-    disaggregated: tuple[RateSearch, ...]
-    colocated: tuple[RateSearch, ...]
+    """Every topology searched, in search order; `best` is the pick."""
+
+    results: tuple[RateSearch, ...]
+
+    def of_kind(self, kind: TopologyKind) -> tuple[RateSearch, ...]:
+        return tuple(r for r in self.results if r.topology.kind == kind)
+
+    def best_of(self, kind: TopologyKind) -> RateSearch | None:
+        """The kind's highest goodput per device, or None when none of it meets the target."""
+        return _best(self.of_kind(kind))
+
+    def best_by_kind(self) -> dict[TopologyKind, RateSearch | None]:
+        """kind -> its best, for every kind searched, in `TOPOLOGIES` order."""
+        kinds = {r.topology.kind for r in self.results}
+        return {kind: self.best_of(kind) for kind in TOPOLOGIES if kind in kinds}
 
     @property
     def best(self) -> RateSearch | None:
-        return _best(self.disaggregated)
+        return _best(self.results)
+
+    @property
+    def disaggregated(self) -> tuple[RateSearch, ...]:
+        return self.of_kind("disaggregated")
+
+    @property
+    def hybrid(self) -> tuple[RateSearch, ...]:
+        return self.of_kind("hybrid")
+
+    @property
+    def colocated(self) -> tuple[RateSearch, ...]:
+        """The aggregated topologies (K colocated workers)."""
+        return self.of_kind("aggregated")
 
     @property
     def best_colocated(self) -> RateSearch | None:
-        return _best(self.colocated)
+        return self.best_of("aggregated")
 
 
 @dataclass(frozen=True)
@@ -137,18 +168,39 @@ def enumerate_splits(budget_devices: int) -> list[Topology]:
     return [Topology.disaggregated(n, total - n) for total in range(2, budget_devices + 1) for n in range(1, total)]
 
 
+def enumerate_topologies(budget_devices: int, kinds: Sequence[TopologyKind] = TOPOLOGIES,
+                         local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS) -> list[Topology]:
+    """In this order: every disaggregated split, every hybrid split under each cap (split-major),
+    K = 1..budget aggregated workers; only the `kinds` asked for."""
+    unknown = sorted(set(kinds) - set(TOPOLOGIES))
+    if unknown or not kinds:
+        raise ValueError(f"topology kinds must be some of {TOPOLOGIES}, got {list(kinds)}")
+    if "hybrid" in kinds and (not local_prefill_caps or any(c < 0 for c in local_prefill_caps)):
+        raise ValueError(f"hybrid needs local prefill caps >= 0 (0: no cap), got {list(local_prefill_caps)}")
+    topologies = []
+    if "disaggregated" in kinds:
+        topologies += enumerate_splits(budget_devices)
+    if "hybrid" in kinds:
+        topologies += [Topology.hybrid(split.num_prefill, split.num_decode, cap)
+                       for split in enumerate_splits(budget_devices) for cap in dict.fromkeys(local_prefill_caps)]
+    if "aggregated" in kinds:
+        topologies += [Topology.aggregated(k) for k in range(1, budget_devices + 1)]
+    return topologies
+
+
 def search_splits(attainment: AttainmentFn, budget_devices: int, settings: SearchSettings = SearchSettings(),
-                  include_colocated: bool = True, progress: Progress | None = None) -> SplitSearch:
-    """Goodput of every split within the budget (and of K colocated instances, K <= budget)."""
-    splits = enumerate_splits(budget_devices)
-    colocated = [Topology.colocated(k) for k in range(1, budget_devices + 1)] if include_colocated else []
+                  include_colocated: bool = True, progress: Progress | None = None,
+                  kinds: Sequence[TopologyKind] = TOPOLOGIES,
+                  local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS) -> SplitSearch:
+    """Goodput of every topology `enumerate_topologies` lists (`include_colocated=False` drops the
+    aggregated ones)."""
+    kinds = [kind for kind in kinds if include_colocated or kind != "aggregated"]
     results = []
-    for topology in splits + colocated:
+    for topology in enumerate_topologies(budget_devices, kinds, local_prefill_caps):
         results.append(search_topology(attainment, topology, settings))
         if progress:
             progress(topology.label)
-    return SplitSearch(tuple(r for r in results if not r.topology.is_colocated),
-                       tuple(r for r in results if r.topology.is_colocated))
+    return SplitSearch(tuple(results))
 
 
 def fewest_devices(attainment: AttainmentFn, rate_rps: float, max_devices: int,

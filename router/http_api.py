@@ -86,7 +86,7 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompt_ids: list
                                 prompt_ids, body.sampling(), body.slo_class)
     lifecycle.admit(request)  # refuse before any byte is sent, with a proper status
     shape = _Shape(request.request_id, model_name, chat)
-    chunks = lifecycle.generate(request)
+    chunks = lifecycle.generate(request, admitted=True)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_sse(chunks, shape, include_usage), media_type="text/event-stream")

@@ -93,8 +93,11 @@ class Lifecycle:
                              retry_after_s=1.0)
         self.scheduler.check(request)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        self.admit(request)
+    async def generate(self, request: GenerationRequest, admitted: bool = False) -> AsyncIterator[GenerationChunk]:
+        """The request's chunks. `admitted`: the caller ran `admit` just before (HTTP does, to answer
+        a refusal with a status before any byte is sent); otherwise it runs here."""
+        if not admitted:
+            self.admit(request)
         self.inflight += 1
         try:
             async with contextlib.aclosing(self._walk(request)) as walk:  # closing us closes the walk now

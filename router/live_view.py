@@ -59,7 +59,7 @@ class LiveView:
         prefill, decode = self.pool.workers("prefill"), self.pool.workers("decode")
         accepts_local = self.rule.accepts(bool(prefill))
         block_size = next((w.block_size for w in prefill + decode if w.block_size), DEFAULT_BLOCK_SIZE)
-        index = self.prefix(block_size)
+        cached = self.prefix(block_size).match_all(prompt_token_ids)  # one hash of the prompt, no LRU touch
         views = []
         for record in prefill + decode:
             kv_free = record.kv_blocks_total - record.kv_blocks_used if record.kv_blocks_total else 1 << 30
@@ -68,7 +68,7 @@ class LiveView:
                 queued_prefill_tokens=self.queued_prefill_tokens[record.worker_id] + extra_queued_tokens,
                 running_decodes=self.pool.inflight(record.worker_id) if record.role == "decode" else 0,
                 kv_blocks_free=max(0, kv_free), block_size=record.block_size or block_size,
-                cached_prefix_tokens=index.longest_prefix_tokens(record.worker_id, prompt_token_ids)))
+                cached_prefix_tokens=cached.get(record.worker_id, 0)))
         return views
 
     def computing_workers(self) -> int:

@@ -16,16 +16,17 @@ first), so a cancelled or failed request never leaves a worker looking busy.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from pdserve.errors import NoHealthyWorker, Overloaded
 from pdserve.roles import Topology
 from router.live_view import LiveView
 from router.policies.admission import Refuse, admit
-from router.policies.ordering import DispatchQueue, QueuedItem
+from router.policies.ordering import DispatchQueue, QueuedItem, priority_key
 from router.policies.placement import (CostModel, OnlinePrefillFit, Placement, PlacementConfig, RequestView,
                                        dispatch_open, evaluate)
 from router.pool import WorkerPool
@@ -37,7 +38,8 @@ DEFAULT_COST = CostModel(fixed_s=0.02, per_token_s=0.0005, step_fixed_s=0.015, s
                          transfer_fixed_s=0.005, transfer_per_token_s=1e-6, local_interference_per_decode=0.05)
 NOMINAL_TTFT_SLO_S = 10.0   # placement's yardstick when no TTFT SLO is set (admission then never refuses)
 NOMINAL_TPOT_SLO_S = 0.2
-RECHECK_S = 0.1             # a waiting request re-reads the pools this often (workers come and go)
+RECHECK_S = 0.1             # the queue is re-pumped this often (workers come and go, KV frees up)
+REFIT_EVERY = 8             # observed prefills between refits of the cost model
 
 
 @dataclass(frozen=True)
@@ -60,17 +62,24 @@ class SchedulerConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     slo: SloTargets = SloTargets()
     cost_prior: CostModel = DEFAULT_COST
+    max_queue_wait_s: float = 600.0   # a request waits at most this long in the router's queue
+
+    def __post_init__(self) -> None:
+        if not self.max_queue_wait_s > 0:
+            raise ValueError(f"max_queue_wait_s must be > 0 seconds, got {self.max_queue_wait_s}")
 
 
 @dataclass
 class Ticket:
-    """One dispatched request: where it goes, and the books to settle when its prompt is done."""
+    """One dispatched request: where it goes, and the books to settle when its prompt is done.
+    `taken`: its waiter received it (else `_forget` settles it: the waiter was cancelled meanwhile)."""
 
     request_id: str
     placement: Placement
     computing_id: str
     queued_tokens: int
     settled: bool = False
+    taken: bool = False
 
 
 class Scheduler:
@@ -80,8 +89,9 @@ class Scheduler:
         self.fit = OnlinePrefillFit()
         self.cost = config.cost_prior
         self.queue = DispatchQueue(self.cost, config.placement)
-        self._changed = asyncio.Condition()
-        self._notifying: set[asyncio.Task] = set()  # held so none is dropped before it runs
+        self._waiting: dict[str, tuple[GenerationRequest, asyncio.Future]] = {}   # queue key -> its waiter
+        self._sequence = itertools.count()   # queue keys are private: clients may reuse request ids
+        self._ticker: asyncio.Task | None = None
 
     # ---- decisions over live state ---------------------------------------------------------------
     def request_view(self, request: GenerationRequest) -> RequestView:
@@ -89,71 +99,111 @@ class Scheduler:
         return RequestView(len(request.prompt_token_ids), request.sampling.max_tokens,
                            slo.ttft_s or NOMINAL_TTFT_SLO_S, slo.tpot_s or NOMINAL_TPOT_SLO_S, request.slo_class)
 
-    def ranked(self, request: GenerationRequest, queued_ahead_tokens: int = 0) -> list[Placement]:
-        """Every placement the policy allows now, best first; the router's queue ahead of the
-        request is spread over the workers that compute prompts."""
+    def ranked(self, request: GenerationRequest, queued_ahead_tokens: int = 0) -> tuple[list[Placement], dict]:
+        """Every placement the policy allows now, best first, and the views it was made on (by
+        worker id). The router's queue ahead of the request is spread over the workers that compute
+        prompts. With no prefill worker alive, a decode worker is the only way: no local cap then."""
         share = queued_ahead_tokens // max(1, self.live.computing_workers())
         views = self.live.views(request.prompt_token_ids, share)
-        return evaluate(self.request_view(request), views, self.cost, self.config.placement)
+        placement = self.config.placement
+        if not any(view.role == "prefill" for view in views):
+            placement = replace(placement, local_prefill_max_tokens=0)
+        return evaluate(self.request_view(request), views, self.cost, placement), {v.worker_id: v for v in views}
 
     def check(self, request: GenerationRequest) -> None:
-        """Raises Overloaded (with the predicted drain time) when admission refuses `request` now,
-        NoHealthyWorker when no worker could take it at all. Without a TTFT SLO nothing is refused
-        for load (the cluster then queues like vLLM does)."""
-        ahead = sum(item.num_prompt_tokens for item in self.queue.ordered(self.clock())
-                    if self.config.placement.rank_of(item.slo_class) <= self.config.placement.rank_of(request.slo_class))
-        ranked = self.ranked(request, ahead)
-        if not ranked:
-            raise NoHealthyWorker("no decode worker can take the request (none alive, or none with KV room for "
-                                  "its prompt and max_tokens)")
+        """Raises Overloaded (with the predicted drain time) when admission refuses `request` now.
+        Without a TTFT SLO nothing is refused for load: the request waits in the router's queue
+        (bounded by `max_queue_wait_s`), as it would in vLLM's."""
         if self.config.slo.ttft_s is None:
             return
-        verdict = admit(ranked[0].prediction, self.request_view(request), self.config.placement)
+        ranked, _ = self.ranked(request, self._tokens_ahead(request))
+        verdict = admit(ranked[0].prediction if ranked else None, self.request_view(request), self.config.placement)
         if isinstance(verdict, Refuse):
             raise Overloaded(f"the cluster cannot meet this request's time to first token now: {verdict.reason}",
                              retry_after_s=verdict.retry_after_s)
 
+    def _tokens_ahead(self, request: GenerationRequest) -> int:
+        """Prompt tokens queued in the router that would go before `request` (a lower priority key)."""
+        now = self.clock()
+        mine = priority_key(QueuedItem("", request.slo_class, len(request.prompt_token_ids), now), now, self.cost,
+                            self.config.placement)
+        return sum(item.num_prompt_tokens for item in self.queue.ordered(now)
+                   if priority_key(item, now, self.cost, self.config.placement) <= mine)
+
     # ---- the dispatch queue ----------------------------------------------------------------------
     async def dispatch(self, request: GenerationRequest) -> Ticket:
         """Waits for the request's turn and an open worker; returns its ticket. Cancelling the wait
-        removes it from the queue."""
-        item = QueuedItem(request.request_id, request.slo_class, len(request.prompt_token_ids), self.clock())
+        removes the request from the queue; a wait beyond `max_queue_wait_s` raises Overloaded."""
+        item = QueuedItem(f"{request.request_id}#{next(self._sequence)}", request.slo_class,
+                          len(request.prompt_token_ids), self.clock())
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting[item.request_id] = (request, waiter)
         self.queue.push(item)
+        self._pump()
+        if item.request_id in self.queue and (self._ticker is None or self._ticker.done()):
+            self._ticker = asyncio.create_task(self._tick_while_queued())
         try:
-            while True:
-                if self.queue.peek(self.clock()) is item:
-                    ticket = self._try_dispatch(request)
-                    if ticket is not None:
-                        return ticket
-                await self._wait_for_change()
+            async with asyncio.timeout(self.config.max_queue_wait_s):
+                ticket = await asyncio.shield(waiter)
+            ticket.taken = True
+            return ticket
+        except TimeoutError:
+            raise Overloaded(f"the request waited {self.config.max_queue_wait_s:g} s in the router's queue for a "
+                             f"worker", retry_after_s=self.config.placement.min_retry_after_s) from None
         finally:
-            self.queue.remove(item.request_id)  # still queued when the wait was cancelled or failed
-            await self._notify()  # whether it left or went, the next in line may go now
+            self._forget(item.request_id, waiter)
 
-    def _try_dispatch(self, request: GenerationRequest) -> Ticket | None:
-        ranked = self.ranked(request)
-        if not ranked:
-            raise NoHealthyWorker("no decode worker is alive")
-        by_id = {v.worker_id: v for v in self.live.views(request.prompt_token_ids)}
+    def _forget(self, key: str, waiter: asyncio.Future) -> None:
+        """The waiter is gone (served, cancelled or timed out): a ticket booked for it but never
+        taken is settled at once, so its tokens never stay on the worker's books."""
+        self._waiting.pop(key, None)
+        if self.queue.remove(key):
+            self._pump()
+        elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            ticket = waiter.result()
+            if ticket.taken is False:
+                self._settle(ticket)
+
+    def _pump(self) -> None:
+        """Dispatches, in priority order, every queued request that has an open path now (a request
+        whose paths are all gated does not hold back one behind it whose path is open). Synchronous:
+        nothing can interleave between booking a ticket and handing it to its waiter."""
+        if not self._any_worker_open():
+            return  # every worker that computes prompts is at its gate: nothing can go
+        for item in self.queue.ordered(self.clock()):
+            request, waiter = self._waiting[item.request_id]
+            if waiter.done():
+                continue
+            if not self.pool.workers("decode"):
+                self.queue.remove(item.request_id)
+                waiter.set_exception(NoHealthyWorker("no decode worker is alive"))
+                continue
+            ticket = self._open_ticket(request)
+            if ticket is not None:
+                self.queue.remove(item.request_id)
+                waiter.set_result(ticket)
+
+    def _any_worker_open(self) -> bool:
+        limit = self.config.placement.max_queued_prefill_tokens_per_worker
+        workers = self.pool.workers("prefill") + self.pool.workers("decode")
+        return limit == 0 or not workers or any(self.live.queued_prefill_tokens[w.worker_id] < limit for w in workers)
+
+    def _open_ticket(self, request: GenerationRequest) -> Ticket | None:
+        ranked, by_id = self.ranked(request)
         for placement in ranked:
             if dispatch_open(placement.path, by_id, self.config.placement):
                 computing = placement.path.computing_id
-                tokens = len(request.prompt_token_ids) - by_id[computing].cached_prefix_tokens
+                tokens = self.request_view(request).uncached_tokens(by_id[computing])
                 self.live.queued_prefill_tokens[computing] += tokens
-                self.queue.remove(request.request_id)
                 return Ticket(request.request_id, placement, computing, tokens)
         return None
 
-    async def _wait_for_change(self) -> None:
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait(), RECHECK_S)
-            except TimeoutError:
-                pass
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    async def _tick_while_queued(self) -> None:
+        """Re-pumps every `RECHECK_S` while anything is queued (workers come and go, KV frees up,
+        the registry refreshes); arrivals and settled tickets pump at once, this is the backstop."""
+        while len(self.queue):
+            await asyncio.sleep(RECHECK_S)
+            self._pump()
 
     # ---- books -------------------------------------------------------------------------------------
     def prefilled(self, ticket: Ticket, compute_s: float | None, computed_tokens: int | None = None) -> None:
@@ -161,11 +211,13 @@ class Scheduler:
         time, without queueing, when known; it feeds the cost fit (prefill workers only: a Local
         prefill shares its steps with decodes and would bias it)."""
         self._settle(ticket)
-        if compute_s is not None and computed_tokens and ticket.computing_id in {
-                w.worker_id for w in self.pool.workers("prefill")}:
+        if compute_s is None or not computed_tokens or computed_tokens < 1 or compute_s < 0:
+            return
+        if ticket.computing_id in {w.worker_id for w in self.pool.workers("prefill")}:
             self.fit.observe(computed_tokens, compute_s)
-            self.cost = self.fit.model(self.config.cost_prior)
-            self.queue.cost = self.cost
+            if len(self.fit) % REFIT_EVERY == 0:  # a refit is a few small least-squares solves
+                self.cost = self.fit.model(self.config.cost_prior)
+                self.queue.cost = self.cost
 
     def finish(self, ticket: Ticket, workers_holding: Sequence[tuple[str, Sequence[int]]] = ()) -> None:
         """The request is over (served, failed or cancelled). `workers_holding`: (worker id, tokens)
@@ -181,15 +233,8 @@ class Scheduler:
         ticket.settled = True
         left = self.live.queued_prefill_tokens[ticket.computing_id] - ticket.queued_tokens
         self.live.queued_prefill_tokens[ticket.computing_id] = max(0, left)
-        self._notify_soon()
-
-    def _notify_soon(self) -> None:
-        try:
-            task = asyncio.get_running_loop().create_task(self._notify())
-        except RuntimeError:  # no loop (a unit test's synchronous call): nobody can be waiting
-            return
-        self._notifying.add(task)
-        task.add_done_callback(self._notifying.discard)
+        if len(self.queue):
+            self._pump()
 
     def _block_size(self) -> int:
         workers = self.pool.workers("prefill") + self.pool.workers("decode")

@@ -42,21 +42,43 @@ def scheduler_config(args: argparse.Namespace):
     placement = PlacementConfig.from_file(args.placement_config) if args.placement_config else PlacementConfig()
     if args.local_prefill_max_tokens:
         placement = dataclasses.replace(placement, local_prefill_max_tokens=args.local_prefill_max_tokens)
-    cost = DEFAULT_COST
-    if args.cost_model:
-        with open(args.cost_model) as file:
-            cost = dataclasses.replace(DEFAULT_COST, **json.load(file))
+    cost = _cost_model(args.cost_model, DEFAULT_COST) if args.cost_model else DEFAULT_COST
     ms = lambda value: None if value is None else value / 1000  # noqa: E731
     return SchedulerConfig(topology=args.topology, placement=placement,
                            slo=SloTargets(ms(args.slo_ttft_ms), ms(args.slo_tpot_ms)), cost_prior=cost)
 
 
+def _cost_model(path: str, prior):
+    """The prior with the coefficients of a JSON object of `CostModel` fields; ValueError naming
+    what is wrong (an unknown key, a value that is not a number)."""
+    import dataclasses
+    import json
+
+    with open(path) as file:
+        data = json.load(file)
+    known = [f.name for f in dataclasses.fields(prior)]
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a cost model is a JSON object of {', '.join(known)}")
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; known: {known}")
+    bad = [key for key, value in data.items() if isinstance(value, bool) or not isinstance(value, (int, float))]
+    if bad:
+        raise ValueError(f"{path}: {', '.join(bad)} must be numbers of seconds (or a slowdown factor)")
+    return dataclasses.replace(prior, **data)
+
+
 def router_flags(args: argparse.Namespace) -> list[str]:
     """The placement options given to this command, as `pdserve router` flags (a launcher passes
-    them on to the router it starts)."""
+    them on to the router it starts; file paths made absolute, as a Ray actor runs elsewhere).
+    Validates them first (`scheduler_config`), so a mistake stops the launcher, not its router."""
+    import os
+
+    scheduler_config(args)
     flags = []
     for name in ("slo_ttft_ms", "slo_tpot_ms", "placement_config", "cost_model"):
         value = getattr(args, name, None)
         if value is not None:
+            value = os.path.abspath(value) if name in ("placement_config", "cost_model") else value
             flags += [f"--{name.replace('_', '-')}", str(value)]
     return flags

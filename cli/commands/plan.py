@@ -1,4 +1,4 @@
-"""`pdserve plan`: size the prefill and decode pools for a workload and SLOs, offline.
+"""`pdserve plan`: choose the topology and pool sizes for a workload and SLOs, offline.
 Argument parsing only; the work is in `planner.plan_job`."""
 
 from __future__ import annotations
@@ -7,16 +7,18 @@ import argparse
 from pathlib import Path
 
 DESCRIPTION = """\
-Choose how many prefill and decode workers to run. From a profile (what `pdserve profile`
-measured on this hardware) pdserve fits a performance model, simulates the workload through
-every split of --devices into N prefill + M decode workers (and through K colocated vLLM
-instances, the baseline), and finds for each the highest request rate at which at least
---attainment-target of requests meet both the TTFT and the TPOT SLO (the goodput). It prints the
-split with the highest goodput per device, its predicted latency, the colocated alternative,
-and writes <output-dir>/<label>_search.png and .json.
+Choose how to run the workers. From a profile (what `pdserve profile` measured on this hardware)
+pdserve fits a performance model and simulates the workload, placed by the router's own policy,
+through every topology of --devices workers: disaggregated N prefill + M decode, hybrid N + M
+(decode workers may compute a prompt themselves when the placement prefers it; once per
+--local-prefill-caps value) and aggregated K workers (each serving both phases). For each it
+finds the highest request rate at which at least --attainment-target of requests meet both the
+TTFT and the TPOT SLO (the goodput). It prints each topology kind's best per device, the pick (the
+highest goodput per device of all), its predicted latency, and writes <output-dir>/<label>_search.png
+and .json; --write-router-config DIR writes the router's cost.json and placement.json for the pick.
 
 --min-devices-for-rate R asks the reverse question: the fewest workers that meet the SLOs at
-R req/s (up to --max-devices).
+R req/s (up to --max-devices; disaggregated and aggregated).
 
 The workload options are `pdserve load`'s, so a plan can be checked against a real run with
 the same flags. Until a profile of your own exists, --profile defaults to the example profile
@@ -26,20 +28,43 @@ of the `bench` model on 2 CPU cores (planner/profiles/example.json).
 EPILOG = """\
 examples:
   pdserve plan --devices 6 --ttft-slo-ms 1000 --tpot-slo-ms 50
+  pdserve plan --devices 4 --write-router-config out/router   # then: pdserve up ... (printed)
   pdserve plan --profile out/profile.json --workload trace --max-input-len 2048 --devices 8
+  pdserve plan --topologies disaggregated,hybrid --local-prefill-caps 0,512
   pdserve plan --min-devices-for-rate 5 --ttft-slo-ms 800 --tpot-slo-ms 60
 """
 
 
+def _kinds(text: str) -> tuple[str, ...]:
+    from pdserve.roles import TOPOLOGIES
+
+    kinds = tuple(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    if not kinds or set(kinds) - set(TOPOLOGIES):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(TOPOLOGIES)}, got {text!r}")
+    return kinds
+
+
+def _caps(text: str) -> tuple[int, ...]:
+    try:
+        caps = tuple(dict.fromkeys(int(c) for c in text.split(",") if c.strip()))
+    except ValueError:
+        caps = ()
+    if not caps or any(c < 0 for c in caps):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of token counts >= 0 (0: no cap), got {text!r}")
+    return caps
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plan", help="choose prefill/decode pool sizes for a workload and SLOs (simulated)",
+    p = subparsers.add_parser("plan", help="choose the topology and pool sizes for a workload and SLOs (simulated)",
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("hardware and model")
     g.add_argument("--profile", type=Path, help="profile JSON from `pdserve profile` (default: the example profile)")
     g.add_argument("--transport", help="KV transport to plan with (default: the profile's first)")
-    g.add_argument("--decode-pick", choices=["handoff", "arrival"], default="handoff",
-                   help="router picks the decode worker when prefill ends (handoff) or up front (arrival)")
+    g.add_argument("--decode-pick", choices=["handoff", "arrival"], default="arrival",
+                   help="a disaggregated request's decode worker: the placement's, chosen when the router sends "
+                        "the request, as the router does (arrival), or placed again when its prefill ends "
+                        "(handoff, a what-if) (default arrival)")
     g = p.add_argument_group("workload (as `pdserve load`)")
     g.add_argument("--workload", choices=["random", "trace"], default="random",
                    help="random lengths or the Azure conversation trace (default random)")
@@ -62,7 +87,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--attainment-target", type=float, default=0.9,
                    help="share of requests that must meet both SLOs (default 0.9)")
     g.add_argument("--devices", type=int, default=4, help="device budget: workers to split (default 4)")
-    g.add_argument("--no-colocated", action="store_true", help="skip the colocated (vLLM alone) baseline")
+    g.add_argument("--topologies", type=_kinds, default=("disaggregated", "hybrid", "aggregated"),
+                   help="topology kinds to search, comma-separated (default disaggregated,hybrid,aggregated)")
+    g.add_argument("--local-prefill-caps", type=_caps, default=(0, 256, 1024),
+                   help="hybrid: the placement's local_prefill_max_tokens values to try, comma-separated "
+                        "(0: no cap; default 0,256,1024)")
+    g.add_argument("--placement-config", type=Path,
+                   help="the placement policy the simulated router uses (JSON/YAML, `pdserve router "
+                        "--placement-config`; default: the router's defaults)")
+    g.add_argument("--no-colocated", action="store_true", help="skip the aggregated (colocated workers) topologies")
     g.add_argument("--rel-tol", type=float, default=0.02,
                    help="rate bisection stops at this relative width (default 0.02)")
     g.add_argument("--min-devices-for-rate", type=float, metavar="R",
@@ -72,6 +105,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--output-dir", type=Path, default=Path("out/plan"), help="where PNG and JSON go (default out/plan)")
     g.add_argument("--label", default="plan", help="file name stem (default plan)")
     g.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    g.add_argument("--write-router-config", type=Path, metavar="DIR",
+                   help="write the picked cluster's router files here: cost.json (--cost-model) and "
+                        "placement.json (--placement-config), and print the `pdserve up` flags that use them")
     p.set_defaults(func=run)
 
 
@@ -81,31 +117,39 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.harness import WorkloadConfig
     from loadgen.metrics import SLO
     from planner.perf_model import fit_perf_model
-    from planner.plan_job import PlanInputs, run_fewest_devices, run_goodput_search, workload_label
+    from planner.plan_job import PlanInputs, run_fewest_devices, run_goodput_search, with_router_cost, workload_label
     from planner.profile import ProfileError, load_profile
     from planner.profiles.example import EXAMPLE_PROFILE_PATH
     from planner.search import SearchSettings
-    from planner.simulator import SimSettings, SimulationError
+    from planner.simulator import RouterSettings, SimSettings, SimulationError
+    from router.policies.placement import PlacementConfig
 
     try:
         if args.devices < 2:
             raise ValueError(f"--devices must be >= 2 (one prefill + one decode worker), got {args.devices}")
         profile = load_profile(args.profile or EXAMPLE_PROFILE_PATH)
         fit = fit_perf_model(profile)
-        settings = SimSettings.from_profile(profile, args.transport, decode_pick=args.decode_pick)
+        placement = PlacementConfig.from_file(args.placement_config) if args.placement_config else PlacementConfig()
+        settings = SimSettings.from_profile(profile, args.transport, decode_pick=args.decode_pick,
+                                            router=RouterSettings(placement))
         arrival = args.arrival or ("trace" if args.workload == "trace" else "poisson")
         workload = WorkloadConfig(kind=args.workload, arrival=arrival, rate_rps=1.0, cv=args.cv,
                                   num_requests=args.num_prompts, prompt_mean=args.input_len,
                                   output_mean=args.output_len, range_ratio=args.range_ratio,
                                   trace_path=args.trace, max_prompt_tokens=args.max_input_len,
                                   max_output_tokens=args.max_output_len, seed=args.seed)
+        workload_at = lambda rate: workload.build(rate_rps=rate)  # noqa: E731
+        kinds = tuple(k for k in args.topologies if not (args.no_colocated and k == "aggregated"))
+        if not kinds:
+            raise ValueError("--no-colocated leaves no topology to search: add disaggregated or hybrid to --topologies")
         inputs = PlanInputs(
-            fit=fit, settings=settings, workload_at=lambda rate: workload.build(rate_rps=rate),
-            workload_label=workload_label(lambda rate: workload.build(rate_rps=rate), f"{args.workload}/{arrival}"),
+            fit=fit, settings=with_router_cost(settings, fit, workload_at), workload_at=workload_at,
+            workload_label=workload_label(workload_at, f"{args.workload}/{arrival}"),
             slo=SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3),
             search=SearchSettings(target_attainment=args.attainment_target, rel_tol=args.rel_tol),
-            budget_devices=args.devices, include_colocated=not args.no_colocated,
-            output_dir=args.output_dir, label=args.label, show_progress=not args.no_progress)
+            budget_devices=args.devices, output_dir=args.output_dir, label=args.label,
+            show_progress=not args.no_progress, kinds=kinds, local_prefill_caps=args.local_prefill_caps,
+            router_config_dir=args.write_router_config)
     except (ProfileError, ValueError, KeyError, FileNotFoundError) as bad:
         raise SystemExit(f"pdserve plan: {bad}") from bad
     args.output_dir.mkdir(parents=True, exist_ok=True)

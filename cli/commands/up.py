@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         spec = cluster_spec(args)
-    except ValueError as bad:
+    except (ValueError, OSError) as bad:
         console.print(f"[red]pdserve up:[/] {bad}", markup=True, highlight=False)
         return 2
     with console.status("starting redis, router and workers (vLLM engines take ~20 s)..."):

@@ -1,12 +1,16 @@
-"""What the simulator runs: the topology (how many instances of which kind) and the per-instance
-engine settings (token budget, batch cap, KV capacity, transport)."""
+"""What the simulator runs: the topology (how many instances of which kind), the per-instance
+engine settings (token budget, batch cap, KV capacity, transport) and the router's settings."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from pdserve.roles import TOPOLOGIES
+from pdserve.roles import Topology as TopologyKind
 from planner.profile import Profile, ServingCosts
+from router.policies.placement import CostModel, PlacementConfig
+from router.scheduler import NOMINAL_TPOT_SLO_S, NOMINAL_TTFT_SLO_S
 
 DecodePick = Literal["handoff", "arrival"]
 
@@ -17,36 +21,57 @@ class SimulationError(ValueError):
 
 @dataclass(frozen=True)
 class Topology:
-    """Either N prefill + M decode instances (disaggregated) or K colocated instances (vLLM alone,
-    each doing prefill and decode). One instance is one device: goodput per device divides by
-    `devices`."""
+    """A cluster as `pdserve.roles.Topology` names it, one instance per device (goodput per device
+    divides by `devices`):
+    - disaggregated: N >= 1 prefill + M >= 1 decode instances (`num_prefill`, `num_decode`);
+    - hybrid: the same pools, and the router may have a decode instance compute a prompt itself
+      (the Local path) for prompts of at most `local_prefill_max_tokens` tokens (0: any length);
+    - aggregated: K >= 1 colocated instances (`num_colocated`), each serving both phases.
+    `local_prefill_max_tokens` is the router's `PlacementConfig` cap: only a hybrid cluster has one
+    (disaggregated keeps prompts off decode workers; an aggregated one has nowhere else to put them)."""
 
     num_prefill: int = 0
     num_decode: int = 0
     num_colocated: int = 0
+    kind: TopologyKind = "disaggregated"
+    local_prefill_max_tokens: int = 0
 
     def __post_init__(self) -> None:
-        counts = (self.num_prefill, self.num_decode, self.num_colocated)
+        counts = (self.num_prefill, self.num_decode, self.num_colocated, self.local_prefill_max_tokens)
         if any(not isinstance(c, int) or c < 0 for c in counts):
-            raise SimulationError(f"instance counts must be ints >= 0, got {counts}")
-        disaggregated = self.num_prefill >= 1 and self.num_decode >= 1 and self.num_colocated == 0
-        colocated = self.num_colocated >= 1 and self.num_prefill == 0 and self.num_decode == 0
-        if not (disaggregated or colocated):
-            raise SimulationError(
-                f"a topology is N>=1 prefill + M>=1 decode instances, or K>=1 colocated ones; got "
-                f"prefill={self.num_prefill} decode={self.num_decode} colocated={self.num_colocated}")
+            raise SimulationError(f"instance counts and the local prefill cap must be ints >= 0, got {counts}")
+        if self.kind not in TOPOLOGIES:
+            raise SimulationError(f"kind must be one of {TOPOLOGIES}, got {self.kind!r}")
+        if self.kind == "aggregated":
+            valid = self.num_colocated >= 1 and self.num_prefill == 0 and self.num_decode == 0
+        else:
+            valid = self.num_prefill >= 1 and self.num_decode >= 1 and self.num_colocated == 0
+        if not valid:
+            shape = "K>=1 colocated instances" if self.kind == "aggregated" else "N>=1 prefill + M>=1 decode instances"
+            raise SimulationError(f"a topology of kind {self.kind} is {shape}; got prefill={self.num_prefill} "
+                                  f"decode={self.num_decode} colocated={self.num_colocated}")
+        if self.local_prefill_max_tokens and self.kind != "hybrid":
+            raise SimulationError(f"only a hybrid topology caps local prefills; kind {self.kind} needs "
+                                  f"local_prefill_max_tokens=0, got {self.local_prefill_max_tokens}")
 
     @classmethod
-    def disaggregated(cls, num_prefill: int, num_decode: int) -> "Topology":
+    def disaggregated(cls, num_prefill: int, num_decode: int) -> Topology:
         return cls(num_prefill=num_prefill, num_decode=num_decode)
 
     @classmethod
-    def colocated(cls, num_instances: int) -> "Topology":
-        return cls(num_colocated=num_instances)
+    def hybrid(cls, num_prefill: int, num_decode: int, local_prefill_max_tokens: int = 0) -> Topology:
+        return cls(num_prefill=num_prefill, num_decode=num_decode, kind="hybrid",
+                   local_prefill_max_tokens=local_prefill_max_tokens)
+
+    @classmethod
+    def aggregated(cls, num_instances: int) -> Topology:
+        return cls(num_colocated=num_instances, kind="aggregated")
+
+    colocated = aggregated  # the planner's older name: K colocated instances
 
     @property
     def is_colocated(self) -> bool:
-        return self.num_colocated > 0
+        return self.kind == "aggregated"
 
     @property
     def devices(self) -> int:
@@ -54,7 +79,35 @@ class Topology:
 
     @property
     def label(self) -> str:
-        return f"{self.num_colocated}C" if self.is_colocated else f"{self.num_prefill}P+{self.num_decode}D"
+        """"KC" aggregated, "NP+MD" disaggregated, "NP+MH" hybrid ("NP+MH/cap" with a local prefill cap)."""
+        if self.kind == "aggregated":
+            return f"{self.num_colocated}C"
+        if self.kind == "disaggregated":
+            return f"{self.num_prefill}P+{self.num_decode}D"
+        cap = f"/{self.local_prefill_max_tokens}" if self.local_prefill_max_tokens else ""
+        return f"{self.num_prefill}P+{self.num_decode}H{cap}"
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """What the simulated router places with (`router.policies.placement`): the policy, whose
+    `local_prefill_max_tokens` the topology's replaces; the cost model (None: `simulate` derives it
+    from the performance model and the workload's mean lengths, `planner.simulator.cost.cost_model_from`);
+    and the SLOs each request aims at (the router's nominal ones when it runs without SLOs)."""
+
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    cost: CostModel | None = None
+    ttft_slo_s: float = NOMINAL_TTFT_SLO_S
+    tpot_slo_s: float = NOMINAL_TPOT_SLO_S
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0):
+            raise SimulationError(f"the router's SLOs must be > 0 s, got TTFT {self.ttft_slo_s}, "
+                                  f"TPOT {self.tpot_slo_s}")
+
+    def placement_for(self, topology: Topology) -> PlacementConfig:
+        """The policy the router of `topology` runs: this one with the topology's local prefill cap."""
+        return replace(self.placement, local_prefill_max_tokens=topology.local_prefill_max_tokens)
 
 
 @dataclass(frozen=True)
@@ -67,10 +120,12 @@ class SimSettings:
     - `num_kv_blocks` of `block_size` tokens per instance; a request reserves blocks for its whole
       sequence (prompt + output) when admitted to decode, and waits while they are not free;
     - `kv_bytes_per_token` and `transport` give a transfer's bytes (whole blocks) and time;
-    - `decode_pick`: when the router picks the decode instance: "handoff" (when prefill finishes,
-      by the load at that moment) or "arrival" (the pair is chosen up front);
+    - `decode_pick`: when the decode instance of a disaggregated request is chosen: "arrival"
+      (the placement's pair, chosen when the router dispatches the request: what the router does)
+      or "handoff" (a what-if: placed again among the decode instances when its prefill finishes);
     - `serving`: what the router, the hops and the workers' API processes add (latencies, CPU on
-      the workers' cores and on the host's); zeros simulate the engines alone.
+      the workers' cores and on the host's); zeros simulate the engines alone;
+    - `router`: the placement policy, cost model and SLOs the simulated router uses.
     """
 
     token_budget: int
@@ -79,8 +134,9 @@ class SimSettings:
     block_size: int
     kv_bytes_per_token: int
     transport: str = "tcp"
-    decode_pick: DecodePick = "handoff"
+    decode_pick: DecodePick = "arrival"
     serving: ServingCosts = ServingCosts()
+    router: RouterSettings = RouterSettings()
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):

@@ -1,9 +1,11 @@
 """The discrete-event loop: arrivals, step ends and transfer completions on one heap.
 
-Routing is the router's least-loaded policy (`planner.simulator.routing`): the prefill instance
-with the fewest requests in flight, then the decode instance with the fewest requests in flight
-and the least KV in use, chosen when prefill finishes (as the router does) or at arrival
-(`decode_pick`). Colocated instances are chosen the same way.
+Instances by topology (`Topology.kind`): disaggregated, N `PrefillInstance` + M `DecodeInstance`;
+hybrid, N `PrefillInstance` + M `HybridInstance` (colocated instances that also take pulled KV);
+aggregated, K `ColocatedInstance`. Routing is the router's own placement (`planner.simulator.routing`:
+the dispatch queue, `placement.evaluate`, the dispatch gate), asked after every event, so a
+request goes out the moment the router would send it; a Disaggregated request's decode instance
+is the placement's (or placed again at its handoff: `decode_pick`).
 
 Events at the same instant are all applied before any idle instance plans its next step, so two
 requests arriving together share a step; at one instant arrivals come first, then handoffs, then
@@ -23,29 +25,41 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner.perf_model import PerfModel
-from planner.simulator import routing
+from planner.simulator.cost import cost_model_from
 from planner.simulator.config import SimSettings, SimulationError, Topology
 from planner.simulator.host import HostCpu
-from planner.simulator.instances import ColocatedInstance, DecodeInstance, PrefillInstance
+from planner.simulator.hybrid import HybridInstance
+from planner.simulator.instances import ColocatedInstance, DecodeInstance, PrefillInstance, StepDone
 from planner.simulator.result import SimResult
+from planner.simulator.routing import SimRouter
 from planner.simulator.state import ItlLog, SimRequest
+from router.policies.placement import CostModel, Local
 
 ARRIVAL, HANDOFF, TRANSFER_DONE, STEP_END = 0, 1, 2, 3
-Instance = PrefillInstance | DecodeInstance | ColocatedInstance
+DecodeSide = DecodeInstance | HybridInstance | ColocatedInstance
+Instance = PrefillInstance | DecodeSide
 
 
 def simulate(requests: Sequence[Any], topology: Topology, settings: SimSettings, model: PerfModel) -> SimResult:
     """Replay `requests` (objects with arrival_s, prompt_tokens, output_tokens, e.g.
     `loadgen.workload.RequestSpec`) through `topology`. Deterministic; every request finishes.
 
+    The router's cost model is `settings.router.cost`, or else derived from `model` and the
+    workload's mean lengths (`planner.simulator.cost.cost_model_from`).
     Raises `SimulationError` for a request that could never fit one instance's KV cache.
-    Prefix caching and conditional disaggregation are not modelled (every prompt is prefilled
-    in full on a prefill instance), nor KV memory on prefill instances.
+    Prefix caching is not modelled, nor KV memory on prefill instances.
     """
     sim_requests = [SimRequest(i, float(r.arrival_s), int(r.prompt_tokens), int(r.output_tokens))
                     for i, r in enumerate(requests)]
     _check_requests(sim_requests, settings)
-    return _Cluster(topology, settings, model).run(sim_requests)
+    cost = settings.router.cost or _derived_cost(sim_requests, settings, model)
+    return _Cluster(topology, settings, model, cost).run(sim_requests)
+
+
+def _derived_cost(requests: list[SimRequest], settings: SimSettings, model: PerfModel) -> CostModel:
+    count = max(1, len(requests))
+    return cost_model_from(model, settings, sum(r.prompt_tokens for r in requests) / count,
+                           sum(r.output_tokens for r in requests) / count)
 
 
 def _check_requests(requests: list[SimRequest], settings: SimSettings) -> None:
@@ -62,12 +76,16 @@ def _check_requests(requests: list[SimRequest], settings: SimSettings) -> None:
 
 
 class _Cluster:
-    def __init__(self, topology: Topology, settings: SimSettings, model: PerfModel) -> None:
+    def __init__(self, topology: Topology, settings: SimSettings, model: PerfModel, cost: CostModel) -> None:
         self.topology, self.settings = topology, settings
         self.itl = ItlLog()
         self.prefill = [PrefillInstance(i, settings, model) for i in range(topology.num_prefill)]
-        self.decode = [DecodeInstance(i, settings, model, self.itl) for i in range(topology.num_decode)]
-        self.colocated = [ColocatedInstance(i, settings, model, self.itl) for i in range(topology.num_colocated)]
+        decode_kind = {"disaggregated": DecodeInstance, "hybrid": HybridInstance}.get(topology.kind, ColocatedInstance)
+        self.decode: list[DecodeSide] = [decode_kind(i, settings, model, self.itl)
+                                         for i in range(topology.num_decode + topology.num_colocated)]
+        router = settings.router
+        self.router = SimRouter(topology.kind, topology.num_prefill, self.decode, router.placement_for(topology),
+                                cost, router.ttft_slo_s, router.tpot_slo_s, settings.block_size)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._dirty: dict[int, Instance] = {}
@@ -86,7 +104,8 @@ class _Cluster:
         while heap:
             now, kind, _, payload = heapq.heappop(heap)
             if kind == ARRIVAL:
-                self._on_arrival(payload)
+                self.host.request_arrived(payload.arrival_s)
+                self.router.arrive(payload)
             elif kind == HANDOFF:
                 self._hand_off(payload, now)
             elif kind == TRANSFER_DONE:
@@ -95,16 +114,21 @@ class _Cluster:
                 self._dirty[id(instance)] = instance
             else:
                 self._on_step_end(payload, now)
+            self._dispatch()
             if not heap or heap[0][0] > now:
                 self._start_steps(now)
-        unfinished = [r.index for r in requests if r.finish_s is None]
-        if unfinished:
-            raise SimulationError(f"{len(unfinished)} requests never finished (first: {unfinished[:5]}); "
-                                  "this is a simulator bug, please report it with the workload")
-        busy = {"prefill": [i.busy_s for i in self.prefill], "decode": [i.busy_s for i in self.decode],
-                "colocated": [i.busy_s for i in self.colocated]}
+        self._check_finished(requests)
+        busy = {"prefill": [i.busy_s for i in self.prefill],
+                "decode": [] if self.topology.is_colocated else [i.busy_s for i in self.decode],
+                "colocated": [i.busy_s for i in self.decode] if self.topology.is_colocated else []}
         return SimResult.from_requests(requests, self.topology, self.itl, busy,
                                        delivery_s=self.settings.serving.first_token_s)
+
+    def _check_finished(self, requests: list[SimRequest]) -> None:
+        unfinished = [r.index for r in requests if r.finish_s is None]
+        if unfinished or len(self.router):
+            raise SimulationError(f"{len(unfinished)} requests never finished (first: {unfinished[:5]}); "
+                                  "this is a simulator bug, please report it with the workload")
 
     def _start_steps(self, now: float) -> None:
         for instance in self._dirty.values():
@@ -115,51 +139,43 @@ class _Cluster:
                 self._push(end_s, STEP_END, instance)
         self._dirty.clear()
 
-    def _on_arrival(self, request: SimRequest) -> None:
-        self.host.request_arrived(request.arrival_s)
-        if self.colocated:
-            instance = routing.pick(self.colocated)
+    def _dispatch(self) -> None:
+        """Sends what the router sends now: a prompt to its computing instance."""
+        for request, path in self.router.dispatch():
+            instance = self.decode[request.decode_instance] if isinstance(path, Local) \
+                else self.prefill[request.prefill_instance]
             instance.enqueue(request)
-        else:
-            instance = routing.pick(self.prefill)
-            instance.enqueue(request)
-            if self.settings.decode_pick == "arrival" and request.output_tokens > 1:
-                self._assign_decode(request)
-        self._dirty[id(instance)] = instance
-
-    def _assign_decode(self, request: SimRequest) -> DecodeInstance:
-        instance = routing.pick(self.decode)
-        instance.assigned += 1
-        request.decode_instance = instance.index
-        return instance
+            self._dirty[id(instance)] = instance
 
     def _on_step_end(self, instance: Instance, now: float) -> None:
         self._dirty[id(instance)] = instance
         self._stepping.discard(id(instance))
-        if isinstance(instance, PrefillInstance):
-            for request in instance.finish_step(now):
+        done: StepDone = instance.finish_step(now)
+        for request in done.prefilled:
+            if isinstance(instance, PrefillInstance):
                 self._push(now + self.settings.serving.handoff_s, HANDOFF, request)
-        elif isinstance(instance, DecodeInstance):
-            _, started = instance.finish_step(now)
-            self._push_transfers(instance, started)
-        else:
-            instance.finish_step(now)
+            else:  # a Local prompt: the first token streams from the decode instance
+                self.router.prefilled(request)
+        for request in done.finished:
+            self.router.finished(request)
+        self._push_transfers(instance, done.transfers)
         self.host.tokens_emitted(now, instance.step_tokens)
 
     def _hand_off(self, request: SimRequest, now: float) -> None:
-        """Prefill is done and the first token is out (`handoff_s` ago); move the request to a
-        decode instance."""
+        """Prefill is done and the first token is out (`handoff_s` ago): the router has it and
+        sends the Decode call to the request's decode instance."""
+        self.router.prefilled(request)
         if request.output_tokens == 1:  # nothing left to decode
             request.transfer_start_s = request.transfer_end_s = request.first_token_s
             request.first_decode_token_s = request.finish_s = request.first_token_s
             return
-        if request.decode_instance is None:
-            decode = self._assign_decode(request)
-        else:
-            decode = self.decode[request.decode_instance]
-        self._push_transfers(decode, decode.enqueue(request, now))
+        if self.settings.decode_pick == "handoff":
+            self.router.place_decode_again(request)
+        self.router.decode_started(request)
+        decode = self.decode[request.decode_instance]
+        self._push_transfers(decode, decode.receive(request, now))
         self._dirty[id(decode)] = decode
 
-    def _push_transfers(self, decode: DecodeInstance, started: list[SimRequest]) -> None:
+    def _push_transfers(self, decode: Instance, started: list[SimRequest]) -> None:
         for request in started:
             self._push(request.transfer_end_s, TRANSFER_DONE, (decode, request))

@@ -1,21 +1,51 @@
-"""The three kinds of simulated engine instance, each a step loop driven by the event loop.
+"""The kinds of simulated engine instance, each a step loop driven by the event loop.
 
 Protocol with the loop: `start_step(now)` returns the step's end time (or None when there is
 nothing to run or a step is already running); `finish_step(now)` applies the step and returns
-what happened. Scheduling mirrors vLLM v1: FCFS, running work first, chunked prefill within a
-token budget, at most `max_num_seqs` requests admitted, head-of-line blocking on KV blocks.
+what happened (`StepDone`). Scheduling mirrors vLLM v1: FCFS, running work first, chunked prefill
+within a token budget, at most `max_num_seqs` requests admitted, head-of-line blocking on KV blocks.
+(The hybrid pools' decode instance, a colocated one that also takes pulled KV, is in `hybrid`.)
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from planner.perf_model import PerfModel
 from planner.simulator.config import SimSettings
 from planner.simulator.state import DecodeBatch, ItlLog, SimRequest
 
 Chunk = tuple[SimRequest, int]
+
+
+@dataclass
+class StepDone:
+    """What one step did: `prefilled`: prompts whose first token it produced; `finished`: requests
+    whose last token it produced (a one-token request computed here is in both); `transfers`: KV
+    pulls that start now (blocks freed by the step let them in)."""
+
+    prefilled: list[SimRequest] = field(default_factory=list)
+    finished: list[SimRequest] = field(default_factory=list)
+    transfers: list[SimRequest] = field(default_factory=list)
+
+
+class KvLink:
+    """An instance's inbound KV link: pulls into one instance are serialized, each taking
+    `transfer_s(whole blocks of its prompt)`."""
+
+    def __init__(self, settings: SimSettings, model: PerfModel) -> None:
+        self._settings, self._model = settings, model
+        self._free_s = 0.0
+
+    def pull(self, request: SimRequest, now: float) -> None:
+        """Sets the request's transfer start and end: when the link is free, and that plus the pull."""
+        s = self._settings
+        request.transfer_start_s = max(now, self._free_s)
+        kv_bytes = s.kv_bytes_for(request.prompt_tokens)
+        request.transfer_end_s = request.transfer_start_s + self._model.transfer_s(kv_bytes, s.transport)
+        self._free_s = request.transfer_end_s
 
 
 def plan_chunks(queue: Iterable[SimRequest], budget: int, max_seqs: int, now: float,
@@ -64,12 +94,6 @@ class PrefillInstance:
         self._plan: list[Chunk] = []
         self._running = False
 
-    def in_flight(self) -> int:
-        return len(self.queue)
-
-    def kv_usage(self) -> float:
-        return 0.0
-
     def enqueue(self, request: SimRequest) -> None:
         self.queue.append(request)
 
@@ -86,40 +110,35 @@ class PrefillInstance:
         self._running, self.busy_s = True, self.busy_s + duration
         return now + duration
 
-    def finish_step(self, now: float) -> list[SimRequest]:
-        """The requests whose first token this step produced."""
+    def finish_step(self, now: float) -> StepDone:
+        """`prefilled`: the requests whose first token this step produced (nothing finishes here)."""
         completed = apply_chunks(self.queue, self._plan, now)
         self._plan, self._running = [], False
         self.step_tokens = len(completed)
-        return completed
+        return StepDone(prefilled=completed)
 
 
 class DecodeInstance:
-    """Decode only. A request waits for KV blocks, pulls its KV over one link (transfers into one
-    instance are serialized), joins the running batch at the next step boundary.
-    A request is in flight here (`assigned`) from routing until its last token."""
+    """Decode only. A request waits for KV blocks, pulls its KV over the instance's `KvLink`, joins
+    the running batch at the next step boundary."""
 
     def __init__(self, index: int, settings: SimSettings, model: PerfModel, itl: ItlLog) -> None:
         self.index, self._settings, self._model, self._itl = index, settings, model, itl
         self.waiting: deque[SimRequest] = deque()
         self.batch = DecodeBatch()
-        self.assigned = 0
         self.used_blocks = 0
         self.admitted = 0
         self.busy_s = 0.0
         self.step_tokens = 0  # tokens the running (or last) step emits
-        self._link_free_s = 0.0
+        self._link = KvLink(settings, model)
         self._ready: list[SimRequest] = []
         self._first_step: list[SimRequest] = []
         self._step_start_s: float | None = None
 
-    def in_flight(self) -> int:
-        return self.assigned
+    def kv_blocks_free(self) -> int:
+        return self._settings.num_kv_blocks - self.used_blocks
 
-    def kv_usage(self) -> float:
-        return self.used_blocks / self._settings.num_kv_blocks
-
-    def enqueue(self, request: SimRequest, now: float) -> list[SimRequest]:
+    def receive(self, request: SimRequest, now: float) -> list[SimRequest]:
         """Queue a prefilled request; returns the requests whose transfer starts now."""
         self.waiting.append(request)
         return self._admit(now)
@@ -133,10 +152,7 @@ class DecodeInstance:
                 break
             self.waiting.popleft()
             request.blocks, self.used_blocks, self.admitted = blocks, self.used_blocks + blocks, self.admitted + 1
-            request.transfer_start_s = max(now, self._link_free_s)
-            kv_bytes = s.kv_bytes_for(request.prompt_tokens)
-            request.transfer_end_s = request.transfer_start_s + self._model.transfer_s(kv_bytes, s.transport)
-            self._link_free_s = request.transfer_end_s
+            self._link.pull(request, now)
             started.append(request)
         return started
 
@@ -159,8 +175,8 @@ class DecodeInstance:
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
         return now + duration
 
-    def finish_step(self, now: float) -> tuple[list[SimRequest], list[SimRequest]]:
-        """Returns (finished requests, requests whose transfer starts now)."""
+    def finish_step(self, now: float) -> StepDone:
+        """`finished` requests, and the `transfers` that start now."""
         self._itl.record_step(now - self._step_start_s, self.batch.size - len(self._first_step))
         for request in self._first_step:
             request.first_decode_token_s = now
@@ -169,22 +185,19 @@ class DecodeInstance:
             request.finish_s = now
             self.used_blocks -= request.blocks
             self.admitted -= 1
-            self.assigned -= 1
         self._step_start_s, self._first_step = None, []
-        return finished, self._admit(now)
+        return StepDone(finished=finished, transfers=self._admit(now))
 
 
 class ColocatedInstance:
     """vLLM alone: decodes (one token each) and prefill chunks share a step's token budget.
-    A request reserves its whole sequence's blocks when it is first scheduled, and is in flight
-    (`assigned`) from arrival to its last token."""
+    A request reserves its whole sequence's blocks when it is first scheduled."""
 
     def __init__(self, index: int, settings: SimSettings, model: PerfModel, itl: ItlLog) -> None:
         self.index, self._settings, self._model, self._itl = index, settings, model, itl
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: deque[SimRequest] = deque()
         self.batch = DecodeBatch()
-        self.assigned = 0
         self.used_blocks = 0
         self.busy_s = 0.0
         self.step_tokens = 0  # tokens the last finished step emitted
@@ -193,21 +206,21 @@ class ColocatedInstance:
         self._plan: list[Chunk] = []
         self._step_start_s: float | None = None
 
-    def in_flight(self) -> int:
-        return self.assigned
-
-    def kv_usage(self) -> float:
-        return self.used_blocks / self._settings.num_kv_blocks
+    def kv_blocks_free(self) -> int:
+        return self._settings.num_kv_blocks - self.used_blocks
 
     def enqueue(self, request: SimRequest) -> None:
+        """A prompt to compute here (and then decode)."""
         self.waiting.append(request)
-        self.assigned += 1
+
+    def admitted(self) -> int:
+        """Requests holding a `max_num_seqs` slot: prefilling, about to join the batch, in it."""
+        return len(self.prefilling) + self.batch.size + len(self._ready)
 
     def _admit_one(self) -> bool:
         s, request = self._settings, self.waiting[0]
         blocks = s.blocks_for(request.prompt_tokens + request.output_tokens)
-        admitted = len(self.prefilling) + self.batch.size + len(self._ready)
-        if self.used_blocks + blocks > s.num_kv_blocks or admitted >= s.max_num_seqs:
+        if self.used_blocks + blocks > s.num_kv_blocks or self.admitted() >= s.max_num_seqs:
             return False
         self.prefilling.append(self.waiting.popleft())
         request.blocks, self.used_blocks = blocks, self.used_blocks + blocks
@@ -235,15 +248,16 @@ class ColocatedInstance:
         self._step_start_s, self.busy_s = now, self.busy_s + duration
         return now + duration
 
-    def finish_step(self, now: float) -> list[SimRequest]:
-        """Returns the requests finished by this step."""
+    def finish_step(self, now: float) -> StepDone:
+        """`prefilled`: prompts computed by this step; `finished`: requests whose last token it made."""
         if self.batch.size:
             self._itl.record_step(now - self._step_start_s, self.batch.size - len(self._first_step))
         for request in self._first_step:
             request.first_decode_token_s = now
         self.step_tokens = self.batch.size
         finished = self.batch.advance()
-        for request in apply_chunks(self.prefilling, self._plan, now):
+        prefilled = apply_chunks(self.prefilling, self._plan, now)
+        for request in prefilled:
             self.step_tokens += 1
             request.transfer_start_s = request.transfer_end_s = now
             if request.output_tokens == 1:
@@ -254,6 +268,5 @@ class ColocatedInstance:
         for request in finished:
             request.finish_s = now
             self.used_blocks -= request.blocks
-            self.assigned -= 1
         self._step_start_s, self._plan, self._first_step = None, [], []
-        return finished
+        return StepDone(prefilled=prefilled, finished=finished)

@@ -35,6 +35,10 @@ class SimResult:
     itl_weight: np.ndarray  # ... and how many requests saw each one as an inter-token gap
     busy_s: dict[str, list[float]]
     delivery_s: float = 0.0  # serving latency added to what the client sees of each token
+    # where the router placed each request: its path's decode-side instance (a one-token request
+    # prefilled elsewhere never reaches it), and whether that instance computed the prompt (Local)
+    decode_instance: np.ndarray | None = None
+    local_prefill: np.ndarray | None = None
 
     @classmethod
     def from_requests(cls, requests: list[SimRequest], topology: Topology, itl: ItlLog,
@@ -43,7 +47,9 @@ class SimResult:
         return cls(topology, timeline,
                    np.array([r.prompt_tokens for r in requests], dtype=np.int64),
                    np.array([r.output_tokens for r in requests], dtype=np.int64),
-                   np.array(itl.step_s, dtype=float), np.array(itl.weight, dtype=np.int64), busy_s, delivery_s)
+                   np.array(itl.step_s, dtype=float), np.array(itl.weight, dtype=np.int64), busy_s, delivery_s,
+                   np.array([r.decode_instance for r in requests], dtype=np.int64),
+                   np.array([r.prefill_instance is None for r in requests], dtype=bool))
 
     @property
     def num_requests(self) -> int:

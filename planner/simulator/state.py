@@ -15,7 +15,8 @@ class SimRequest:
 
     __slots__ = ("index", "arrival_s", "prompt_tokens", "output_tokens", "prefilled_tokens", "blocks",
                  "prefill_start_s", "first_token_s", "transfer_start_s", "transfer_end_s",
-                 "first_decode_token_s", "finish_s", "decode_instance", "join_step", "join_context")
+                 "first_decode_token_s", "finish_s", "prefill_instance", "decode_instance", "join_step",
+                 "join_context")
 
     def __init__(self, index: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:
         self.index = index
@@ -30,6 +31,7 @@ class SimRequest:
         self.transfer_end_s: float | None = None
         self.first_decode_token_s: float | None = None
         self.finish_s: float | None = None
+        self.prefill_instance: int | None = None  # where the router sent it (None: computed Local)
         self.decode_instance: int | None = None
         self.join_step = 0
         self.join_context = 0

@@ -154,7 +154,8 @@ def test_a_repeated_prefix_goes_to_the_worker_that_holds_it_and_computes_only_th
         turn_1 = list(client.generate(token_ids=conversation, max_tokens=2, ignore_eos=True))[-1].timings
         busy.close()  # ... so the first turn is placed on the idle second worker
     assert turn_1.decode_worker == second
-    wait_until_idle(aggregated_cluster)
+    loads = wait_until_idle(aggregated_cluster)   # the long decode is gone: both workers idle again
+    assert {w: load.num_running for w, load in loads.items()} == {first: 0, second: 0}
     held_on = worker_load(aggregated_cluster, second)
     turn_2 = _finish(aggregated_cluster, conversation + _prompt(902, 40), max_tokens=2)
     now = worker_load(aggregated_cluster, second)

@@ -50,8 +50,9 @@ class PlacementConfig:
             raise ValueError(f"class_rank: need at least one class and ranks >= 0 (0 goes first), "
                              f"got {dict(self.class_rank)}")
         for name in _INT_KEYS + _FLOAT_KEYS:
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def rank_of(self, slo_class: str) -> int:
         """The rank of `slo_class`; an unknown class ranks as the default class "" (never refused

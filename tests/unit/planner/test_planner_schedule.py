@@ -62,9 +62,9 @@ def test_transfers_into_one_decode_instance_are_serialized():
     assert t["transfer_end_s"].tolist() == pytest.approx([0.1658, 0.1908], **EXACT)
 
 
-def test_two_decode_instances_take_one_transfer_each():
+def test_two_decode_instances_take_one_transfer_each_when_placed_at_handoff():
     requests = [spec(0.0, 20, 2), spec(0.0, 20, 2)]
-    result = simulate(requests, Topology.disaggregated(1, 2), round_settings(), ROUND_MODEL)
+    result = simulate(requests, Topology.disaggregated(1, 2), round_settings(decode_pick="handoff"), ROUND_MODEL)
     t = result.timeline
     assert t["transfer_start_s"].tolist() == pytest.approx([0.1408, 0.1408], **EXACT)
     assert t["transfer_end_s"].tolist() == pytest.approx([0.1658, 0.1658], **EXACT)
@@ -80,13 +80,14 @@ def test_request_waits_for_kv_blocks_until_the_running_one_frees_them():
     assert t["transfer_start_s"][1] > t["transfer_end_s"][0] + 0.5
 
 
-def test_prompts_go_to_the_prefill_instance_with_fewest_requests_in_flight():
-    # router.policies.least_loaded: R0 -> P0, R1 -> P1 (tie broken by index, then 1 vs 0).
+def test_prompts_go_to_the_prefill_instance_with_the_shortest_predicted_wait():
+    # router.policies.placement: R0 -> P0 (tie broken by worker id), R1 -> P1 (P0 has 80 tokens queued).
     # R1 is answered at 0.1 + 0.03 + 0.0009 = 0.1309, so R2 (0.15) finds P1 empty: 0.15 + 0.1101.
-    # R3 (0.16) sees one request on each: the tie goes to P0, after R0 (0.1864): 0.1864 + 0.1101
+    # R3 (0.16) sees 80 tokens queued on P0 and 10 on P1 (the router cannot see that R0 is nearly
+    # done): P1, after R2: 0.2601 + 0.1101
     requests = [spec(0.0, 80, 2), spec(0.0, 30, 2), spec(0.15, 10, 2), spec(0.16, 10, 2)]
     result = simulate(requests, Topology.disaggregated(2, 1), round_settings(), ROUND_MODEL)
-    assert result.timeline["first_token_s"].tolist() == pytest.approx([0.1864, 0.1309, 0.2601, 0.2965], **EXACT)
+    assert result.timeline["first_token_s"].tolist() == pytest.approx([0.1864, 0.1309, 0.2601, 0.3702], **EXACT)
 
 
 def test_request_larger_than_the_kv_cache_is_refused_with_a_fix():

@@ -2,21 +2,29 @@
 
 Model: N prefill + M decode serve up to min(3N, 2M) req/s (prefill does 3 req/s per device,
 decode 2); K colocated instances serve 1.1K req/s. Below capacity every request meets the SLOs,
-above it half do. Goodput per device is best at N:M = 2:3 (1.2 req/s per device).
+above it half do. Goodput per device is best at N:M = 2:3 (1.2 req/s per device). Hybrid pools
+serve 0.5 req/s more per decode worker under a local prefill cap of 256 tokens (0.2 otherwise):
+best at 2P+3H/256, 1.5 req/s per device.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from planner.search import SearchSettings, enumerate_splits, fewest_devices, max_rate, search_splits
+from planner.search import (SearchSettings, enumerate_splits, enumerate_topologies, fewest_devices, max_rate,
+                            search_splits)
 from planner.simulator import Topology
+
+NOT_HYBRID = ("disaggregated", "aggregated")
 
 
 def capacity_rps(topology: Topology) -> float:
     if topology.is_colocated:
         return 1.1 * topology.num_colocated
-    return min(3.0 * topology.num_prefill, 2.0 * topology.num_decode)
+    split = min(3.0 * topology.num_prefill, 2.0 * topology.num_decode)
+    if topology.kind == "hybrid":
+        return split + (0.5 if topology.local_prefill_max_tokens == 256 else 0.2) * topology.num_decode
+    return split
 
 
 def synthetic_attainment(topology: Topology, rate_rps: float) -> float:
@@ -28,9 +36,31 @@ def test_enumerate_splits_covers_every_n_plus_m_within_the_budget():
     assert labels == ["1P+1D", "1P+2D", "2P+1D", "1P+3D", "2P+2D", "3P+1D"]
 
 
+def test_enumerate_topologies_lists_each_kind_and_each_hybrid_cap():
+    labels = [t.label for t in enumerate_topologies(3, local_prefill_caps=(0, 256))]
+    assert labels == ["1P+1D", "1P+2D", "2P+1D", "1P+1H", "1P+1H/256", "1P+2H", "1P+2H/256", "2P+1H", "2P+1H/256",
+                      "1C", "2C", "3C"]
+    assert [t.label for t in enumerate_topologies(3, kinds=("aggregated",))] == ["1C", "2C", "3C"]
+    with pytest.raises(ValueError, match="topology kinds must be some of"):
+        enumerate_topologies(3, kinds=("colocated",))
+
+
+def test_search_returns_each_kinds_goodput_and_picks_the_highest_per_device():
+    result = search_splits(synthetic_attainment, 5, SearchSettings(rel_tol=0.01))
+    assert result.best.topology == Topology.hybrid(2, 3, 256)
+    best = result.best_by_kind()
+    assert list(best) == ["disaggregated", "hybrid", "aggregated"]
+    assert best["hybrid"] is result.best
+    assert best["disaggregated"].topology == Topology.disaggregated(2, 3)
+    assert {kind: r.goodput_per_device for kind, r in best.items()} == pytest.approx(
+        {"disaggregated": 1.2, "hybrid": 1.5, "aggregated": 1.1}, rel=0.01)
+    assert len(result.hybrid) == 3 * len(result.disaggregated) == 30
+
+
 def test_search_finds_the_known_optimal_split_and_its_rate():
     seen: list[str] = []
-    result = search_splits(synthetic_attainment, 5, SearchSettings(rel_tol=0.01), progress=seen.append)
+    result = search_splits(synthetic_attainment, 5, SearchSettings(rel_tol=0.01), progress=seen.append,
+                           kinds=NOT_HYBRID)
     assert result.best.topology == Topology.disaggregated(2, 3)
     assert 6.0 / 1.01 <= result.best.max_rate_rps <= 6.0
     assert result.best.goodput_per_device == pytest.approx(1.2, rel=0.01)
@@ -42,7 +72,7 @@ def test_search_finds_the_known_optimal_split_and_its_rate():
 
 def test_every_rate_found_is_within_tolerance_below_capacity():
     result = search_splits(synthetic_attainment, 4, SearchSettings(rel_tol=0.02))
-    for r in result.disaggregated + result.colocated:
+    for r in result.results:
         cap = capacity_rps(r.topology)
         assert cap / 1.02 <= r.max_rate_rps <= cap, r.topology.label
 

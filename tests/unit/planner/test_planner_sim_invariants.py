@@ -16,7 +16,7 @@ from planner.simulator import SimSettings, Topology, simulate
 from planner.simulator.result import TIMELINE
 
 TOPOLOGIES = [Topology.disaggregated(1, 1), Topology.disaggregated(2, 3), Topology.disaggregated(3, 1),
-              Topology.colocated(1), Topology.colocated(3)]
+              Topology.hybrid(1, 1), Topology.hybrid(2, 3, 64), Topology.colocated(1), Topology.colocated(3)]
 
 
 def bursty_workload(n: int = 400, rate_rps: float = 3.0, seed: int = 7):

@@ -27,7 +27,7 @@ class RefusingLifecycle:
     def admit(self, request) -> None:
         raise Overloaded("predicted TTFT 4.2 s misses the 1.5 s SLO", retry_after_s=self.retry_after_s)
 
-    async def generate(self, request):
+    async def generate(self, request, admitted: bool = False):
         self.admit(request)
         yield  # pragma: no cover  (an async generator that refuses at its first step)
 

@@ -101,12 +101,16 @@ async def test_a_request_that_cannot_meet_its_ttft_is_refused_with_a_retry_time_
         redis_server, tokenizer):
     prefill, decode = ScriptedWorker(prefill=PrefillResult(5, True, "length")), _decoder()
     config = _config(slo=SloTargets(ttft_s=0.1), cost_prior=DEFAULT_COST)
+    config = replace(config, max_model_len=8192)
     lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
                                                        {"prefill-a": prefill, "decode-a": decode}, config)
     try:
         with pytest.raises(Overloaded, match="time to first token") as refused:
             lifecycle.admit(GenerationRequest("long", LONG, GREEDY))  # ~1.02 s predicted, limit 0.2 s
-        assert refused.value.retry_after_s == 1.0   # ceil(1.02 - 0.1): the predicted drain time
+        assert refused.value.retry_after_s == 1.0   # the floor (min_retry_after_s)
+        with pytest.raises(Overloaded) as refused:
+            lifecycle.admit(GenerationRequest("longer", LONG + LONG[:1500], GREEDY))  # ~1.77 s predicted
+        assert refused.value.retry_after_s == 2.0   # ceil(1.77 - 0.1): the predicted drain time
         assert (prefill.prefills, decode.decodes) == ([], [])
         assert await _served(lifecycle, "short", SHORT) == [5]     # ~0.025 s: admitted
     finally:
@@ -149,6 +153,99 @@ async def test_a_repeated_prefix_goes_to_the_worker_that_holds_it(redis_server, 
         index.record(other, conversation)   # now only the other worker holds it
         assert await _served(lifecycle, "turn-2", conversation + [300, 301]) == [6]
         assert [d.request_id for d in workers[other].decodes] == ["turn-2"]
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_request_cancelled_while_queued_or_just_dispatched_leaves_no_tokens_on_the_books(
+        redis_server, tokenizer):
+    prefill, decode = HeldPrefillWorker(), _decoder()
+    gate_one = PlacementConfig(max_queued_prefill_tokens_per_worker=1)
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode},
+                                                       _config(placement=gate_one))
+    books = lifecycle.scheduler.live.queued_prefill_tokens
+    try:
+        first = asyncio.create_task(_served(lifecycle, "first", SHORT))
+        await _until(lambda: len(prefill.prefills) == 1)
+        queued = asyncio.create_task(_served(lifecycle, "queued", SHORT))
+        await _until(lambda: len(lifecycle.scheduler.queue) == 1)
+        queued.cancel()
+        await asyncio.gather(queued, return_exceptions=True)
+        assert len(lifecycle.scheduler.queue) == 0 and books["prefill-a"] == len(SHORT)  # only the first's
+        prefill.unblock.set()
+        assert await first == [5, 6]
+        assert books["prefill-a"] == 0
+        assert await _served(lifecycle, "after", SHORT) == [5, 6] and books["prefill-a"] == 0
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_request_whose_paths_are_gated_does_not_hold_back_one_that_can_go(redis_server, tokenizer):
+    prefill, decode = HeldPrefillWorker(), _decoder()
+    config = _config(topology="hybrid", placement=PlacementConfig(local_prefill_max_tokens=512,
+                                                                  max_queued_prefill_tokens_per_worker=1000))
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode}, config)
+    try:
+        first = asyncio.create_task(_served(lifecycle, "long-1", LONG))
+        await _until(lambda: len(prefill.prefills) == 1)
+        second = asyncio.create_task(_served(lifecycle, "long-2", LONG))   # gated: waits in the router
+        await _until(lambda: len(lifecycle.scheduler.queue) == 1)
+        await asyncio.sleep(0.05)   # long-2 ages ahead of any newcomer
+        assert await _served(lifecycle, "short", SHORT) == [6]   # Local, past the gated long-2
+        assert len(lifecycle.scheduler.queue) == 1
+        prefill.unblock.set()
+        assert (await first, await second) == ([5, 6], [5, 6])
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_with_no_prefill_worker_alive_a_decode_worker_computes_prompts_past_the_local_cap(
+        redis_server, tokenizer):
+    decode = _decoder()
+    config = _config(placement=PlacementConfig(local_prefill_max_tokens=64))
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer, {"decode-a": decode}, config)
+    try:
+        assert await _served(lifecycle, "long", LONG) == [6]
+        assert [(d.request_id, d.kv_handle) for d in decode.decodes] == [("long", None)]
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_two_requests_with_the_same_id_are_both_served(redis_server, tokenizer):
+    prefill, decode = HeldPrefillWorker(), _decoder()
+    gate_one = PlacementConfig(max_queued_prefill_tokens_per_worker=1)
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode},
+                                                       _config(placement=gate_one))
+    try:
+        both = [asyncio.create_task(_served(lifecycle, "same-id", SHORT)) for _ in range(2)]
+        await _until(lambda: len(prefill.prefills) == 1 and len(lifecycle.scheduler.queue) == 1)
+        prefill.unblock.set()
+        assert [await task for task in both] == [[5, 6], [5, 6]]
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_request_that_waits_too_long_in_the_router_is_refused_with_a_retry_time(redis_server, tokenizer):
+    prefill, decode = HeldPrefillWorker(), _decoder()
+    config = _config(placement=PlacementConfig(max_queued_prefill_tokens_per_worker=1), max_queue_wait_s=0.3)
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode}, config)
+    try:
+        first = asyncio.create_task(_served(lifecycle, "first", SHORT))
+        await _until(lambda: len(prefill.prefills) == 1)
+        with pytest.raises(Overloaded, match="waited 0.3 s in the router's queue") as refused:
+            await _served(lifecycle, "second", SHORT)
+        assert refused.value.retry_after_s == 1.0 and len(lifecycle.scheduler.queue) == 0
+        prefill.unblock.set()
+        assert await first == [5, 6]
     finally:
         await pool.close()
         await registry.close()

@@ -42,7 +42,8 @@ def test_an_unknown_scorer_is_refused_with_the_known_ones():
     ({"weights": {"prefix_hit": -1.0}}, r"weights: need finite weights >= 0 with at least one > 0"),
     ({"weights": {"prefix_hit": 0.0}}, r"weights: need finite weights >= 0 with at least one > 0"),
     ({"class_rank": {}}, r"class_rank: need at least one class"),
-    ({"min_retry_after_s": -1}, r"min_retry_after_s must be >= 0, got -1"),
+    ({"min_retry_after_s": -1}, r"min_retry_after_s must be a finite number >= 0, got -1"),
+        ({"class_gap_s": float("inf")}, r"class_gap_s must be a finite number >= 0, got inf"),
 ])
 def test_a_bad_value_is_refused_naming_its_key(data, message):
     with pytest.raises(ValueError, match=message):
@@ -73,7 +74,7 @@ def test_from_a_yaml_file(tmp_path):
 def test_file_errors_name_the_file_and_the_key(tmp_path):
     path = tmp_path / "placement.json"
     path.write_text(json.dumps({"refuse_slack": -0.5}))
-    with pytest.raises(ValueError, match=r"placement.json: refuse_slack must be >= 0, got -0.5"):
+    with pytest.raises(ValueError, match=r"placement.json: refuse_slack must be a finite number >= 0, got -0.5"):
         PlacementConfig.from_file(path)
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match=r"placement.json: a placement config is a mapping"):

@@ -1,0 +1,113 @@
+"""The simulator places requests with the router's own policy, in the three topologies, with the
+round-number model of planner_testkit (prefill step 0.1 + 0.001*tokens + 1e-6*units, decode step
+0.01 + 0.005*batch + 1e-4*context, transfer 5 ms + 10 ms per 10-token block)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from planner_testkit import ROUND_MODEL, round_settings, spec
+
+from planner.profile import ServingCosts
+from planner.simulator import RouterSettings, SimulationError, Topology, cost_model_from, simulate
+from router.policies.placement import PlacementConfig
+
+EXACT = dict(abs=1e-12)
+# a long prompt, then a short one while it is still prefilling
+LONG_THEN_SHORT = [spec(0.0, 800, 2), spec(0.01, 20, 2)]
+
+
+def test_hybrid_computes_a_short_prompt_behind_a_long_prefill_queue_on_the_decode_instance():
+    # the cap keeps the long prompt off the decode instance; the short one skips the prefill queue
+    result = simulate(LONG_THEN_SHORT, Topology.hybrid(1, 1, local_prefill_max_tokens=256), round_settings(),
+                      ROUND_MODEL)
+    assert result.local_prefill.tolist() == [False, True]
+    t = result.timeline
+    # the decode instance is idle: R1's 20 tokens in one step, 0.1 + 0.02 + 0.0004, from 0.01
+    assert t["first_token_s"][1] == pytest.approx(0.1304, **EXACT)
+    assert t["transfer_start_s"][1] == t["transfer_end_s"][1] == t["first_token_s"][1]  # no KV moved
+    # then one decode step alone: 0.01 + 0.005 + 1e-4 * 21
+    assert t["finish_s"][1] == pytest.approx(0.1304 + 0.0171, **EXACT)
+    assert t["first_token_s"][0] > 1.0  # the long prompt stays on the prefill instance
+
+
+def test_disaggregated_never_computes_a_prompt_on_a_decode_instance():
+    result = simulate(LONG_THEN_SHORT, Topology.disaggregated(1, 1), round_settings(), ROUND_MODEL)
+    assert result.local_prefill.tolist() == [False, False]
+    t = result.timeline
+    assert t["first_token_s"][1] >= t["first_token_s"][0]  # FCFS behind the long prompt
+
+
+def test_hybrid_without_a_cap_lets_the_placement_choose_either_path():
+    # idle, the decode instance computing 800 tokens beats moving their KV (0.805 s over this link);
+    # the short prompt then finds the prefill instance idle and the decode instance busy
+    result = simulate(LONG_THEN_SHORT, Topology.hybrid(1, 1), round_settings(), ROUND_MODEL)
+    assert result.local_prefill.tolist() == [True, False]
+
+
+def test_hybrid_local_prefill_cap_keeps_longer_prompts_on_the_prefill_pool():
+    capped = simulate(LONG_THEN_SHORT, Topology.hybrid(1, 1, local_prefill_max_tokens=16), round_settings(),
+                      ROUND_MODEL)
+    assert capped.local_prefill.tolist() == [False, False]
+    assert Topology.hybrid(1, 2, 256).label == "1P+2H/256" and Topology.hybrid(1, 2).label == "1P+2H"
+
+
+def test_aggregated_spreads_requests_over_its_instances():
+    requests = [spec(0.000, 50, 3), spec(0.001, 50, 3), spec(0.002, 50, 3), spec(0.003, 50, 3)]
+    result = simulate(requests, Topology.aggregated(2), round_settings(), ROUND_MODEL)
+    assert result.decode_instance.tolist() == [0, 1, 0, 1]
+    assert result.local_prefill.all()
+    # each instance computes its first prompt alone: 0.1 + 0.05 + 0.0025
+    assert result.timeline["first_token_s"][:2].tolist() == pytest.approx([0.1525, 0.1535], **EXACT)
+    busy = result.busy_s["colocated"]
+    assert busy[0] == pytest.approx(busy[1], rel=0.01)
+
+
+def test_dispatch_gate_holds_prompts_in_the_router_and_sends_the_shortest_first():
+    requests = [spec(0.0, 80, 1), spec(0.01, 60, 1), spec(0.02, 10, 1)]
+    gated = dataclasses.replace(round_settings(),
+                                router=RouterSettings(PlacementConfig(max_queued_prefill_tokens_per_worker=1)))
+    result = simulate(requests, Topology.disaggregated(1, 1), gated, ROUND_MODEL)
+    # R0 alone (0.1864); then R2 (shorter) alone: 0.1 + 0.01 + 0.0001; then R1: 0.1 + 0.06 + 0.0036
+    assert result.timeline["first_token_s"].tolist() == pytest.approx([0.1864, 0.4601, 0.2965], **EXACT)
+    open_gate = simulate(requests, Topology.disaggregated(1, 1), round_settings(), ROUND_MODEL)
+    # without a gate R1 and R2 reach the prefill queue at once and share its next step
+    assert open_gate.timeline["first_token_s"].tolist() == pytest.approx([0.1864, 0.3601, 0.3601], **EXACT)
+
+
+def test_the_placement_pair_fixes_the_decode_instance_unless_picked_again_at_handoff():
+    requests = [spec(0.0, 20, 2), spec(0.0, 20, 2)]
+    # the router places both at once: neither decode instance runs anything yet, ties go to decode-0
+    at_dispatch = simulate(requests, Topology.disaggregated(1, 2), round_settings(), ROUND_MODEL)
+    assert at_dispatch.decode_instance.tolist() == [0, 0]
+    at_handoff = simulate(requests, Topology.disaggregated(1, 2), round_settings(decode_pick="handoff"), ROUND_MODEL)
+    assert at_handoff.decode_instance.tolist() == [0, 1]
+
+
+def test_cost_model_from_maps_the_performance_model_coefficients():
+    serving = ServingCosts(handoff_s=0.002, decode_step_s=0.003, decode_cpu_s_per_token=0.0004)
+    cost = cost_model_from(ROUND_MODEL, round_settings(serving=serving), mean_prompt_tokens=150,
+                           mean_output_tokens=11)
+    per_seq_s = 0.005 + 1e-4 * (150 + 5.5) + 0.0004
+    assert dataclasses.asdict(cost) == pytest.approx(dict(
+        fixed_s=0.1, per_token_s=0.001, per_token2_s=1e-6,
+        step_fixed_s=0.01 + 0.003, step_per_seq_s=per_seq_s,
+        transfer_fixed_s=0.005 + 0.002, transfer_per_token_s=100 / 1e5,
+        # 150 tokens are 2 chunks of the 100-token budget: 2 * 0.1 + 0.15 + 0.0225 alone
+        local_interference_per_decode=2 * per_seq_s / 0.3725), **EXACT)
+
+
+def test_cost_model_from_refuses_an_unmeasured_transport():
+    with pytest.raises(KeyError, match="'shm' is not in the profile"):
+        cost_model_from(ROUND_MODEL, round_settings(transport="shm"), 100, 10)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_prefill=1, num_decode=1, kind="aggregated"), "K>=1 colocated"),
+    (dict(num_colocated=2, kind="hybrid"), "N>=1 prefill"),
+    (dict(num_prefill=1, num_decode=1, local_prefill_max_tokens=256), "only a hybrid topology caps"),
+])
+def test_topology_refuses_a_shape_its_kind_cannot_have(kwargs, message):
+    with pytest.raises(SimulationError, match=message):
+        Topology(**kwargs)
