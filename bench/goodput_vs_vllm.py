@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launch.comparison_systems import PdserveDisaggregated, VllmServers
+from launch.comparison_systems import PdserveCluster, VllmServers
 from loadgen.comparison.budget import Budget, estimate_run_s, quiet_wait_s, skip_reason
 from loadgen.comparison.config import QUICK, CompareConfig, prompts_for, schedule, workload
 from loadgen.comparison.goodput import Measurement, Skipped, settled
@@ -30,6 +30,9 @@ Side by side, in one run, on the same two cores and the same `bench` model:
   B  pdserve: 1 prefill worker on core 0 + 1 decode worker on core 1 (LocalCluster), KV over
      --transport (default auto: shared memory, one-sided, on one host)
   B-tcp (--systems A,B,B-tcp) the same cluster with KV over tcp: the transport's share, side by side
+  B-hybrid the same pools, topology hybrid: the router places each request (a decode worker may
+     prefill it) by the tight SLO pair, and refuses what it predicts cannot meet the TTFT SLO
+  B-agg  one aggregated pdserve worker on both cores (the router in front of one engine)
   C  (--with-c) two vLLM servers, one per core, requests dealt round robin: one core per engine
      like B, without disaggregation
 Workload: one fixed request set, the first N requests of the Azure LLM inference conversation
@@ -105,8 +108,8 @@ def make_systems(config: CompareConfig, log_dir: Path) -> dict:
     settings = config.engine_settings()
     systems = {"A": VllmServers.colocated(settings, config.colocated_cores, log_dir)}
     for key in config.pdserve_systems:
-        systems[key] = PdserveDisaggregated(settings, config.prefill_cores, config.decode_cores, log_dir,
-                                            config.transport_of(key), key)
+        systems[key] = PdserveCluster(settings, config.prefill_cores, config.decode_cores, log_dir,
+                                      config.transport_of(key), key, config.topology_of(key), config.router_flags_of(key))
     if config.with_c:
         systems["C"] = VllmServers.pair(settings, (config.prefill_cores, config.decode_cores), log_dir)
     return systems
@@ -182,7 +185,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     parser.add_argument("--with-c", action="store_true",
                         help="also measure C: two 1-core vLLM servers, round robin (~10 more minutes: pass --budget-min 30)")
     parser.add_argument("--systems", type=lambda s: tuple(s.split(",")),
-                        help="the systems, comma-separated, A first (default A,B; A,B,B-tcp adds pdserve over tcp)")
+                        help="the systems, comma-separated, A first, among A,B,B-tcp,B-hybrid,B-agg (default A,B)")
     parser.add_argument("--transport", choices=("auto", "shm", "tcp", "torch"),
                         help="B's KV transport (default auto: shm on one host)")
     parser.add_argument("--ttft-slo-ms", type=float, help="TTFT SLO (default 1500)")

@@ -2,9 +2,10 @@
 demand (never two up at once: they share the machine's two cores).
 
 - A `VllmServers.colocated`: vLLM's own OpenAI server, one engine bound to both cores.
-- B `PdserveDisaggregated`: a pdserve `LocalCluster`, 1 prefill worker on one core and 1 decode
-  worker on the other, KV over the cluster's default transport (`auto`: shared memory on one
-  host); `B-tcp` is the same cluster with KV over tcp, for the transport's share side by side.
+- B `PdserveCluster`: a pdserve `LocalCluster`, 1 prefill worker on one core and 1 decode worker
+  on the other, KV over the cluster's default transport (`auto`: shared memory on one host);
+  `B-tcp` the same with KV over tcp; `B-hybrid` the same pools in the hybrid topology (the router
+  may prefill on the decode worker); `B-agg` one aggregated worker on both cores.
 - C `VllmServers.pair` (optional): two vLLM servers, one per core, requests dealt round robin by
   the client (no router process). It has B's "one core per engine" without disaggregation, so
   A vs C is what splitting the cores costs and C vs B what disaggregation adds or costs on top.
@@ -27,6 +28,7 @@ from loadgen.targets.round_robin import RoundRobinTarget
 from loadgen.vllm_server import VllmOpenAIServer
 from pdserve.engine import EngineSettings
 from launch.local import ClusterSpec, LocalCluster
+from pdserve.roles import Topology
 from loadgen.proc_cpu import named_threads_cpu_s
 
 
@@ -78,17 +80,30 @@ class VllmServers:
         return members[0] if len(members) == 1 else RoundRobinTarget(members)
 
 
-class PdserveDisaggregated:
+class PdserveCluster:
+    """A pdserve `LocalCluster` on the comparison's cores: 1 prefill + 1 decode worker (one core
+    each) in the disaggregated or hybrid topology, or one aggregated worker on every core with a
+    worker's KV cache doubled (as A's). `router_flags`: SLOs and policy files for the router."""
+
     servers = 1  # one cluster start
 
     def __init__(self, settings: EngineSettings, prefill_cores: str, decode_cores: str, log_dir: Path,
-                 transport: str = "auto", key: str = "B") -> None:
+                 transport: str = "auto", key: str = "B", topology: Topology = "disaggregated",
+                 router_flags: tuple[str, ...] = ()) -> None:
         self.key = key
-        self.spec = ClusterSpec(engine=settings, num_prefill=1, num_decode=1, transport=transport,
-                                cpu_cores={"prefill": prefill_cores, "decode": decode_cores},
-                                log_dir=str(log_dir / f"pdserve-{key}"))
-        self.label = (f"{key}: pdserve 1 prefill (core {prefill_cores}) + 1 decode (core {decode_cores}), "
-                      f"KV over {transport}")
+        logs = str(log_dir / f"pdserve-{key}")
+        if topology == "aggregated":
+            both = f"{prefill_cores},{decode_cores}"
+            self.spec = ClusterSpec(engine=replace(settings, kv_cache_bytes=2 * settings.kv_cache_bytes),
+                                    num_prefill=0, num_decode=1, transport=transport, topology=topology,
+                                    cpu_cores={"decode": both}, log_dir=logs, router_flags=router_flags)
+            self.label = f"{key}: pdserve 1 aggregated worker (cores {both})"
+        else:
+            self.spec = ClusterSpec(engine=settings, num_prefill=1, num_decode=1, transport=transport,
+                                    cpu_cores={"prefill": prefill_cores, "decode": decode_cores}, topology=topology,
+                                    log_dir=logs, router_flags=router_flags)
+            self.label = (f"{key}: pdserve {topology} 1 prefill (core {prefill_cores}) + 1 decode "
+                          f"(core {decode_cores}), KV over {transport}")
         self._cluster: LocalCluster | None = None
 
     def kv_producer_cpu_s(self) -> float:

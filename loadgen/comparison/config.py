@@ -16,7 +16,7 @@ from loadgen.workload import RequestSpec
 from pdserve.engine import EngineSettings
 
 
-PDSERVE_SYSTEMS = ("B", "B-tcp")
+PDSERVE_SYSTEMS = ("B", "B-tcp", "B-hybrid", "B-agg")
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class CompareConfig:
     noisy_retries: int = 1  # a noisy run is measured again this many times; the quietest attempt is kept
     seed: int = 0
     with_c: bool = False  # also measure C: two 1-core vLLM servers, round robin
-    pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: the same over tcp
+    pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: over tcp; B-hybrid, B-agg
     transport: str = "auto"  # B's KV transport (auto: shared memory on one host)
     budget_s: float = 19 * 60.0  # the whole run, report included
     start_estimate_s: float = 45.0  # per server brought up (vLLM or a pdserve cluster)
@@ -88,6 +88,16 @@ class CompareConfig:
     def transport_of(self, system: str) -> str:
         """The KV transport of a pdserve system."""
         return "tcp" if system == "B-tcp" else self.transport
+
+    def topology_of(self, system: str) -> str:
+        return {"B-hybrid": "hybrid", "B-agg": "aggregated"}.get(system, "disaggregated")
+
+    def router_flags_of(self, system: str) -> tuple[str, ...]:
+        """The SLO-driven systems' routers get the tight SLO pair to place by (no admission slack
+        beyond the policy's default); B and B-tcp run as before, with no SLO."""
+        if system not in ("B-hybrid", "B-agg"):
+            return ()
+        return ("--slo-ttft-ms", f"{self.ttft_slo_s * 1000:g}", "--slo-tpot-ms", f"{self.tpot_tight_s * 1000:g}")
 
     def engine_settings(self) -> EngineSettings:
         """Prefix caching off: a re-measured (noisy) run resends the same prompts, which must not hit

@@ -22,6 +22,7 @@ from loadgen.metrics import PHASES, tpot_s
 from loadgen.plots import plot_latency_cdfs  # also selects matplotlib's Agg backend
 
 SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D", "B-tcp": "B-tcp: pdserve 1P+1D, KV over tcp",
+                 "B-hybrid": "B-hybrid: pdserve 1P+1D hybrid, SLO placement", "B-agg": "B-agg: pdserve aggregated",
                  "C": "C: 2 x 1-core vLLM, round robin"}
 
 

@@ -58,8 +58,8 @@ def simulate(requests: Sequence[Any], topology: Topology, settings: SimSettings,
 
 def _derived_cost(requests: list[SimRequest], settings: SimSettings, model: PerfModel) -> CostModel:
     count = max(1, len(requests))
-    return cost_model_from(model, settings, sum(r.prompt_tokens for r in requests) / count,
-                           sum(r.output_tokens for r in requests) / count)
+    return cost_model_from(model, settings, max(1.0, sum(r.prompt_tokens for r in requests) / count),
+                           max(1.0, sum(r.output_tokens for r in requests) / count))
 
 
 def _check_requests(requests: list[SimRequest], settings: SimSettings) -> None:

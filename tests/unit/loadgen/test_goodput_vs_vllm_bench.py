@@ -34,8 +34,15 @@ def test_pdserve_systems_name_their_transport_and_unknown_ones_are_refused():
     assert config.systems == ("A", "B", "B-tcp")
     assert config.transport_of("B") == "shm" and config.transport_of("B-tcp") == "tcp"
     assert BenchConfig().transport_of("B") == "auto"
-    with pytest.raises(ValueError, match="among B, B-tcp"):
+    with pytest.raises(ValueError, match="among B, B-tcp, B-hybrid, B-agg"):
         BenchConfig(pdserve_systems=("B", "D"))
+
+
+def test_the_slo_driven_systems_place_by_the_tight_slos_and_the_others_run_without():
+    config = BenchConfig(pdserve_systems=("B", "B-hybrid", "B-agg"), ttft_slo_s=1.5, tpot_tight_s=0.03)
+    assert [config.topology_of(s) for s in config.pdserve_systems] == ["disaggregated", "hybrid", "aggregated"]
+    assert config.router_flags_of("B") == ()
+    assert config.router_flags_of("B-hybrid") == ("--slo-ttft-ms", "1500", "--slo-tpot-ms", "30")
 
 
 def test_the_phase_table_gives_each_pdserve_system_and_its_producers_kv_cpu_per_mib():

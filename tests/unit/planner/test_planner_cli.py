@@ -7,21 +7,33 @@ import json
 import pytest
 
 from cli.main import main
+from router.policies.placement import CostModel, PlacementConfig
 
 SMALL = ["--num-prompts", "200", "--no-progress", "--tpot-slo-ms", "50"]
 
 
-def test_plan_prints_the_best_split_and_writes_plot_and_json(tmp_path, capsys):
-    assert main(["plan", "--devices", "3", "--output-dir", str(tmp_path), "--label", "t", *SMALL]) == 0
+def test_plan_prints_each_kinds_best_and_the_pick_and_writes_plot_json_and_router_files(tmp_path, capsys):
+    router_dir = tmp_path / "router"
+    assert main(["plan", "--devices", "3", "--output-dir", str(tmp_path), "--label", "t", "--local-prefill-caps",
+                 "0,256", "--write-router-config", str(router_dir), *SMALL]) == 0
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "t_search.json").read_text())
     assert (tmp_path / "t_search.png").stat().st_size > 10_000
-    assert [r["topology"] for r in data["results"]] == ["1P+1D", "1P+2D", "2P+1D", "1C", "2C", "3C"]
-    best = max((r for r in data["results"] if r["num_colocated"] == 0), key=lambda r: r["goodput_per_device"])
-    assert data["best"] == best["topology"]
+    assert [r["topology"] for r in data["results"]] == [
+        "1P+1D", "1P+2D", "2P+1D", "1P+1H", "1P+1H/256", "1P+2H", "1P+2H/256", "2P+1H", "2P+1H/256", "1C", "2C", "3C"]
+    by_label = {r["topology"]: r for r in data["results"]}
+    picked = by_label[data["best"]]
+    assert picked["goodput_per_device"] == max(r["goodput_per_device"] for r in data["results"])
+    assert list(data["best_by_kind"]) == ["disaggregated", "hybrid", "aggregated"]
     assert all(r["attainment"] >= 0.9 for r in data["results"] if r["max_rate_rps"] > 0)
-    assert f"recommended: {best['num_prefill']} prefill + {best['num_decode']} decode" in out
-    assert "colocated alternative" in out and "MAPE" in out
+    for kind, label in data["best_by_kind"].items():
+        assert f"{kind}: best {label}:" in out
+    assert "recommended:" in out and "MAPE" in out
+    placement = PlacementConfig.from_file(router_dir / "placement.json")
+    assert placement.local_prefill_max_tokens == picked["local_prefill_max_tokens"]
+    cost = CostModel(**json.loads((router_dir / "cost.json").read_text()))
+    assert cost.per_token_s > 0 and cost.step_fixed_s > 0 and cost.transfer_per_token_s > 0
+    assert f"pdserve up --topology {picked['kind']}" in out
 
 
 def test_plan_answers_the_fewest_devices_question(tmp_path, capsys):
@@ -34,6 +46,12 @@ def test_plan_answers_the_fewest_devices_question(tmp_path, capsys):
 def test_plan_refuses_a_budget_too_small_for_a_split(tmp_path):
     with pytest.raises(SystemExit, match="--devices must be >= 2"):
         main(["plan", "--devices", "1", "--output-dir", str(tmp_path), *SMALL])
+
+
+def test_plan_refuses_an_unknown_topology_kind(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--topologies", "disaggregated,colocated", "--output-dir", str(tmp_path), *SMALL])
+    assert "a comma-separated list of disaggregated, hybrid, aggregated" in capsys.readouterr().err
 
 
 def test_plan_refuses_an_unreadable_profile(tmp_path):

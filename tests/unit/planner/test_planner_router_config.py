@@ -1,0 +1,41 @@
+"""`pdserve plan --write-router-config`: the router's files for the picked cluster."""
+
+from __future__ import annotations
+
+import json
+
+from loadgen.metrics import SLO
+from planner.router_config import router_files, up_flags, write_router_config
+from planner.simulator import Topology
+from router.policies.placement import CostModel, PlacementConfig
+
+COST = CostModel(fixed_s=0.01, per_token_s=0.00025, step_fixed_s=0.0095, step_per_seq_s=0.0014,
+                 per_token2_s=3.5e-8, transfer_fixed_s=0.001, transfer_per_token_s=6e-6,
+                 local_interference_per_decode=0.01)
+
+
+def test_router_files_carry_every_cost_and_placement_field():
+    files = router_files(PlacementConfig(local_prefill_max_tokens=256), COST)
+    assert files["cost.json"] == {
+        "fixed_s": 0.01, "per_token_s": 0.00025, "step_fixed_s": 0.0095, "step_per_seq_s": 0.0014,
+        "per_token2_s": 3.5e-8, "transfer_fixed_s": 0.001, "transfer_per_token_s": 6e-6,
+        "local_interference_per_decode": 0.01}
+    assert files["placement.json"]["local_prefill_max_tokens"] == 256
+    assert files["placement.json"]["weights"] == dict(PlacementConfig().weights)
+
+
+def test_written_files_read_back_with_the_routers_loaders(tmp_path):
+    placement = PlacementConfig(local_prefill_max_tokens=1024, max_queued_prefill_tokens_per_worker=2048)
+    paths = write_router_config(tmp_path / "router", placement, COST)
+    assert [p.name for p in paths] == ["cost.json", "placement.json"]
+    assert PlacementConfig.from_file(tmp_path / "router" / "placement.json") == placement
+    assert CostModel(**json.loads((tmp_path / "router" / "cost.json").read_text())) == COST
+
+
+def test_up_flags_name_the_topology_pools_files_and_slos(tmp_path):
+    assert up_flags(Topology.hybrid(1, 3, 256), tmp_path, SLO(ttft_s=1.0, tpot_s=0.05)) == [
+        "--topology", "hybrid", "--prefill", "1", "--decode", "3", "--cost-model", str(tmp_path / "cost.json"),
+        "--placement-config", str(tmp_path / "placement.json"), "--slo-ttft-ms", "1000", "--slo-tpot-ms", "50"]
+    aggregated = up_flags(Topology.aggregated(4), tmp_path, SLO(ttft_s=2.0))
+    assert aggregated[:6] == ["--topology", "aggregated", "--prefill", "0", "--decode", "4"]
+    assert aggregated[-2:] == ["--slo-ttft-ms", "2000"]
