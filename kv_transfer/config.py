@@ -24,6 +24,8 @@ class ConnectorConfig:
     pull_timeout_s: float = 30.0     # every wait inside a pull or its serving: sockets and process groups
     max_parallel_pulls: int = 4
     tcp_congestion: str = "cubic"    # KV connections' congestion control ("" = the host's; see kv_transfer.sockets)
+    grant_token: str = ""            # producer: the secret with which its scheduler half grants leases at once
+                                     # (kv_transfer.grants); "" = grants ride the next engine step only
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "torch", "shm", "auto"):

@@ -55,12 +55,20 @@ class LeaseTable:
         self._held: dict[str, _Held] = {}
         self._tombstones: dict[str, float] = {}
         self._released: set[str] = set()
+        self._granted: dict[tuple[str, str], float] = {}   # (transfer id, request id) -> forget after
         self.num_expired = 0
 
     def grant(self, lease: Lease) -> None:
-        """Holds `lease`. Released on arrival when its id was released already, or when another
-        lease holds the same transfer id (a duplicate id must not strand the blocks of either)."""
+        """Holds `lease`. The same grant twice (the scheduler half's early grant, then the step's:
+        same transfer and request id) is one grant: the second is ignored, whether the first is
+        still held or already ended. Released on arrival when its id was released before any grant
+        (an abort that raced the prefill), or when another request's lease holds the same transfer
+        id (a duplicate id must not strand the blocks of either)."""
         with self._cond:
+            key = (lease.transfer_id, lease.request_id)
+            if key in self._granted:
+                return
+            self._granted[key] = self._clock() + self.TOMBSTONE_S
             if self._tombstones.pop(lease.transfer_id, None) is not None:
                 self._released.add(lease.request_id)
                 return
@@ -127,6 +135,7 @@ class LeaseTable:
             for held in expired:
                 self._end(held, "expired")
             self._tombstones = {t: until for t, until in self._tombstones.items() if until > now}
+            self._granted = {key: until for key, until in self._granted.items() if until > now}
             return [held.lease for held in expired]
 
     def take_released(self) -> set[str]:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from kv_transfer.layout import KVCompat, KVLayout, LayoutError
-from kv_transfer.leases import LeaseTable
+from kv_transfer.grants import grant_from_message, token_matches
+from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.sockets import DEFAULT_CONGESTION, configure, wait_readable
 from kv_transfer.threads import name_this_thread
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
@@ -37,6 +39,7 @@ class ProducerStats:
     mapped_channels: int = 0  # of those, one-sided (shm, cuda_ipc): the consumer copies, we send no KV byte
     refused_handshakes: int = 0
     missing_transfers: int = 0
+    early_grants: int = 0     # leases granted by the scheduler half directly (kv_transfer.grants)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -56,11 +59,12 @@ class TransferServer:
 
     def __init__(self, layout: KVLayout, compat: KVCompat, leases: LeaseTable, host: str, port: int,
                  grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = ("tcp", "torch"),
-                 congestion: str = DEFAULT_CONGESTION, shared_cache=None):
+                 congestion: str = DEFAULT_CONGESTION, shared_cache=None, grant_token: str = ""):
         self.layout, self.compat, self.leases = layout, compat, leases
         self._grant_wait_s = grant_wait_s
         self._io_timeout_s = io_timeout_s
         self._congestion = congestion
+        self._grant_token = grant_token   # the scheduler half's early grants (kv_transfer.grants)
         self._transports = {name: get_transport(name, io_timeout_s, cache=shared_cache, device=layout.device)
                             for name in transports}
         self._listener = socket.create_server((host, port), reuse_port=False)
@@ -127,6 +131,9 @@ class TransferServer:
         if hello["op"] == "RELEASE":  # a one-shot release (an abort) needs no data channel
             self._serve_one(sock, None, hello)
             return None
+        if hello["op"] == "GRANT_HELLO":
+            self._serve_grants(sock, hello)
+            return None
         expect(hello, "HELLO")
         refusal = self._refusal(hello)
         if refusal:
@@ -141,6 +148,19 @@ class TransferServer:
         if channel.kind == "mapped":
             self.stats.add(mapped_channels=1)
         return channel
+
+    def _serve_grants(self, sock: socket.socket, hello: dict) -> None:
+        """The scheduler half's early grants (`kv_transfer.grants`), until it closes the connection.
+        A wrong token closes it at once: only the engine that pins the blocks may grant them."""
+        if not token_matches(hello.get("token"), self._grant_token):
+            self.stats.add(refused_handshakes=1)
+            raise TransferError("a GRANT_HELLO with a wrong token")
+        while not self._stopping.is_set():
+            wait_readable(sock)
+            grant = grant_from_message(expect(recv_message(sock), "GRANT"))
+            self.leases.grant(Lease(grant.transfer_id, grant.request_id, grant.block_ids, grant.num_tokens,
+                                    time.monotonic() + grant.lease_s))
+            self.stats.add(early_grants=1)
 
     def _refusal(self, hello: dict) -> str:
         """Why this consumer may not pull from us ("" if it may)."""

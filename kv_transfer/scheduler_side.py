@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 from kv_transfer.config import ConnectorConfig
+from kv_transfer.grants import EarlyGranter
 from kv_transfer.handle import KVHandle
 from kv_transfer.metadata import (LeaseGrant, PDConnectorMetadata, PDConnectorStats, PDWorkerMeta, PullReport,
                                   PullSpec, ReleaseSpec)
@@ -37,6 +38,7 @@ class PDScheduler:
         self._awaiting_report: set[str] = set()      # consumer requests with a pull scheduled
         self._reports: dict[str, PullReport] = {}    # request id -> its pull's report, until it finishes
         self._held: set[str] = set()                 # producer requests whose blocks a lease pins
+        self._granter = EarlyGranter(config.address, config.grant_token)  # grants without waiting a step
 
     @property
     def num_held_leases(self) -> int:
@@ -119,7 +121,8 @@ class PDScheduler:
         if not prompt_blocks:
             return False, None
         transfer_id = params["transfer_id"]
-        self._next.grants.append(LeaseGrant(transfer_id, request.request_id, prompt_blocks, num_tokens,
-                                            self.config.lease_s))
+        grant = LeaseGrant(transfer_id, request.request_id, prompt_blocks, num_tokens, self.config.lease_s)
+        self._granter.send(grant)     # now: the blocks are final and pinned from here on
+        self._next.grants.append(grant)  # and with the next step (a duplicate, or the grant if that failed)
         self._held.add(request.request_id)
         return True, KVHandle(transfer_id, self.config.address, self.engine_id, prompt_blocks, num_tokens).to_params()

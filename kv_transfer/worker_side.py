@@ -88,7 +88,8 @@ class PDWorker:
             self.server = TransferServer(layout, compat, self.leases, self.config.bind_host or self.config.host,
                                          self.config.port, io_timeout_s=self.config.pull_timeout_s,
                                          transports=served(self.config.transport, layout.device.type),
-                                         congestion=self.config.tcp_congestion, shared_cache=self.shared_cache)
+                                         congestion=self.config.tcp_congestion, shared_cache=self.shared_cache,
+                                         grant_token=self.config.grant_token)
             logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
         if self.is_consumer:
             self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s,

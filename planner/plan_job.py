@@ -16,7 +16,7 @@ from loadgen.workload import RequestSpec
 from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
 from planner import report
-from planner.evaluate import WorkloadAt, make_attainment_fn
+from planner.evaluate import WorkloadAt, make_attainment_fn, with_router_slo
 from planner.perf_model import FitReport
 from planner.router_config import up_flags, write_router_config
 from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, RateSearch, SearchSettings, SplitSearch,
@@ -76,8 +76,8 @@ def _operating_points(inputs: PlanInputs, picks: Sequence[RateSearch | None]) ->
     rows = {}
     for pick in picks:
         if pick is not None and pick.max_rate_rps > 0:
-            result = simulate(inputs.workload_at(pick.max_rate_rps), pick.topology, inputs.settings,
-                              inputs.fit.model)
+            result = simulate(inputs.workload_at(pick.max_rate_rps), pick.topology,
+                              with_router_slo(inputs.settings, inputs.slo), inputs.fit.model)
             rows[f"{pick.topology.label} @ {pick.max_rate_rps:.2f}"] = result.summary(inputs.slo)
     return rows
 
@@ -114,7 +114,8 @@ def _print_picks(console: Console, result: SplitSearch) -> None:
 
 def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console) -> None:
     router = inputs.settings.router
-    paths = write_router_config(inputs.router_config_dir, router.placement_for(best.topology), router.cost)
+    cost = router.cost or with_router_cost(inputs.settings, inputs.fit, inputs.workload_at).router.cost
+    paths = write_router_config(inputs.router_config_dir, router.placement_for(best.topology), cost)
     console.print(f"wrote {', '.join(map(str, paths))}; run the cluster with:", highlight=False)
     console.print("  pdserve up " + " ".join(up_flags(best.topology, inputs.router_config_dir, inputs.slo)),
                   markup=False, highlight=False)

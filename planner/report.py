@@ -39,13 +39,14 @@ def detail_table(title: str, rows: dict[str, dict[str, Any]]) -> Table:
     """Simulated latency at a chosen operating point; rows: label -> loadgen summary dict."""
     table = Table(title=title + " (ms)")
     columns = ("slo_attainment", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-               "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p99_itl_ms")
-    headers = ("attain", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p99")
+               "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "local_prefill_share")
+    headers = ("attain", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p99", "local prefill")
     table.add_column("topology@req/s", no_wrap=True)
     for header in headers:
         table.add_column(header, justify="right")
     for label, summary in rows.items():
-        cells = [f"{summary[c]:.1%}" if c == "slo_attainment" else f"{summary[c]:.4g}" for c in columns]
+        cells = [f"{summary[c]:.1%}" if c in ("slo_attainment", "local_prefill_share") else f"{summary[c]:.4g}"
+                 for c in columns]
         table.add_row(label, *cells)
     return table
 
@@ -55,7 +56,7 @@ def fewest_table(answer: FewestDevices, target: float) -> Table:
                         f"{answer.rate_rps:g} req/s")
     for name in ("mode", "topology", "devices", "attainment"):
         table.add_column(name)
-    for mode, found in (("disaggregated", answer.disaggregated), ("colocated", answer.colocated)):
+    for mode, found in (("disaggregated", answer.disaggregated), ("aggregated", answer.colocated)):
         if found is None:
             table.add_row(mode, "none within the device cap", "-", "-")
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import signal
 
 import grpc
@@ -34,7 +35,8 @@ def _start_engine(config: WorkerConfig, load: EngineLoad) -> tuple[object, str]:
 
     kv_port = config.kv_port or free_port(config.bind_host)
     connector = ConnectorConfig(transport=config.transport, host=config.advertise_host, bind_host=config.bind_host,
-                                port=kv_port, model=_model_name(config), lease_s=config.lease_s)
+                                port=kv_port, model=_model_name(config), lease_s=config.lease_s,
+                                grant_token=secrets.token_hex(16))  # the engine's early lease grants (kv_transfer.grants)
     args = engine_args(config.engine, config.role, connector, engine_id=config.worker_id)
     engine = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(load)])
     return engine, f"{config.advertise_host}:{kv_port}"

@@ -98,7 +98,7 @@ class SimResult:
         return float(self.meets_slo(slo).mean()) if self.num_requests else 0.0
 
     def summary(self, slo: SLO | None = None, percentiles=DEFAULT_PERCENTILES) -> dict[str, Any]:
-        """loadgen's summary keys (vLLM's names) for the simulated run."""
+        """loadgen's summary keys (vLLM's names) for the simulated run, and `local_prefill_share`."""
         duration = self.duration_s or 1.0
         out: dict[str, Any] = {
             "duration": duration,
@@ -111,6 +111,8 @@ class SimResult:
             "output_throughput": float(self.output_tokens.sum()) / duration,
             "request_goodput": None,
             "slo_attainment": None,
+            # the simulator's own: the share of prompts the router had a decode instance compute
+            "local_prefill_share": float(self.local_prefill.mean()) if self.num_requests else 0.0,
         }
         if slo is not None and slo.is_set:
             out["request_goodput"] = float(self.meets_slo(slo).sum()) / duration

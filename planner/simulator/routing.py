@@ -4,9 +4,10 @@ Every request is placed by the router's own decision code, the way `router.sched
 `router.live_view` call it:
 - on arrival it joins the router's queue, in `router.policies.ordering.priority_key` order (SLO
   class, shortest prompt first, aging);
-- the head of the queue is placed with `placement.evaluate` over one `WorkerView` per instance and
-  sent on the best path whose computing worker `placement.dispatch_open` lets in; when no path is
-  open it waits, and everything behind it waits too;
+- a pump (`Scheduler._pump`) goes through the queue in that order and sends every request that
+  has an open path: `placement.evaluate` over one `WorkerView` per instance, the best-ranked path
+  whose computing worker `placement.dispatch_open` lets in; a request with none waits, and does not
+  hold back one behind it whose path is open;
 - `router.live_view.LocalPrefillRule` says whether decode workers accept Local prompts.
 The books are the router's: `queued_prefill_tokens[worker]`: prompt tokens sent there whose first
 token the router has not seen (a prefill instance's: until the handoff; a decode instance's Local
@@ -16,21 +17,25 @@ Disaggregated path's from the handoff, a Local path's from dispatch, until the l
 modelled: they report plenty, as a worker that reports no total does to the router).
 
 Where the simulated router differs from a live one, on purpose:
-- its queue is a heap on `priority_key(item, now_s=0)`: `priority_key(item, now)` is that minus
-  `now` for every item alike, so the heap's order is `DispatchQueue.ordered(now)`'s at every `now`
-  (O(log n) a request instead of a sort per look);
-- no admission (`router.policies.admission`): every request is served. When no path can take the
-  head at all (no decode instance has KV blocks free for it), it waits for blocks, where the router
-  would answer UNAVAILABLE;
+- it pumps when something that can open a path changes (a first token, a finished request:
+  gates and KV blocks), and on arrival looks only at the newcomers (nothing else changed for the
+  requests already waiting); the router pumps on arrivals and first tokens and every 0.1 s;
+- the queue is a list sorted on `priority_key(item, now_s=0)`: `priority_key(item, now)` is that
+  minus `now` for every item alike, so its order is `DispatchQueue.ordered(now)`'s at every `now`;
+- before `evaluate`, a request is skipped when no path could pass the hard filters and the gate
+  (`_Openings.could_take`: a necessary condition; `evaluate` and `dispatch_open` decide);
+- no admission (`router.policies.admission`): every request is served, and one that no decode
+  instance has KV room for waits (as the router does without a TTFT SLO);
 - its counts are exact and current (a live router's KV counts are a heartbeat old), nothing is in
   a prefix cache (not modelled) and the cost model stays as given (no `OnlinePrefillFit`).
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from pdserve.roles import Topology as TopologyKind
@@ -41,6 +46,7 @@ from router.policies.placement import (CostModel, Disaggregated, Local, Path, Pl
                                        WorkerView, dispatch_open, evaluate)
 
 UNMODELLED_KV_BLOCKS = 1 << 30  # what a worker reporting no KV total shows the router
+Entry = tuple[float, float, str, SimRequest]  # (priority key at now 0, arrival, id, request)
 
 
 class DecodeSide(Protocol):
@@ -55,6 +61,28 @@ def prefill_id(index: int) -> str:
 
 def decode_id(index: int) -> str:
     return f"decode-{index}"
+
+
+@dataclass(frozen=True)
+class _Openings:
+    """What the workers can take now, summed up from the views: whether a prefill worker is open,
+    the most KV blocks free on any decode worker, and on any open decode worker that accepts Local
+    prompts (-1: none)."""
+
+    prefill_open: bool
+    most_kv_free: int
+    most_kv_free_local: int
+    local_cap: int
+
+    @property
+    def none(self) -> bool:
+        return not self.prefill_open and self.most_kv_free_local < 0
+
+    def could_take(self, prompt_tokens: int, kv_blocks: int) -> bool:
+        """False only when no path can pass `local_allowed`, `kv_fits` and `dispatch_open`."""
+        if self.prefill_open and kv_blocks <= self.most_kv_free:
+            return True
+        return kv_blocks <= self.most_kv_free_local and (self.local_cap == 0 or prompt_tokens <= self.local_cap)
 
 
 class SimRouter:
@@ -75,8 +103,9 @@ class SimRouter:
         self._accepts_local = LocalPrefillRule(kind, placement.local_prefill_max_tokens).accepts(num_prefill > 0)
         self.queued_prefill_tokens: Counter[str] = Counter()
         self.running_decodes: Counter[str] = Counter()
-        self._queue: list[tuple[float, float, str, SimRequest]] = []
-        self._changed = False
+        self._queue: list[Entry] = []  # sorted: next first
+        self._arrived: list[Entry] = []  # since the last pump
+        self._changed = False  # books or KV changed since the last pump
 
     def __len__(self) -> int:
         """Requests waiting in the router's queue."""
@@ -84,25 +113,33 @@ class SimRouter:
 
     def arrive(self, request: SimRequest) -> None:
         item = QueuedItem(f"{request.index:09d}", "", request.prompt_tokens, request.arrival_s)
-        key = priority_key(item, 0.0, self.cost, self.placement)
-        heapq.heappush(self._queue, (key, item.arrived_s, item.request_id, request))
-        self._changed = True
+        entry = (priority_key(item, 0.0, self.cost, self.placement), item.arrived_s, item.request_id, request)
+        bisect.insort(self._queue, entry)
+        self._arrived.append(entry)
 
     def dispatch(self) -> list[tuple[SimRequest, Path]]:
-        """The requests the router sends now, in queue order, each with its path; it stops at the
-        first that must wait. Looks again only when something changed since the last call."""
+        """The pump: the requests the router sends now, in queue order, each with its path."""
+        if not (self._changed or self._arrived):
+            return []
+        candidates = self._queue if self._changed else sorted(self._arrived)
+        self._changed, self._arrived = False, []
         sent: list[tuple[SimRequest, Path]] = []
-        if not self._changed:
-            return sent
-        self._changed = False
-        while self._queue:
-            request = self._queue[0][-1]
-            path = self._open_path(request)
-            if path is None:
+        views = self.views()
+        openings = self._openings(views)
+        for entry in list(candidates):
+            if openings.none:
                 break
-            heapq.heappop(self._queue)
-            self._book(request, path)
-            sent.append((request, path))
+            request = entry[-1]
+            view = self._request_view(request)
+            if not openings.could_take(request.prompt_tokens, view.kv_blocks_needed(self._block_size)):
+                continue
+            path = self._open_path(view, views)
+            if path is not None:
+                del self._queue[bisect.bisect_left(self._queue, entry)]
+                self._book(request, path)
+                sent.append((request, path))
+                views = self.views()
+                openings = self._openings(views)
         return sent
 
     def place_decode_again(self, request: SimRequest) -> None:
@@ -124,15 +161,14 @@ class SimRouter:
     def decode_started(self, request: SimRequest) -> None:
         """The Decode call of a prefilled request is sent (at its handoff)."""
         self.running_decodes[decode_id(request.decode_instance)] += 1
-        self._changed = True
 
     def finished(self, request: SimRequest) -> None:
-        """The request's last token is out of its decode instance."""
+        """The request's last token is out of its decode instance (its KV blocks are free)."""
         self.running_decodes[decode_id(request.decode_instance)] -= 1
         self._changed = True
 
     def views(self) -> list[WorkerView]:
-        """Every instance as the placement sees it (built per look, as `LiveView.views` does)."""
+        """Every instance as the placement sees it (as `LiveView.views` builds them)."""
         views = [WorkerView(worker, "prefill", self._accepts_local, self.queued_prefill_tokens[worker], 0,
                             UNMODELLED_KV_BLOCKS, self._block_size) for worker in self._prefill_ids]
         views += [WorkerView(worker, "decode", self._accepts_local, self.queued_prefill_tokens[worker],
@@ -140,14 +176,23 @@ class SimRouter:
                   for worker, instance in self._decode_side.items()]
         return views
 
+    def _openings(self, views: list[WorkerView]) -> _Openings:
+        by_id = {view.worker_id: view for view in views}
+        decode = [view for view in views if view.role == "decode"]
+        prefill_open = bool(decode) and any(dispatch_open(Disaggregated(view.worker_id, decode[0].worker_id), by_id,
+                                                          self.placement) for view in views if view.role == "prefill")
+        local = [view.kv_blocks_free for view in decode
+                 if view.accepts_local_prefill and dispatch_open(Local(view.worker_id), by_id, self.placement)]
+        return _Openings(prefill_open, max((view.kv_blocks_free for view in decode), default=-1),
+                         max(local, default=-1), self.placement.local_prefill_max_tokens)
+
     def _request_view(self, request: SimRequest) -> RequestView:
         return RequestView(request.prompt_tokens, request.output_tokens, *self._slo_s)
 
-    def _open_path(self, request: SimRequest) -> Path | None:
-        """`Scheduler._try_dispatch`: the best-ranked placement whose computing worker is open."""
-        views = self.views()
+    def _open_path(self, request: RequestView, views: list[WorkerView]) -> Path | None:
+        """`Scheduler._open_ticket`: the best-ranked placement whose computing worker is open."""
         by_id = {view.worker_id: view for view in views}
-        for placement in evaluate(self._request_view(request), views, self.cost, self.placement):
+        for placement in evaluate(request, views, self.cost, self.placement):
             if dispatch_open(placement.path, by_id, self.placement):
                 return placement.path
         return None

@@ -66,3 +66,23 @@ def test_a_killed_producers_segment_is_freed_at_once_and_none_outlives_the_clust
     finally:
         cluster.stop()
     assert not any(os.path.exists(path) for path in first | second)
+
+
+def test_a_pull_does_not_wait_for_the_producers_next_prefill(shm_cluster):
+    """With prefills queued on the producer, a consumer's pull used to wait one whole prefill for
+    its lease (granted with the engine's next step); the scheduler half now grants it at once
+    (kv_transfer.grants). Margin: a pull moves ~3 MiB here, a prefill computes 1,500 tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+    import statistics
+
+    def one(i: int):
+        with Client(shm_cluster.grpc_target) as client:
+            prompt = [200 + i] + [10 + (i * 31 + k * 7) % 1800 for k in range(1499)]
+            return list(client.generate(token_ids=prompt, max_tokens=4, ignore_eos=True))[-1].timings
+
+    with ThreadPoolExecutor(8) as pool:
+        timings = list(pool.map(one, range(16)))
+    transfer_s = sorted(t.kv_transfer_s for t in timings)
+    prefill_s = statistics.median(t.prefill_s for t in timings)   # compute, without its queue
+    assert all(t.disaggregated and t.kv_transfer_blocks for t in timings)
+    assert transfer_s[len(transfer_s) // 2] < 0.25 * prefill_s, (transfer_s, prefill_s)

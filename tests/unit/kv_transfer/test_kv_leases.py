@@ -156,3 +156,15 @@ def test_concurrent_sends_and_a_release_free_the_blocks_once_after_the_last_send
     assert violations == []
     assert released == {"r1"} and table.num_held == 0
     assert table.acquire("t1", timeout_s=0) is None
+
+
+def test_the_same_grant_twice_is_one_grant_held_or_already_released():
+    """The scheduler half's early grant and the step's grant of the same lease: the second is
+    ignored, and never reports the blocks free while a consumer may still read them."""
+    table = LeaseTable(Clock())
+    table.grant(_lease())
+    table.grant(_lease())                       # the step's copy while the lease is held
+    assert table.num_held == 1 and table.take_released() == set()
+    assert table.release("t1") is True and table.take_released() == {"r1"}
+    table.grant(_lease())                       # the step's copy after the consumer released it
+    assert table.num_held == 0 and table.take_released() == set()   # not reported free twice

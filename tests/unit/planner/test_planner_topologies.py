@@ -76,6 +76,19 @@ def test_dispatch_gate_holds_prompts_in_the_router_and_sends_the_shortest_first(
     assert open_gate.timeline["first_token_s"].tolist() == pytest.approx([0.1864, 0.3601, 0.3601], **EXACT)
 
 
+def test_a_gated_long_prompt_does_not_hold_back_a_later_short_one_that_can_run_locally():
+    # R0 (800) fills the prefill instance's gate; R1 (300, over the cap) waits ahead of R2 in the
+    # router's queue (it arrived 0.59 s earlier); R2 (200) goes Local at once
+    requests = [spec(0.0, 800, 2), spec(0.01, 300, 2), spec(0.6, 200, 2)]
+    settings = round_settings(num_kv_blocks=200, router=RouterSettings(
+        PlacementConfig(max_queued_prefill_tokens_per_worker=100)))
+    result = simulate(requests, Topology.hybrid(1, 1, local_prefill_max_tokens=256), settings, ROUND_MODEL)
+    assert result.local_prefill.tolist() == [False, False, True]
+    # R0: 8 chunks of 100, sum of 0.2 + 0.02k - 0.01 = 2.24; R1 goes when R0's first token is back:
+    # 3 chunks, 0.69 s; R2: two chunks on the idle decode instance from 0.6, 0.21 + 0.23
+    assert result.timeline["first_token_s"].tolist() == pytest.approx([2.24, 2.93, 1.04], **EXACT)
+
+
 def test_the_placement_pair_fixes_the_decode_instance_unless_picked_again_at_handoff():
     requests = [spec(0.0, 20, 2), spec(0.0, 20, 2)]
     # the router places both at once: neither decode instance runs anything yet, ties go to decode-0
