@@ -117,8 +117,9 @@ def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console)
     cost = router.cost or with_router_cost(inputs.settings, inputs.fit, inputs.workload_at).router.cost
     paths = write_router_config(inputs.router_config_dir, router.placement_for(best.topology), cost)
     console.print(f"wrote {', '.join(map(str, paths))}; run the cluster with:", highlight=False)
-    console.print("  pdserve up " + " ".join(up_flags(best.topology, inputs.router_config_dir, inputs.slo)),
-                  markup=False, highlight=False)
+    flags = up_flags(best.topology, inputs.router_config_dir, inputs.slo)
+    console.print("  pdserve up --model MODEL_DIR " + " ".join(flags), markup=False, highlight=False,
+                  soft_wrap=True)  # one line, to copy
 
 
 def run_goodput_search(inputs: PlanInputs, console: Console) -> int:

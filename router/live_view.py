@@ -4,6 +4,7 @@ The registry says which workers are alive and how full their KV caches are (a he
 this router knows exactly what it has sent and not yet seen come back. `LiveView` keeps the latter:
 - `queued_prefill_tokens[worker]`: prompt tokens dispatched to a worker that has not yet produced
   their first token (a prefill worker's prompts, or a decode worker's Local prompts);
+- `assigned_decodes[worker]`: requests placed on a decode worker and not over yet;
 - the prefix index: which prompts (and, on decode workers, prompt + output) each worker has
   computed, so a repeated prefix is routed where its KV already is.
 `views(request)` turns that into the policy's `WorkerView`s, one per live worker.
@@ -44,6 +45,7 @@ class LiveView:
         self.pool = pool
         self.rule = LocalPrefillRule(topology, placement.local_prefill_max_tokens)
         self.queued_prefill_tokens: Counter[str] = Counter()
+        self.assigned_decodes: Counter[str] = Counter()   # decode worker -> requests placed there, not yet over
         self._prefix_capacity_blocks = prefix_capacity_blocks
         self._prefix: PrefixIndex | None = None
 
@@ -66,10 +68,16 @@ class LiveView:
             views.append(WorkerView(
                 worker_id=record.worker_id, role=record.role, accepts_local_prefill=accepts_local,
                 queued_prefill_tokens=self.queued_prefill_tokens[record.worker_id] + extra_queued_tokens,
-                running_decodes=self.pool.inflight(record.worker_id) if record.role == "decode" else 0,
+                running_decodes=self._decodes_at(record) if record.role == "decode" else 0,
                 kv_blocks_free=max(0, kv_free), block_size=record.block_size or block_size,
                 cached_prefix_tokens=cached.get(record.worker_id, 0)))
         return views
+
+    def _decodes_at(self, record) -> int:
+        """Requests that run or will run their decode there: placed by this router and not over
+        (a burst placed before any of its prefills ends counts at once, so it spreads), or its
+        decode calls in flight (a retry placed by least-loaded), whichever is more."""
+        return max(self.assigned_decodes[record.worker_id], self.pool.inflight(record.worker_id))
 
     def computing_workers(self) -> int:
         """How many workers compute prompts (the router's queue is spread over them)."""

@@ -80,6 +80,7 @@ class Ticket:
     queued_tokens: int
     settled: bool = False
     taken: bool = False
+    closed: bool = False   # its decode worker's count of assigned requests was given back
 
 
 class Scheduler:
@@ -162,7 +163,7 @@ class Scheduler:
         elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
             ticket = waiter.result()
             if ticket.taken is False:
-                self._settle(ticket)
+                self._close(ticket)
 
     def _pump(self) -> None:
         """Dispatches, in priority order, every queued request that has an open path now (a request
@@ -195,6 +196,7 @@ class Scheduler:
                 computing = placement.path.computing_id
                 tokens = self.request_view(request).uncached_tokens(by_id[computing])
                 self.live.queued_prefill_tokens[computing] += tokens
+                self.live.assigned_decodes[placement.path.decode_id] += 1
                 return Ticket(request.request_id, placement, computing, tokens)
         return None
 
@@ -222,10 +224,18 @@ class Scheduler:
     def finish(self, ticket: Ticket, workers_holding: Sequence[tuple[str, Sequence[int]]] = ()) -> None:
         """The request is over (served, failed or cancelled). `workers_holding`: (worker id, tokens)
         whose KV that worker now holds in its prefix cache, recorded in the prefix index."""
-        self._settle(ticket)
+        self._close(ticket)
         for worker_id, token_ids in workers_holding:
             if token_ids:
                 self.live.prefix(self._block_size()).record(worker_id, token_ids)
+
+    def _close(self, ticket: Ticket) -> None:
+        """The request will not run on its decode worker any more (served, failed, cancelled)."""
+        self._settle(ticket)
+        if not ticket.closed:
+            ticket.closed = True
+            decode_id = ticket.placement.path.decode_id
+            self.live.assigned_decodes[decode_id] = max(0, self.live.assigned_decodes[decode_id] - 1)
 
     def _settle(self, ticket: Ticket) -> None:
         if ticket.settled:

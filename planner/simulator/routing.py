@@ -124,9 +124,11 @@ class SimRouter:
         candidates = self._queue if self._changed else sorted(self._arrived)
         self._changed, self._arrived = False, []
         sent: list[tuple[SimRequest, Path]] = []
-        views = self.views()
-        openings = self._openings(views)
+        views: list[WorkerView] | None = None  # built when needed: after a dispatch they are stale
         for entry in list(candidates):
+            if views is None:
+                views = self.views()
+                openings = self._openings(views)
             if openings.none:
                 break
             request = entry[-1]
@@ -138,8 +140,7 @@ class SimRouter:
                 del self._queue[bisect.bisect_left(self._queue, entry)]
                 self._book(request, path)
                 sent.append((request, path))
-                views = self.views()
-                openings = self._openings(views)
+                views = None
         return sent
 
     def place_decode_again(self, request: SimRequest) -> None:

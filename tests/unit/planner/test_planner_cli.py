@@ -33,7 +33,7 @@ def test_plan_prints_each_kinds_best_and_the_pick_and_writes_plot_json_and_route
     assert placement.local_prefill_max_tokens == picked["local_prefill_max_tokens"]
     cost = CostModel(**json.loads((router_dir / "cost.json").read_text()))
     assert cost.per_token_s > 0 and cost.step_fixed_s > 0 and cost.transfer_per_token_s > 0
-    assert f"pdserve up --topology {picked['kind']}" in out
+    assert f"pdserve up --model MODEL_DIR --topology {picked['kind']}" in out
 
 
 def test_plan_answers_the_fewest_devices_question(tmp_path, capsys):

@@ -39,3 +39,17 @@ def test_up_flags_name_the_topology_pools_files_and_slos(tmp_path):
     aggregated = up_flags(Topology.aggregated(4), tmp_path, SLO(ttft_s=2.0))
     assert aggregated[:6] == ["--topology", "aggregated", "--prefill", "0", "--decode", "4"]
     assert aggregated[-2:] == ["--slo-ttft-ms", "2000"]
+
+
+def test_pdserve_up_reads_the_written_files_and_flags_as_the_planner_meant(tmp_path):
+    from cli.commands.placement_options import scheduler_config
+    from cli.main import build_parser
+
+    placement = PlacementConfig(local_prefill_max_tokens=256)
+    write_router_config(tmp_path, placement, COST)
+    args = build_parser().parse_args(["up", "--model", "models/bench", *up_flags(Topology.hybrid(2, 3, 256), tmp_path,
+                                                      SLO(ttft_s=1.5, tpot_s=0.04))])
+    assert (args.topology, args.prefill, args.decode) == ("hybrid", 2, 3)
+    config = scheduler_config(args)
+    assert config.placement == placement and config.cost_prior == COST
+    assert (config.slo.ttft_s, config.slo.tpot_s) == (1.5, 0.04)

@@ -28,13 +28,14 @@ class HeldPrefillWorker(ScriptedWorker):
     """A prefill worker whose first prefill waits for `unblock` (a long prompt being computed);
     every prefill it receives is recorded in order."""
 
-    def __init__(self, first_token_id: int = 5):
+    def __init__(self, first_token_id: int = 5, hold_all: bool = False):
         super().__init__(prefill=PrefillResult(first_token_id, False, kv_handle=KVHandle("t", "h:1", "p", (1,), 3)))
         self.unblock = asyncio.Event()
+        self.hold_all = hold_all   # every prefill waits, not only the first
 
     async def prefill(self, request: PrefillRequest, timeout_s: float) -> PrefillResult:
         self.prefills.append(request)
-        if len(self.prefills) == 1:
+        if len(self.prefills) == 1 or self.hold_all:
             await self.unblock.wait()
         return self.prefill_script
 
@@ -256,3 +257,23 @@ def test_no_ttft_slo_means_admission_never_refuses_for_load():
     with pytest.raises(ValueError, match="TTFT SLO must be > 0"):
         SloTargets(ttft_s=0.0)
     assert replace(SchedulerConfig(), topology="hybrid").topology == "hybrid"
+
+
+async def test_a_burst_placed_before_any_prefill_ends_spreads_over_the_decode_workers(redis_server, tokenizer):
+    """Decode workers count requests placed on them at once, not when their Decode call starts: a
+    burst that arrives while every prefill is still running must not all tie onto one worker."""
+    prefill = HeldPrefillWorker(hold_all=True)
+    decoders = {"decode-a": _decoder(), "decode-b": _decoder()}
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer, {"prefill-a": prefill, **decoders},
+                                                       _config())
+    try:
+        burst = [asyncio.create_task(_served(lifecycle, f"r{i}", SHORT)) for i in range(4)]
+        await _until(lambda: len(prefill.prefills) == 4)   # all four placed while r0's prefill runs
+        assert dict(lifecycle.scheduler.live.assigned_decodes) == {"decode-a": 2, "decode-b": 2}
+        prefill.unblock.set()
+        await asyncio.gather(*burst)
+        assert sorted(len(w.decodes) for w in decoders.values()) == [2, 2]
+        assert sum(lifecycle.scheduler.live.assigned_decodes.values()) == 0   # given back when each ended
+    finally:
+        await pool.close()
+        await registry.close()
