@@ -102,3 +102,18 @@ def test_the_dispatch_gate_looks_at_the_worker_computing_the_prompt():
     assert dispatch_open(Disaggregated("p0", "d0"), workers, CONFIG) is False
     assert dispatch_open(Local("d0"), workers, CONFIG) is True
     assert dispatch_open(Disaggregated("p0", "d0"), workers, PlacementConfig(max_queued_prefill_tokens_per_worker=0))
+
+
+@pytest.mark.parametrize("case, running, expected", [
+    ("decodes running: a local prefill would break their TPOT, so the prompt waits for P", 4,
+     Disaggregated("p0", "d0")),
+    ("D idle: nobody to stall, so the prompt runs locally and meets its TTFT", 0, Local("d0")),
+])
+def test_a_local_prefill_that_would_break_the_running_decodes_tpot_is_not_taken(case, running, expected):
+    """The hybrid benchmark's lesson: a prompt moved onto a busy decode worker to save its own TTFT
+    stalled every decode there past the TPOT SLO. Behind P's 8000 queued tokens a 3000-token prompt
+    is predicted 1.19 s to its first token, locally 0.41 s (TTFT SLO 0.5 s); but with decodes running
+    there its 0.38 s stall over 20 tokens adds 19 ms to a 25 ms step against a 40 ms TPOT SLO."""
+    request = RequestView(3000, 20, ttft_slo_s=0.5, tpot_slo_s=0.04)
+    placement = place(request, [_prefill(queued=8000), _decode(running=running)], COST, CONFIG)
+    assert placement.path == expected, case
