@@ -35,7 +35,7 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
     group.add_argument("--preload", default=",".join(DEFAULT_LIBRARIES),
                        help="CPU hosts: libraries preloaded into vLLM's processes where installed, comma-separated, "
                             "among tcmalloc and iomp5 (Intel OpenMP; vLLM's CPU guide recommends both; measured "
-                            "here, only tcmalloc helps) (default: %(default)s)")
+                            "on two host kinds, Intel OpenMP was never faster beyond noise) (default: %(default)s)")
     group.add_argument("--no-preload", action="store_true", help="CPU hosts: preload nothing (vLLM's own choice)")
     group.add_argument("--vllm-spin-ms", type=float, default=50.0,
                        help="how long vLLM's engine processes busy-poll each other after each message before "
