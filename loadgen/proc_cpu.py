@@ -24,6 +24,14 @@ def stat_cpu_ticks(stat_text: str) -> tuple[int, int]:
     return int(rest[1]), int(rest[11]) + int(rest[12])
 
 
+def stat_tree_ticks(stat_text: str) -> int:
+    """utime + stime + cutime + cstime from /proc/<pid>/stat's text: the process's own CPU and that
+    of the children it has reaped (a child's ticks move there when it is waited for, so a snapshot
+    of a process tree counts a finished child's work once, in its parent)."""
+    rest = stat_text.rsplit(")", 1)[1].split()
+    return sum(int(value) for value in rest[11:15])
+
+
 def machine_busy_ticks(proc_stat_text: str) -> int:
     """Busy ticks of the whole machine (user+nice+system+irq+softirq+steal) from /proc/stat's text."""
     fields = [int(v) for v in proc_stat_text.split("\n", 1)[0].split()[1:]]
@@ -80,20 +88,24 @@ def busy_ticks() -> int:
 
 
 def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, utime + stime ticks) for every process readable now."""
+    """pid -> (parent pid, CPU ticks with its reaped children's, `stat_tree_ticks`) for every
+    process readable now."""
     table: dict[int, tuple[int, int]] = {}
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            table[int(entry.name)] = stat_cpu_ticks((entry / "stat").read_text())
+            text = (entry / "stat").read_text()
+            table[int(entry.name)] = (stat_cpu_ticks(text)[0], stat_tree_ticks(text))
         except OSError:
             continue  # exited while we looked
     return table
 
 
 def tree_ticks(root_pid: int) -> dict[int, int]:
-    """CPU ticks of `root_pid` and all its live descendants, by pid."""
+    """CPU ticks of `root_pid` and all its live descendants, by pid, each with the ticks of the
+    children it has reaped: a child that started and finished between two readings (a benchmark's
+    engine process, run to completion) counts as ours, not as another process's load."""
     table = _processes()
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in table.items():

@@ -6,12 +6,24 @@ import subprocess
 import time
 
 from loadgen.proc_cpu import (TICKS_PER_S, cpu_seconds, machine_busy_ticks, other_load_cores, process_tree,
-                              stat_cpu_ticks)
+                              stat_cpu_ticks, stat_tree_ticks, tree_ticks)
 
 
 def test_a_stat_line_gives_the_parent_and_user_plus_system_ticks_even_with_parentheses_in_the_name():
     fields = ["S", "41"] + ["0"] * 9 + ["250", "70"] + ["0"] * 10  # state, ppid, ..., utime, stime, ...
     assert stat_cpu_ticks("1234 (vllm (engine) 0) " + " ".join(fields)) == (41, 320)
+
+
+def test_a_process_tree_reading_counts_the_ticks_of_children_already_reaped():
+    fields = ["S", "41"] + ["0"] * 9 + ["250", "70", "900", "30"] + ["0"] * 8  # utime, stime, cutime, cstime
+    assert stat_tree_ticks("1234 (bench) " + " ".join(fields)) == 1250
+
+
+def test_a_child_that_ran_and_finished_between_two_readings_counts_as_ours():
+    before = sum(tree_ticks(os.getpid()).values())
+    subprocess.run(["python3", "-c", "import time\nend = time.process_time() + 0.3\n"
+                    "while time.process_time() < end: pass"], check=True)
+    assert (sum(tree_ticks(os.getpid()).values()) - before) / TICKS_PER_S >= 0.2
 
 
 def test_the_machine_is_busy_for_every_tick_but_idle_and_iowait():
