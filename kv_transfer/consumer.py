@@ -117,14 +117,24 @@ class PullClient:
 
     def _exchange(self, connection: _Connection, transfer_id: str, remote_block_ids: Sequence[int],
                   local_block_ids: Sequence[int], runs: list[tuple[int, int]], release: bool) -> None:
-        """PULL -> SENDING + bytes -> DONE on `connection` (whose lock the caller holds). The byte
-        ranges are cut while the producer looks the lease up. A connection the producer closed
-        while idle shows up as the reply's EOF (or a reset on the PULL): `_StaleConnection`."""
-        sock = connection.sock
+        """PULL -> SENDING + bytes -> DONE on `connection` (whose lock the caller holds); over a
+        one-round-trip channel PULL + our copy + DONE -> DONE_OK (`kv_transfer.wire`). The byte
+        ranges are cut (or the blocks copied) while the producer looks the lease up. A connection
+        the producer closed while idle shows up as the reply's EOF (or a reset on the PULL):
+        `_StaleConnection`."""
+        sock, channel = connection.sock, connection.channel
+        pull = {"op": "PULL", "transfer_id": transfer_id, "block_ids": list(remote_block_ids),
+                "local_block_ids": list(local_block_ids), "release": release}
+        ranges = None
         try:
-            send_message(sock, {"op": "PULL", "transfer_id": transfer_id, "block_ids": list(remote_block_ids),
-                                "local_block_ids": list(local_block_ids), "release": release})
-            ranges = byte_ranges(connection.channel, self.layout, runs)
+            if channel.one_round_trip:
+                pull["copy_started_s"] = time.monotonic()
+                send_message(sock, pull)
+                channel.copy(local_block_ids, remote_block_ids)
+                send_message(sock, DONE)
+            else:
+                send_message(sock, pull)
+                ranges = byte_ranges(channel, self.layout, runs)
             reply = recv_message(sock)
         except (BrokenPipeError, ConnectionResetError) as error:
             raise _StaleConnection(f"connection lost before the reply: {error}") from error
@@ -135,15 +145,23 @@ class PullClient:
         if reply["op"] == "MISSING":
             connection.num_pulls += 1
             raise _Missing(str(reply.get("error", "the producer holds no such transfer")))
+        if channel.one_round_trip:
+            if reply["op"] == "RECOPY":  # granted while we copied: the first copy may have read unfinished blocks
+                channel.copy(local_block_ids, remote_block_ids)
+                send_message(sock, DONE)
+                reply = recv_message(sock)
+            expect(reply, "DONE_OK")
+            connection.num_pulls += 1
+            return
         expected = self.layout.num_bytes(len(local_block_ids))
         if require_field(expect(reply, "SENDING"), "num_bytes", int) != expected:
             raise TransferError(f"producer sends {reply['num_bytes']} bytes, expected {expected}")
-        if connection.channel.kind == "mapped":  # one-sided: we copy, then the producer confirms its pin held
-            connection.channel.copy(local_block_ids, remote_block_ids)
+        if channel.kind == "mapped":  # one-sided: we copy, then the producer confirms its pin held
+            channel.copy(local_block_ids, remote_block_ids)
             send_message(sock, DONE)
             expect(recv_message(sock), "DONE_OK")
         else:
-            connection.channel.recv(ranges)
+            channel.recv(ranges)
             send_message(sock, DONE)
         connection.num_pulls += 1
 

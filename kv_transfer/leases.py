@@ -40,6 +40,7 @@ class Lease:
 @dataclass
 class _Held:
     lease: Lease
+    granted_at_s: float = 0.0        # this table's clock when the grant arrived (the blocks were final)
     sending: int = 0                 # sends in progress: the blocks must stay
     ending: Ending | None = None     # set once: refused to new pulls, freed when `sending` is 0
 
@@ -77,7 +78,7 @@ class LeaseTable:
                                lease.transfer_id, lease.request_id)
                 self._released.add(lease.request_id)
                 return
-            self._held[lease.transfer_id] = _Held(lease)
+            self._held[lease.transfer_id] = _Held(lease, granted_at_s=self._clock())
             self._cond.notify_all()
 
     def acquire(self, transfer_id: str, timeout_s: float) -> Lease | None:
@@ -99,6 +100,15 @@ class LeaseTable:
                 return None
             held.sending += 1
             return held.lease
+
+    def granted_by(self, transfer_id: str, at_s: float) -> bool:
+        """True if `transfer_id`'s lease is held and was granted at or before `at_s` (this table's
+        clock). A consumer that began copying at `at_s` and holds the pin now (`acquire`) read
+        blocks that were final and pinned for its whole copy: the grant comes after the prefill
+        wrote them, and a lease, once ended, is never served again."""
+        with self._cond:
+            held = self._held.get(transfer_id)
+            return held is not None and held.granted_at_s <= at_s
 
     def finish(self, transfer_id: str, release: bool = False) -> None:
         """Ends one send of `acquire()`; with `release`, the consumer has its bytes and the lease

@@ -25,7 +25,7 @@ from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.sockets import DEFAULT_CONGESTION, configure, wait_readable
 from kv_transfer.threads import name_this_thread
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
-from kv_transfer.wire import DONE_OK, TransferError, encode, expect, require_field, recv_message, send_message
+from kv_transfer.wire import DONE_OK, RECOPY, TransferError, encode, expect, require_field, recv_message, send_message
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class ProducerStats:
     refused_handshakes: int = 0
     missing_transfers: int = 0
     early_grants: int = 0     # leases granted by the scheduler half directly (kv_transfer.grants)
+    recopies: int = 0         # one-round-trip pulls whose copy began before the grant: copied again
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -189,6 +190,11 @@ class TransferServer:
         and is released at DONE when the PULL asked for it."""
         transfer_id = require_field(message, "transfer_id", str)
         wanted = require_field(message, "block_ids", list)
+        if "copy_started_s" in message:
+            if not channel.one_round_trip:
+                raise TransferError("a one-round-trip PULL on a channel that did not offer it")
+            self._serve_copied_pull(sock, transfer_id, wanted, message)
+            return
         local = message.get("local_block_ids")
         lease = self.leases.acquire(transfer_id, self._grant_wait_s)
         if lease is None:
@@ -211,6 +217,33 @@ class TransferServer:
             self.stats.add(transfers=1, bytes_sent=num_bytes)
         finally:
             self.leases.finish(transfer_id, release=delivered and message.get("release") is True)
+
+    def _serve_copied_pull(self, sock: socket.socket, transfer_id: str, wanted: list, message: dict) -> None:
+        """The one-round-trip pull (`kv_transfer.wire`): the consumer has copied already and its DONE
+        follows the PULL at once. DONE_OK if the lease was granted before the copy began and is
+        pinned now (the bytes read were final throughout); RECOPY, then DONE_OK after the second
+        copy, if it was granted during the copy; MISSING if there is none."""
+        copy_started_s = require_field(message, "copy_started_s", float)
+        lease = self.leases.acquire(transfer_id, self._grant_wait_s)
+        delivered = False
+        try:
+            expect(recv_message(sock), "DONE")
+            if lease is None or not set(wanted) <= set(lease.block_ids):
+                self.stats.add(missing_transfers=1)
+                send_message(sock, {"op": "MISSING", "error": f"no KV held for transfer {transfer_id} "
+                                    "(expired, released or never prefilled here)" if lease is None
+                                    else "requested blocks are not part of the transfer"})
+                return
+            if not self.leases.granted_by(transfer_id, copy_started_s):
+                self.stats.add(recopies=1)
+                sock.sendall(RECOPY)
+                expect(recv_message(sock), "DONE")
+            sock.sendall(DONE_OK)
+            delivered = True
+            self.stats.add(transfers=1, bytes_sent=self.layout.num_bytes(len(wanted)))
+        finally:
+            if lease is not None:
+                self.leases.finish(transfer_id, release=delivered and message.get("release") is True)
 
     def _ranges(self, leased: Sequence[int], wanted: list, local, channel: DataChannel) -> list | str:
         """The byte ranges of `wanted`, cut as the consumer cuts `local`; or why they cannot be sent."""

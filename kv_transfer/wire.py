@@ -13,6 +13,18 @@ Every message is a dict with an "op" key. The exchanges on one connection:
                                                         producer -> DONE_OK {}  (mapped: the pin held throughout)
     consumer -> RELEASE {transfer_id}                   producer -> RELEASED {found}
 
+One round trip over shared memory (WELCOME offered `one_round_trip`): the consumer copies without
+waiting for the producer, then asks whether the copy is good.
+
+    consumer -> PULL {..., copy_started_s} + its copy + DONE
+                                                        producer -> DONE_OK | MISSING {error} | RECOPY {}
+    after RECOPY (the lease was granted after the copy began): the consumer copies again -> DONE
+                                                        producer -> DONE_OK
+
+`copy_started_s` is the consumer's `time.monotonic()` before the copy: shared memory means one
+kernel boot, so both sides read the same clock, and the producer answers DONE_OK only when its
+lease was granted by then and is pinned now (`LeaseTable.granted_by`).
+
 The producer keeps a transfer's blocks pinned from PULL until DONE (or until the exchange fails),
 and releases the lease at DONE when the PULL asked for it (`release`): the usual pull costs no
 separate RELEASE round trip. A RELEASE as a connection's first message is a one-shot release
@@ -51,6 +63,7 @@ def send_message(sock: socket.socket, message: dict | bytes) -> None:
 DONE = encode({"op": "DONE"})
 READY = encode({"op": "READY"})
 DONE_OK = encode({"op": "DONE_OK"})
+RECOPY = encode({"op": "RECOPY"})
 
 
 def recv_message(sock: socket.socket) -> dict:
@@ -88,5 +101,5 @@ def require_field(message: dict, name: str, kind: type):
     return value
 
 
-__all__ = ["DONE", "READY", "IncompatiblePeer", "PeerClosed", "TransferError", "TransferTimeout", "encode",
+__all__ = ["DONE", "DONE_OK", "READY", "RECOPY", "IncompatiblePeer", "PeerClosed", "TransferError", "TransferTimeout", "encode",
            "expect", "require_field", "recv_message", "send_message"]

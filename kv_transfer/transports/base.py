@@ -35,6 +35,9 @@ RangeKind = Literal["buffers", "tensors", "mapped"]
 
 class DataChannel(ABC):
     kind: RangeKind = "tensors"
+    # A mapped channel whose consumer copies before the producer's answer (`kv_transfer.wire`'s one
+    # round trip); set on both ends when the producer offered it at handshake.
+    one_round_trip: bool = False
 
     @abstractmethod
     def send(self, header: bytes, ranges: Sequence) -> None:

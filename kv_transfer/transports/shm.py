@@ -7,6 +7,9 @@ and from then on copies each transfer's blocks itself, cache to cache (`ShmConsu
 The producer's CPU sends only control messages; its lease pins the blocks from PULL to DONE as on
 every transport, and its DONE_OK after DONE tells the consumer the pin held for the whole copy (a
 producer that gave up waiting closed the connection instead, and the pull fails: recompute).
+The consumer does not wait for the producer before copying (one round trip per pull, see
+`kv_transfer.wire`): the producer's DONE_OK then also says the lease was granted before the copy
+began; RECOPY says copy once more, now that the blocks are pinned.
 
 Which channel a connection gets is decided at handshake, never from addresses alone: `shm` needs
 the same kernel boot on both sides (HELLO carries the consumer's boot id), a producer whose cache
@@ -82,9 +85,11 @@ def remote_layout(mapped: MappedSegment, description: dict) -> KVLayout:
 
 
 class ShmProducerChannel(DataChannel):
-    """The producer's end: no bytes, only the SENDING header (the consumer copies)."""
+    """The producer's end: no bytes, only the SENDING header (the consumer copies), or nothing
+    before the consumer's DONE in the one-round-trip exchange it offers."""
 
     kind = "mapped"
+    one_round_trip = True
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
@@ -160,6 +165,7 @@ class _ShmOffer:
             send_message(sock, {"op": "CHANNEL", "kind": "tcp"})
         accepted = expect(recv_message(sock), "CHANNEL_OK").get("kind")
         if accepted == "shm" and channel is not None:
+            channel.one_round_trip = welcome.get("one_round_trip") is True  # an older producer: two
             return channel
         if channel is not None:
             channel.close()
@@ -204,7 +210,7 @@ class ShmTransport(Transport):
     def welcome_fields(self, hello: dict) -> dict:
         if self._why_not_shm(hello):  # only `auto` gets here then: tcp
             return {"channel": "tcp"}
-        return {"channel": "shm", "segment": self.cache.describe()}
+        return {"channel": "shm", "segment": self.cache.describe(), "one_round_trip": True}
 
     def producer_channel(self, sock: socket.socket, hello: dict, device: torch.device,
                          welcome: dict | None = None) -> DataChannel:

@@ -168,3 +168,15 @@ def test_the_same_grant_twice_is_one_grant_held_or_already_released():
     assert table.release("t1") is True and table.take_released() == {"r1"}
     table.grant(_lease())                       # the step's copy after the consumer released it
     assert table.num_held == 0 and table.take_released() == set()   # not reported free twice
+
+
+def test_granted_by_holds_from_the_grant_on_and_ends_with_the_lease():
+    clock = Clock()
+    table = LeaseTable(clock)
+    assert not table.granted_by("t1", 100.0)           # not granted yet
+    clock.now = 101.0
+    table.grant(_lease())
+    assert not table.granted_by("t1", 100.5)           # a copy that began before the grant
+    assert table.granted_by("t1", 101.0) and table.granted_by("t1", 150.0)
+    table.release("t1")
+    assert not table.granted_by("t1", 150.0)           # ended: nothing is vouched for

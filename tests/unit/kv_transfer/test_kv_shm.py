@@ -292,3 +292,70 @@ def test_an_unfinished_segment_is_swept_only_once_its_maker_is_surely_gone():
     finally:
         fresh.unlink(missing_ok=True)
         old.unlink(missing_ok=True)
+
+
+def test_a_pull_over_shm_is_one_round_trip_when_the_lease_was_granted_before_the_copy(shm_producer):
+    source, leases, address, server = shm_producer
+    leases.grant(Lease("t1", "r1", (3, 4), 50, time.monotonic() + 30))
+    target, client = _consumer("shm")
+    client.pull(address, "t1", [3, 4], [0, 1], release=True)
+    connection = client._connections[address]
+    assert connection.channel.one_round_trip and server.stats.recopies == 0
+    layer = next(iter(source))
+    assert _same_bytes(source[layer][[3, 4]], target[layer][[0, 1]])
+    assert leases.take_released() == {"r1"}
+    client.close()
+
+
+def test_a_copy_that_began_before_the_grant_is_made_again_and_lands_the_final_bytes(shm_producer):
+    """The consumer copies at once; the prefill finishes writing the blocks and grants them while it
+    does: the producer answers RECOPY, and the second copy brings the bytes as granted."""
+    source, leases, address, server = shm_producer
+    layer = next(iter(source))
+    for tensor in source.values():
+        tensor[[8, 9]] = 0  # the prefill has not written these blocks yet
+
+    def finish_prefill():
+        time.sleep(0.2)  # after the consumer's copy began (it waits for the grant meanwhile)
+        for tensor in source.values():
+            tensor[[8, 9]] = 1
+        leases.grant(Lease("late", "r-late", (8, 9), 64, time.monotonic() + 30))
+
+    import threading
+
+    prefill = threading.Thread(target=finish_prefill)
+    target, client = _consumer("shm")
+    prefill.start()
+    client.pull(address, "late", [8, 9], [2, 3], release=True)
+    prefill.join()
+    assert server.stats.recopies == 1
+    assert _same_bytes(source[layer][[8, 9]], target[layer][[2, 3]])
+    assert int(target[layer][[2, 3]].float().ne(1).sum()) == 0
+    client.close()
+
+
+def test_a_missing_transfer_fails_its_pull_and_the_one_round_trip_connection_stays_in_step(shm_producer):
+    source, leases, address, server = shm_producer
+    target, client = _consumer("shm")
+    with pytest.raises(TransferError, match="no KV held"):
+        client.pull(address, "never", [1], [1])  # the producer waits grant_wait_s, then says MISSING
+    leases.grant(Lease("t2", "r2", (6,), 20, time.monotonic() + 30))
+    client.pull(address, "t2", [6], [7], release=True)  # same connection: the DONE was read, no stray message
+    assert server.stats.connections == 1 and server.stats.missing_transfers == 1
+    layer = next(iter(source))
+    assert _same_bytes(source[layer][6], target[layer][7])
+    client.close()
+
+
+def test_a_producer_that_does_not_offer_one_round_trip_gets_the_two_step_pull(shm_producer, monkeypatch):
+    source, leases, address, server = shm_producer
+    offered = ShmTransport.welcome_fields
+    monkeypatch.setattr(ShmTransport, "welcome_fields",
+                        lambda self, hello: {k: v for k, v in offered(self, hello).items() if k != "one_round_trip"})
+    leases.grant(Lease("t3", "r3", (11,), 20, time.monotonic() + 30))
+    target, client = _consumer("shm")
+    client.pull(address, "t3", [11], [12], release=True)
+    assert not client._connections[address].channel.one_round_trip
+    layer = next(iter(source))
+    assert _same_bytes(source[layer][11], target[layer][12]) and leases.take_released() == {"r3"}
+    client.close()
