@@ -33,6 +33,8 @@ Side by side, in one run, on the same two cores and the same `bench` model:
   B-hybrid the same pools, topology hybrid: the router places each request (a decode worker may
      prefill it) by the tight SLO pair, and refuses what it predicts cannot meet the TTFT SLO
   B-agg  one aggregated pdserve worker on both cores (the router in front of one engine)
+  B-slo  B with the tight SLO pair given to its router: admission refuses at once what it predicts
+     cannot meet the TTFT SLO (bench/overload.py measures it past its knee)
   C  (--with-c) two vLLM servers, one per core, requests dealt round robin: one core per engine
      like B, without disaggregation
 Workload: one fixed request set, the first N requests of the Azure LLM inference conversation
@@ -122,7 +124,7 @@ def run_all(config: CompareConfig, console: Console, budget: Budget) -> tuple[li
     from pdserve.make_model import build_model
 
     model_dir = build_model("bench", config.model_dir)  # cached: returns at once when already built
-    vocab_size = _vocab_size(model_dir)
+    vocab_size = vocab_size_of(model_dir)
     log_dir = Path(tempfile.mkdtemp(prefix=f"{config.label}-logs-"))
     console.print(f"server logs: {log_dir}")
     systems = make_systems(config, log_dir)
@@ -145,7 +147,7 @@ def run_all(config: CompareConfig, console: Console, budget: Budget) -> tuple[li
                 console.print(f"[yellow]skipped {key} @ {rate:g} req/s: {reason}")
                 continue
             restarted = switch and current is wanted
-            current = _switch(current, wanted, console) if switch else current
+            current = switch_to(current, wanted, console) if switch else current
             title = f"[{step}/{len(plan)}] {key} @ {rate:g} req/s"
             m = measure(current, rate, workload(config, rate), prompts_for(config, i, vocab_size),
                         config, title, restarted, budget)
@@ -159,7 +161,7 @@ def run_all(config: CompareConfig, console: Console, budget: Budget) -> tuple[li
     return measurements, skipped
 
 
-def _switch(current, wanted, console: Console):
+def switch_to(current, wanted, console: Console):
     if current is not None:
         current.stop()
     started = time.monotonic()
@@ -169,7 +171,7 @@ def _switch(current, wanted, console: Console):
     return wanted
 
 
-def _vocab_size(model_dir: Path) -> int:
+def vocab_size_of(model_dir: Path) -> int:
     import json
 
     return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
@@ -185,7 +187,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     parser.add_argument("--with-c", action="store_true",
                         help="also measure C: two 1-core vLLM servers, round robin (~10 more minutes: pass --budget-min 30)")
     parser.add_argument("--systems", type=lambda s: tuple(s.split(",")),
-                        help="the systems, comma-separated, A first, among A,B,B-tcp,B-hybrid,B-agg (default A,B)")
+                        help="the systems, comma-separated, A first, among A,B,B-tcp,B-hybrid,B-agg,B-slo (default A,B)")
     parser.add_argument("--transport", choices=("auto", "shm", "tcp", "torch"),
                         help="B's KV transport (default auto: shm on one host)")
     parser.add_argument("--ttft-slo-ms", type=float, help="TTFT SLO (default 1500)")

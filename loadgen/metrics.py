@@ -95,8 +95,9 @@ def distribution_ms(name: str, values_s: Sequence[float],
 
 def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | None = None,
               percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
-    """The run's metrics under vLLM's result keys, plus timed_out, slo_attainment, errors and
-    (for pdserve targets) per-phase distributions."""
+    """The run's metrics under vLLM's result keys, plus timed_out, refused (at admission; counted
+    in `failed` too), slo_attainment (refusals are misses), admitted_slo_attainment (among the
+    requests not refused), errors and (for pdserve targets) per-phase distributions."""
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     good = [r for r in records if r.ok]
@@ -108,11 +109,13 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
         "completed": len(good),
         "failed": len(records) - len(good),
         "timed_out": sum(r.status == "timeout" for r in records),
+        "refused": sum(r.status == "refused" for r in records),
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": len(good) / duration_s,
         "request_goodput": None,
         "slo_attainment": None,
+        "admitted_slo_attainment": None,
         "output_throughput": total_output / duration_s,
         "total_token_throughput": (total_input + total_output) / duration_s,
         "output_len_mismatches": sum(r.output_tokens != r.requested_output_tokens for r in good),
@@ -123,6 +126,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
     if slo is not None and slo.is_set:
         summary["request_goodput"] = sum(meets_slo(r, slo) for r in records) / duration_s
         summary["slo_attainment"] = slo_attainment(records, slo)
+        summary["admitted_slo_attainment"] = slo_attainment([r for r in records if r.status != "refused"], slo)
     summary |= distribution_ms("ttft", [r.ttft_s for r in good], percentiles)
     summary |= distribution_ms("tpot", [t for r in good if (t := tpot_s(r)) is not None], percentiles)
     summary |= distribution_ms("itl", [gap for r in good for gap in r.itls_s], percentiles)

@@ -14,7 +14,8 @@ Two modes:
 mode with a duration the workload's lengths are reused cyclically with fresh prompts.
 
 Invariant: every request that is sent yields exactly one `RequestRecord`, whose status is
-"ok", "error" (with the error text) or "timeout" (`request_timeout_s` from sending). Warm-up
+"ok", "refused" (the server said no at admission: HTTP 429, gRPC RESOURCE_EXHAUSTED), "error"
+(with the error text) or "timeout" (`request_timeout_s` from sending). Warm-up
 requests run first, are recorded separately and are never counted in the metrics.
 """
 
@@ -29,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadgen.prompts import Prompt, PromptSynthesizer
-from loadgen.targets.base import PhaseTimings, Target
+from loadgen.targets.base import PhaseTimings, Refused, Target
 from loadgen.workload import RequestSpec
 
-Status = Literal["ok", "error", "timeout"]
+Status = Literal["ok", "refused", "error", "timeout"]
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,8 @@ async def _send(target: Target, prompt: Prompt, spec: RequestSpec, sending: _Sen
     except TimeoutError as timed_out:
         status = "timeout" if deadline.expired() else "error"
         error = f"no complete response within {timeout_s:g} s" if deadline.expired() else _describe(timed_out)
+    except Refused as refused:
+        status, error = "refused", _describe(refused)
     except Exception as failure:  # recorded against the request, never dropped
         status, error = "error", _describe(failure)
     finally:

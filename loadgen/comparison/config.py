@@ -16,7 +16,7 @@ from loadgen.workload import RequestSpec
 from pdserve.engine import EngineSettings
 
 
-PDSERVE_SYSTEMS = ("B", "B-tcp", "B-hybrid", "B-agg")
+PDSERVE_SYSTEMS = ("B", "B-tcp", "B-hybrid", "B-agg", "B-slo")
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,9 @@ class CompareConfig:
         return {"B-hybrid": "hybrid", "B-agg": "aggregated"}.get(system, "disaggregated")
 
     def router_flags_of(self, system: str) -> tuple[str, ...]:
-        """The SLO-driven systems' routers get the tight SLO pair to place by (no admission slack
-        beyond the policy's default); B and B-tcp run as before, with no SLO."""
-        if system not in ("B-hybrid", "B-agg"):
+        """The SLO-driven systems' routers get the tight SLO pair to place and admit by (no
+        admission slack beyond the policy's default); B and B-tcp run as before, with no SLO."""
+        if system not in ("B-hybrid", "B-agg", "B-slo"):
             return ()
         return ("--slo-ttft-ms", f"{self.ttft_slo_s * 1000:g}", "--slo-tpot-ms", f"{self.tpot_tight_s * 1000:g}")
 

@@ -23,6 +23,7 @@ from loadgen.plots import plot_latency_cdfs  # also selects matplotlib's Agg bac
 
 SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D", "B-tcp": "B-tcp: pdserve 1P+1D, KV over tcp",
                  "B-hybrid": "B-hybrid: pdserve 1P+1D hybrid, SLO placement", "B-agg": "B-agg: pdserve aggregated",
+                 "B-slo": "B-slo: pdserve 1P+1D, SLO admission",
                  "C": "C: 2 x 1-core vLLM, round robin"}
 
 

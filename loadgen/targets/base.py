@@ -3,7 +3,9 @@
 A target turns one `Prompt` into a stream of `Delta`s. The runner owns the clock: it timestamps
 each delta as it arrives, so TTFT, ITL and E2E latency are measured the same way for every
 target. A target never swallows a failure: it raises `TargetError` (or lets a transport error
-propagate) and the runner records it against the request.
+propagate) and the runner records it against the request; a refusal at admission is `Refused`,
+which the runner records apart from errors (an overloaded server that says no at once is doing its
+job; one that fails requests is not).
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ class TargetError(Exception):
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+
+
+class Refused(TargetError):
+    """The server refused the request at admission (HTTP 429, gRPC RESOURCE_EXHAUSTED): it did no
+    work for it and says so at once. `retry_after_s`: when it suggests trying again, if it said."""
+
+    def __init__(self, status: str, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(status, message)
+        self.retry_after_s = retry_after_s
 
 
 @runtime_checkable

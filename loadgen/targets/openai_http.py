@@ -23,7 +23,7 @@ from typing import Literal
 import httpx
 
 from loadgen.prompts import Prompt
-from loadgen.targets.base import Delta, TargetError
+from loadgen.targets.base import Delta, Refused, TargetError
 from loadgen.targets.sse import SSEDecoder, error_message, parse_chat_chunk, parse_completion_chunk
 
 Endpoint = Literal["completions", "chat"]
@@ -127,6 +127,8 @@ class OpenAITarget:
         async with self._client.stream("POST", self.shape.path, json=self.payload(prompt)) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
+                if response.status_code == 429:
+                    raise Refused("HTTP 429", error_message(body), retry_after_s(response.headers.get("retry-after")))
                 raise TargetError(f"HTTP {response.status_code}", error_message(body))
             decoder = SSEDecoder()
             async for line in response.aiter_lines():
@@ -137,3 +139,12 @@ class OpenAITarget:
                     yield delta
             if decoder.flush() != "[DONE]":
                 raise TargetError("incomplete stream", "the server closed the stream before data: [DONE]")
+
+
+def retry_after_s(header: str | None) -> float | None:
+    """A `Retry-After` header's delay in seconds (RFC 9110 delay-seconds); None when absent or an
+    HTTP date (a load generator has no use for a wall-clock date)."""
+    try:
+        return float(header) if header is not None else None
+    except ValueError:
+        return None

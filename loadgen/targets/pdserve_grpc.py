@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from pdserve.client import AsyncClient, GenerationChunk
-from pdserve.errors import ServeError
+from pdserve.errors import Overloaded, ServeError
 from pdserve.timings import Timings
 
 from loadgen.prompts import Prompt
-from loadgen.targets.base import Delta, PhaseTimings, TargetError
+from loadgen.targets.base import Delta, PhaseTimings, Refused, TargetError
 
 
 class PdserveGrpcTarget:
@@ -57,6 +57,8 @@ class PdserveGrpcTarget:
         try:
             async for chunk in stream:
                 yield chunk_to_delta(chunk)
+        except Overloaded as refused:
+            raise Refused(refused.kind, refused.message, refused.retry_after_s) from refused
         except ServeError as failure:
             raise TargetError(failure.kind, failure.message) from failure
         finally:  # a timed-out or abandoned request cancels its RPC, freeing the server's resources

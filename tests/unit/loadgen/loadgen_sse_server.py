@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 TTFT_S = 0.05
 ITL_S = 0.01
 FAIL_TOKENS = 13
+REFUSE_TOKENS = 23
 STALL_TOKENS = 17
 BROKEN_TOKENS = 19
 STALL_S = 5.0
@@ -88,6 +89,9 @@ async def _serve(state: ServerState, body: dict, body_key: str, chat: bool):
     state.received.append(body)
     if body[body_key] == FAIL_TOKENS:
         return JSONResponse({"error": {"message": "injected failure", "type": "InternalError"}}, status_code=500)
+    if body[body_key] == REFUSE_TOKENS:
+        return JSONResponse({"error": {"message": "overloaded", "type": "overloaded"}}, status_code=429,
+                            headers={"Retry-After": "3"})
 
     async def stream():
         state.enter()

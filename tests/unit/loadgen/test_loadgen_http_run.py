@@ -159,3 +159,19 @@ async def test_unreachable_server_fails_every_request_visibly():
     result = await _run("http://127.0.0.1:9", specs, RunConfig(request_timeout_s=2.0), model="m")
     assert [r.status for r in result.records] == ["error"] * 3
     assert all(r.error.startswith("ConnectError") for r in result.records)
+
+
+async def test_a_429_is_recorded_as_refused_and_counts_apart_from_errors(server):
+    from loadgen.metrics import SLO
+    from loadgen.targets.openai_http import retry_after_s
+    from loadgen_sse_server import REFUSE_TOKENS
+
+    specs = [RequestSpec(0.0, 20, 4), RequestSpec(0.01, 21, REFUSE_TOKENS), RequestSpec(0.02, 22, FAIL_TOKENS)]
+    result = await _run(server.url + "/v1", specs, RunConfig(request_timeout_s=5.0))
+    assert [r.status for r in result.records] == ["ok", "refused", "error"]
+    assert result.records[1].error == "Refused: HTTP 429: overloaded"
+    summary = summarize(result.records, result.duration_s, SLO(ttft_s=5.0))
+    assert (summary["completed"], summary["failed"], summary["refused"]) == (1, 2, 1)
+    assert summary["slo_attainment"] == pytest.approx(1 / 3)          # a refusal is a miss ...
+    assert summary["admitted_slo_attainment"] == pytest.approx(1 / 2)  # ... but not among the admitted
+    assert (retry_after_s("3"), retry_after_s("Wed, 21 Oct 2026 07:28:00 GMT"), retry_after_s(None)) == (3.0, None, None)

@@ -17,6 +17,7 @@ from pdserve.v1 import generation_pb2_grpc
 
 TOO_LONG_TOKENS = 99  # prompt length the fake router rejects as INVALID_ARGUMENT
 STALL_OUTPUT = 17  # max_tokens for which it sends one chunk, then nothing
+REFUSED_TOKENS = 77  # prompt length it refuses as RESOURCE_EXHAUSTED with a retry-after
 
 
 class ScriptedRouter(generation_pb2_grpc.GenerationServicer):
@@ -31,6 +32,9 @@ class ScriptedRouter(generation_pb2_grpc.GenerationServicer):
         self.requests.append(request)
         if len(request.token_ids.ids) == TOO_LONG_TOKENS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt exceeds the model's context")
+        if len(request.token_ids.ids) == REFUSED_TOKENS:
+            context.set_trailing_metadata((("retry-after-s", "2.500"),))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "predicted TTFT misses the SLO")
         max_tokens = request.sampling.max_tokens
         yield pb.GenerateResponse(request_id="r", token_ids=[7], text="a")
         if max_tokens == STALL_OUTPUT:
@@ -119,3 +123,21 @@ async def test_an_unreachable_router_fails_at_open():
     target = PdserveGrpcTarget("127.0.0.1:9")
     with pytest.raises(TargetError, match="unreachable"):
         await target.open()
+
+
+async def test_a_refusal_at_admission_is_recorded_as_refused_with_its_retry_after(router):
+    from loadgen.targets.base import Refused
+
+    _, address = router
+    target = PdserveGrpcTarget(address)
+    await target.open()
+    try:
+        with pytest.raises(Refused) as raised:
+            await _deltas(target, REFUSED_TOKENS, 3)
+        result = await run(target, [RequestSpec(0.0, 10, 3), RequestSpec(0.01, REFUSED_TOKENS, 3)], PromptSynthesizer(),
+                           RunConfig(request_timeout_s=5.0))
+    finally:
+        await target.close()
+    assert raised.value.retry_after_s == 2.5 and raised.value.status == "overloaded"
+    assert [r.status for r in result.records] == ["ok", "refused"]
+    assert summarize(result.records, result.duration_s)["refused"] == 1

@@ -1,0 +1,160 @@
+"""pdserve past its knee, against vLLM: good requests per second at 1.5x and 2x the knee rate. Run `--help`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from rich.console import Console
+
+from goodput_vs_vllm import run_all
+from loadgen.comparison.budget import Budget
+from loadgen.comparison.config import CompareConfig
+from loadgen.comparison.goodput import Measurement
+from loadgen.comparison.overload import OverloadPoint, knee_rps, overload_points, overload_rates, verdicts
+from loadgen.comparison.report import SYSTEM_LABELS, markdown_table, rich_table
+
+DESCRIPTION = """\
+Side by side, in one run, on the same two cores and the same `bench` model (as
+bench/goodput_vs_vllm.py, whose systems, workload and noise guard this reuses):
+  A      vLLM's own OpenAI server, colocated on both cores
+  B-slo  pdserve 1 prefill + 1 decode worker, its router given the tight SLO pair: admission
+         refuses at once (429 / RESOURCE_EXHAUSTED, with Retry-After) a request it predicts cannot
+         meet the TTFT SLO, instead of queueing it to miss (--system picks another pdserve system)
+
+Phase 1 sweeps --rates (ABBA, a system stops once it missed the target twice) and finds the pdserve
+system's knee: the rate at which its SLO attainment under --pair first falls below 90%. Phase 2
+offers both systems --multiples of that knee (default 1.5x and 2x). A request is good when it
+meets the SLO pair; good req/s at a rate = the rate x the share of offered requests that were good
+(refusals are misses), and attainment among admitted counts only the requests not refused.
+
+Aims (issue 14): at 1.5x and 2x its knee pdserve keeps >= 0.9 of its peak good req/s, and >= 90%
+of the requests it admits meet the SLO pair. vLLM admits everything: its curve shows what
+queueing past the knee does.
+
+Writes <out-dir>/<label>.json, <label>.md and <label>.png (good req/s and attainment among
+admitted against the offered rate). About 25-35 minutes.
+"""
+
+
+def parse_args(argv: list[str] | None) -> tuple[CompareConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--system", default="B-slo", help="the pdserve system (default %(default)s)")
+    parser.add_argument("--rates", default="0.4,0.8,1.2,1.6,2.0,2.4",
+                        help="phase 1's rates, req/s, ascending (default %(default)s)")
+    parser.add_argument("--multiples", default="1.5,2", help="phase 2's offered rates as multiples of the knee")
+    parser.add_argument("--pair", choices=("tight", "loose"), default="tight", help="the SLO pair judged")
+    parser.add_argument("--num-requests", type=int, default=40, help="trace requests per run (default %(default)s)")
+    parser.add_argument("--ttft-slo-ms", type=float, default=3000.0)
+    parser.add_argument("--tpot-tight-ms", type=float, default=35.0)
+    parser.add_argument("--tpot-loose-ms", type=float, default=70.0)
+    parser.add_argument("--budget-min", type=float, default=40.0, help="the whole run fits in this (default %(default)s)")
+    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
+    parser.add_argument("--label", default="overload")
+    args = parser.parse_args(argv)
+    try:
+        config = CompareConfig(rates_rps=tuple(float(r) for r in args.rates.split(",")), num_requests=args.num_requests,
+                               pdserve_systems=(args.system,), ttft_slo_s=args.ttft_slo_ms / 1000,
+                               tpot_tight_s=args.tpot_tight_ms / 1000, tpot_loose_s=args.tpot_loose_ms / 1000,
+                               budget_s=args.budget_min * 60, out_dir=args.out_dir, label=args.label, cdf_rates_rps=())
+        args.multiples = tuple(float(k) for k in args.multiples.split(","))
+    except ValueError as bad:
+        parser.error(str(bad))
+    return config, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, args = parse_args(argv)
+    console = Console() if sys.stdout.isatty() else Console(width=150)
+    budget = Budget(config.budget_s)
+    started = time.monotonic()
+    system = args.system
+    console.rule("phase 1: the knee")
+    measured, skipped = run_all(config, console, budget)
+    knee, bracketed = knee_rps(measured, system, args.pair, config.attainment_target)
+    console.print(f"{system}'s knee under the {args.pair} pair: {knee:.3f} req/s"
+                  + ("" if bracketed else " (not bracketed by the rates: widen --rates)"))
+    if knee > 0:
+        console.rule("phase 2: past the knee")
+        past = replace(config, rates_rps=tuple(overload_rates(knee, args.multiples)), stop_after_failures=99,
+                       seed=config.seed + 1)  # fresh prompts
+        more, more_skipped = run_all(past, console, budget)
+        measured, skipped = measured + more, skipped + more_skipped
+    points = overload_points(measured, args.pair)
+    found = verdicts(points, system, knee, args.multiples, target=config.attainment_target) if knee > 0 else []
+    _report(config, args, measured, points, knee, bracketed, found, skipped, console, time.monotonic() - started)
+    return 0
+
+
+def _report(config, args, measured: list[Measurement], points: list[OverloadPoint], knee: float, bracketed: bool,
+            found, skipped, console: Console, wall_s: float) -> None:
+    headers = ["system", "rate (req/s)", "x knee", "good req/s", "attainment", "among admitted", "refused",
+               "TTFT p90 ms", "other cores"]
+    by_key = {(m.system, m.rate_rps): m for m in measured}
+    rows = []
+    for p in points:
+        m = by_key[(p.system, p.rate_rps)]
+        s = m.summaries[args.pair]
+        rows.append([p.system, f"{p.rate_rps:g}", f"{p.rate_rps / knee:.2f}" if knee else "-", f"{p.good_rps:.3f}",
+                     f"{p.attainment:.0%}", "-" if p.admitted_attainment is None else f"{p.admitted_attainment:.0%}",
+                     f"{p.refused_share:.0%}", f"{s['p90_ttft_ms']:.0f}", f"{m.other_load_cores:.2f}"])
+    verdict_headers = ["x knee", "rate (req/s)", "good req/s", "share of peak", "among admitted", "holds"]
+    verdict_rows = [[f"{v.multiple:g}", f"{v.rate_rps:g}", f"{v.good_rps:.3f}", f"{v.share_of_peak:.2f}",
+                     "-" if v.admitted_attainment is None else f"{v.admitted_attainment:.0%}",
+                     "yes" if v.holds else "NO"] for v in found]
+    console.print(rich_table(f"Runs under the {args.pair} pair", headers, rows))
+    console.print(rich_table(f"{args.system} past its knee ({knee:.3f} req/s)", verdict_headers, verdict_rows))
+    out = config.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    pair = next(p for p in config.slo_pairs if p.name == args.pair)
+    (out / f"{config.label}.md").write_text(
+        f"SLO pair {args.pair}: {pair.describe()}; {config.num_requests} trace requests per run; "
+        f"{args.system}'s knee {knee:.3f} req/s{'' if bracketed else ' (not bracketed)'}; wall {wall_s / 60:.1f} min\n\n"
+        + markdown_table(headers, rows) + "\n" + markdown_table(verdict_headers, verdict_rows)
+        + "".join(f"\nskipped {s.system} @ {s.rate_rps:g}: {s.reason}" for s in skipped) + "\n")
+    (out / f"{config.label}.json").write_text(json.dumps({
+        "argv": sys.argv, "pair": args.pair, "knee_rps": knee, "knee_bracketed": bracketed, "wall_s": wall_s,
+        "points": [asdict(p) for p in points], "verdicts": [asdict(v) for v in found],
+        "skipped": [asdict(s) for s in skipped],
+        "runs": [{"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
+                  "attempts": m.attempts, "summary": {k: v for k, v in m.summaries[args.pair].items()
+                                                      if not isinstance(v, dict)}} for m in measured]}, indent=2))
+    _plot(points, knee, args, out / f"{config.label}.png")
+    console.print(f"wrote {out / config.label}.{{json,md,png}}")
+
+
+def _plot(points: list[OverloadPoint], knee: float, args, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (good, admitted) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for system in sorted({p.system for p in points}):
+        own = [p for p in points if p.system == system]
+        label = SYSTEM_LABELS.get(system, system)
+        good.plot([p.rate_rps for p in own], [p.good_rps for p in own], "o-", label=label)
+        admitted.plot([p.rate_rps for p in own], [p.admitted_attainment if p.admitted_attainment is not None else 0
+                                                  for p in own], "o-", label=label)
+    for axis in (good, admitted):
+        if knee > 0:
+            for k in (1.0, *args.multiples):
+                axis.axvline(k * knee, color="grey", linestyle=":", linewidth=0.8)
+        axis.set_xlabel("offered rate (req/s); dotted: the knee and its multiples")
+        axis.legend(fontsize=8)
+    good.set_ylabel(f"good req/s ({args.pair} SLO pair)")
+    admitted.set_ylabel("SLO attainment among admitted requests")
+    admitted.axhline(0.9, color="black", linewidth=0.8)
+    admitted.set_ylim(0, 1.05)
+    fig.suptitle("Past the knee: pdserve's admission against vLLM's queue")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

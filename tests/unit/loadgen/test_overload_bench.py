@@ -1,0 +1,62 @@
+"""The pure parts of bench/overload.py (loadgen/comparison/overload.py): good req/s, attainment
+among the admitted, the knee, and the verdict at multiples of it, on plain values."""
+
+import pytest
+
+from loadgen.comparison.goodput import Measurement
+from loadgen.comparison.overload import knee_rps, overload_points, overload_rates, verdicts
+
+
+def _run(system, rate, attainment, admitted, refused=0, sent=40):
+    summary = {"num_prompts": sent, "slo_attainment": attainment, "admitted_slo_attainment": admitted,
+               "refused": refused}
+    return Measurement(system, rate, None, {"tight": summary}, 0.0, False)
+
+
+RUNS = [
+    _run("B-slo", 0.4, 1.0, 1.0), _run("B-slo", 0.8, 1.0, 1.0), _run("B-slo", 1.2, 0.8, 0.8),
+    _run("B-slo", 1.5, 0.7, 0.95, refused=12), _run("B-slo", 2.0, 0.5, 0.95, refused=19),
+    _run("A", 0.4, 1.0, 1.0), _run("A", 0.8, 0.5, 0.5), _run("A", 1.5, 0.1, 0.1), _run("A", 2.0, 0.0, 0.0),
+]
+
+
+def test_good_requests_per_second_are_the_offered_rate_times_the_share_that_met_the_slos():
+    points = {(p.system, p.rate_rps): p for p in overload_points(RUNS, "tight")}
+    assert points[("B-slo", 1.5)].good_rps == pytest.approx(1.05)
+    assert points[("B-slo", 1.5)].refused_share == pytest.approx(0.3)
+    assert points[("A", 2.0)].good_rps == 0.0 and points[("A", 2.0)].refused_share == 0.0
+
+
+def test_every_request_refused_leaves_no_attainment_among_the_admitted():
+    (point,) = overload_points([_run("B-slo", 3.0, 0.0, 0.0, refused=40)], "tight")
+    assert point.admitted_attainment is None
+
+
+def test_the_knee_is_where_attainment_first_falls_below_the_target_interpolated():
+    knee, bracketed = knee_rps(RUNS, "B-slo", "tight")
+    assert bracketed and knee == pytest.approx(0.8 + 0.4 * (1.0 - 0.9) / (1.0 - 0.8))
+    with pytest.raises(ValueError, match="no run of C"):
+        knee_rps(RUNS, "C", "tight")
+
+
+def test_overload_rates_are_multiples_of_a_positive_knee():
+    assert overload_rates(1.0, (1.5, 2)) == [1.5, 2.0]
+    assert overload_rates(0.7777, (1.5,)) == [1.167]
+    with pytest.raises(ValueError, match="knee must be > 0"):
+        overload_rates(0.0, (1.5,))
+
+
+def test_the_aim_holds_where_good_rps_stays_near_the_peak_and_the_admitted_meet_their_slos():
+    found = {v.multiple: v for v in verdicts(overload_points(RUNS, "tight"), "B-slo", 1.0, (1.5, 2.0))}
+    # peak good req/s is 1.05 (at 1.5): there it holds; at 2.0 it keeps 1.0 / 1.05 = 0.95 of it
+    assert found[1.5].share_of_peak == pytest.approx(1.0) and found[1.5].holds
+    assert found[2.0].share_of_peak == pytest.approx(1.0 / 1.05) and found[2.0].holds
+    vllm = {v.multiple: v for v in verdicts(overload_points(RUNS, "tight"), "A", 1.0, (1.5, 2.0))}
+    assert not vllm[1.5].holds and not vllm[2.0].holds  # queueing: good req/s collapses
+    assert verdicts(overload_points(RUNS, "tight"), "B-slo", 1.0, (3.0,)) == []  # not measured: left out
+
+
+def test_a_point_whose_admitted_requests_miss_does_not_hold_however_many_are_good():
+    runs = [_run("B-slo", 1.0, 1.0, 1.0), _run("B-slo", 1.5, 0.62, 0.85, refused=1)]
+    (verdict,) = verdicts(overload_points(runs, "tight"), "B-slo", 1.0, (1.5,))
+    assert verdict.share_of_peak == pytest.approx(0.93) and not verdict.holds
