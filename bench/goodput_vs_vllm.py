@@ -8,6 +8,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -33,6 +34,8 @@ Side by side, in one run, on the same two cores and the same `bench` model:
   B-hybrid the same pools, topology hybrid: the router places each request (a decode worker may
      prefill it) by the tight SLO pair, and refuses what it predicts cannot meet the TTFT SLO
   B-agg  one aggregated pdserve worker on both cores (the router in front of one engine)
+  A-<n>  A with --max-num-batched-tokens n (vLLM's CPU server default: 2048): --systems A,A-512,A-1024,B
+     sweeps it; the best of A and the A-<n> per SLO pair is A* (the issue's "vLLM at its best")
   B-slo  B with the tight SLO pair given to its router: admission refuses at once what it predicts
      cannot meet the TTFT SLO (bench/overload.py measures it past its knee)
   C  (--with-c) two vLLM servers, one per core, requests dealt round robin: one core per engine
@@ -109,6 +112,9 @@ def _kv_producer_cpu_s(system) -> float | None:
 def make_systems(config: CompareConfig, log_dir: Path) -> dict:
     settings = config.engine_settings()
     systems = {"A": VllmServers.colocated(settings, config.colocated_cores, log_dir)}
+    for tokens in config.vllm_batched_tokens:
+        systems[f"A-{tokens}"] = VllmServers.colocated(replace(settings, max_num_batched_tokens=tokens),
+                                                       config.colocated_cores, log_dir, key=f"A-{tokens}")
     for key in config.pdserve_systems:
         systems[key] = PdserveCluster(settings, config.prefill_cores, config.decode_cores, log_dir,
                                       config.transport_of(key), key, config.topology_of(key), config.router_flags_of(key))
@@ -202,6 +208,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         ("rates_rps", args.rates), ("num_requests", args.num_requests), ("trace_path", args.trace),
         ("budget_s", None if args.budget_min is None else args.budget_min * 60), ("with_c", args.with_c or None),
         ("pdserve_systems", _pdserve_systems(parser, args.systems)), ("transport", args.transport),
+        ("vllm_batched_tokens", _vllm_batched_tokens(parser, args.systems)),
         ("out_dir", args.out_dir), ("label", args.label), ("seed", args.seed),
         ("ttft_slo_s", _s(args.ttft_slo_ms)), ("tpot_tight_s", _s(args.tpot_tight_ms)),
         ("tpot_loose_s", _s(args.tpot_loose_ms))) if value is not None}
@@ -217,7 +224,18 @@ def _pdserve_systems(parser, systems: tuple[str, ...] | None) -> tuple[str, ...]
         return None
     if systems[0] != "A" or "C" in systems:
         parser.error(f"--systems starts with A (the baseline) and leaves C to --with-c, got {','.join(systems)}")
-    return systems[1:]
+    return tuple(s for s in systems[1:] if not s.startswith("A-"))
+
+
+def _vllm_batched_tokens(parser, systems: tuple[str, ...] | None) -> tuple[int, ...] | None:
+    """The n of every A-<n> in --systems (vLLM with --max-num-batched-tokens n)."""
+    tokens = []
+    for system in systems or ():
+        if system.startswith("A-"):
+            if not system[2:].isdigit():
+                parser.error(f"an A-<n> system names vLLM's --max-num-batched-tokens n, got {system}")
+            tokens.append(int(system[2:]))
+    return tuple(tokens) or None
 
 
 def _s(ms: float | None) -> float | None:

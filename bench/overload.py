@@ -16,7 +16,7 @@ from loadgen.comparison.budget import Budget
 from loadgen.comparison.config import CompareConfig
 from loadgen.comparison.goodput import Measurement
 from loadgen.comparison.overload import OverloadPoint, knee_rps, overload_points, overload_rates, verdicts
-from loadgen.comparison.report import SYSTEM_LABELS, markdown_table, rich_table
+from loadgen.comparison.report import markdown_table, rich_table, system_label
 
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model (as
@@ -136,7 +136,7 @@ def _plot(points: list[OverloadPoint], knee: float, args, path: Path) -> None:
     fig, (good, admitted) = plt.subplots(1, 2, figsize=(12, 4.5))
     for system in sorted({p.system for p in points}):
         own = [p for p in points if p.system == system]
-        label = SYSTEM_LABELS.get(system, system)
+        label = system_label(system)
         good.plot([p.rate_rps for p in own], [p.good_rps for p in own], "o-", label=label)
         admitted.plot([p.rate_rps for p in own], [p.admitted_attainment if p.admitted_attainment is not None else 0
                                                   for p in own], "o-", label=label)

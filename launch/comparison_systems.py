@@ -43,10 +43,12 @@ class VllmServers:
         self._running: list[VllmOpenAIServer] = []
 
     @classmethod
-    def colocated(cls, settings: EngineSettings, cores: str, log_dir: Path) -> "VllmServers":
-        """A: one engine on `cores` with twice a worker's KV cache bytes."""
+    def colocated(cls, settings: EngineSettings, cores: str, log_dir: Path, key: str = "A") -> "VllmServers":
+        """A: one engine on `cores` with twice a worker's KV cache bytes (A-<n>: `settings` carry
+        max_num_batched_tokens n)."""
         doubled = replace(settings, kv_cache_bytes=2 * settings.kv_cache_bytes)
-        return cls("A", f"A: vLLM colocated (cores {cores})", doubled, [cores], log_dir)
+        chunk = "" if settings.max_num_batched_tokens is None else f", max_num_batched_tokens {settings.max_num_batched_tokens}"
+        return cls(key, f"{key}: vLLM colocated (cores {cores}{chunk})", doubled, [cores], log_dir)
 
     @classmethod
     def pair(cls, settings: EngineSettings, cores: tuple[str, str], log_dir: Path) -> "VllmServers":

@@ -41,6 +41,7 @@ class CompareConfig:
     seed: int = 0
     with_c: bool = False  # also measure C: two 1-core vLLM servers, round robin
     pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: over tcp; B-hybrid, B-agg
+    vllm_batched_tokens: tuple[int, ...] = ()  # more vLLM systems, A-<n>: A with --max-num-batched-tokens n (A*'s sweep)
     transport: str = "auto"  # B's KV transport (auto: shared memory on one host)
     budget_s: float = 19 * 60.0  # the whole run, report included
     start_estimate_s: float = 45.0  # per server brought up (vLLM or a pdserve cluster)
@@ -72,6 +73,8 @@ class CompareConfig:
         if unknown or not self.pdserve_systems:
             raise ValueError(f"pdserve systems must be among {', '.join(PDSERVE_SYSTEMS)}, got "
                              f"{', '.join(self.pdserve_systems) or 'none'}")
+        if any(n < 32 for n in self.vllm_batched_tokens):
+            raise ValueError(f"max_num_batched_tokens of an A-<n> system must be >= 32, got {self.vllm_batched_tokens}")
         if not self.budget_s > self.report_reserve_s:
             raise ValueError(f"the time budget ({self.budget_s:g} s) must exceed the report's reserve "
                              f"({self.report_reserve_s:g} s): raise --budget-min")
@@ -83,7 +86,8 @@ class CompareConfig:
 
     @property
     def systems(self) -> tuple[str, ...]:
-        return ("A", *self.pdserve_systems, *(("C",) if self.with_c else ()))
+        return ("A", *(f"A-{n}" for n in self.vllm_batched_tokens), *self.pdserve_systems,
+                *(("C",) if self.with_c else ()))
 
     def transport_of(self, system: str) -> str:
         """The KV transport of a pdserve system."""

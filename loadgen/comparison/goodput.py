@@ -79,6 +79,21 @@ def goodputs(measurements: Sequence[Measurement], pairs: Sequence[SLOPair],
             for p in pairs}
 
 
+def is_vllm(system: str) -> bool:
+    """A, or an A-<n> (vLLM with --max-num-batched-tokens n)."""
+    return system == "A" or system.startswith("A-")
+
+
+def best_vllm(by_system: dict[str, tuple[float, bool]]) -> tuple[str, tuple[float, bool]] | None:
+    """A*: the vLLM system with the highest goodput under one SLO pair, and its goodput; None
+    when no vLLM system was measured."""
+    candidates = {s: v for s, v in by_system.items() if is_vllm(s)}
+    if not candidates:
+        return None
+    name = max(candidates, key=lambda s: (candidates[s][0], s == "A"))
+    return name, candidates[name]
+
+
 def ratio(b_rps: float, a_rps: float) -> float | None:
     """B/A; None when both are 0, inf when only A is."""
     if a_rps == 0:

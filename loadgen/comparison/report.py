@@ -16,8 +16,8 @@ import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
-from loadgen.comparison.goodput import (NOISY_OTHER_CORES, Measurement, Skipped, SLOPair, attainment_curves,
-                                        format_goodput, goodputs, is_noisy, quiet_runs, ratio)
+from loadgen.comparison.goodput import (NOISY_OTHER_CORES, Measurement, Skipped, SLOPair, attainment_curves, best_vllm,
+                                        format_goodput, goodputs, is_noisy, is_vllm, quiet_runs, ratio)
 from loadgen.metrics import PHASES, tpot_s
 from loadgen.plots import plot_latency_cdfs  # also selects matplotlib's Agg backend
 
@@ -27,27 +27,46 @@ SYSTEM_LABELS = {"A": "A: vLLM colocated", "B": "B: pdserve 1P+1D", "B-tcp": "B-
                  "C": "C: 2 x 1-core vLLM, round robin"}
 
 
+
+
+def system_label(system: str) -> str:
+    """The legend of a system; A-<n> is vLLM with --max-num-batched-tokens n."""
+    if system.startswith("A-") and system[2:].isdigit():
+        return f"{system}: vLLM colocated, max_num_batched_tokens {system[2:]}"
+    return SYSTEM_LABELS.get(system, system)
+
+
 # -------------------------------------------------------------------------------------- tables
 
 
 def goodput_rows(found: dict[str, dict[str, tuple[float, bool]]], pairs: Sequence[SLOPair],
                  rates: Sequence[float], systems: Sequence[str] = ("A", "B")) -> tuple[list[str], list[list[str]]]:
     """Per SLO pair: each system's goodput, then each other system's ratio to A ("not measured"
-    for a system without any run, e.g. skipped for time)."""
+    for a system without any run, e.g. skipped for time). With A-<n> systems (vLLM's
+    max_num_batched_tokens sweep) also A*, the best of the vLLM systems under that pair, and each
+    pdserve system's ratio to it."""
     others = [s for s in systems if s != "A"]
-    headers = ["SLO pair", *(f"{s} goodput (req/s)" for s in systems), *(f"{s} / A" for s in others)]
+    swept = any(s.startswith("A-") for s in systems)
+    ours = [s for s in systems if not is_vllm(s)] if swept else []
+    headers = ["SLO pair", *(f"{s} goodput (req/s)" for s in systems), *(["A* (best vLLM)"] if swept else []),
+               *(f"{s} / A" for s in others), *(f"{s} / A*" for s in ours)]
     rows = []
     for p in pairs:
-        by_system = found[p.name]
+        by_system = dict(found[p.name])
         cells = [format_goodput(by_system[s], rates) if s in by_system else "not measured" for s in systems]
-        rows.append([f"{p.name}: {p.describe()}", *cells, *(_ratio_cell(by_system, s) for s in others)])
+        best = best_vllm(by_system) if swept else None
+        star = [f"{format_goodput(best[1], rates)} ({best[0]})" if best else "not measured"] if swept else []
+        if best is not None:
+            by_system["A*"] = best[1]
+        rows.append([f"{p.name}: {p.describe()}", *cells, *star, *(_ratio_cell(by_system, s) for s in others),
+                     *(_ratio_cell(by_system, s, "A*") for s in ours)])
     return headers, rows
 
 
-def _ratio_cell(by_system: dict[str, tuple[float, bool]], system: str) -> str:
-    if "A" not in by_system or system not in by_system:
+def _ratio_cell(by_system: dict[str, tuple[float, bool]], system: str, baseline: str = "A") -> str:
+    if baseline not in by_system or system not in by_system:
         return "n/a"
-    (x, x_exact), (a, a_exact) = by_system[system], by_system["A"]
+    (x, x_exact), (a, a_exact) = by_system[system], by_system[baseline]
     r = ratio(x, a)
     return "n/a" if r is None else f"{r:.2f}" + ("" if x_exact and a_exact else " (bound)")
 
@@ -199,7 +218,7 @@ def plot_attainment(config, measurements, pair: SLOPair, found: dict[str, tuple[
     fig, ax = plt.subplots(figsize=(8, 5))
     quiet = attainment_curves(quiet_runs(measurements), pair.name)
     for system, points in sorted(quiet.items()):
-        label = SYSTEM_LABELS[system]
+        label = system_label(system)
         line, = ax.plot(*zip(*points), marker="o", label=label)
         noisy = [(m.rate_rps, m.summaries[pair.name]["slo_attainment"]) for m in measurements
                  if m.system == system and is_noisy(m) and (m.rate_rps, m.summaries[pair.name]["slo_attainment"]) not in points]
@@ -225,7 +244,7 @@ def _plot_cdfs(config, measurements) -> list:
     tight = config.slo_pairs[0].slo
     for rate in config.cdf_rates_rps:
         at_rate = sorted((m for m in measurements if m.rate_rps == rate), key=lambda m: m.system)  # A first
-        runs = {SYSTEM_LABELS[m.system]: m.result.records for m in at_rate}
+        runs = {system_label(m.system): m.result.records for m in at_rate}
         if runs:
             paths.append(plot_latency_cdfs(runs, config.out_dir / f"{config.label}_cdf_{rate:g}rps.png", tight))
     return paths

@@ -188,3 +188,29 @@ def test_quick_mode_and_flags_build_the_config():
     full = parse_args(["--num-requests", "24", "--budget-min", "25", "--with-c"])
     assert (full.num_requests, full.budget_s, full.with_c, full.label) == (24, 1500.0, True, "goodput_vs_vllm")
     assert parse_args([]).budget_s == 19 * 60.0
+
+
+def test_a_star_is_the_best_vllm_setting_per_pair_and_pdserve_is_also_compared_with_it():
+    from loadgen.comparison.goodput import best_vllm
+
+    found = {"tight": {"A": (0.4, True), "A-512": (0.6, True), "A-1024": (0.5, True), "B": (0.9, True)},
+             "loose": {"A": (1.0, True), "A-512": (0.7, True), "A-1024": (0.8, True), "B": (0.9, True)}}
+    assert best_vllm(found["tight"]) == ("A-512", (0.6, True)) and best_vllm({"B": (1.0, True)}) is None
+    headers, rows = goodput_rows(found, PAIRS, [0.5, 1.0], ("A", "A-512", "A-1024", "B"))
+    assert headers[5] == "A* (best vLLM)" and headers[-1] == "B / A*"
+    tight, loose = rows
+    assert tight[5] == "0.60 (A-512)" and tight[-1] == "1.50" and tight[-2] == "2.25"  # B/A*, B/A
+    assert loose[5] == "1.00 (A)" and loose[-1] == "0.90"
+
+
+def test_a_systems_with_their_batched_tokens_come_from_systems():
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from goodput_vs_vllm import parse_args
+
+    config = parse_args(["--systems", "A,A-512,A-1024,B,B-slo"])
+    assert config.vllm_batched_tokens == (512, 1024) and config.pdserve_systems == ("B", "B-slo")
+    assert config.systems == ("A", "A-512", "A-1024", "B", "B-slo")
+    with pytest.raises(SystemExit):
+        parse_args(["--systems", "A,A-big,B"])
