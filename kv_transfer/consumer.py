@@ -4,7 +4,7 @@ One connection per producer address, reused across pulls and serialised by a loc
 request's blocks; concurrent pulls from different producers run in parallel on the caller's pool).
 A cached connection can die while idle (the producer restarted, a middlebox dropped it): if it
 turns out dead before any byte of the producer's reply arrived, the pull is retried once on a fresh
-connection, which is safe because the producer only releases a lease at DONE. Any other failure
+connection, which is safe because the producer only releases a lease at DONE (or COPIED). Any other failure
 closes and drops the connection, so the next pull starts from a fresh handshake; the failed pull
 raises `TransferError` and the caller applies the load-failure policy. A MISSING reply is a clean
 outcome: the pull fails, the connection stays.
@@ -118,20 +118,18 @@ class PullClient:
     def _exchange(self, connection: _Connection, transfer_id: str, remote_block_ids: Sequence[int],
                   local_block_ids: Sequence[int], runs: list[tuple[int, int]], release: bool) -> None:
         """PULL -> SENDING + bytes -> DONE on `connection` (whose lock the caller holds); over a
-        one-round-trip channel PULL + our copy + DONE -> DONE_OK (`kv_transfer.wire`). The byte
-        ranges are cut (or the blocks copied) while the producer looks the lease up. A connection
-        the producer closed while idle shows up as the reply's EOF (or a reset on the PULL):
-        `_StaleConnection`."""
+        one-round-trip channel our copy, then COPIED -> DONE_OK (`kv_transfer.wire`). The byte
+        ranges are cut while the producer looks the lease up. A connection the producer closed
+        while idle shows up as the reply's EOF (or a reset on the first message): `_StaleConnection`."""
         sock, channel = connection.sock, connection.channel
         pull = {"op": "PULL", "transfer_id": transfer_id, "block_ids": list(remote_block_ids),
                 "local_block_ids": list(local_block_ids), "release": release}
         ranges = None
         try:
             if channel.one_round_trip:
-                pull["copy_started_s"] = time.monotonic()
-                send_message(sock, pull)
+                copy_started_s = time.monotonic()
                 channel.copy(local_block_ids, remote_block_ids)
-                send_message(sock, DONE)
+                send_message(sock, pull | {"op": "COPIED", "copy_started_s": copy_started_s})
             else:
                 send_message(sock, pull)
                 ranges = byte_ranges(channel, self.layout, runs)

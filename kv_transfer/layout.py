@@ -172,6 +172,18 @@ class KVLayout:
         return [plane[start * size: stop * size]
                 for plane, size in zip(self._plane_buffers, self._plane_block_bytes) for start, stop in runs]
 
+    def plane_addresses(self) -> list[tuple[int, int]] | None:
+        """(address of block 0, bytes per block) of every plane, in the canonical order, for code
+        that moves runs by address (a one-sided copy); None unless the cache is on the CPU and its
+        blocks are adjacent (a run is then one piece of memory per plane)."""
+        if self.device.type != "cpu" or not self.blocks_adjacent:
+            return None
+        return [(plane.data_ptr(), size) for plane, size in zip(self._planes, self._plane_block_bytes)]
+
+    def check_ids(self, block_ids: Sequence[int]) -> None:
+        """Raises LayoutError for an id outside the cache."""
+        self._check_ids(block_ids)
+
     def num_bytes(self, num_block_ids: int) -> int:
         return num_block_ids * self.bytes_per_block
 
@@ -192,6 +204,21 @@ def coalesce(block_ids: Sequence[int]) -> list[tuple[int, int]]:
             runs[-1] = (runs[-1][0], block_id + 1)
         else:
             runs.append((block_id, block_id + 1))
+    return runs
+
+
+def paired_runs(block_ids: Sequence[int], other_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(start here, start there, blocks) of the runs consecutive on both sides, in order:
+    ([1, 2, 3], [7, 8, 20]) -> [(1, 7, 2), (3, 20, 1)]."""
+    if len(block_ids) != len(other_ids):
+        raise LayoutError(f"{len(block_ids)} block ids paired with {len(other_ids)}")
+    runs: list[tuple[int, int, int]] = []
+    for index, block_id in enumerate(block_ids):
+        if index and block_ids[index - 1] + 1 == block_id and other_ids[index - 1] + 1 == other_ids[index]:
+            start, other_start, count = runs[-1]
+            runs[-1] = (start, other_start, count + 1)
+        else:
+            runs.append((block_id, other_ids[index], 1))
     return runs
 
 

@@ -182,6 +182,8 @@ class TransferServer:
             send_message(sock, {"op": "RELEASED", "found": found})
         elif op == "PULL" and channel is not None:
             self._serve_pull(sock, channel, message)
+        elif op == "COPIED" and channel is not None and channel.one_round_trip:
+            self._serve_copied(sock, message)
         else:
             raise TransferError(f"unexpected control message {op}")
 
@@ -190,11 +192,6 @@ class TransferServer:
         and is released at DONE when the PULL asked for it."""
         transfer_id = require_field(message, "transfer_id", str)
         wanted = require_field(message, "block_ids", list)
-        if "copy_started_s" in message:
-            if not channel.one_round_trip:
-                raise TransferError("a one-round-trip PULL on a channel that did not offer it")
-            self._serve_copied_pull(sock, transfer_id, wanted, message)
-            return
         local = message.get("local_block_ids")
         lease = self.leases.acquire(transfer_id, self._grant_wait_s)
         if lease is None:
@@ -218,16 +215,18 @@ class TransferServer:
         finally:
             self.leases.finish(transfer_id, release=delivered and message.get("release") is True)
 
-    def _serve_copied_pull(self, sock: socket.socket, transfer_id: str, wanted: list, message: dict) -> None:
-        """The one-round-trip pull (`kv_transfer.wire`): the consumer has copied already and its DONE
-        follows the PULL at once. DONE_OK if the lease was granted before the copy began and is
-        pinned now (the bytes read were final throughout); RECOPY, then DONE_OK after the second
-        copy, if it was granted during the copy; MISSING if there is none."""
+    def _serve_copied(self, sock: socket.socket, message: dict) -> None:
+        """The one-round-trip pull (`kv_transfer.wire`): the consumer has copied already. DONE_OK if
+        the lease was granted before the copy began and is held now: the blocks were final and, a
+        lease being never served again once it ends, never freed during the copy. RECOPY, then
+        DONE_OK after the second copy (made under the pin), if it was granted during the copy;
+        MISSING if there is none."""
+        transfer_id = require_field(message, "transfer_id", str)
+        wanted = require_field(message, "block_ids", list)
         copy_started_s = require_field(message, "copy_started_s", float)
         lease = self.leases.acquire(transfer_id, self._grant_wait_s)
         delivered = False
         try:
-            expect(recv_message(sock), "DONE")
             if lease is None or not set(wanted) <= set(lease.block_ids):
                 self.stats.add(missing_transfers=1)
                 send_message(sock, {"op": "MISSING", "error": f"no KV held for transfer {transfer_id} "

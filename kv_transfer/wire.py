@@ -14,16 +14,17 @@ Every message is a dict with an "op" key. The exchanges on one connection:
     consumer -> RELEASE {transfer_id}                   producer -> RELEASED {found}
 
 One round trip over shared memory (WELCOME offered `one_round_trip`): the consumer copies without
-waiting for the producer, then asks whether the copy is good.
+asking, then asks whether the copy is good.
 
-    consumer -> PULL {..., copy_started_s} + its copy + DONE
+    consumer -> (its copy) COPIED {transfer_id, block_ids, local_block_ids, release, copy_started_s}
                                                         producer -> DONE_OK | MISSING {error} | RECOPY {}
-    after RECOPY (the lease was granted after the copy began): the consumer copies again -> DONE
-                                                        producer -> DONE_OK
+    after RECOPY (the lease was granted after the copy began; it is pinned now): the consumer
+    copies again -> DONE                                producer -> DONE_OK
 
 `copy_started_s` is the consumer's `time.monotonic()` before the copy: shared memory means one
-kernel boot, so both sides read the same clock, and the producer answers DONE_OK only when its
-lease was granted by then and is pinned now (`LeaseTable.granted_by`).
+kernel boot, so both sides read the same clock. The producer answers DONE_OK only when its lease
+was granted by then and is held now (`LeaseTable.granted_by`): the blocks were final when the copy
+began, and a lease that ended is never served again, so they were not freed during it.
 
 The producer keeps a transfer's blocks pinned from PULL until DONE (or until the exchange fails),
 and releases the lease at DONE when the PULL asked for it (`release`): the usual pull costs no

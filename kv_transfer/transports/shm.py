@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from kv_transfer.layout import KVLayout
+from kv_transfer.layout import KVLayout, paired_runs
 from kv_transfer.shm_segment import MappedSegment, Segment, SegmentError, boot_id, map_segment, proof
 from kv_transfer.transports.base import ConsumerOffer, DataChannel, Transport
 from kv_transfer.transports.choice import choose_channel, same_boot
@@ -108,6 +108,12 @@ class ShmConsumerChannel(DataChannel):
 
     def __init__(self, mapped: MappedSegment, remote: KVLayout, local: KVLayout):
         self._mapped, self._remote, self._local = mapped, remote, local
+        # By address when both caches are CPU planes of adjacent blocks of the same sizes (the usual
+        # case): a pull then makes no tensor, one memmove per plane and run.
+        remote_planes, local_planes = remote.plane_addresses(), local.plane_addresses()
+        same = (remote_planes is not None and local_planes is not None and len(remote_planes) == len(local_planes)
+                and all(r[1] == l[1] for r, l in zip(remote_planes, local_planes)))
+        self._planes = list(zip(local_planes, remote_planes)) if same else None
 
     def send(self, header: bytes, ranges: Sequence) -> None:
         raise TransferError("a consumer's shm channel sends nothing")
@@ -118,6 +124,15 @@ class ShmConsumerChannel(DataChannel):
     def copy(self, local_block_ids: Sequence[int], remote_block_ids: Sequence[int]) -> int:
         """Copies the producer's `remote_block_ids` into our `local_block_ids` (the same order),
         run by run, with the GIL released (ctypes). Returns the bytes copied."""
+        if self._planes is not None:
+            self._remote.check_ids(remote_block_ids)
+            self._local.check_ids(local_block_ids)
+            moved, runs = 0, paired_runs(local_block_ids, remote_block_ids)
+            for (local_base, size), (remote_base, _) in self._planes:
+                for local_start, remote_start, count in runs:
+                    ctypes.memmove(local_base + local_start * size, remote_base + remote_start * size, count * size)
+                    moved += count * size
+            return moved
         sources = self._remote.views(remote_block_ids, paired_with=local_block_ids)
         targets = self._local.views(local_block_ids, paired_with=remote_block_ids)
         if [t.numel() for t in targets] != [s.numel() for s in sources]:
@@ -132,6 +147,7 @@ class ShmConsumerChannel(DataChannel):
         return not os.path.exists(self._mapped.path)
 
     def close(self) -> None:
+        self._planes = None  # addresses inside the map: never used after it is gone
         self._remote = None  # the views over the map go first, then the map
         self._mapped.close()
 

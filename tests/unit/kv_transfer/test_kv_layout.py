@@ -81,3 +81,13 @@ def test_byte_buffers_are_the_same_ranges_as_the_tensor_views():
     buffers[1][:] = bytes([3]) * 2048  # layer 0, block 1
     assert caches["model.layers.0.attn"][1].view(torch.uint8).eq(3).all()
     assert views[1].eq(3).all()
+
+
+def test_paired_runs_give_both_starts_and_cut_where_either_side_breaks():
+    from kv_transfer.layout import paired_runs
+
+    assert paired_runs([1, 2, 3], [7, 8, 20]) == [(1, 7, 2), (3, 20, 1)]
+    assert paired_runs([5, 6, 7, 20], [1, 2, 9, 10]) == [(5, 1, 2), (7, 9, 1), (20, 10, 1)]
+    assert paired_runs([], []) == []
+    with pytest.raises(LayoutError):
+        paired_runs([1, 2], [3])
