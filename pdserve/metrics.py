@@ -1,4 +1,4 @@
-"""Prometheus metrics of the router and the workers (names prefixed `pdserve_`)."""
+"""Prometheus metrics of the router, the workers and the online planner (names prefixed `pdserve_`)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,35 @@ WORKER_GAUGES = {
         "num_inflight": "Requests inside the worker's RPC handlers",
     }.items()
 }
+
+# planner (`pdserve planner --metrics-port`): its model's latency against the observed, every interval
+# (`planner.model_error`); NaN where a number is unknown (nothing finished, no prediction)
+PLANNER_LATENCY_METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+
+
+def _planner_gauges(name: str, help_text: str) -> dict[str, Gauge]:
+    labels = {m: f"{m.split('_')[0].upper()} {m.split('_')[1]}" for m in PLANNER_LATENCY_METRICS}  # TTFT p90
+    return {m: Gauge(name.format(m), help_text.format(labels[m])) for m in PLANNER_LATENCY_METRICS}
+
+
+PLANNER_PREDICTED_S = _planner_gauges(
+    "pdserve_planner_predicted_{}_seconds",
+    "{} the planner's model (corrected) predicts for the load observed in the last interval, seconds")
+PLANNER_OBSERVED_S = _planner_gauges(
+    "pdserve_planner_observed_{}_seconds", "{} observed at the routers in the last interval, seconds")
+PLANNER_ERROR = _planner_gauges(
+    "pdserve_planner_model_error_{}_ratio",
+    "(predicted - observed) / observed {} in the last interval; > 0: the model over-predicts")
+PLANNER_RECENT_ERROR = _planner_gauges(
+    "pdserve_planner_model_recent_error_{}_ratio",
+    "Mean |relative error| of the {} prediction over the recent scored intervals (the gate's number)")
+PLANNER_CORRECTION = _planner_gauges(
+    "pdserve_planner_model_correction_{}_ratio",
+    "Factor the model's {} is multiplied by: observed / modelled, smoothed over intervals")
+PLANNER_MODEL_TRUSTED = Gauge(
+    "pdserve_planner_model_trusted",
+    "1 when the planner follows its model's plan; 0 when the model's recent error is beyond --max-model-error or "
+    "too few intervals were observed (only an observed SLO break then moves a pool)")
 
 
 # Called with the `Timings` of every request the router finishes (router/live_stats.py adds its window).

@@ -9,7 +9,9 @@ to an actuator. The steps, each named in `Decision.reasons` when it changes some
    observed load, clamped to [min_correction, max_correction]; the plan must then meet the SLO
    divided by it (Dynamo's SLA planner does the same). A model that misses a cost the cluster
    pays (RPC and streaming overhead, a noisy neighbour) is thereby scaled to what is observed, so
-   the plan agrees with the observations instead of undoing the guard below after each cooldown;
+   the plan agrees with the observations instead of undoing the guard below after each cooldown.
+   A caller that tracks the model's error across intervals (`planner.model_error`) passes its
+   smoothed correction as `scale` instead, and this one-interval ratio is not computed;
 2. ask `plan(rate, mean_prompt, mean_output, slo_scale)` (the search over the simulator) for the
    fewest pool sizes meeting the SLOs; grow a pool to the plan at the predicted rate, shrink it only to
    the plan at the predicted rate plus `scale_down_headroom` (hysteresis: no flapping at a
@@ -133,11 +135,17 @@ def predict_rate(rates_rps: tuple[float, ...], predictor: Predictor, window: int
     return max(0.0, y_mean + slope * (n - x_mean))
 
 
-def decide(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, predict: PredictFn | None = None) -> Decision:
-    """The target pool sizes for the next interval. See the module docstring for the rules."""
+def decide(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, predict: PredictFn | None = None,
+           scale: SloScale | None = None) -> Decision:
+    """The target pool sizes for the next interval. See the module docstring for the rules.
+    `scale`, when given, is the model's correction tracked by the caller (step 1b); `predict` is then unused."""
     rate = predict_rate(state.rate_history_rps + (state.arrival_rate_rps,), config.predictor, config.window)
     reasons: list[str] = [f"predicted {rate:.3g} req/s ({config.predictor})"]
-    scale = correction(state, config, predict, reasons) if predict is not None else SloScale()
+    if scale is not None:
+        if scale != SloScale():
+            reasons.append(f"model correction (tracked): TTFT x{1 / scale.ttft:.2f}, TPOT x{1 / scale.tpot:.2f}")
+    else:
+        scale = correction(state, config, predict, reasons) if predict is not None else SloScale()
     wanted = _planned(state, config, plan, rate, scale, reasons)
     wanted = _reactive(state, config, wanted, reasons)
     wanted = _wait_for_starting(state, wanted, reasons)

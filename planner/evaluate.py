@@ -1,7 +1,8 @@
 """The simulator as the search's oracle: attainment at a rate, and pool sizes for a load.
 
 These close over a workload, the engine settings and the fitted model, and are what
-`pdserve plan` and the online planner pass to `planner.search` and `planner.decision`.
+`pdserve plan` and the online planner pass to `planner.search`, `planner.decision` and
+`planner.model_error`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from loadgen.metrics import SLO
 from loadgen.workload import RequestSpec, combine, poisson, uniform_lengths
 from planner.decision import PlanFn, PredictFn, SloScale
+from planner.model_error import Latencies, LatencyFn
 from planner.perf_model import PerfModel
 from planner.pool_sizes import PoolSizes
 from planner.search import AttainmentFn, SearchSettings, fewest_devices
@@ -76,17 +78,32 @@ def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices:
     return plan
 
 
+def make_latency_fn(settings: SimSettings, model: PerfModel, num_requests: int = 500, range_ratio: float = 0.5,
+                    seed: int = 0) -> LatencyFn:
+    """latency(sizes, rate, mean prompt, mean output) -> simulated p50/p90 TTFT and TPOT in seconds
+    of the same synthetic workload `make_plan_fn` plans with (TPOT None if no output > 1 token)."""
+
+    def latency(sizes: PoolSizes, rate_rps: float, mean_prompt_tokens: float,
+                mean_output_tokens: float) -> Latencies:
+        requests = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)(rate_rps)
+        result = simulate(requests, Topology.disaggregated(sizes.prefill, sizes.decode), settings, model)
+        tpot = result.tpot_s[~np.isnan(result.tpot_s)]
+        ttft_p50, ttft_p90 = (float(v) for v in np.percentile(result.ttft_s, [50, 90]))
+        tpot_p50, tpot_p90 = (float(v) for v in np.percentile(tpot, [50, 90])) if len(tpot) else (None, None)
+        return Latencies(ttft_p50_s=ttft_p50, ttft_p90_s=ttft_p90, tpot_p50_s=tpot_p50, tpot_p90_s=tpot_p90)
+
+    return latency
+
+
 def make_predict_fn(settings: SimSettings, model: PerfModel, num_requests: int = 500, range_ratio: float = 0.5,
                     seed: int = 0) -> PredictFn:
-    """predict(sizes, rate, mean prompt, mean output) -> simulated (TTFT p90, TPOT p90) in seconds
-    of the same synthetic workload `make_plan_fn` plans with (TPOT None if no output > 1 token)."""
+    """predict(sizes, rate, mean prompt, mean output) -> the p90s of `make_latency_fn`: simulated
+    (TTFT p90, TPOT p90) in seconds (TPOT None if no output > 1 token)."""
+    latency = make_latency_fn(settings, model, num_requests, range_ratio, seed)
 
     def predict(sizes: PoolSizes, rate_rps: float, mean_prompt_tokens: float,
                 mean_output_tokens: float) -> tuple[float | None, float | None]:
-        requests = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)(rate_rps)
-        result = simulate(requests, Topology.disaggregated(sizes.prefill, sizes.decode), settings, model)
-        tpot = result.tpot_s
-        tpot = tpot[~np.isnan(tpot)]
-        return float(np.percentile(result.ttft_s, 90)), (float(np.percentile(tpot, 90)) if len(tpot) else None)
+        latencies = latency(sizes, rate_rps, mean_prompt_tokens, mean_output_tokens)
+        return latencies.ttft_p90_s, latencies.tpot_p90_s
 
     return predict

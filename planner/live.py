@@ -3,8 +3,8 @@
 Reading is a thin Redis adapter (`read_router_loads`); everything else here is pure and turns
 what was read into the decision core's `ObservedLoad`:
 
-- several routers: rates add up, mean lengths are weighted by requests finished, and the p90s
-  are the worst router's (a conservative merge; exact percentiles would need the samples);
+- several routers: rates add up, mean lengths are weighted by requests finished, and the p50s
+  and p90s are the worst router's (a conservative merge; exact percentiles would need the samples);
 - a pool's ready size counts registered workers that are not draining;
 - when no request finished in the window (only in-flight ones), the mean lengths are the last
   ones seen, so a load step of long requests is still sized with their lengths.
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from pdserve.registry import WorkerRecord
 from planner.decision import ObservedLoad
+from planner.model_error import Latencies
 from planner.pool_sizes import ROLES, PoolSizes
 from pdserve.keys import router_load_key
 from router.live_stats import LoadSummary
@@ -34,6 +35,8 @@ class LiveLoad:
     mean_output_tokens: float | None
     ttft_p90_s: float | None
     tpot_p90_s: float | None
+    ttft_p50_s: float | None = None
+    tpot_p50_s: float | None = None
 
 
 async def read_router_loads(redis, cluster: str) -> list[LoadSummary]:
@@ -66,7 +69,19 @@ def merge_loads(summaries: Sequence[LoadSummary]) -> LiveLoad | None:
         arrival_rate_rps=sum(s.arrival_rate_rps for s in summaries),
         mean_prompt_tokens=weighted("mean_prompt_tokens"), mean_output_tokens=weighted("mean_output_tokens"),
         ttft_p90_s=_worst([s.ttft_p90_s for s in summaries]), tpot_p90_s=_worst([s.tpot_p90_s for s in summaries]),
+        ttft_p50_s=_worst([s.ttft_p50_s for s in summaries]), tpot_p50_s=_worst([s.tpot_p50_s for s in summaries]),
     )
+
+
+def observed_latencies(live: LiveLoad) -> Latencies:
+    """What the model's prediction is judged against (`planner.model_error`)."""
+    return Latencies(ttft_p50_s=live.ttft_p50_s, ttft_p90_s=live.ttft_p90_s, tpot_p50_s=live.tpot_p50_s,
+                     tpot_p90_s=live.tpot_p90_s)
+
+
+def observation_window_s(summaries: Sequence[LoadSummary]) -> float:
+    """The longest span the routers' numbers cover: requests served that long ago still count."""
+    return max((s.window_s for s in summaries), default=0.0)
 
 
 def ready_sizes(workers: Sequence[WorkerRecord]) -> PoolSizes:

@@ -4,7 +4,15 @@ One tick:
 1. read every router's live-load summary and the worker registry from Redis (`planner.live`);
    no router published: hold (missing data is not "no load") and say so;
 2. ask the actuator for the pools' desired sizes (`current`), build `ObservedLoad`;
-3. `planner.decision.decide` (pure; it runs the simulator-backed search in a thread);
+2b. with a latency model (`Oracle.latency`), judge it (`planner.model_error`): its p50/p90 TTFT and
+   TPOT for the load observed this interval at the replicas that served it, against the observed
+   ones; the correction it learns goes into `decide`. The numbers are published with the tick and
+   as `pdserve_planner_*` gauges (`pdserve.metrics`);
+3. `planner.decision.decide` (pure; it runs the simulator-backed search in a thread). While the
+   gate refuses the model (its recent error is beyond `ErrorConfig.max_error`, or too few intervals
+   were judged), its plan is not followed: `decide` is given `keep_sizes` instead, so no pool moves
+   on the model's word; what is observed still moves one (a p90 over its SLO: the reactive guard;
+   no traffic at all: toward the minimum), and the bounds still apply. The tick's note says why;
 4. apply a changed target, one `actuator.scale(role, n)` per changed pool;
 5. publish the decision for observability:
        pdserve:{cluster}:planner:decision    JSON of the last tick (SET, expires after 10 intervals)
@@ -26,16 +34,19 @@ from dataclasses import asdict, dataclass, field
 
 from redis.exceptions import RedisError
 
+from pdserve import metrics
 from pdserve.keys import planner_decision_key, planner_decisions_key
 from pdserve.registry import Registry
 from planner.actuators.base import ROLES, Actuator
 from planner.decision import Decision, ObservedLoad, PlanFn, PlannerConfig, PredictFn, decide
-from planner.live import merge_loads, observed_load, read_router_loads, ready_sizes
+from planner.live import (LiveLoad, merge_loads, observation_window_s, observed_latencies, observed_load,
+                          read_router_loads, ready_sizes)
+from planner.model_error import ErrorConfig, LatencyFn, ModelErrorTracker, Verdict, may_act
 from planner.pool_sizes import PoolSizes
 
 logger = logging.getLogger(__name__)
 HISTORY_LENGTH = 100
-
+MODEL_NOT_TRUSTED = "model not trusted, its plan not followed"
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class LoopSettings:
     fallback_prompt_tokens: float = 512.0  # lengths assumed before any request finished
     fallback_output_tokens: float = 128.0
     dry_run: bool = False  # decide and publish, never call `actuator.scale`
+    model_error: ErrorConfig = ErrorConfig()  # the gate on the model's recent error (step 2b)
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -54,11 +66,15 @@ class LoopSettings:
 @dataclass(frozen=True)
 class Oracle:
     """The performance model as the decision core asks it: `plan` sizes a load, `predict` says what
-    latency the model expects at given sizes (None: no model correction). `fit` is for display."""
+    latency the model expects at given sizes (None: no model correction). `latency` says the same as
+    p50s and p90s; with it the loop judges the model every interval (step 2b) and its tracked
+    correction replaces `predict`'s; without it nothing is judged and the gate never refuses.
+    `fit` is for display."""
 
     plan: PlanFn
     predict: PredictFn | None = None
     fit: object | None = None
+    latency: LatencyFn | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,7 @@ class Tick:
     applied: bool
     note: str = ""
     errors: tuple[str, ...] = field(default=())
+    model: dict | None = None  # `ModelErrorTracker.as_dict()` after this interval; None: not judged
 
     def to_json(self) -> str:
         body = {"at_s": self.at_s, "applied": self.applied, "note": self.note, "errors": list(self.errors)}
@@ -83,11 +100,14 @@ class Tick:
             d = self.decision
             body |= {"current": d.current.as_dict(), "target": d.target.as_dict(), "changed": d.changed,
                      "predicted_rate_rps": d.predicted_rate_rps, "reasons": list(d.reasons)}
+        if self.model is not None:
+            body["model"] = self.model
         return json.dumps(body)
 
 
 class PlannerLoop:
-    """Owns the loop's memory (rate history, last scale time, last lengths); the rest is stateless."""
+    """Owns the loop's memory (rate history, last scale time, last lengths, the model's error); the
+    rest is stateless."""
 
     def __init__(self, redis, registry: Registry, settings: LoopSettings, config: PlannerConfig, oracle: Oracle,
                  actuator: Actuator, clock: Callable[[], float] = time.monotonic) -> None:
@@ -97,6 +117,8 @@ class PlannerLoop:
         self._last_scale_s: float | None = None
         self._last_ready: PoolSizes | None = None
         self._lengths = (settings.fallback_prompt_tokens, settings.fallback_output_tokens)
+        self._ready_changed_s = -math.inf  # when the serving pools last changed (before the first tick: never)
+        self.model = ModelErrorTracker(settings.model_error) if oracle.latency is not None else None
         self.ticks: deque[Tick] = deque(maxlen=HISTORY_LENGTH)  # the latest, for callers and tests
 
     @classmethod
@@ -128,11 +150,43 @@ class PlannerLoop:
         since_s = math.inf if self._last_scale_s is None else self.clock() - self._last_scale_s
         observed = observed_load(live, current, ready, since_s, tuple(self._rates), self._lengths)
         self._rates.append(live.arrival_rate_rps)
-        decision = await asyncio.to_thread(decide, observed, self.config, self.oracle.plan, self.oracle.predict)
+        verdict = await self._judge_model(live, observed, observation_window_s(loads))
+        trusted = verdict is None or verdict.allowed
+        plan = self.oracle.plan if trusted else keep_sizes(current)
+        predict, scale = (None, self.model.slo_scale()) if self.model is not None else (self.oracle.predict, None)
+        decision = await asyncio.to_thread(decide, observed, self.config, plan, predict, scale)
+        note = "" if trusted else f"{MODEL_NOT_TRUSTED}: {verdict.reason}"
+        if note:
+            logger.warning("planner: %s", note)
         if self.settings.dry_run:
-            return await self._finish(Tick(time.time(), observed, decision, False, "dry run: not applied"))
+            return await self._finish(self._tick(observed, decision, False, "; ".join(
+                filter(None, ("dry run: not applied", note)))))
         applied = decision.changed and await self._apply(decision, errors)
-        return await self._finish(Tick(time.time(), observed, decision, applied, errors=tuple(errors)))
+        return await self._finish(self._tick(observed, decision, applied, note, tuple(errors)))
+
+    def _tick(self, observed: ObservedLoad, decision: Decision, applied: bool, note: str = "",
+              errors: tuple[str, ...] = ()) -> Tick:
+        model = None if self.model is None else self.model.as_dict()
+        return Tick(time.time(), observed, decision, applied, note, errors, model)
+
+    async def _judge_model(self, live: LiveLoad, observed: ObservedLoad, window_s: float) -> Verdict | None:
+        """Step 2b: records this interval's predicted against observed latency and returns the gate's
+        verdict (None without a latency model). The interval is not scored while the routers' window
+        (`window_s`) still holds requests served before the serving pools last changed."""
+        if self.model is None:
+            return None
+        serving = observed.ready if observed.ready is not None else observed.current
+        raw = None
+        if serving.prefill >= 1 and serving.decode >= 1 and observed.arrival_rate_rps > 0:
+            raw = await asyncio.to_thread(self.oracle.latency, serving, observed.arrival_rate_rps,
+                                          observed.mean_prompt_tokens, observed.mean_output_tokens)
+        age_s = self.clock() - self._ready_changed_s
+        incomparable = (f"the serving pools changed {age_s:.0f} s ago, within the routers' {window_s:.0f} s window"
+                        if age_s < window_s else "")
+        self.model = self.model.record(raw, observed_latencies(live), live.num_finished, incomparable)
+        verdict = may_act(self.model)
+        publish_model_gauges(self.model, verdict)
+        return verdict
 
     def _note_new_replicas(self, ready: PoolSizes) -> None:
         """Restarts the cooldown clock when a pool gains serving replicas after a scale-up.
@@ -140,8 +194,11 @@ class PlannerLoop:
         The cooldown exists to judge a change by its effect; a replica that took minutes to boot has
         had no effect until it serves, so a cooldown counted from the decision alone could shrink the
         pool the moment the new replica arrives. A pool that loses replicas (a crash) does not restart
-        the clock: its replacement must not wait."""
+        the clock: its replacement must not wait. Any change is noted for step 2b: latencies observed
+        before it describe other pools."""
         previous, self._last_ready = self._last_ready, ready
+        if previous is not None and ready != previous:
+            self._ready_changed_s = self.clock()
         if self._last_scale_s is not None and previous is not None and any(
                 ready.of(role) > previous.of(role) for role in ROLES):
             self._last_scale_s = self.clock()
@@ -191,3 +248,19 @@ class PlannerLoop:
             except TimeoutError:
                 pass
 
+
+def keep_sizes(current: PoolSizes) -> PlanFn:
+    """The plan of a model the gate refuses: the current sizes, whatever the load. `decide` then
+    neither grows nor shrinks a pool on the model's word (no simulation runs either)."""
+    return lambda rate_rps, mean_prompt_tokens, mean_output_tokens, slo_scale: current
+
+
+def publish_model_gauges(tracker: ModelErrorTracker, verdict: Verdict) -> None:
+    """Sets the `pdserve_planner_*` gauges (`pdserve.metrics`) from the tracker; NaN where unknown."""
+    gauges = {"predicted_s": metrics.PLANNER_PREDICTED_S, "observed_s": metrics.PLANNER_OBSERVED_S,
+              "error": metrics.PLANNER_ERROR, "recent_error": metrics.PLANNER_RECENT_ERROR,
+              "correction": metrics.PLANNER_CORRECTION}
+    for metric, numbers in tracker.as_dict()["metrics"].items():
+        for key, family in gauges.items():
+            family[metric].set(math.nan if numbers[key] is None else numbers[key])
+    metrics.PLANNER_MODEL_TRUSTED.set(int(verdict.allowed))

@@ -1,5 +1,5 @@
-"""Assembling the online planner: profile -> fitted model -> the plan and predict functions the
-loop (`planner.online.PlannerLoop`) asks. `pdserve planner` calls these.
+"""Assembling the online planner: profile -> fitted model -> the plan, predict and latency functions
+the loop (`planner.online.PlannerLoop`) asks. `pdserve planner` calls these.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.metrics import SLO
-from planner.evaluate import make_plan_fn, make_predict_fn
+from planner.evaluate import make_latency_fn, make_plan_fn, make_predict_fn
 from planner.online import Oracle
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile
@@ -35,8 +35,9 @@ class PlanModelSpec:
 
 
 def build_oracle(spec: PlanModelSpec, max_devices: int) -> Oracle:
-    """The plan (fewest pool sizes meeting the SLOs in simulation) and predict (simulated p90s at
-    given sizes) functions of the profile's fitted model, and the fit itself."""
+    """The plan (fewest pool sizes meeting the SLOs in simulation), predict (simulated p90s at
+    given sizes) and latency (simulated p50s and p90s, what the loop's error tracker compares with
+    the observed) functions of the profile's fitted model, and the fit itself."""
     from planner.profiles.example import EXAMPLE_PROFILE_PATH
 
     profile = load_profile(spec.profile_path or EXAMPLE_PROFILE_PATH)
@@ -45,5 +46,6 @@ def build_oracle(spec: PlanModelSpec, max_devices: int) -> Oracle:
     slo = SLO(ttft_s=spec.ttft_slo_s, tpot_s=spec.tpot_slo_s)
     search = SearchSettings(target_attainment=spec.target_attainment)
     return Oracle(plan=make_plan_fn(settings, fit.model, slo, max_devices, search, num_requests=spec.sim_requests),
-                  predict=make_predict_fn(settings, fit.model, num_requests=spec.sim_requests), fit=fit)
+                  predict=make_predict_fn(settings, fit.model, num_requests=spec.sim_requests),
+                  latency=make_latency_fn(settings, fit.model, num_requests=spec.sim_requests), fit=fit)
 

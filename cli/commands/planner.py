@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from cli.commands.engine_options import add_engine_options
+from planner.model_error import ErrorConfig
 
 DESCRIPTION = """\
 Keep the prefill and decode pools sized for the load, every --interval-s:
@@ -18,11 +19,17 @@ Keep the prefill and decode pools sized for the load, every --interval-s:
      model, the fewest prefill + decode workers meeting the TTFT and TPOT SLOs for
      --attainment-target of requests; a pool whose observed p90 breaks its SLO grows regardless;
      cooldowns, step limits, hysteresis and bounds keep it from flapping;
+  2b. judge the model: its p50/p90 TTFT and TPOT for the load just observed, against the observed
+     ones; it learns a correction from the difference, and while its recent error is beyond
+     --max-model-error (or too few intervals were judged) the plan of step 2 is not followed (only
+     an observed SLO break still grows a pool) and each decision says why;
   3. ask the actuator to resize: `local` starts/stops `pdserve worker` processes on this host
      next to the cluster (removal is a SIGTERM drain: no in-flight request is dropped),
      `kubernetes` patches the role Deployments' scale, `ray` resizes a `pdserve up --ray` cluster.
 Each decision is published to pdserve:{cluster}:planner:decision (and the last 100 to
-...:planner:decisions) and printed. Stop with Ctrl-C (local workers the planner started are drained).
+...:planner:decisions) and printed; `pdserve planner status` prints the last one, and with
+--metrics-port the model's predicted vs observed latency are Prometheus gauges (pdserve_planner_*).
+Stop with Ctrl-C (local workers the planner started are drained).
 """
 
 EPILOG = """\
@@ -31,6 +38,7 @@ examples:
       --tpot-slo-s 0.05 --actuator local --model models/bench --decode-cores 1,0
   pdserve planner --redis-url redis://redis:6379/0 --actuator kubernetes --k8s-namespace pdserve
   pdserve planner --redis-url redis://127.0.0.1:6379/0 --once --dry-run   # one decision, no scaling
+  pdserve planner status --redis-url redis://127.0.0.1:6379/0   # what the running planner did last, and why
 """
 
 
@@ -38,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("planner", help="resize the prefill/decode pools from live load (online SLA planner)",
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", nargs="?", choices=("run", "status"), default="run",
+                   help="run (the default): the planner loop; status: print the running planner's last decision "
+                        "and its model's predicted vs observed latency (needs only --redis-url and --cluster)")
     p.add_argument("--redis-url", required=True, help="the cluster's Redis, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--cluster", default="default", help="cluster name: the Redis key prefix (default default)")
     g = p.add_argument_group("model and SLOs")
@@ -47,6 +58,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--tpot-slo-s", type=float, default=0.1, help="time per output token SLO (default 0.1)")
     g.add_argument("--attainment-target", type=float, default=0.9, help="share meeting both SLOs (default 0.9)")
     g.add_argument("--sim-requests", type=int, default=300, help="requests per simulated probe (default 300)")
+    error = ErrorConfig()
+    g.add_argument("--max-model-error", type=float, default=error.max_error,
+                   help="follow the model's plan only while the model is this accurate: every interval the "
+                        "planner compares the p90 TTFT and TPOT its model predicts (corrected by what it observed "
+                        "so far) for the load it just saw with the p90s the routers measured; if the average "
+                        f"|predicted - observed| / observed over the last {error.window_intervals} intervals "
+                        f"exceeds this, or fewer than {error.min_intervals} intervals had "
+                        f"{error.min_finished_requests}+ finished requests, it does not scale on the model and says "
+                        "why (a p90 over its SLO still grows a pool). Default "
+                        f"{error.max_error:g}, i.e. {error.max_error * 100:g} percent; inf: always follow the model")
     g = p.add_argument_group("loop")
     g.add_argument("--interval-s", type=float, default=10.0, help="seconds between decisions (default 10)")
     g.add_argument("--min-prefill", type=int, default=1)
@@ -62,6 +83,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--predictor", choices=["last", "moving_average", "trend"], default="trend")
     g.add_argument("--once", action="store_true", help="one decision, print it, exit")
     g.add_argument("--dry-run", action="store_true", help="decide and publish, never scale")
+    g.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus /metrics here: the model's predicted vs observed latency (0: off)")
+    g.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address /metrics binds (default 127.0.0.1; 0.0.0.0 for a Prometheus on another host)")
     _add_local_arguments(p)
     _add_remote_arguments(p)
     p.set_defaults(func=run)
@@ -129,13 +154,36 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from planner.pool_sizes import PoolSizes
-
+    if args.action == "status":
+        return _status(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return asyncio.run(_main(args))
     except (ValueError, FileNotFoundError) as bad:
         raise SystemExit(f"pdserve planner: {bad}") from bad
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    import time
+
+    import redis
+
+    from pdserve.keys import planner_decision_key
+    from planner.status import status_lines
+
+    try:
+        with redis.Redis.from_url(args.redis_url) as client:
+            raw = client.get(planner_decision_key(args.cluster))
+    except (redis.RedisError, OSError, ValueError) as error:
+        raise SystemExit(f"pdserve planner status: cannot read {args.redis_url}: {error}") from error
+    if raw is None:
+        print(f"pdserve planner status: no decision of cluster {args.cluster!r} in the last 10 intervals; "
+              "is `pdserve planner` running with this --redis-url and --cluster?", file=sys.stderr)
+        return 1
+    print("\n".join(status_lines(json.loads(raw), time.time())))
+    return 0
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -144,6 +192,7 @@ async def _main(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from pdserve.metrics import start_metrics_server
     from pdserve.registry import Registry
     from planner.decision import PlannerConfig
     from planner.live import ready_sizes
@@ -152,6 +201,7 @@ async def _main(args: argparse.Namespace) -> int:
     from planner.service import PlanModelSpec, build_oracle
 
     console = Console()
+    model_error = ErrorConfig(max_error=args.max_model_error)
     registry = Registry(args.redis_url, args.cluster)
     unmanaged = ready_sizes(await registry.workers()) if args.actuator == "local" else PoolSizes(0, 0)
     await registry.close()
@@ -167,7 +217,9 @@ async def _main(args: argparse.Namespace) -> int:
     for line in oracle.fit.lines():
         console.print("  " + line, markup=False)
     actuator, cleanup = _actuator(args, unmanaged)
-    settings = LoopSettings(args.cluster, args.interval_s, dry_run=args.dry_run)
+    settings = LoopSettings(args.cluster, args.interval_s, dry_run=args.dry_run, model_error=model_error)
+    if args.metrics_port:
+        start_metrics_server(args.metrics_host, args.metrics_port)
     loop = PlannerLoop.connect(args.redis_url, settings, config, oracle, actuator)
     console.print(f"planner: cluster {args.cluster}, {args.actuator} actuator, bounds {config.min_sizes} .. "
                   f"{config.max_sizes}, every {args.interval_s:g} s (workers already running: {unmanaged})")
@@ -186,6 +238,9 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def _print_tick(console, tick) -> None:
+    from planner.online import MODEL_NOT_TRUSTED
+    from planner.status import model_summary
+
     if tick.decision is None:
         console.print(f"[yellow]{tick.note}[/yellow]")
         return
@@ -196,5 +251,9 @@ def _print_tick(console, tick) -> None:
             else "would scale" if tick.note.startswith("dry run") else "[red]failed[/red]")
     console.print(f"{verb} {d.current} -> {d.target}  rate {o.arrival_rate_rps:.2f} req/s, p90 TTFT {ttft} ms, "
                   f"TPOT {tpot} ms, ready {o.ready}; " + "; ".join(d.reasons[1:] or d.reasons), markup=True)
+    if MODEL_NOT_TRUSTED in tick.note:
+        console.print("  " + tick.note, style="yellow", markup=False)
+    if tick.model is not None:
+        console.print("  " + model_summary(tick.model), markup=False)
     for error in tick.errors:
         console.print(f"[red]{error}[/red]")

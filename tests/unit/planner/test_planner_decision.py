@@ -104,6 +104,14 @@ def test_model_correction_table(name, observed, expected, reason):
     assert any(reason in r for r in decision.reasons), decision.reasons
 
 
+def test_a_tracked_correction_replaces_the_one_interval_ratio():
+    # predict says the model is right (observed = modelled); the tracked correction says TPOT is 2x
+    decision = decide(state(4.0, (2, 2)), CONFIG, plan, predict, scale=SloScale(ttft=1.0, tpot=0.5))
+    assert decision.target == PoolSizes(2, 4)
+    assert "model correction (tracked): TTFT x1.00, TPOT x2.00" in decision.reasons
+    assert not any("model correction at" in r for r in decision.reasons)
+
+
 def test_no_correction_without_observations():
     decision = decide(state(4.0, (2, 2), ttft_p90_s=None, tpot_p90_s=None), CONFIG, plan, predict)
     assert decision.target == PoolSizes(2, 2) and not any("correction" in r for r in decision.reasons)
