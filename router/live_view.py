@@ -61,7 +61,8 @@ class LiveView:
         prefill, decode = self.pool.workers("prefill"), self.pool.workers("decode")
         accepts_local = self.rule.accepts(bool(prefill))
         block_size = next((w.block_size for w in prefill + decode if w.block_size), DEFAULT_BLOCK_SIZE)
-        cached = self.prefix(block_size).match_all(prompt_token_ids)  # one hash of the prompt, no LRU touch
+        index = self._fresh_prefix(block_size, prefill + decode)
+        cached = index.match_all(prompt_token_ids)  # one hash of the prompt, no LRU touch
         views = []
         for record in prefill + decode:
             kv_free = record.kv_blocks_total - record.kv_blocks_used if record.kv_blocks_total else 1 << 30
@@ -72,6 +73,20 @@ class LiveView:
                 kv_blocks_free=max(0, kv_free), block_size=record.block_size or block_size,
                 cached_prefix_tokens=cached.get(record.worker_id, 0)))
         return views
+
+    def _fresh_prefix(self, block_size: int, live: list) -> PrefixIndex:
+        """The prefix index kept true to the pool: a worker that left the registry is forgotten (a
+        replacement under the same id starts with an empty cache), and each live worker's capacity
+        is its engine's KV blocks once it reports them."""
+        index = self.prefix(block_size)
+        registered = self.pool.registered_ids()
+        for worker_id in index.workers():
+            if worker_id not in registered:
+                index.forget_worker(worker_id)
+        for record in live:
+            if record.kv_blocks_total and index.capacity_of(record.worker_id) != record.kv_blocks_total:
+                index.set_capacity(record.worker_id, record.kv_blocks_total)
+        return index
 
     def _decodes_at(self, record) -> int:
         """Requests that run or will run their decode there: placed by this router and not over

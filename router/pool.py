@@ -89,6 +89,11 @@ class WorkerPool:
         chosen = pick_least_loaded(candidates, exclude)
         return records[chosen.worker_id] if chosen else None
 
+    def registered_ids(self) -> set[str]:
+        """Every worker in the registry and not draining, quarantined ones included (a quarantined
+        worker is still there, its cache with it)."""
+        return set(self._workers)
+
     def get(self, worker_id: str) -> WorkerRecord | None:
         """The live, unquarantined worker `worker_id`, or None."""
         record = self._workers.get(worker_id)

@@ -6,8 +6,9 @@ including its block, and a partial last block is never indexed. `record` says a 
 (and so caches) a prompt; `longest_prefix_tokens` walks the chain and stops at the first block the
 worker lacks, so evicting a block makes every descendant unmatchable.
 
-Each worker's blocks are an LRU of `capacity_blocks_per_worker` (set it to the worker's KV blocks:
-the index then forgets about when the engine would). Touching a chain touches its blocks last to
+Each worker's blocks are an LRU of its capacity: `capacity_blocks_per_worker`, or what
+`set_capacity` gave that worker (its engine's KV blocks: the index then forgets about when the
+engine would). Touching a chain touches its blocks last to
 first, so the root is the most recent and a chain is evicted from its tail, as vLLM frees blocks.
 This is a hint: a wrong entry costs a worse placement, never a wrong answer. The default hash is
 Python's (process-local, 64-bit); pass `hash_block` to match the engine's KV event hashes.
@@ -47,9 +48,25 @@ class PrefixIndex:
         self.capacity_blocks_per_worker = capacity_blocks_per_worker
         self.hash_block = hash_block
         self._blocks: dict[str, OrderedDict[Hashable, None]] = {}   # worker -> LRU, oldest first
+        self._capacity: dict[str, int] = {}   # worker -> its own capacity, when known
 
     def blocks_of(self, worker_id: str) -> int:
         return len(self._blocks.get(worker_id, ()))
+
+    def workers(self) -> list[str]:
+        """The workers the index holds blocks for."""
+        return list(self._blocks)
+
+    def capacity_of(self, worker_id: str) -> int:
+        return self._capacity.get(worker_id, self.capacity_blocks_per_worker)
+
+    def set_capacity(self, worker_id: str, blocks: int) -> None:
+        """`worker_id` caches at most `blocks` blocks (its engine's KV cache); its least recently
+        used blocks beyond that go now."""
+        if blocks < 1:
+            raise ValueError(f"a worker's capacity is >= 1 block, got {blocks}")
+        self._capacity[worker_id] = blocks
+        self._trim(worker_id)
 
     def record(self, worker_id: str, token_ids: Sequence[int]) -> None:
         """`worker_id` now caches every full block of `token_ids`; over capacity, its least recently
@@ -58,7 +75,11 @@ class PrefixIndex:
         for block in reversed(block_hashes(token_ids, self.block_size, self.hash_block)):
             lru[block] = None
             lru.move_to_end(block)
-        while len(lru) > self.capacity_blocks_per_worker:
+        self._trim(worker_id)
+
+    def _trim(self, worker_id: str) -> None:
+        lru, capacity = self._blocks.get(worker_id), self.capacity_of(worker_id)
+        while lru is not None and len(lru) > capacity:
             lru.popitem(last=False)
 
     def longest_prefix_tokens(self, worker_id: str, token_ids: Sequence[int]) -> int:
@@ -82,6 +103,7 @@ class PrefixIndex:
     def forget_worker(self, worker_id: str) -> None:
         """Drops everything about a worker (gone, restarted, or its cache reset)."""
         self._blocks.pop(worker_id, None)
+        self._capacity.pop(worker_id, None)
 
     def evict_blocks(self, worker_id: str, hashes: Iterable[Hashable]) -> int:
         """The engine evicted these blocks (KV events): drops them; returns how many were known."""

@@ -96,3 +96,16 @@ def test_an_engine_hash_function_can_be_plugged_in():
 def test_an_index_needs_positive_sizes():
     with pytest.raises(ValueError, match="need block_size >= 1"):
         PrefixIndex(block_size=0, capacity_blocks_per_worker=10)
+
+
+def test_a_workers_own_capacity_trims_its_lru_and_leaves_the_others():
+    index = PrefixIndex(block_size=2, capacity_blocks_per_worker=100)
+    index.record("w1", list(range(20)))   # 10 blocks
+    index.record("w2", list(range(20)))
+    index.set_capacity("w1", 4)
+    assert index.blocks_of("w1") == 4 and index.blocks_of("w2") == 10
+    assert index.longest_prefix_tokens("w1", list(range(20))) == 8   # the chain's head is kept
+    index.forget_worker("w1")
+    assert index.capacity_of("w1") == 100 and index.workers() == ["w2"]
+    with pytest.raises(ValueError):
+        index.set_capacity("w2", 0)
