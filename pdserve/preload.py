@@ -3,9 +3,9 @@
 vLLM's CPU installation guide recommends tcmalloc as the allocator and Intel's OpenMP runtime
 (libiomp5) under its compute threads, both through `LD_PRELOAD`; without them each model runner
 warns at start. pdserve preloads what measurement supports (`DEFAULT_LIBRARIES`): tcmalloc, 1.2x on
-a 1k-token prefill on an AMX Xeon (every run), 1.14x then within noise in two runs on an
-AVX512-BF16 EPYC (BENCHMARKS "Fast defaults"); Intel OpenMP on top of it was never faster beyond
-noise (slower in two of three runs), so it is opt-in (`--preload tcmalloc,iomp5`). They take effect only in a process
+a 1k-token prefill on an AMX Xeon (every run), 1.15x on an AVX512-BF16 EPYC (6 runs a variant,
+noise-guarded; BENCHMARKS "Fast defaults"), decode unchanged on both; Intel OpenMP on top of it was
+never faster beyond noise (slower in two of four runs), so it is opt-in (`--preload tcmalloc,iomp5`). They take effect only in a process
 that starts after LD_PRELOAD is set, so the worker sets it (`pdserve.engine.engine_args`) just
 before vLLM spawns its engine core and model runner, where the compute runs: every launcher
 (local, the planner's, Ray, Kubernetes) gets them the same way.
