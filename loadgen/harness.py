@@ -104,11 +104,12 @@ async def run_with_progress(target: Target, specs: list[wl.RequestSpec], prompts
                             config: RunConfig, description: str = "requests", show: bool = True,
                             console: Console | None = None) -> RunResult:
     """Open the target, run, close it; a live rich bar on `console` (default: rich's) counts ok /
-    failed / timed-out requests. On a console that is not a terminal the bar is drawn once, at the end."""
+    refused / failed / timed-out requests. On a console that is not a terminal the bar is drawn once, at the end."""
     total = None if config.mode == "concurrency" and config.duration_s else len(specs)
-    counts = {"ok": 0, "error": 0, "timeout": 0}
+    counts = {"ok": 0, "refused": 0, "error": 0, "timeout": 0}   # one per runner.Status
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("ok {task.fields[ok]} · failed {task.fields[error]} · timed out {task.fields[timeout]}"),
+               TextColumn("ok {task.fields[ok]} · refused {task.fields[refused]} · failed {task.fields[error]} · "
+                          "timed out {task.fields[timeout]}"),
                TimeElapsedColumn())
     with Progress(*columns, disable=not show, console=console) as progress:
         task = progress.add_task(description, total=total, **counts)

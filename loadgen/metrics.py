@@ -7,8 +7,8 @@ Per successful request (times from sending it):
 - ITL: the gaps between consecutive content chunks, pooled over all requests.
 Statistics are mean, median, std and percentiles (numpy's linear interpolation) in ms; an empty
 list reads 0 as in vLLM. Throughputs divide by the run duration and count successful requests
-only. `failed` counts every unsuccessful request (errors and timeouts); `timed_out` is the
-subset that hit the per-request timeout, so completed + failed == every request sent.
+only. `failed` counts every unsuccessful request (refusals at admission, errors and timeouts);
+`refused` and `timed_out` are subsets of it, so completed + failed == every request sent.
 
 SLO attainment is the share of *all sent* requests that succeeded and met every SLO given (a
 failed request misses); a value equal to its limit meets it (vLLM: `slo >= value`);

@@ -174,4 +174,9 @@ async def test_a_429_is_recorded_as_refused_and_counts_apart_from_errors(server)
     assert (summary["completed"], summary["failed"], summary["refused"]) == (1, 2, 1)
     assert summary["slo_attainment"] == pytest.approx(1 / 3)          # a refusal is a miss ...
     assert summary["admitted_slo_attainment"] == pytest.approx(1 / 2)  # ... but not among the admitted
+    from loadgen.harness import run_with_progress   # its live counts know every status
+
+    progress = await run_with_progress(OpenAITarget(server.url + "/v1"), specs, PromptSynthesizer(seed=1),
+                                       RunConfig(request_timeout_s=5.0), show=False)
+    assert [r.status for r in progress.records] == ["ok", "refused", "error"]
     assert (retry_after_s("3"), retry_after_s("Wed, 21 Oct 2026 07:28:00 GMT"), retry_after_s(None)) == (3.0, None, None)
