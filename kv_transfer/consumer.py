@@ -118,7 +118,8 @@ class PullClient:
     def _exchange(self, connection: _Connection, transfer_id: str, remote_block_ids: Sequence[int],
                   local_block_ids: Sequence[int], runs: list[tuple[int, int]], release: bool) -> None:
         """PULL -> SENDING + bytes -> DONE on `connection` (whose lock the caller holds); over a
-        one-round-trip channel our copy, then COPIED -> DONE_OK (`kv_transfer.wire`). The byte
+        one-round-trip channel our copy, then COPIED -> DONE_OK, or COPIED alone when the producer's
+        lease board vouched for the copy (`kv_transfer.wire`). The byte
         ranges are cut while the producer looks the lease up. A connection the producer closed
         while idle shows up as the reply's EOF (or a reset on the first message): `_StaleConnection`."""
         sock, channel = connection.sock, connection.channel
@@ -127,8 +128,14 @@ class PullClient:
         ranges = None
         try:
             if channel.one_round_trip:
-                copy_started_s = time.monotonic()
+                copy_started_s, board = time.monotonic(), getattr(channel, "board", None)
+                vouch = board.snapshot(transfer_id, time.monotonic_ns()) if board is not None else None
                 channel.copy(local_block_ids, remote_block_ids)
+                if vouch is not None and board.still_holds(vouch, time.monotonic_ns()):
+                    # the board saw the lease held from before the copy to after it: a notice, no reply
+                    send_message(sock, pull | {"op": "COPIED", "copy_started_s": copy_started_s, "vouched": True})
+                    connection.num_pulls += 1
+                    return
                 send_message(sock, pull | {"op": "COPIED", "copy_started_s": copy_started_s})
             else:
                 send_message(sock, pull)

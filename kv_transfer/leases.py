@@ -52,12 +52,23 @@ class LeaseTable:
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
+        self._board = None   # a `kv_transfer.lease_board.LeaseBoard`: leases shown to shm consumers
         self._cond = threading.Condition()
         self._held: dict[str, _Held] = {}
         self._tombstones: dict[str, float] = {}
         self._released: set[str] = set()
         self._granted: dict[tuple[str, str], float] = {}   # (transfer id, request id) -> forget after
         self.num_expired = 0
+
+    def attach_board(self, board) -> None:
+        """From now on, show every held lease on `board` (a `LeaseBoard` in the producer's shared
+        segment) from its grant until it ends; needs the real monotonic clock (the board's times are
+        `time.monotonic_ns()`, which consumers compare with theirs)."""
+        with self._cond:
+            self._board = board
+            for held in self._held.values():
+                if held.ending is None:
+                    self._show(held)
 
     def grant(self, lease: Lease) -> None:
         """Holds `lease`. The same grant twice (the scheduler half's early grant, then the step's:
@@ -78,7 +89,9 @@ class LeaseTable:
                                lease.transfer_id, lease.request_id)
                 self._released.add(lease.request_id)
                 return
-            self._held[lease.transfer_id] = _Held(lease, granted_at_s=self._clock())
+            held = self._held[lease.transfer_id] = _Held(lease, granted_at_s=self._clock())
+            if self._board is not None:
+                self._show(held)
             self._cond.notify_all()
 
     def acquire(self, transfer_id: str, timeout_s: float) -> Lease | None:
@@ -164,8 +177,17 @@ class LeaseTable:
     def __len__(self) -> int:
         return self.num_held
 
+    def _show(self, held: _Held) -> None:
+        """Publishes `held` on the board, its times widened by a microsecond against rounding (a
+        consumer must never see it granted earlier, or expiring later, than it is)."""
+        self._board.publish(held.lease.transfer_id, int(held.granted_at_s * 1e9) + 1_000,
+                            int(held.lease.expires_at_s * 1e9) - 1_000)
+
     def _end(self, held: _Held, ending: Ending) -> None:
-        """Marks `held` ending (caller holds the lock); frees it now if no send is in progress."""
+        """Marks `held` ending (caller holds the lock); frees it now if no send is in progress.
+        Off the board first: no consumer may count on the blocks from here on."""
+        if self._board is not None:
+            self._board.retract(held.lease.transfer_id)
         held.ending = ending
         if ending == "expired":
             self.num_expired += 1

@@ -41,6 +41,7 @@ class ProducerStats:
     missing_transfers: int = 0
     early_grants: int = 0     # leases granted by the scheduler half directly (kv_transfer.grants)
     recopies: int = 0         # one-round-trip pulls whose copy began before the grant: copied again
+    vouched_transfers: int = 0  # of `transfers`, shm pulls the lease board vouched for (no reply sent)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -199,7 +200,7 @@ class TransferServer:
             send_message(sock, {"op": "MISSING", "error": f"no KV held for transfer {transfer_id} "
                                 "(expired, released or never prefilled here)"})
             return
-        delivered = False
+        finished = False
         try:
             ranges = self._ranges(lease.block_ids, wanted, local, channel)
             if isinstance(ranges, str):
@@ -208,12 +209,16 @@ class TransferServer:
             num_bytes = self.layout.num_bytes(len(wanted))
             channel.send(encode({"op": "SENDING", "num_bytes": num_bytes}), ranges)
             expect(recv_message(sock), "DONE")
-            if channel.kind == "mapped":  # the pin held for the whole copy: say so before letting go
-                sock.sendall(DONE_OK)
-            delivered = True
             self.stats.add(transfers=1, bytes_sent=num_bytes)
+            # The consumer has its bytes: the send ends (and the lease, if asked) before DONE_OK, so a
+            # consumer that has DONE_OK knows the release is done.
+            finished = True
+            self.leases.finish(transfer_id, release=message.get("release") is True)
+            if channel.kind == "mapped":  # the pin held for the whole copy: say so
+                sock.sendall(DONE_OK)
         finally:
-            self.leases.finish(transfer_id, release=delivered and message.get("release") is True)
+            if not finished:
+                self.leases.finish(transfer_id)
 
     def _serve_copied(self, sock: socket.socket, message: dict) -> None:
         """The one-round-trip pull (`kv_transfer.wire`): the consumer has copied already. DONE_OK if
@@ -224,8 +229,13 @@ class TransferServer:
         transfer_id = require_field(message, "transfer_id", str)
         wanted = require_field(message, "block_ids", list)
         copy_started_s = require_field(message, "copy_started_s", float)
+        if message.get("vouched") is True:  # the board showed the lease held throughout: a notice, no reply
+            released = message.get("release") is True and self.leases.release(transfer_id)
+            self.stats.add(transfers=1, vouched_transfers=1, bytes_sent=self.layout.num_bytes(len(wanted)))
+            logger.debug("vouched pull of %s (released: %s)", transfer_id, released)
+            return
         lease = self.leases.acquire(transfer_id, self._grant_wait_s)
-        delivered = False
+        finished = lease is None
         try:
             if lease is None or not set(wanted) <= set(lease.block_ids):
                 self.stats.add(missing_transfers=1)
@@ -237,12 +247,13 @@ class TransferServer:
                 self.stats.add(recopies=1)
                 sock.sendall(RECOPY)
                 expect(recv_message(sock), "DONE")
-            sock.sendall(DONE_OK)
-            delivered = True
             self.stats.add(transfers=1, bytes_sent=self.layout.num_bytes(len(wanted)))
+            finished = True  # released (if asked) before DONE_OK, as in `_serve_pull`
+            self.leases.finish(transfer_id, release=message.get("release") is True)
+            sock.sendall(DONE_OK)
         finally:
-            if lease is not None:
-                self.leases.finish(transfer_id, release=delivered and message.get("release") is True)
+            if not finished:
+                self.leases.finish(transfer_id)
 
     def _ranges(self, leased: Sequence[int], wanted: list, local, channel: DataChannel) -> list | str:
         """The byte ranges of `wanted`, cut as the consumer cuts `local`; or why they cannot be sent."""

@@ -104,6 +104,13 @@ class Segment:
     def base_address(self) -> int:
         return self.tensor.data_ptr()
 
+    def board_area(self) -> memoryview:
+        """The header page's unused end, where the producer publishes its leases
+        (`kv_transfer.lease_board`), writable."""
+        from kv_transfer.lease_board import BOARD_OFFSET
+
+        return memoryview(self._map)[BOARD_OFFSET:HEADER_BYTES]
+
     def close(self) -> None:
         """Unlinks the segment. Mappings stay valid until their holders drop them (the consumers'
         maps, and the engine's cache until the process ends), so this is safe at any time."""
@@ -129,6 +136,15 @@ class MappedSegment:
     token: bytes
     data: memoryview
     _map: mmap.mmap
+    _board: memoryview | None = None
+
+    def board_area(self) -> memoryview:
+        """The producer's lease board (`kv_transfer.lease_board`), read-only; released by `close`."""
+        from kv_transfer.lease_board import BOARD_OFFSET
+
+        if self._board is None:
+            self._board = memoryview(self._map)[BOARD_OFFSET:HEADER_BYTES]
+        return self._board
 
     def tensor(self, dtype: torch.dtype) -> torch.Tensor:
         """The cache bytes as a flat tensor of `dtype`. Read-only memory: writing through it kills
@@ -142,6 +158,8 @@ class MappedSegment:
         reference to `data`, not the mapping, and reading it after this faults (the consumer closes
         a channel only under its connection's lock, never during a copy)."""
         self.data.release()
+        if self._board is not None:
+            self._board.release()
         with contextlib.suppress(BufferError):  # a memoryview of it is still exported: unmapped at its GC
             self._map.close()
 

@@ -21,6 +21,10 @@ asking, then asks whether the copy is good.
     after RECOPY (the lease was granted after the copy began; it is pinned now): the consumer
     copies again -> DONE                                producer -> DONE_OK
 
+When the producer's lease board (`kv_transfer.lease_board`) showed the lease held from before the
+copy to after it, COPIED carries `vouched: true` and gets no reply: the consumer has its blocks,
+and the producer only releases the lease (if asked). Otherwise:
+
 `copy_started_s` is the consumer's `time.monotonic()` before the copy: shared memory means one
 kernel boot, so both sides read the same clock. The producer answers DONE_OK only when its lease
 was granted by then and is held now (`LeaseTable.granted_by`): the blocks were final when the copy

@@ -26,6 +26,7 @@ import torch
 from kv_transfer.config import ConnectorConfig
 from kv_transfer.consumer import PullClient
 from kv_transfer.layout import KVLayout
+from kv_transfer.lease_board import LeaseBoard
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.metadata import PDConnectorMetadata, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
 from kv_transfer.producer import TransferServer
@@ -110,7 +111,9 @@ class PDWorker:
                                "consumers read it over tcp")
             return None
         try:
-            return SharedCache.of(segment, kv_caches, self.num_blocks)
+            shared = SharedCache.of(segment, kv_caches, self.num_blocks)
+            self.leases.attach_board(LeaseBoard(segment.board_area()))
+            return shared
         except SegmentError as error:
             logger.warning("%s: consumers read the KV cache over tcp", error)
             return None

@@ -32,6 +32,7 @@ from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.producer import TransferServer
+from kv_transfer.lease_board import LeaseBoard
 from kv_transfer.shm_segment import Segment
 from kv_transfer.throughput import reference
 from kv_transfer.transports.base import SERVED
@@ -100,6 +101,7 @@ def producer_main(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn
 
 def _produce(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, segment: Segment) -> None:
     leases = LeaseTable()
+    leases.attach_board(LeaseBoard(segment.board_area()))   # as a prefill worker's: shm consumers read it
     server = transfer_server(geometry, num_blocks, leases)
     shm_server = transfer_server(geometry, num_blocks, leases, segment)
     source = reference.payload(max_bytes)

@@ -9,7 +9,9 @@ every transport, and its DONE_OK after DONE tells the consumer the pin held for 
 producer that gave up waiting closed the connection instead, and the pull fails: recompute).
 The consumer does not wait for the producer before copying (one round trip per pull, see
 `kv_transfer.wire`): the producer's DONE_OK then also says the lease was granted before the copy
-began; RECOPY says copy once more, now that the blocks are pinned.
+began; RECOPY says copy once more, now that the blocks are pinned. Where the producer's lease
+board (`kv_transfer.lease_board`, in the segment's header page) vouches for the copy, the consumer
+does not even wait for that: it sends COPIED as a notice and goes on.
 
 Which channel a connection gets is decided at handshake, never from addresses alone: `shm` needs
 the same kernel boot on both sides (HELLO carries the consumer's boot id), a producer whose cache
@@ -31,6 +33,7 @@ from typing import Sequence
 import torch
 
 from kv_transfer.layout import KVLayout, paired_runs
+from kv_transfer.lease_board import BoardReader
 from kv_transfer.shm_segment import MappedSegment, Segment, SegmentError, boot_id, map_segment, proof
 from kv_transfer.transports.base import ConsumerOffer, DataChannel, Transport
 from kv_transfer.transports.choice import choose_channel, same_boot
@@ -108,6 +111,7 @@ class ShmConsumerChannel(DataChannel):
 
     def __init__(self, mapped: MappedSegment, remote: KVLayout, local: KVLayout):
         self._mapped, self._remote, self._local = mapped, remote, local
+        self.board = BoardReader.open(mapped.board_area())   # None: ask the producer after each copy
         # By address when both caches are CPU planes of adjacent blocks of the same sizes (the usual
         # case): a pull then makes no tensor, one memmove per plane and run.
         remote_planes, local_planes = remote.plane_addresses(), local.plane_addresses()
@@ -148,6 +152,7 @@ class ShmConsumerChannel(DataChannel):
 
     def close(self) -> None:
         self._planes = None  # addresses inside the map: never used after it is gone
+        self.board = None
         self._remote = None  # the views over the map go first, then the map
         self._mapped.close()
 

@@ -15,20 +15,22 @@ import torch
 from kv_transfer.consumer import PullClient
 from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
+from kv_transfer.lease_board import LeaseBoard
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.producer import TransferServer
 from kv_transfer.shm_segment import (HEADER_BYTES, PREFIX, SEGMENT_DIR, Segment, SegmentAllocation, SegmentError,
                                      map_segment, sweep_stale)
 from kv_transfer.transports.base import SERVED
-from kv_transfer.transports.shm import SharedCache, ShmTransport
+from kv_transfer.transports.shm import SharedCache, ShmConsumerChannel, ShmTransport
 from kv_transfer.wire import IncompatiblePeer, TransferError
 
 GEOMETRY = BlockGeometry(num_layers=3, num_kv_heads=2, head_dim=32, block_size=32, dtype="bfloat16")
 NUM_BLOCKS = 24
 
 
-def _producer(transport: str, in_segment: bool):
-    """A transfer server whose cache (seeded bytes) is in a segment or in ordinary memory."""
+def _producer(transport: str, in_segment: bool, board: bool = True):
+    """A transfer server whose cache (seeded bytes) is in a segment or in ordinary memory; with
+    `board`, its leases are published on the segment's lease board, as a prefill worker's are."""
     segment = Segment(GEOMETRY.cache_bytes(NUM_BLOCKS)) if in_segment else None
     caches = GEOMETRY.caches(NUM_BLOCKS, seed=None, memory=segment.tensor if segment else None)
     for index, tensor in enumerate(caches.values()):
@@ -36,6 +38,8 @@ def _producer(transport: str, in_segment: bool):
                                                      generator=torch.Generator().manual_seed(index)))
     layout = KVLayout(caches, NUM_BLOCKS)
     leases = LeaseTable()
+    if segment is not None and board:
+        leases.attach_board(LeaseBoard(segment.board_area()))   # as a prefill worker's
     shared = SharedCache.of(segment, caches, NUM_BLOCKS) if segment else None
     server = TransferServer(layout, layout.compat("m", 32), leases, "127.0.0.1", 0, grant_wait_s=0.5,
                             transports=SERVED[transport], shared_cache=shared)
@@ -48,6 +52,15 @@ def shm_producer():
     yield caches, leases, address, server
     server.stop()
     segment.close()
+
+
+def _released(leases: LeaseTable, timeout_s: float = 5.0) -> set[str]:
+    """The request ids freed so far, waiting up to `timeout_s` for the first (a vouched pull's
+    release reaches the producer after the consumer has gone on)."""
+    deadline = time.monotonic() + timeout_s
+    while not (released := leases.take_released()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return released
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -73,7 +86,7 @@ def test_a_same_host_consumer_copies_exactly_the_leased_blocks_itself(shm_produc
         assert _same_bytes(untouched[name], target[name][0])
     assert result.num_bytes == 4 * GEOMETRY.bytes_per_block
     assert (server.stats.data_channels, server.stats.mapped_channels) == (1, 1)
-    assert leases.take_released() == {"r1"}  # released at DONE, as on every transport
+    assert _released(leases) == {"r1"}  # released at DONE (or COPIED), as on every transport
     client.close()
 
 
@@ -228,7 +241,7 @@ def test_a_consumer_that_dies_mid_copy_leaves_the_lease_to_expire_and_the_produc
     target, client = _consumer("shm")
     client.pull(address, "next", [5], [7], release=True)
     assert _same_bytes(source[next(iter(source))][5], target[next(iter(target))][7])
-    assert leases.take_released() == {"r-next"}
+    assert _released(leases) == {"r-next"}
     deadline = time.monotonic() + 10
     while not leases.expire() and time.monotonic() < deadline:  # its deadline passes; the worker half expires it
         time.sleep(0.05)
@@ -294,16 +307,42 @@ def test_an_unfinished_segment_is_swept_only_once_its_maker_is_surely_gone():
         old.unlink(missing_ok=True)
 
 
-def test_a_pull_over_shm_is_one_round_trip_when_the_lease_was_granted_before_the_copy(shm_producer):
-    source, leases, address, server = shm_producer
-    leases.grant(Lease("t1", "r1", (3, 4), 50, time.monotonic() + 30))
+@pytest.mark.parametrize("board", [True, False])
+def test_a_lease_granted_before_the_copy_costs_no_wait_on_the_board_and_one_round_trip_without(board):
+    source, leases, address, server, segment = _producer("shm", in_segment=True, board=board)
     target, client = _consumer("shm")
-    client.pull(address, "t1", [3, 4], [0, 1], release=True)
-    connection = client._connections[address]
-    assert connection.channel.one_round_trip and server.stats.recopies == 0
-    layer = next(iter(source))
-    assert _same_bytes(source[layer][[3, 4]], target[layer][[0, 1]])
-    assert leases.take_released() == {"r1"}
+    try:
+        leases.grant(Lease("t1", "r1", (3, 4), 50, time.monotonic() + 30))
+        client.pull(address, "t1", [3, 4], [0, 1], release=True)
+        connection = client._connections[address]
+        assert connection.channel.one_round_trip and server.stats.recopies == 0
+        assert (connection.channel.board is not None) == board
+        layer = next(iter(source))
+        assert _same_bytes(source[layer][[3, 4]], target[layer][[0, 1]])
+        assert _released(leases) == {"r1"}
+        assert (server.stats.transfers, server.stats.vouched_transfers) == (1, 1 if board else 0)
+    finally:
+        client.close()
+        server.stop()
+        segment.close()
+
+
+def test_a_lease_that_ends_during_the_copy_is_not_vouched_for_and_the_pull_fails_cleanly(shm_producer, monkeypatch):
+    """The board showed the lease before the copy; it expired (or was released) while the copy ran:
+    the consumer must not keep those bytes on the board's word, and the producer says MISSING."""
+    source, leases, address, server = shm_producer
+    leases.grant(Lease("brief", "r-brief", (13, 14), 64, time.monotonic() + 30))
+    target, client = _consumer("shm")
+    copy = ShmConsumerChannel.copy
+
+    def copy_while_released(channel, local, remote):
+        leases.release("brief")   # the abort path, racing the copy
+        return copy(channel, local, remote)
+
+    monkeypatch.setattr(ShmConsumerChannel, "copy", copy_while_released)
+    with pytest.raises(TransferError, match="no KV held"):
+        client.pull(address, "brief", [13, 14], [2, 3], release=True)
+    assert server.stats.vouched_transfers == 0 and server.stats.missing_transfers == 1
     client.close()
 
 
