@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import uuid
 from dataclasses import dataclass, field
@@ -37,8 +38,34 @@ class WorkerConfig:
             raise ValueError(f"drain_timeout_s must be >= 0 seconds (0: stop at once), got {self.drain_timeout_s}")
 
 
-def free_port(host: str) -> int:
-    """A port that was free a moment ago (the caller binds it soon after)."""
+LISTEN_PORTS_FROM = 10000   # below the kernel's ephemeral range: where free_port looks first
+
+
+def ephemeral_range(text: str | None = None) -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (and bind to port 0), from the
+    text of /proc/sys/net/ipv4/ip_local_port_range; Linux's default when it cannot be read."""
+    if text is None:
+        try:
+            text = open("/proc/sys/net/ipv4/ip_local_port_range").read()
+        except OSError:
+            text = ""
+    fields = text.split()
+    return (int(fields[0]), int(fields[1])) if len(fields) == 2 and all(f.isdigit() for f in fields) else (32768, 60999)
+
+
+def free_port(host: str, attempts: int = 64) -> int:
+    """A port that was free a moment ago (the caller binds it later, possibly seconds later, as a
+    worker's KV port is bound by vLLM's model runner after the model loads). Taken below the
+    ephemeral range when one is free there: in the range, any outgoing connection of any process
+    (a Ray cluster makes hundreds) may take it in between; below it only another listener can."""
+    low, _ = ephemeral_range()
+    for port in random.sample(range(LISTEN_PORTS_FROM, low), min(attempts, max(0, low - LISTEN_PORTS_FROM))):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
