@@ -12,6 +12,8 @@ outcome: the pull fails, the connection stays.
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
 from kv_transfer.wire import (DONE, IncompatiblePeer, PeerClosed, TransferError, expect, recv_message, require_field,
                               send_message)
 
+logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the first on the cached connection, one more on a fresh one
 
 
@@ -82,6 +85,8 @@ class PullClient:
         self._connections: dict[str, _Connection] = {}
         self._dialing: dict[str, threading.Lock] = {}  # address -> held while a handshake runs
         self._lock = threading.Lock()
+        self._notices: queue.SimpleQueue = queue.SimpleQueue()   # (connection, message) | None: stop
+        self._notice_thread: threading.Thread | None = None
 
     def pull(self, address: str, transfer_id: str, remote_block_ids: Sequence[int],
              local_block_ids: Sequence[int], release: bool = False) -> PullResult:
@@ -132,8 +137,12 @@ class PullClient:
                 vouch = board.snapshot(transfer_id, time.monotonic_ns()) if board is not None else None
                 channel.copy(local_block_ids, remote_block_ids)
                 if vouch is not None and board.still_holds(vouch, time.monotonic_ns()):
-                    # the board saw the lease held from before the copy to after it: a notice, no reply
-                    send_message(sock, pull | {"op": "COPIED", "copy_started_s": copy_started_s, "vouched": True})
+                    # The board saw the lease held from before the copy to after it: the blocks are
+                    # ours. The producer needs only the release, a notice with no reply, sent off
+                    # this pull's path; without release it needs nothing.
+                    if release:
+                        self._post(connection, pull | {"op": "COPIED", "copy_started_s": copy_started_s,
+                                                       "vouched": True})
                     connection.num_pulls += 1
                     return
                 send_message(sock, pull | {"op": "COPIED", "copy_started_s": copy_started_s})
@@ -170,6 +179,27 @@ class PullClient:
             send_message(sock, DONE)
         connection.num_pulls += 1
 
+    def _post(self, connection: _Connection, notice: dict) -> None:
+        """Queues `notice` for the connection's producer; one thread sends the queue in order, each
+        under the connection's lock (between exchanges, never inside one)."""
+        with self._lock:
+            if self._notice_thread is None:
+                self._notice_thread = threading.Thread(target=self._send_notices, name="pdserve-kv-notice",
+                                                       daemon=True)
+                self._notice_thread.start()
+        self._notices.put((connection, notice))
+
+    def _send_notices(self) -> None:
+        while (item := self._notices.get()) is not None:
+            connection, notice = item
+            with connection.lock:
+                if connection.closed:
+                    continue
+                try:
+                    send_message(connection.sock, notice)
+                except (OSError, TransferError) as error:  # the lease expires on its own at the producer
+                    logger.debug("KV release notice for %s not sent: %s", notice.get("transfer_id"), error)
+
     def release(self, address: str, transfer_id: str) -> bool:
         return release_transfer(address, transfer_id, self.timeout_s)
 
@@ -191,7 +221,13 @@ class PullClient:
 
     def close(self) -> None:
         """Closes every connection once its pull in flight (if any) ends, waiting up to the pull
-        timeout; one still busy then keeps its map (the process is ending) and loses its socket."""
+        timeout; one still busy then keeps its map (the process is ending) and loses its socket.
+        Release notices queued before are sent first."""
+        with self._lock:
+            notices = self._notice_thread
+        if notices is not None:
+            self._notices.put(None)
+            notices.join(self.timeout_s)
         with self._lock:
             connections, self._connections = list(self._connections.values()), {}
         for connection in connections:

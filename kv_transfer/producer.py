@@ -41,7 +41,8 @@ class ProducerStats:
     missing_transfers: int = 0
     early_grants: int = 0     # leases granted by the scheduler half directly (kv_transfer.grants)
     recopies: int = 0         # one-round-trip pulls whose copy began before the grant: copied again
-    vouched_transfers: int = 0  # of `transfers`, shm pulls the lease board vouched for (no reply sent)
+    vouched_transfers: int = 0  # of `transfers`, shm pulls the lease board vouched for that asked for release
+                                # (a notice, no reply; one without release never reaches us)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -230,8 +231,8 @@ class TransferServer:
         wanted = require_field(message, "block_ids", list)
         copy_started_s = require_field(message, "copy_started_s", float)
         if message.get("vouched") is True:  # the board showed the lease held throughout: a notice, no reply
-            released = message.get("release") is True and self.leases.release(transfer_id)
             self.stats.add(transfers=1, vouched_transfers=1, bytes_sent=self.layout.num_bytes(len(wanted)))
+            released = message.get("release") is True and self.leases.release(transfer_id)
             logger.debug("vouched pull of %s (released: %s)", transfer_id, released)
             return
         lease = self.leases.acquire(transfer_id, self._grant_wait_s)

@@ -327,6 +327,18 @@ def test_a_lease_granted_before_the_copy_costs_no_wait_on_the_board_and_one_roun
         segment.close()
 
 
+def test_a_vouched_pull_without_release_tells_the_producer_nothing_and_the_lease_stays(shm_producer):
+    source, leases, address, server = shm_producer
+    leases.grant(Lease("kept", "r-kept", (5,), 32, time.monotonic() + 30))
+    target, client = _consumer("shm")
+    for local in (7, 8):   # one lease serves both
+        client.pull(address, "kept", [5], [local])
+    layer = next(iter(source))
+    assert _same_bytes(source[layer][5], target[layer][8])
+    client.close()   # sends whatever notices are queued first
+    assert leases.num_held == 1 and leases.take_released() == set() and server.stats.transfers == 0
+
+
 def test_a_lease_that_ends_during_the_copy_is_not_vouched_for_and_the_pull_fails_cleanly(shm_producer, monkeypatch):
     """The board showed the lease before the copy; it expired (or was released) while the copy ran:
     the consumer must not keep those bytes on the board's word, and the producer says MISSING."""
