@@ -70,7 +70,7 @@ def test_the_progress_bar_renders_with_its_counts(server, tmp_path, capsys, monk
     code, _ = _load(server, tmp_path, "--request-rate", "50", "--label", "bar")
     assert code == 0
     out = capsys.readouterr().out
-    assert "ok 6 · failed 0 · timed out 0" in out and "6/6" in out
+    assert "ok 6 · refused 0 · failed 0 · timed out 0" in out and "6/6" in out
     assert ("\x1b[" in out) == bool(env)  # a terminal gets escape codes (colour, cursor moves)
 
 
