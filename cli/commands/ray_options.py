@@ -21,7 +21,11 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Ray (--ray)", RAY_HELP)
     group.add_argument("--ray", metavar="ADDRESS", default=None,
                        help="run on the Ray cluster at ADDRESS: 'auto' (started with `ray start` on this host), "
-                            "HOST:PORT of the head node, or ray://HOST:10001")
+                            "HOST:PORT of the head node (its GCS: `ray start --head --port PORT`), or ray://HOST:10001")
+    group.add_argument("--ray-auth-token-file", metavar="FILE", default="",
+                       help="a file holding the Ray cluster's token (Ray's token authentication; `ray get-auth-token` "
+                            "on the head prints it). Default: where Ray looks: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, "
+                            "~/.ray/auth_token")
     group.add_argument("--cluster", default="default",
                        help="name of this pdserve cluster: its Ray namespace (pdserve-NAME) and Redis key prefix")
     group.add_argument("--redis-url", default="",
@@ -57,9 +61,9 @@ def ray_cluster_spec(args: argparse.Namespace):
     pools = {role: RoleResources(num_cpus=_or(getattr(args, f"{role}_cpus"), args.worker_cpus),
                                  num_gpus=_or(getattr(args, f"{role}_gpus"), args.gpus_per_worker))
              for role in ("prefill", "decode")}
-    return RayClusterSpec(cluster=base, address=args.ray, redis_url=args.redis_url,
-                          router=RoleResources(num_cpus=args.router_cpus), prefill=pools["prefill"],
-                          decode=pools["decode"], max_restarts=args.max_restarts)
+    return RayClusterSpec(cluster=base, address=args.ray, auth_token_file=args.ray_auth_token_file,
+                          redis_url=args.redis_url, router=RoleResources(num_cpus=args.router_cpus),
+                          prefill=pools["prefill"], decode=pools["decode"], max_restarts=args.max_restarts)
 
 
 def _or(value, default):

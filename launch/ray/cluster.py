@@ -13,12 +13,12 @@ attached handle stops that cluster too.
 
 from __future__ import annotations
 
-import socket
 import time
 
 import ray
 from ray.exceptions import RayActorError
 
+from launch.ray.connect import RayClusterError, connect_ray
 from launch.ray.controller import ClusterController, Endpoints
 from launch.ray.scaling import ScalePlan
 from pdserve.roles import Role
@@ -26,35 +26,6 @@ from launch.ray.spec import MemberState, RayClusterSpec, namespace_for
 
 CONTROLLER = "controller"
 CALL_TIMEOUT_S = 30.0
-
-
-class RayClusterError(RuntimeError):
-    """Ray or the cluster's controller cannot be reached; the message says what to do."""
-
-
-def connect_ray(address: str) -> None:
-    """Connects this process to the Ray cluster at `address` unless it already is connected."""
-    if ray.is_initialized():
-        return
-    try:
-        _check_reachable(address)
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
-    except OSError as error:  # ConnectionError, a refused or timed-out connect, an unknown host
-        raise RayClusterError(
-            f"cannot reach a Ray cluster at {address!r} ({error}). Start one with `ray start --head` "
-            "(then use --ray auto) or pass the head node's HOST:PORT (the GCS address `ray status` shows)"
-        ) from error
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fails fast on a HOST:PORT nobody listens on (ray.init would retry for minutes)."""
-    if address == "auto" or "://" in address:
-        return
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise ConnectionError(f"{address!r} is not HOST:PORT")
-    with socket.create_connection((host, int(port)), timeout=timeout_s):
-        pass
 
 
 class RayCluster:
@@ -67,7 +38,7 @@ class RayCluster:
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> "RayCluster":
         """Starts Redis (unless `spec.redis_url`), the router and both pools; returns when all serve."""
-        connect_ray(self.spec.address)
+        connect_ray(self.spec.address, self.spec.auth_token_file)
         if _find_controller(self.name) is not None:
             raise RayClusterError(
                 f"a pdserve cluster named {self.name!r} already runs on this Ray cluster (namespace "
@@ -83,10 +54,12 @@ class RayCluster:
         return self
 
     @classmethod
-    def attach(cls, address: str, cluster: str = "default", timeout_s: float = 0.0) -> "RayCluster":
+    def attach(cls, address: str, cluster: str = "default", timeout_s: float = 0.0,
+               auth_token_file: str = "") -> "RayCluster":
         """The cluster `pdserve up --ray ADDRESS --cluster NAME` started; waits up to `timeout_s`
-        for its controller to exist and for the cluster to serve."""
-        connect_ray(address)
+        for its controller to exist and for the cluster to serve. `auth_token_file`: as
+        `launch.ray.connect.connect_ray`."""
+        connect_ray(address, auth_token_file)
         deadline = time.monotonic() + timeout_s
         while True:
             controller = _find_controller(cluster)

@@ -1,7 +1,8 @@
 """The Ray actor behind every cluster member: it owns one process (see `launch.supervisor`).
 
 `MemberActor(launch)` starts, on the node Ray placed it, the same process the local launcher
-starts: `python -m cli.main worker|router ... --host NODE_IP --ready-file F`, or redis-server.
+starts: `python -m cli.main worker|router ... --host NODE_IP --ready-file F`, or redis-server, where
+NODE_IP is the address Ray knows the node by (a worker also advertises it to the registry).
 A worker registers itself in Redis and heartbeats, as everywhere else; the actor adds nothing to
 that path. What the actor adds is its life cycle:
 
@@ -28,6 +29,7 @@ import ray
 from launch.commands import redis_argv
 from launch.supervisor import ChildExited, ChildProcess, pdserve_child, tcp_probe
 from launch.ray.spec import Launch, MemberState
+from pdserve.roles import ROLES
 from pdserve.worker.config import free_port
 
 logger = logging.getLogger("launch.ray.member")
@@ -44,8 +46,10 @@ class _MemberActor:
     def _child(self, folder: Path) -> ChildProcess:
         if self.launch.kind == "redis":
             return self._redis_child(folder)
-        return pdserve_child([*self.launch.pdserve_args, "--host", self.node_ip], folder, self.launch.member_id,
-                             on_exit=self._on_child_exit)
+        # bound to and advertised at the address Ray knows this node by (`ray start --node-ip-address`)
+        advertise = ["--advertise-host", self.node_ip] if self.launch.kind in ROLES else []
+        return pdserve_child([*self.launch.pdserve_args, "--host", self.node_ip, *advertise], folder,
+                             self.launch.member_id, on_exit=self._on_child_exit)
 
     def _redis_child(self, folder: Path) -> ChildProcess:
         binary = shutil.which("redis-server")

@@ -39,6 +39,7 @@ class RoleResources:
 class RayClusterSpec:
     cluster: ClusterSpec
     address: str = "auto"              # the Ray cluster: "auto", "HOST:PORT" or "ray://HOST:PORT"
+    auth_token_file: str = ""          # the Ray cluster's token for this driver; "": Ray's places (launch.ray.auth)
     redis_url: str = ""                # "": run redis-server in a Ray actor
     router: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
     prefill: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))

@@ -38,7 +38,7 @@ class WorkerConfig:
             raise ValueError(f"drain_timeout_s must be >= 0 seconds (0: stop at once), got {self.drain_timeout_s}")
 
 
-LISTEN_PORTS_FROM = 10000   # below the kernel's ephemeral range: where free_port looks first
+LISTEN_PORTS_FROM = 20000   # above Ray's worker ports (10002-19999), below the kernel's ephemeral range
 
 
 def ephemeral_range(text: str | None = None) -> tuple[int, int]:
