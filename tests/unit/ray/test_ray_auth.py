@@ -9,7 +9,7 @@ from cli.commands.ray_options import ray_cluster_spec
 from cli.main import build_parser
 from launch.ray.auth import TokenChoice, choose_token, gcs_verdict, refusal_message
 
-HOME_TOKEN = "/home/ann/.ray/auth_token"
+HOME_TOKEN = "~user/.ray/auth_token"   # a name only: choose_token reads no file
 
 
 def choose(token_file: str = "", files: tuple[str, ...] = (), **environ: str) -> TokenChoice:
@@ -81,7 +81,7 @@ def test_refused_with_a_token_names_where_that_token_came_from():
         "the Ray cluster at h:1 refused the token from --ray-auth-token-file /s/token: "
         "the cluster was started with another token.")
     from_home = refusal_message("h:1", TokenChoice("default-file", HOME_TOKEN))
-    assert "from ~/.ray/auth_token (/home/ann/.ray/auth_token):" in from_home
+    assert f"from ~/.ray/auth_token ({HOME_TOKEN}):" in from_home
     assert "from RAY_AUTH_TOKEN:" in refusal_message("h:1", TokenChoice("env-token"))
 
 
