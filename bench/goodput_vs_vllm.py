@@ -15,7 +15,7 @@ from rich.console import Console
 
 from launch.comparison_systems import PdserveCluster, VllmServers
 from loadgen.comparison.budget import Budget, estimate_run_s, quiet_wait_s, skip_reason
-from loadgen.comparison.config import QUICK, CompareConfig, prompts_for, schedule, workload
+from loadgen.comparison.config import PLAN_PREFIX, QUICK, CompareConfig, prompts_for, schedule, workload
 from loadgen.comparison.goodput import Measurement, Skipped, settled
 from loadgen.comparison.report import report
 from loadgen.harness import run_with_progress
@@ -24,6 +24,7 @@ from loadgen.proc_cpu import OtherLoad, wait_for_quiet
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.workload import RequestSpec
+from planner.router_config import read_planned_cluster
 
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model:
@@ -38,6 +39,9 @@ Side by side, in one run, on the same two cores and the same `bench` model:
      sweeps it; the best of A and the A-<n> per SLO pair is A* (the issue's "vLLM at its best")
   B-slo  B with the tight SLO pair given to its router: admission refuses at once what it predicts
      cannot meet the TTFT SLO (bench/overload.py measures it past its knee)
+  B*-<pair> (--plan PAIR=DIR) the cluster `pdserve plan --write-router-config DIR` picked for that
+     SLO pair (tight or loose): its topology and pool sizes on the same two cores, its router files
+     (cost model, placement policy) and SLOs; the report sets the plan's predicted goodput beside it
   C  (--with-c) two vLLM servers, one per core, requests dealt round robin: one core per engine
      like B, without disaggregation
 Workload: one fixed request set, the first N requests of the Azure LLM inference conversation
@@ -116,8 +120,16 @@ def make_systems(config: CompareConfig, log_dir: Path) -> dict:
         systems[f"A-{tokens}"] = VllmServers.colocated(replace(settings, max_num_batched_tokens=tokens),
                                                        config.colocated_cores, log_dir, key=f"A-{tokens}")
     for key in config.pdserve_systems:
-        systems[key] = PdserveCluster(settings, config.prefill_cores, config.decode_cores, log_dir,
-                                      config.transport_of(key), key, config.topology_of(key), config.router_flags_of(key))
+        systems[key] = PdserveCluster.fixed(settings, config.prefill_cores, config.decode_cores, log_dir,
+                                            config.transport_of(key), key, config.topology_of(key),
+                                            config.router_flags_of(key))
+    for pair, directory in config.plans:
+        key = PLAN_PREFIX + pair
+        plan = read_planned_cluster(directory)
+        topology = plan.topology
+        systems[key] = PdserveCluster.sized(settings, config.prefill_cores, config.decode_cores, log_dir,
+                                            config.transport, key, topology.kind, topology.num_prefill,
+                                            topology.num_decode + topology.num_colocated, tuple(plan.router_flags()))
     if config.with_c:
         systems["C"] = VllmServers.pair(settings, (config.prefill_cores, config.decode_cores), log_dir)
     return systems
@@ -203,13 +215,16 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     parser.add_argument("--out-dir", type=Path, help="where results go (default bench/results)")
     parser.add_argument("--label", help="file name stem (default goodput_vs_vllm, or goodput_vs_vllm_quick)")
     parser.add_argument("--seed", type=int, help="prompt seed (default 0)")
+    parser.add_argument("--plan", action="append", type=_plan, metavar="PAIR=DIR", default=[],
+                        help="also run B*-PAIR: the cluster `pdserve plan --write-router-config DIR` picked for the "
+                             "SLO pair PAIR (tight or loose; plan with this run's SLOs and workload); repeatable")
     args = parser.parse_args(argv)
     given = {name: value for name, value in (
         ("rates_rps", args.rates), ("num_requests", args.num_requests), ("trace_path", args.trace),
         ("budget_s", None if args.budget_min is None else args.budget_min * 60), ("with_c", args.with_c or None),
         ("pdserve_systems", _pdserve_systems(parser, args.systems)), ("transport", args.transport),
         ("vllm_batched_tokens", _vllm_batched_tokens(parser, args.systems)),
-        ("out_dir", args.out_dir), ("label", args.label), ("seed", args.seed),
+        ("out_dir", args.out_dir), ("label", args.label), ("seed", args.seed), ("plans", tuple(args.plan) or None),
         ("ttft_slo_s", _s(args.ttft_slo_ms)), ("tpot_tight_s", _s(args.tpot_tight_ms)),
         ("tpot_loose_s", _s(args.tpot_loose_ms))) if value is not None}
     try:
@@ -238,6 +253,24 @@ def _vllm_batched_tokens(parser, systems: tuple[str, ...] | None) -> tuple[int, 
     return tuple(tokens) or None
 
 
+def predictions(config: CompareConfig) -> dict[str, tuple[str, str, float]]:
+    """B*-<pair> -> (pair, the plan's topology, its predicted goodput), for the report."""
+    plans = {pair: read_planned_cluster(directory) for pair, directory in config.plans}
+    return {PLAN_PREFIX + pair: (pair, plan.topology.label, plan.predicted_goodput_rps) for pair, plan in plans.items()}
+
+
+def _plan(text: str) -> tuple[str, Path]:
+    """PAIR=DIR, DIR holding the cluster.json `pdserve plan --write-router-config` writes."""
+    pair, sep, directory = text.partition("=")
+    if not sep or pair not in ("tight", "loose"):
+        raise argparse.ArgumentTypeError(f"expected tight=DIR or loose=DIR, got {text!r}")
+    try:
+        read_planned_cluster(Path(directory))
+    except ValueError as bad:
+        raise argparse.ArgumentTypeError(str(bad)) from bad
+    return pair, Path(directory)
+
+
 def _s(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
@@ -248,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(config.budget_s)
     started = time.monotonic()
     measurements, skipped = run_all(config, console, budget)
-    report(config, measurements, console, wall_s=time.monotonic() - started, argv=sys.argv, skipped=skipped)
+    report(config, measurements, console, wall_s=time.monotonic() - started, argv=sys.argv, skipped=skipped,
+           predicted=predictions(config))
     return 0
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from goodput_vs_vllm import run_all
 from loadgen.comparison.budget import Budget
-from loadgen.comparison.config import CompareConfig
+from loadgen.comparison.config import PLAN_PREFIX, CompareConfig
 from loadgen.comparison.goodput import Measurement
 from loadgen.comparison.overload import OverloadPoint, knee_rps, overload_points, overload_rates, verdicts
 from loadgen.comparison.report import markdown_table, rich_table, system_label
@@ -25,6 +25,9 @@ bench/goodput_vs_vllm.py, whose systems, workload and noise guard this reuses):
   B-slo  pdserve 1 prefill + 1 decode worker, its router given the tight SLO pair: admission
          refuses at once (429 / RESOURCE_EXHAUSTED, with Retry-After) a request it predicts cannot
          meet the TTFT SLO, instead of queueing it to miss (--system picks another pdserve system)
+  B*-<pair> (--plan DIR, instead of --system) the cluster `pdserve plan --write-router-config DIR`
+         picked for the judged pair: its topology, cost model, placement policy and SLOs (its
+         admission judges both the TTFT and the TPOT SLO)
 
 Phase 1 sweeps --rates (ABBA, a system stops once it missed the target twice) and finds the pdserve
 system's knee: the rate at which its SLO attainment under --pair first falls below 90%. Phase 2
@@ -55,10 +58,17 @@ def parse_args(argv: list[str] | None) -> tuple[CompareConfig, argparse.Namespac
     parser.add_argument("--budget-min", type=float, default=40.0, help="the whole run fits in this (default %(default)s)")
     parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     parser.add_argument("--label", default="overload")
+    parser.add_argument("--plan", type=Path, metavar="DIR",
+                        help="run B*-<pair>, the cluster `pdserve plan --write-router-config DIR` picked, instead of "
+                             "--system (plan it with this run's SLO pair and workload)")
     args = parser.parse_args(argv)
+    plans = ((args.pair, args.plan),) if args.plan else ()
+    if plans:
+        args.system = PLAN_PREFIX + args.pair
     try:
         config = CompareConfig(rates_rps=tuple(float(r) for r in args.rates.split(",")), num_requests=args.num_requests,
-                               pdserve_systems=(args.system,), ttft_slo_s=args.ttft_slo_ms / 1000,
+                               pdserve_systems=() if plans else (args.system,), plans=plans,
+                               ttft_slo_s=args.ttft_slo_ms / 1000,
                                tpot_tight_s=args.tpot_tight_ms / 1000, tpot_loose_s=args.tpot_loose_ms / 1000,
                                budget_s=args.budget_min * 60, out_dir=args.out_dir, label=args.label, cdf_rates_rps=())
         args.multiples = tuple(float(k) for k in args.multiples.split(","))

@@ -29,6 +29,7 @@ from loadgen.vllm_server import VllmOpenAIServer
 from pdserve.engine import EngineSettings
 from launch.local import ClusterSpec, LocalCluster
 from pdserve.roles import Topology
+from pdserve.cpu_placement import parse_cores
 from loadgen.proc_cpu import named_threads_cpu_s
 
 
@@ -83,30 +84,52 @@ class VllmServers:
 
 
 class PdserveCluster:
-    """A pdserve `LocalCluster` on the comparison's cores: 1 prefill + 1 decode worker (one core
-    each) in the disaggregated or hybrid topology, or one aggregated worker on every core with a
-    worker's KV cache doubled (as A's). `router_flags`: SLOs and policy files for the router."""
+    """A pdserve `LocalCluster` on the comparison's cores: `fixed` (1 prefill + 1 decode worker, one
+    core each, disaggregated or hybrid; or one aggregated worker on every core with a worker's KV
+    cache doubled, as A's) or `sized` (any pools, one core per worker: what `pdserve plan` picked). `router_flags`: SLOs and
+    policy files for the router."""
 
     servers = 1  # one cluster start
 
-    def __init__(self, settings: EngineSettings, prefill_cores: str, decode_cores: str, log_dir: Path,
-                 transport: str = "auto", key: str = "B", topology: Topology = "disaggregated",
-                 router_flags: tuple[str, ...] = ()) -> None:
-        self.key = key
+    def __init__(self, key: str, label: str, spec: ClusterSpec) -> None:
+        self.key, self.label, self.spec = key, label, spec
+        self._cluster: LocalCluster | None = None
+
+    @classmethod
+    def fixed(cls, settings: EngineSettings, prefill_cores: str, decode_cores: str, log_dir: Path,
+              transport: str = "auto", key: str = "B", topology: Topology = "disaggregated",
+              router_flags: tuple[str, ...] = ()) -> "PdserveCluster":
+        """1 prefill + 1 decode worker (one core each), or for `aggregated` one worker on both."""
         logs = str(log_dir / f"pdserve-{key}")
         if topology == "aggregated":
             both = f"{prefill_cores},{decode_cores}"
-            self.spec = ClusterSpec(engine=replace(settings, kv_cache_bytes=2 * settings.kv_cache_bytes),
-                                    num_prefill=0, num_decode=1, transport=transport, topology=topology,
-                                    cpu_cores={"decode": both}, log_dir=logs, router_flags=router_flags)
-            self.label = f"{key}: pdserve 1 aggregated worker (cores {both})"
-        else:
-            self.spec = ClusterSpec(engine=settings, num_prefill=1, num_decode=1, transport=transport,
-                                    cpu_cores={"prefill": prefill_cores, "decode": decode_cores}, topology=topology,
-                                    log_dir=logs, router_flags=router_flags)
-            self.label = (f"{key}: pdserve {topology} 1 prefill (core {prefill_cores}) + 1 decode "
-                          f"(core {decode_cores}), KV over {transport}")
-        self._cluster: LocalCluster | None = None
+            spec = ClusterSpec(engine=replace(settings, kv_cache_bytes=2 * settings.kv_cache_bytes),
+                               num_prefill=0, num_decode=1, transport=transport, topology=topology,
+                               cpu_cores={"decode": both}, log_dir=logs, router_flags=router_flags)
+            return cls(key, f"{key}: pdserve 1 aggregated worker (cores {both})", spec)
+        spec = ClusterSpec(engine=settings, num_prefill=1, num_decode=1, transport=transport,
+                           cpu_cores={"prefill": prefill_cores, "decode": decode_cores}, topology=topology,
+                           log_dir=logs, router_flags=router_flags)
+        return cls(key, f"{key}: pdserve {topology} 1 prefill (core {prefill_cores}) + 1 decode "
+                        f"(core {decode_cores}), KV over {transport}", spec)
+
+    @classmethod
+    def sized(cls, settings: EngineSettings, prefill_cores: str, decode_cores: str, log_dir: Path, transport: str,
+              key: str, topology: Topology, num_prefill: int, num_decode: int,
+              router_flags: tuple[str, ...] = ()) -> "PdserveCluster":
+        """`num_prefill` + `num_decode` workers (for `aggregated`, 0 + K), one core each as the
+        planner counts devices: the comparison's cores in order, the first to the prefill pool, the
+        next to the decode workers. ValueError when there are more workers than cores."""
+        cores = sorted(parse_cores(f"{prefill_cores},{decode_cores}"))
+        workers = num_prefill + num_decode
+        if workers > len(cores):
+            raise ValueError(f"{key} runs {workers} workers, the comparison has {len(cores)} cores")
+        joined = lambda chosen: ",".join(map(str, chosen))  # noqa: E731
+        spec = ClusterSpec(engine=settings, num_prefill=num_prefill, num_decode=num_decode, transport=transport,
+                           topology=topology, log_dir=str(log_dir / f"pdserve-{key}"), router_flags=router_flags,
+                           cpu_cores={"prefill": joined(cores[:num_prefill]), "decode": joined(cores[num_prefill:workers])})
+        return cls(key, f"{key}: pdserve {topology} {num_prefill} prefill + {num_decode} decode, one core each "
+                        f"(cores {joined(cores[:workers])})", spec)
 
     def kv_producer_cpu_s(self) -> float:
         """CPU seconds the prefill workers' KV server threads (`pdserve-kv-*`) have used so far:

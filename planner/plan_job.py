@@ -18,7 +18,7 @@ from pdserve.roles import Topology as TopologyKind
 from planner import report
 from planner.evaluate import WorkloadAt, make_attainment_fn, with_router_slo
 from planner.perf_model import FitReport
-from planner.router_config import up_flags, write_router_config
+from planner.router_config import up_flags, write_planned_cluster, write_router_config
 from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, RateSearch, SearchSettings, SplitSearch,
                             enumerate_topologies, fewest_devices, search_splits)
 from planner.simulator import SimSettings, Topology, cost_model_from, simulate
@@ -39,6 +39,7 @@ class PlanInputs:
     kinds: tuple[TopologyKind, ...] = TOPOLOGIES
     local_prefill_caps: tuple[int, ...] = DEFAULT_LOCAL_PREFILL_CAPS
     router_config_dir: Path | None = None  # --write-router-config: where the picked cluster's router files go
+    objective: str = "per-device"  # the pick: highest goodput per device, or "total" within the budget
 
     @property
     def include_colocated(self) -> bool:
@@ -105,17 +106,21 @@ def _print_picks(console: Console, result: SplitSearch) -> None:
     if best is None:
         console.print("[red]no topology within the budget meets the SLOs at any rate[/red]")
         return
-    others = [f"{best.goodput_per_device / other.goodput_per_device:.2f}x the best {kind}"
+    total = result.objective == "total"
+    measure = (lambda r: r.max_rate_rps) if total else (lambda r: r.goodput_per_device)  # noqa: E731
+    others = [f"{measure(best) / measure(other):.2f}x the best {kind}"
               for kind, other in result.best_by_kind().items() if other is not None and kind != best.topology.kind]
     console.print(f"[bold green]recommended:[/bold green] {describe(best.topology)}: {best.max_rate_rps:.3f} req/s "
                   f"({best.goodput_per_device:.3f} req/s per device) at {best.attainment:.1%} attainment"
-                  + (f"; per device {', '.join(others)}" if others else ""))
+                  + (f"; {'in all' if total else 'per device'} {', '.join(others)}" if others else ""))
 
 
 def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console) -> None:
     router = inputs.settings.router
     cost = router.cost or with_router_cost(inputs.settings, inputs.fit, inputs.workload_at).router.cost
     paths = write_router_config(inputs.router_config_dir, router.placement_for(best.topology), cost)
+    paths.append(write_planned_cluster(inputs.router_config_dir, best.topology, inputs.slo, best.max_rate_rps,
+                                       best.attainment, inputs.objective, inputs.workload_label))
     console.print(f"wrote {', '.join(map(str, paths))}; run the cluster with:", highlight=False)
     flags = up_flags(best.topology, inputs.router_config_dir, inputs.slo)
     console.print("  pdserve up --model MODEL_DIR " + " ".join(flags), markup=False, highlight=False,
@@ -130,7 +135,7 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     with _progress(inputs.show_progress, total) as progress:
         task = progress.add_task("searching topologies", total=total, last="")
         result = search_splits(attainment, inputs.budget_devices, inputs.search, kinds=inputs.kinds,
-                               local_prefill_caps=inputs.local_prefill_caps,
+                               local_prefill_caps=inputs.local_prefill_caps, objective=inputs.objective,
                                progress=lambda label: progress.update(task, advance=1, last=label))
     elapsed = time.perf_counter() - started
     console.print(report.search_table(result, inputs.search.target_attainment))

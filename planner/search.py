@@ -8,8 +8,10 @@ assumes attainment does not rise with the rate and does not fall with more insta
   halving to a bracket and then bisection to a relative tolerance;
 - `search_splits`: every topology within the budget (`enumerate_topologies`): disaggregated
   N prefill + M decode, hybrid N + M under each local prefill cap, aggregated K workers; the
-  pick is the highest goodput per device of all (ties: fewer devices, then search order), and
-  each kind's best is reported beside it;
+  pick is the highest goodput per device of all (objective "per-device": what to add when a pool
+  grows; ties: fewer devices, then search order) or the highest goodput within the budget
+  (objective "total": how best to use the devices one has; ties: fewer devices), and each
+  kind's best is reported beside it;
 - `fewest_devices`: the reverse question, the smallest N + M (and K) meeting the target at a
   given rate, walking the staircase of minimal M for each N (disaggregated and aggregated).
 """
@@ -27,6 +29,7 @@ AttainmentFn = Callable[[Topology, float], float]
 Progress = Callable[[str], None]
 MAX_BRACKET_STEPS = 40
 DEFAULT_LOCAL_PREFILL_CAPS = (0, 256, 1024)  # hybrid: the placement's local_prefill_max_tokens tried (0: none)
+OBJECTIVES = ("per-device", "total")
 
 
 @dataclass(frozen=True)
@@ -60,16 +63,21 @@ class RateSearch:
 
 @dataclass(frozen=True)
 class SplitSearch:
-    """Every topology searched, in search order; `best` is the pick."""
+    """Every topology searched, in search order; `best` is the pick by `objective` (OBJECTIVES)."""
 
     results: tuple[RateSearch, ...]
+    objective: str = "per-device"
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"the objective must be one of {OBJECTIVES}, got {self.objective!r}")
 
     def of_kind(self, kind: TopologyKind) -> tuple[RateSearch, ...]:
         return tuple(r for r in self.results if r.topology.kind == kind)
 
     def best_of(self, kind: TopologyKind) -> RateSearch | None:
-        """The kind's highest goodput per device, or None when none of it meets the target."""
-        return _best(self.of_kind(kind))
+        """The kind's pick by the objective, or None when none of it meets the target."""
+        return _best(self.of_kind(kind), self.objective)
 
     def best_by_kind(self) -> dict[TopologyKind, RateSearch | None]:
         """kind -> its best, for every kind searched, in `TOPOLOGIES` order."""
@@ -78,7 +86,7 @@ class SplitSearch:
 
     @property
     def best(self) -> RateSearch | None:
-        return _best(self.results)
+        return _best(self.results, self.objective)
 
     @property
     def disaggregated(self) -> tuple[RateSearch, ...]:
@@ -107,10 +115,12 @@ class FewestDevices:
     colocated: tuple[Topology, float] | None
 
 
-def _best(results: tuple[RateSearch, ...]) -> RateSearch | None:
+def _best(results: tuple[RateSearch, ...], objective: str = "per-device") -> RateSearch | None:
     feasible = [r for r in results if r.max_rate_rps > 0]
     if not feasible:
         return None
+    if objective == "total":
+        return max(feasible, key=lambda r: (r.max_rate_rps, -r.topology.devices))
     return max(feasible, key=lambda r: (r.goodput_per_device, -r.topology.devices, r.max_rate_rps))
 
 
@@ -191,16 +201,17 @@ def enumerate_topologies(budget_devices: int, kinds: Sequence[TopologyKind] = TO
 def search_splits(attainment: AttainmentFn, budget_devices: int, settings: SearchSettings = SearchSettings(),
                   include_colocated: bool = True, progress: Progress | None = None,
                   kinds: Sequence[TopologyKind] = TOPOLOGIES,
-                  local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS) -> SplitSearch:
+                  local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS,
+                  objective: str = "per-device") -> SplitSearch:
     """Goodput of every topology `enumerate_topologies` lists (`include_colocated=False` drops the
-    aggregated ones)."""
+    aggregated ones), picked by `objective`."""
     kinds = [kind for kind in kinds if include_colocated or kind != "aggregated"]
     results = []
     for topology in enumerate_topologies(budget_devices, kinds, local_prefill_caps):
         results.append(search_topology(attainment, topology, settings))
         if progress:
             progress(topology.label)
-    return SplitSearch(tuple(results))
+    return SplitSearch(tuple(results), objective)
 
 
 def fewest_devices(attainment: AttainmentFn, rate_rps: float, max_devices: int,

@@ -143,7 +143,8 @@ class Lifecycle:
         finally:
             if lease is not None and not completed:
                 self._abandon(lease, request.request_id)
-            self.scheduler.finish(ticket, self._held_prefixes(request, timings, generated) if completed else ())
+            self.scheduler.finish(ticket, self._held_prefixes(request, timings, generated) if completed else (),
+                                  served=timings if completed else None)
 
     @staticmethod
     def _held_prefixes(request: GenerationRequest, timings: Timings, generated: list[int]) -> list:

@@ -6,7 +6,8 @@
                 aging: `router.policies.ordering`) until it is at the head and a path's computing
                 worker is open (`gate.dispatch_open`); the best open placement is taken
     first token -> `prefilled(ticket, ...)`: the worker's queue shrinks, the cost fit learns
-    end      -> `finish(ticket, ...)`: the prefix index learns what the workers now hold
+    end      -> `finish(ticket, ...)`: the prefix index learns what the workers now hold, and the
+                calibration what the request saw against what admission predicted for it
 
 Every decision is made by `router.policies`; this module only gathers state, waits and keeps books.
 A ticket's queued tokens are released exactly once (`prefilled` or `finish`, whichever comes
@@ -24,11 +25,13 @@ from typing import Callable, Sequence
 
 from pdserve.errors import NoHealthyWorker, Overloaded
 from pdserve.roles import Topology
+from pdserve.timings import Timings
 from router.live_view import LiveView
-from router.policies.admission import Refuse, admit
+from router.policies.admission import Refuse, Scale, admit
+from router.policies.calibration import Calibration, CalibrationConfig
 from router.policies.ordering import DispatchQueue, QueuedItem, priority_key
-from router.policies.placement import (CostModel, OnlinePrefillFit, Placement, PlacementConfig, RequestView,
-                                       dispatch_open, evaluate)
+from router.policies.placement import (CostModel, OnlinePrefillFit, Placement, PlacementConfig, Prediction,
+                                       RequestView, dispatch_open, evaluate)
 from router.pool import WorkerPool
 from router.types import GenerationRequest
 
@@ -78,6 +81,7 @@ class Ticket:
     placement: Placement
     computing_id: str
     queued_tokens: int
+    expected: Prediction | None = None   # admission's prediction when it queued (router queue included)
     settled: bool = False
     taken: bool = False
     closed: bool = False   # its decode worker's count of assigned requests was given back
@@ -90,7 +94,11 @@ class Scheduler:
         self.fit = OnlinePrefillFit()
         self.cost = config.cost_prior
         self.queue = DispatchQueue(self.cost, config.placement)
-        self._waiting: dict[str, tuple[GenerationRequest, asyncio.Future]] = {}   # queue key -> its waiter
+        quantile = config.placement.calibration_quantile
+        self.calibration = {quantity: Calibration(CalibrationConfig(quantile=quantile)) for quantity in ("ttft", "tpot")
+                            } if quantile > 0 else {}
+        # queue key -> (request, its waiter, admission's prediction for it)
+        self._waiting: dict[str, tuple[GenerationRequest, asyncio.Future, Prediction | None]] = {}
         self._sequence = itertools.count()   # queue keys are private: clients may reuse request ids
         self._ticker: asyncio.Task | None = None
 
@@ -112,16 +120,29 @@ class Scheduler:
         return evaluate(self.request_view(request), views, self.cost, placement), {v.worker_id: v for v in views}
 
     def check(self, request: GenerationRequest) -> None:
-        """Raises Overloaded (with the predicted drain time) when admission refuses `request` now.
-        Without a TTFT SLO nothing is refused for load: the request waits in the router's queue
-        (bounded by `max_queue_wait_s`), as it would in vLLM's."""
-        if self.config.slo.ttft_s is None:
+        """Raises Overloaded (with a retry time) when admission refuses `request` now: its scaled
+        predicted TTFT misses the TTFT SLO, or its decode worker's step would miss the TPOT SLO.
+        Without SLOs nothing is refused for load: the request waits in the router's queue (bounded
+        by `max_queue_wait_s`), as it would in vLLM's."""
+        slo = self.config.slo
+        if slo.ttft_s is None and slo.tpot_s is None:
             return
-        ranked, _ = self.ranked(request, self._tokens_ahead(request))
-        verdict = admit(ranked[0].prediction if ranked else None, self.request_view(request), self.config.placement)
+        verdict = admit(self.expected(request), self.request_view(request), self.config.placement, self.scale(),
+                        judge_ttft=slo.ttft_s is not None, judge_tpot=slo.tpot_s is not None)
         if isinstance(verdict, Refuse):
-            raise Overloaded(f"the cluster cannot meet this request's time to first token now: {verdict.reason}",
+            raise Overloaded(f"the cluster cannot meet this request's SLOs now: {verdict.reason}",
                              retry_after_s=verdict.retry_after_s)
+
+    def expected(self, request: GenerationRequest) -> Prediction | None:
+        """The best placement's prediction for `request` if it joined the router's queue now (the
+        prompts queued ahead of it included); None when no path can take it."""
+        ranked, _ = self.ranked(request, self._tokens_ahead(request))
+        return ranked[0].prediction if ranked else None
+
+    def scale(self) -> Scale:
+        """What admission multiplies its predictions by: each calibration's factor (1 when off)."""
+        factors = {quantity: calibration.factor() for quantity, calibration in self.calibration.items()}
+        return Scale(**factors)
 
     def _tokens_ahead(self, request: GenerationRequest) -> int:
         """Prompt tokens queued in the router that would go before `request` (a lower priority key)."""
@@ -135,10 +156,11 @@ class Scheduler:
     async def dispatch(self, request: GenerationRequest) -> Ticket:
         """Waits for the request's turn and an open worker; returns its ticket. Cancelling the wait
         removes the request from the queue; a wait beyond `max_queue_wait_s` raises Overloaded."""
+        expected = self.expected(request) if self.calibration and self._any_slo() else None
         item = QueuedItem(f"{request.request_id}#{next(self._sequence)}", request.slo_class,
                           len(request.prompt_token_ids), self.clock())
         waiter = asyncio.get_running_loop().create_future()
-        self._waiting[item.request_id] = (request, waiter)
+        self._waiting[item.request_id] = (request, waiter, expected)
         self.queue.push(item)
         self._pump()
         if item.request_id in self.queue and (self._ticker is None or self._ticker.done()):
@@ -172,7 +194,7 @@ class Scheduler:
         if not self._any_worker_open():
             return  # every worker that computes prompts is at its gate: nothing can go
         for item in self.queue.ordered(self.clock()):
-            request, waiter = self._waiting[item.request_id]
+            request, waiter, expected = self._waiting[item.request_id]
             if waiter.done():
                 continue
             if not self.pool.workers("decode"):
@@ -181,6 +203,7 @@ class Scheduler:
                 continue
             ticket = self._open_ticket(request)
             if ticket is not None:
+                ticket.expected = expected
                 self.queue.remove(item.request_id)
                 waiter.set_result(ticket)
 
@@ -221,13 +244,30 @@ class Scheduler:
                 self.cost = self.fit.model(self.config.cost_prior)
                 self.queue.cost = self.cost
 
-    def finish(self, ticket: Ticket, workers_holding: Sequence[tuple[str, Sequence[int]]] = ()) -> None:
+    def finish(self, ticket: Ticket, workers_holding: Sequence[tuple[str, Sequence[int]]] = (),
+               served: Timings | None = None) -> None:
         """The request is over (served, failed or cancelled). `workers_holding`: (worker id, tokens)
-        whose KV that worker now holds in its prefix cache, recorded in the prefix index."""
+        whose KV that worker now holds in its prefix cache, recorded in the prefix index. `served`:
+        a served request's timings, which the calibration compares with admission's prediction."""
         self._close(ticket)
         for worker_id, token_ids in workers_holding:
             if token_ids:
                 self.live.prefix(self._block_size()).record(worker_id, token_ids)
+        if served is not None and ticket.expected is not None:
+            self._calibrate(ticket.expected, served)
+
+    def _calibrate(self, expected: Prediction, served: Timings) -> None:
+        """TTFT against the predicted TTFT; time per output token (after the first) against the
+        predicted decode step."""
+        slo = self.config.slo
+        if "ttft" in self.calibration and served.ttft_s > 0:
+            self.calibration["ttft"].observe(expected.ttft_s, served.ttft_s, slo.ttft_s or NOMINAL_TTFT_SLO_S)
+        if "tpot" in self.calibration and served.output_tokens >= 2 and served.e2e_s > served.ttft_s:
+            tpot_s = (served.e2e_s - served.ttft_s) / (served.output_tokens - 1)
+            self.calibration["tpot"].observe(expected.decode_step_s, tpot_s, slo.tpot_s or NOMINAL_TPOT_SLO_S)
+
+    def _any_slo(self) -> bool:
+        return self.config.slo.ttft_s is not None or self.config.slo.tpot_s is not None
 
     def _close(self, ticket: Ticket) -> None:
         """The request will not run on its decode worker any more (served, failed, cancelled)."""

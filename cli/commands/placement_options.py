@@ -21,8 +21,11 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
                              "when disaggregated, no cap otherwise)")
     parser.add_argument("--slo-ttft-ms", type=float, default=None,
                         help="time-to-first-token SLO: placement aims under it, admission refuses a request "
-                             "predicted to miss it by more than the policy's refuse_slack (default: none, never refuse)")
-    parser.add_argument("--slo-tpot-ms", type=float, default=None, help="time-per-output-token SLO (placement's aim)")
+                             "predicted to miss it by more than the policy's refuse_slack (default 0), its prediction "
+                             "scaled by how far recent requests' were off (default: none, never refuse)")
+    parser.add_argument("--slo-tpot-ms", type=float, default=None,
+                        help="time-per-output-token SLO: placement aims under it, admission refuses a request whose "
+                             "decode worker's step with it joined is predicted past it (default: none)")
     parser.add_argument("--placement-config", default=None,
                         help="JSON or YAML file of the placement policy (scorer weights, refuse_slack, SLO classes, "
                              "the dispatch gate): keys of router.policies.placement.PlacementConfig")

@@ -13,9 +13,11 @@ through every topology of --devices workers: disaggregated N prefill + M decode,
 (decode workers may compute a prompt themselves when the placement prefers it; once per
 --local-prefill-caps value) and aggregated K workers (each serving both phases). For each it
 finds the highest request rate at which at least --attainment-target of requests meet both the
-TTFT and the TPOT SLO (the goodput). It prints each topology kind's best per device, the pick (the
-highest goodput per device of all), its predicted latency, and writes <output-dir>/<label>_search.png
-and .json; --write-router-config DIR writes the router's cost.json and placement.json for the pick.
+TTFT and the TPOT SLO (the goodput). It prints each topology kind's best, the pick (the highest
+goodput per device of all, or with --objective total the highest within --devices), its predicted
+latency, and writes <output-dir>/<label>_search.png and .json; --write-router-config DIR writes the
+router's cost.json and placement.json for the pick, and cluster.json (the pick and its predicted
+goodput, which `bench/goodput_vs_vllm.py --plan` runs).
 
 --min-devices-for-rate R asks the reverse question: the fewest workers that meet the SLOs at
 R req/s (up to --max-devices; disaggregated and aggregated).
@@ -87,6 +89,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--attainment-target", type=float, default=0.9,
                    help="share of requests that must meet both SLOs (default 0.9)")
     g.add_argument("--devices", type=int, default=4, help="device budget: workers to split (default 4)")
+    g.add_argument("--objective", choices=["per-device", "total"], default="per-device",
+                   help="the pick: the highest goodput per device (what to grow a pool by; it may leave devices "
+                        "unused) or the highest goodput within --devices (how best to use the devices you have) "
+                        "(default per-device)")
     g.add_argument("--topologies", type=_kinds, default=("disaggregated", "hybrid", "aggregated"),
                    help="topology kinds to search, comma-separated (default disaggregated,hybrid,aggregated)")
     g.add_argument("--local-prefill-caps", type=_caps, default=(0, 256, 1024),
@@ -149,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             search=SearchSettings(target_attainment=args.attainment_target, rel_tol=args.rel_tol),
             budget_devices=args.devices, output_dir=args.output_dir, label=args.label,
             show_progress=not args.no_progress, kinds=kinds, local_prefill_caps=args.local_prefill_caps,
-            router_config_dir=args.write_router_config)
+            router_config_dir=args.write_router_config, objective=args.objective)
     except (ProfileError, ValueError, KeyError, FileNotFoundError) as bad:
         raise SystemExit(f"pdserve plan: {bad}") from bad
     args.output_dir.mkdir(parents=True, exist_ok=True)

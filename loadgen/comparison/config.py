@@ -17,6 +17,7 @@ from pdserve.engine import EngineSettings
 
 
 PDSERVE_SYSTEMS = ("B", "B-tcp", "B-hybrid", "B-agg", "B-slo")
+PLAN_PREFIX = "B*-"   # B*-<pair>: the cluster `pdserve plan` picked for that SLO pair (--plan PAIR=DIR)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class CompareConfig:
     with_c: bool = False  # also measure C: two 1-core vLLM servers, round robin
     pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: over tcp; B-hybrid, B-agg
     vllm_batched_tokens: tuple[int, ...] = ()  # more vLLM systems, A-<n>: A with --max-num-batched-tokens n (A*'s sweep)
+    plans: tuple[tuple[str, Path], ...] = ()  # (SLO pair, plan dir): B*-<pair> runs the cluster `pdserve plan` wrote there
     transport: str = "auto"  # B's KV transport (auto: shared memory on one host)
     budget_s: float = 19 * 60.0  # the whole run, report included
     start_estimate_s: float = 45.0  # per server brought up (vLLM or a pdserve cluster)
@@ -70,9 +72,12 @@ class CompareConfig:
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         unknown = set(self.pdserve_systems) - set(PDSERVE_SYSTEMS)
-        if unknown or not self.pdserve_systems:
+        if unknown or not (self.pdserve_systems or self.plans):
             raise ValueError(f"pdserve systems must be among {', '.join(PDSERVE_SYSTEMS)}, got "
                              f"{', '.join(self.pdserve_systems) or 'none'}")
+        pairs = [name for name, _ in self.plans]
+        if len(set(pairs)) != len(pairs) or set(pairs) - {"tight", "loose"}:
+            raise ValueError(f"--plan names each SLO pair (tight, loose) at most once, got {', '.join(pairs)}")
         if any(n < 32 for n in self.vllm_batched_tokens):
             raise ValueError(f"max_num_batched_tokens of an A-<n> system must be >= 32, got {self.vllm_batched_tokens}")
         if not self.budget_s > self.report_reserve_s:
@@ -87,7 +92,7 @@ class CompareConfig:
     @property
     def systems(self) -> tuple[str, ...]:
         return ("A", *(f"A-{n}" for n in self.vllm_batched_tokens), *self.pdserve_systems,
-                *(("C",) if self.with_c else ()))
+                *(PLAN_PREFIX + pair for pair, _ in self.plans), *(("C",) if self.with_c else ()))
 
     def transport_of(self, system: str) -> str:
         """The KV transport of a pdserve system."""

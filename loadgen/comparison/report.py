@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ def system_label(system: str) -> str:
     """The legend of a system; A-<n> is vLLM with --max-num-batched-tokens n."""
     if system.startswith("A-") and system[2:].isdigit():
         return f"{system}: vLLM colocated, max_num_batched_tokens {system[2:]}"
+    if system.startswith("B*-"):
+        return f"{system}: pdserve as `pdserve plan` picked for the {system[3:]} SLO pair"
     return SYSTEM_LABELS.get(system, system)
 
 
@@ -60,6 +62,22 @@ def goodput_rows(found: dict[str, dict[str, tuple[float, bool]]], pairs: Sequenc
             by_system["A*"] = best[1]
         rows.append([f"{p.name}: {p.describe()}", *cells, *star, *(_ratio_cell(by_system, s) for s in others),
                      *(_ratio_cell(by_system, s, "A*") for s in ours)])
+    return headers, rows
+
+
+def plan_rows(found: dict[str, dict[str, tuple[float, bool]]], predicted: Mapping[str, tuple[str, str, float]],
+              rates: Sequence[float]) -> tuple[list[str], list[list[str]]]:
+    """Each planned system (`predicted`: key -> (SLO pair, the plan's topology, predicted goodput))
+    against its goodput measured under the pair it was planned for, and the error of the plan."""
+    headers = ["system", "planned for", "topology", "predicted (req/s)", "measured (req/s)", "error"]
+    rows = []
+    for key, (pair, topology, predicted_rps) in predicted.items():
+        measured = found.get(pair, {}).get(key)
+        error = "n/a"
+        if measured is not None and measured[0] > 0:
+            error = f"{(predicted_rps - measured[0]) / measured[0]:+.0%}" + ("" if measured[1] else " (bound)")
+        rows.append([key, pair, topology, f"{predicted_rps:.2f}",
+                     format_goodput(measured, rates) if measured is not None else "not measured", error])
     return headers, rows
 
 
@@ -138,14 +156,17 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 
 
 def report(config, measurements: Sequence[Measurement], console: Console, wall_s: float, argv: Sequence[str],
-           skipped: Sequence[Skipped] = ()) -> None:
+           skipped: Sequence[Skipped] = (), predicted: Mapping[str, tuple[str, str, float]] | None = None) -> None:
     """Print the tables; write <label>.json, <label>.md and the PNGs under config.out_dir. Points
-    skipped or cut for time are listed in all three."""
+    skipped or cut for time are listed in all three. `predicted`: the planned systems' predictions
+    (`plan_rows`), set beside what was measured."""
     pairs, rates = config.slo_pairs, config.rates_rps
     found = goodputs(measurements, pairs, config.attainment_target)
     sections = [("Goodput (>= 90% of requests within both SLOs)", goodput_rows(found, pairs, rates, config.systems)),
                 ("Per run", per_rate_rows(measurements, pairs)),
                 ("pdserve's per-phase breakdown (ms)", phase_rows(measurements, pairs[0].name))]
+    if predicted:
+        sections.insert(1, ("The plan's goodput against the measured", plan_rows(found, predicted, rates)))
     if skipped:
         sections.append(("Not measured (time budget)", skipped_rows(skipped)))
     for title, (headers, rows) in sections:

@@ -18,7 +18,7 @@ from router.policies.placement.scorers import DEFAULT_WEIGHTS, SCORERS
 
 DEFAULT_CLASS_RANK: Mapping[str, int] = {"interactive": 0, "": 1, "batch": 2}
 _INT_KEYS = ("local_prefill_max_tokens", "max_queued_prefill_tokens_per_worker")
-_FLOAT_KEYS = ("refuse_slack", "min_retry_after_s", "class_gap_s")
+_FLOAT_KEYS = ("refuse_slack", "min_retry_after_s", "class_gap_s", "calibration_quantile")
 
 
 @dataclass(frozen=True)
@@ -26,17 +26,20 @@ class PlacementConfig:
     """`weights`: scorer name -> weight >= 0; the scorers listed are the whole mix (an unlisted one
     weighs 0). `local_prefill_max_tokens`: the most uncached tokens a decode worker computes itself
     (0: no cap). `refuse_slack`: admission refuses when the best predicted TTFT exceeds
-    ttft_slo * (1 + refuse_slack). `class_rank`: SLO class -> rank, 0 first; a class not listed
+    ttft_slo * (1 + refuse_slack) (and the decode step, with a TPOT SLO, tpot_slo * (1 + slack)).
+    `calibration_quantile`: admission scales its predictions by that quantile of recent requests'
+    observed / predicted ratios (`router.policies.calibration`; 0: no scaling). `class_rank`: SLO class -> rank, 0 first; a class not listed
     ranks as "" (or last if "" is not listed). `class_gap_s`: seconds of waiting that make up one
     rank. `max_queued_prefill_tokens_per_worker`: the dispatch gate (0: no gate)."""
 
     weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     local_prefill_max_tokens: int = 0
-    refuse_slack: float = 1.0
+    refuse_slack: float = 0.0
     min_retry_after_s: float = 1.0
     class_rank: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_CLASS_RANK))
     class_gap_s: float = 2.0
     max_queued_prefill_tokens_per_worker: int = 4096
+    calibration_quantile: float = 0.9
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
@@ -53,6 +56,9 @@ class PlacementConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.calibration_quantile >= 1.0:
+            raise ValueError(f"calibration_quantile must be below 1 (0.9: cover 9 in 10 recent requests; 0: off), "
+                             f"got {self.calibration_quantile}")
 
     def rank_of(self, slo_class: str) -> int:
         """The rank of `slo_class`; an unknown class ranks as the default class "" (never refused

@@ -214,3 +214,25 @@ def test_a_systems_with_their_batched_tokens_come_from_systems():
     assert config.systems == ("A", "A-512", "A-1024", "B", "B-slo")
     with pytest.raises(SystemExit):
         parse_args(["--systems", "A,A-big,B"])
+
+
+def test_a_plan_per_slo_pair_becomes_a_b_star_system_and_its_prediction_is_set_beside_the_measured(tmp_path):
+    import sys
+
+    from loadgen.comparison.report import plan_rows
+    from planner.router_config import write_planned_cluster
+    from planner.simulator import Topology
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from goodput_vs_vllm import parse_args, predictions
+
+    write_planned_cluster(tmp_path / "t", Topology.aggregated(2), SLO(ttft_s=1.5, tpot_s=0.03), 2.4, 0.95, "total", "w")
+    config = parse_args(["--systems", "A,B", "--plan", f"tight={tmp_path / 't'}"])
+    assert config.systems == ("A", "B", "B*-tight")
+    assert predictions(config) == {"B*-tight": ("tight", "2C", 2.4)}
+    found = {"tight": {"A": (1.0, True), "B*-tight": (2.0, True)}, "loose": {}}
+    headers, rows = plan_rows(found, predictions(config), [0.5, 1.0, 2.0, 3.0])
+    assert rows == [["B*-tight", "tight", "2C", "2.40", "2.00", "+20%"]]
+    for bad in (["--plan", f"medium={tmp_path / 't'}"], ["--plan", f"loose={tmp_path / 'missing'}"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)

@@ -34,6 +34,18 @@ def test_plan_prints_each_kinds_best_and_the_pick_and_writes_plot_json_and_route
     cost = CostModel(**json.loads((router_dir / "cost.json").read_text()))
     assert cost.per_token_s > 0 and cost.step_fixed_s > 0 and cost.transfer_per_token_s > 0
     assert f"pdserve up --model MODEL_DIR --topology {picked['kind']}" in out
+    planned = json.loads((router_dir / "cluster.json").read_text())
+    assert planned["topology"]["kind"] == picked["kind"] and planned["objective"] == "per-device"
+    assert planned["predicted_goodput_rps"] == picked["max_rate_rps"]
+
+
+def test_plan_with_the_total_objective_picks_the_most_goodput_within_the_devices(tmp_path, capsys):
+    assert main(["plan", "--devices", "2", "--objective", "total", "--output-dir", str(tmp_path), "--label", "t",
+                 "--local-prefill-caps", "0", *SMALL]) == 0
+    data = json.loads((tmp_path / "t_search.json").read_text())
+    picked = next(r for r in data["results"] if r["topology"] == data["best"])
+    assert picked["max_rate_rps"] == max(r["max_rate_rps"] for r in data["results"])
+    assert "; in all " in capsys.readouterr().out   # the pick against each other kind's best, in req/s
 
 
 def test_plan_answers_the_fewest_devices_question(tmp_path, capsys):

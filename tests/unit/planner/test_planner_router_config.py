@@ -53,3 +53,28 @@ def test_pdserve_up_reads_the_written_files_and_flags_as_the_planner_meant(tmp_p
     config = scheduler_config(args)
     assert config.placement == placement and config.cost_prior == COST
     assert (config.slo.ttft_s, config.slo.tpot_s) == (1.5, 0.04)
+
+
+def test_the_planned_cluster_reads_back_with_its_prediction_and_router_flags(tmp_path):
+    from planner.router_config import read_planned_cluster, write_planned_cluster
+
+    path = write_planned_cluster(tmp_path, Topology.hybrid(1, 1, 256), SLO(ttft_s=3.0, tpot_s=0.035), 2.5, 0.93,
+                                 "total", "trace/trace, 60 requests")
+    assert path == tmp_path / "cluster.json"
+    plan = read_planned_cluster(tmp_path)
+    assert plan.topology == Topology.hybrid(1, 1, 256) and plan.slo == SLO(ttft_s=3.0, tpot_s=0.035)
+    assert (plan.predicted_goodput_rps, plan.predicted_attainment, plan.objective) == (2.5, 0.93, "total")
+    assert plan.router_flags() == ["--cost-model", str(tmp_path / "cost.json"), "--placement-config",
+                                   str(tmp_path / "placement.json"), "--slo-ttft-ms", "3000", "--slo-tpot-ms", "35"]
+
+
+def test_a_directory_without_a_plan_is_named_in_the_error(tmp_path):
+    import pytest
+
+    from planner.router_config import read_planned_cluster
+
+    with pytest.raises(ValueError, match=r"cluster.json: not a plan written by `pdserve plan"):
+        read_planned_cluster(tmp_path)
+    (tmp_path / "cluster.json").write_text('{"topology": {"kind": "mesh"}}')
+    with pytest.raises(ValueError, match="not a plan"):
+        read_planned_cluster(tmp_path)

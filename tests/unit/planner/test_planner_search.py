@@ -138,3 +138,15 @@ def test_predict_fn_expects_lower_tpot_from_more_decode_workers():
     ttft_one, tpot_one = predict(PoolSizes(1, 1), 3.0, 512, 128)
     ttft_three, tpot_three = predict(PoolSizes(1, 3), 3.0, 512, 128)
     assert tpot_three < tpot_one and 0 < ttft_one and 0 < ttft_three
+
+
+def test_the_total_objective_picks_the_highest_goodput_within_the_budget():
+    """With 3 devices and no hybrid: per device 1C wins (1.1 req/s per device, 2C and 3C tie it
+    but use more); in all 3C does (3.3 req/s), and among the splits 1P+2D (2.0)."""
+    per_device = search_splits(synthetic_attainment, 3, SearchSettings(rel_tol=0.01), kinds=NOT_HYBRID)
+    total = search_splits(synthetic_attainment, 3, SearchSettings(rel_tol=0.01), kinds=NOT_HYBRID, objective="total")
+    assert per_device.best.topology == Topology.aggregated(1)
+    assert total.best.topology == Topology.aggregated(3)            # 3.3 req/s, the most of all
+    assert total.best_of("disaggregated").topology == Topology.disaggregated(1, 2)   # 2.0 > 1P+1D's and 2P+1D's
+    with pytest.raises(ValueError, match="objective must be one of"):
+        search_splits(synthetic_attainment, 2, objective="most")

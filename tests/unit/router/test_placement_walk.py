@@ -107,13 +107,45 @@ async def test_a_request_that_cannot_meet_its_ttft_is_refused_with_a_retry_time_
                                                        {"prefill-a": prefill, "decode-a": decode}, config)
     try:
         with pytest.raises(Overloaded, match="time to first token") as refused:
-            lifecycle.admit(GenerationRequest("long", LONG, GREEDY))  # ~1.02 s predicted, limit 0.2 s
+            lifecycle.admit(GenerationRequest("long", LONG, GREEDY))  # ~1.02 s predicted, limit 0.1 s
         assert refused.value.retry_after_s == 1.0   # the floor (min_retry_after_s)
         with pytest.raises(Overloaded) as refused:
             lifecycle.admit(GenerationRequest("longer", LONG + LONG[:1500], GREEDY))  # ~1.77 s predicted
         assert refused.value.retry_after_s == 2.0   # ceil(1.77 - 0.1): the predicted drain time
         assert (prefill.prefills, decode.decodes) == ([], [])
         assert await _served(lifecycle, "short", SHORT) == [5]     # ~0.025 s: admitted
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_full_decode_batch_is_refused_on_tpot_before_any_worker_call(redis_server, tokenizer):
+    prefill, decode = ScriptedWorker(prefill=PrefillResult(5, True, "length")), _decoder()
+    config = _config(slo=SloTargets(tpot_s=0.010), cost_prior=DEFAULT_COST)   # a step is >= 15 ms
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode}, config)
+    try:
+        with pytest.raises(Overloaded, match="time per output token 16.0 ms exceeds the limit of 10.0 ms") as refused:
+            lifecycle.admit(GenerationRequest("short", SHORT, GREEDY))
+        assert refused.value.retry_after_s == 1.0
+        assert (prefill.prefills, decode.decodes) == ([], [])
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_served_requests_teach_admission_how_far_its_predictions_were(redis_server, tokenizer):
+    prefill, decode = ScriptedWorker(prefill=PrefillResult(5, False, kv_handle=KVHandle("t", "h:1", "p", (1,), 3))), \
+        _decoder(tokens=(6, 7, 8))
+    config = _config(slo=SloTargets(ttft_s=0.05, tpot_s=0.05), cost_prior=DEFAULT_COST)
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode}, config)
+    try:
+        for i in range(3):
+            assert await _served(lifecycle, f"r{i}", SHORT) == [5, 6, 7, 8]
+        ttft, tpot = lifecycle.scheduler.calibration["ttft"], lifecycle.scheduler.calibration["tpot"]
+        assert len(ttft) == 3 and len(tpot) == 3   # each predicted >= a quarter of its SLO: every one kept
+        assert lifecycle.scheduler.scale().ttft == 1.0   # too few yet to scale anything
     finally:
         await pool.close()
         await registry.close()

@@ -1,26 +1,28 @@
-"""Admission: admit, or refuse with how long until the queues would drain enough to meet the SLO."""
+"""Admission: admit, or refuse with how long until the queues would drain enough to meet the SLO;
+with a TPOT SLO, refuse when the decode batch is full for it; predictions scaled by calibration."""
 
 import pytest
 
-from router.policies.admission import Admit, Refuse, admit
+from router.policies.admission import Admit, Refuse, Scale, admit
 from router.policies.placement import PlacementConfig, Prediction, RequestView
 
 REQUEST = RequestView(num_prompt_tokens=1000, max_tokens=100, ttft_slo_s=1.0, tpot_slo_s=0.1)
+LATE_OK = PlacementConfig(refuse_slack=1.0)   # admits up to twice the SLO
 
 
-def _best(ttft_s):
-    return Prediction(ttft_s=ttft_s, decode_stall_s=0.0, kv_transfer_s=0.0, decode_step_s=0.02)
+def _best(ttft_s, step_s=0.02):
+    return Prediction(ttft_s=ttft_s, decode_stall_s=0.0, kv_transfer_s=0.0, decode_step_s=step_s)
 
 
 @pytest.mark.parametrize("ttft_s, config, expected_retry_after_s", [
     (0.5, PlacementConfig(), None),                                      # within the SLO
-    (2.0, PlacementConfig(), None),                                      # late, exactly at slo * (1 + 1.0)
-    (2.3, PlacementConfig(), 2.0),                                       # ceil(2.3 - 1.0)
-    (3.0, PlacementConfig(), 2.0),                                       # 2 s of drain is 2 s, not 3
-    (7.6, PlacementConfig(), 7.0),
-    (1.2, PlacementConfig(refuse_slack=0.0), 1.0),                       # ceil(0.2) = 1
-    (1.2, PlacementConfig(refuse_slack=0.0, min_retry_after_s=5.0), 5.0),  # never sooner than the floor
-    (1.0, PlacementConfig(refuse_slack=0.0), None),
+    (1.0, PlacementConfig(), None),                                      # exactly at it
+    (1.2, PlacementConfig(), 1.0),                                       # default slack 0: ceil(0.2) = 1
+    (1.2, PlacementConfig(min_retry_after_s=5.0), 5.0),                  # never sooner than the floor
+    (2.0, LATE_OK, None),                                                # late, exactly at slo * (1 + 1.0)
+    (2.3, LATE_OK, 2.0),                                                 # ceil(2.3 - 1.0)
+    (3.0, LATE_OK, 2.0),                                                 # 2 s of drain is 2 s, not 3
+    (7.6, LATE_OK, 7.0),
 ])
 def test_decision_table(ttft_s, config, expected_retry_after_s):
     decision = admit(_best(ttft_s), REQUEST, config)
@@ -31,7 +33,7 @@ def test_decision_table(ttft_s, config, expected_retry_after_s):
 
 
 def test_request_that_cannot_meet_ttft_is_refused_with_drain_time():
-    decision = admit(_best(4.5), REQUEST, PlacementConfig())
+    decision = admit(_best(4.5), REQUEST, LATE_OK)
     assert decision == Refuse(4.0, "predicted time to first token 4.50 s exceeds the limit of 2.00 s "
                                    "(SLO 1.00 s x 2)")
 
@@ -40,3 +42,32 @@ def test_a_request_no_worker_can_take_is_refused_after_the_minimum_wait():
     decision = admit(None, REQUEST, PlacementConfig(min_retry_after_s=3.0))
     assert isinstance(decision, Refuse) and decision.retry_after_s == 3.0
     assert decision.reason.startswith("no worker can take the request now")
+
+
+@pytest.mark.parametrize("ttft_s, scale, admitted", [
+    (0.6, Scale(ttft=1.5), True),     # 0.9 s
+    (0.6, Scale(ttft=2.0), False),    # 1.2 s: the model ran low lately
+    (1.5, Scale(ttft=0.5), True),     # 0.75 s: the model ran high lately
+])
+def test_the_ttft_prediction_is_scaled_before_it_is_judged(ttft_s, scale, admitted):
+    decision = admit(_best(ttft_s), REQUEST, PlacementConfig(), scale)
+    assert (decision == Admit()) is admitted
+    if not admitted:
+        assert decision.retry_after_s == 1.0 and "(x2.00, as recent requests saw" in decision.reason
+
+
+@pytest.mark.parametrize("step_s, scale, judge_tpot, admitted", [
+    (0.09, Scale(), True, True),
+    (0.11, Scale(), True, False),          # the batch with it steps past the TPOT SLO
+    (0.11, Scale(), False, True),          # no TPOT SLO set: never judged
+    (0.06, Scale(tpot=2.0), True, False),  # 0.12 s once scaled
+])
+def test_a_full_decode_batch_refuses_on_tpot(step_s, scale, judge_tpot, admitted):
+    decision = admit(_best(0.5, step_s), REQUEST, PlacementConfig(min_retry_after_s=2.0), scale, judge_tpot=judge_tpot)
+    assert (decision == Admit()) is admitted
+    if not admitted:
+        assert decision.retry_after_s == 2.0 and "time per output token" in decision.reason
+
+
+def test_without_a_ttft_slo_a_late_prediction_is_not_refused():
+    assert admit(_best(50.0), REQUEST, PlacementConfig(), judge_ttft=False) == Admit()

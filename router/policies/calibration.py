@@ -1,0 +1,76 @@
+"""How far the cost model's predictions fall from what requests then see, learned online. Pure.
+
+Admission compares a prediction with an SLO. A prediction that runs low admits requests that then
+miss (past the knee, every one of them takes capacity from the next); one that runs high refuses
+requests that would have met it. A `Calibration` keeps the last `window` ratios observed /
+predicted of one quantity (the TTFT, or the time per output token against the predicted decode
+step) and answers `factor()`: the ratios' `quantile`, the scale that would have covered that share
+of recent requests. Admission multiplies its prediction by it, so with `quantile` 0.9 a request is
+taken when 9 in 10 recent ones predicted like it met the SLO.
+
+- Only observations that bear on an SLO decision are kept: the prediction or the observation is
+  at least `relevant_share` of the SLO (a request predicted at 20 ms and seen at 40 ms says little
+  of one predicted at 2.5 s: most of that error is a fixed cost). An idle cluster therefore learns
+  nothing and admits on the model as it is.
+- Until `min_observations` are kept the factor is 1.
+- The factor stays within [1 / max_factor, max_factor]: a burst of outliers can neither make
+  admission refuse everything nor admit everything, and the feedback (a high factor refuses more,
+  the load falls, the ratios fall) settles instead of running away.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    quantile: float = 0.9          # share of recent requests the scaled prediction covers
+    window: int = 64               # recent relevant observations kept
+    min_observations: int = 8      # fewer kept: factor 1
+    relevant_share: float = 0.25   # kept when max(predicted, observed) >= this share of the SLO
+    max_factor: float = 4.0        # factor within [1 / max_factor, max_factor]
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.quantile < 1.0:
+            raise ValueError(f"the calibration quantile must be in (0, 1), got {self.quantile}")
+        if self.window < 1 or not 1 <= self.min_observations <= self.window:
+            raise ValueError(f"need window >= 1 and 1 <= min_observations <= window, got {self.window}, "
+                             f"{self.min_observations}")
+        if not 0.0 <= self.relevant_share < 1.0:
+            raise ValueError(f"relevant_share must be in [0, 1), got {self.relevant_share}")
+        if not (math.isfinite(self.max_factor) and self.max_factor >= 1.0):
+            raise ValueError(f"max_factor must be a finite number >= 1, got {self.max_factor}")
+
+
+class Calibration:
+    """Observed / predicted ratios of one quantity; `factor()` scales a new prediction."""
+
+    def __init__(self, config: CalibrationConfig = CalibrationConfig()):
+        self.config = config
+        self._ratios: deque[float] = deque(maxlen=config.window)
+
+    def __len__(self) -> int:
+        return len(self._ratios)
+
+    def observe(self, predicted_s: float, observed_s: float, slo_s: float) -> bool:
+        """Keeps observed_s / predicted_s when it bears on a decision against `slo_s`; says whether
+        it was kept. Non-positive or non-finite values are ignored (a request with no prediction)."""
+        values = (predicted_s, observed_s, slo_s)
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            return False
+        if max(predicted_s, observed_s) < self.config.relevant_share * slo_s:
+            return False
+        self._ratios.append(observed_s / predicted_s)
+        return True
+
+    def factor(self) -> float:
+        """The `quantile` of the kept ratios (nearest rank), bounded; 1 with too few kept."""
+        if len(self._ratios) < self.config.min_observations:
+            return 1.0
+        ordered = sorted(self._ratios)
+        rank = max(0, math.ceil(self.config.quantile * len(ordered)) - 1)
+        bound = self.config.max_factor
+        return min(bound, max(1.0 / bound, ordered[rank]))
