@@ -47,8 +47,9 @@ Side by side, in one run, on the same two cores and the same `bench` model:
 Workload: one fixed request set, the first N requests of the Azure LLM inference conversation
 trace (lengths capped to the context), replayed at every offered rate with the trace's arrival
 gaps rescaled to that rate (its burstiness is kept; N / rate seconds of arrivals): the rate is the
-only thing that changes between runs. Prompts are token ids, identical for all systems at a given
-rate (a fresh set of ids per rate); prefix caching is off in every system (a re-measured run
+only thing that changes between runs. With --shape long-prompt the request set is instead
+1,024-2,048 prompt and 16-32 output tokens (uniform, fixed seed) in Poisson arrivals: prefill-heavy.
+Prompts are token ids, identical for all systems at a given rate (a fresh set of ids per rate); prefix caching is off in every system (a re-measured run
 resends its prompts), and every request generates exactly its trace output length.
 
 For every rate the systems are measured one after the other (ABBA order: A,B at the first rate,
@@ -215,6 +216,10 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
     parser.add_argument("--out-dir", type=Path, help="where results go (default bench/results)")
     parser.add_argument("--label", help="file name stem (default goodput_vs_vllm, or goodput_vs_vllm_quick)")
     parser.add_argument("--seed", type=int, help="prompt seed (default 0)")
+    parser.add_argument("--shape", choices=("trace", "long-prompt"),
+                        help="the workload: the conversation trace (default), or long-prompt: 1,024-2,048 prompt "
+                             "and 16-32 output tokens, Poisson arrivals (plan B* with `pdserve plan --workload random "
+                             "--input-len 1536 --output-len 24 --range-ratio 0.333`)")
     parser.add_argument("--plan", action="append", type=_plan, metavar="PAIR=DIR", default=[],
                         help="also run B*-PAIR: the cluster `pdserve plan --write-router-config DIR` picked for the "
                              "SLO pair PAIR (tight or loose; plan with this run's SLOs and workload); repeatable")
@@ -225,6 +230,7 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
         ("pdserve_systems", _pdserve_systems(parser, args.systems)), ("transport", args.transport),
         ("vllm_batched_tokens", _vllm_batched_tokens(parser, args.systems)),
         ("out_dir", args.out_dir), ("label", args.label), ("seed", args.seed), ("plans", tuple(args.plan) or None),
+        ("shape", args.shape),
         ("ttft_slo_s", _s(args.ttft_slo_ms)), ("tpot_tight_s", _s(args.tpot_tight_ms)),
         ("tpot_loose_s", _s(args.tpot_loose_ms))) if value is not None}
     try:

@@ -17,6 +17,10 @@ from pdserve.engine import EngineSettings
 
 
 PDSERVE_SYSTEMS = ("B", "B-tcp", "B-hybrid", "B-agg", "B-slo")
+# The workload shapes (`--shape`): the conversation trace, or long prompts with short outputs
+# (1,024-2,048 prompt and 16-32 output tokens, Poisson arrivals), where prefill dominates.
+SHAPES = ("trace", "long-prompt")
+LONG_PROMPT = dict(kind="random", arrival="poisson", prompt_mean=1536, output_mean=24, range_ratio=1 / 3)
 PLAN_PREFIX = "B*-"   # B*-<pair>: the cluster `pdserve plan` picked for that SLO pair (--plan PAIR=DIR)
 
 
@@ -43,6 +47,7 @@ class CompareConfig:
     with_c: bool = False  # also measure C: two 1-core vLLM servers, round robin
     pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: over tcp; B-hybrid, B-agg
     vllm_batched_tokens: tuple[int, ...] = ()  # more vLLM systems, A-<n>: A with --max-num-batched-tokens n (A*'s sweep)
+    shape: str = "trace"  # SHAPES
     plans: tuple[tuple[str, Path], ...] = ()  # (SLO pair, plan dir): B*-<pair> runs the cluster `pdserve plan` wrote there
     transport: str = "auto"  # B's KV transport (auto: shared memory on one host)
     budget_s: float = 19 * 60.0  # the whole run, report included
@@ -75,6 +80,8 @@ class CompareConfig:
         if unknown or not (self.pdserve_systems or self.plans):
             raise ValueError(f"pdserve systems must be among {', '.join(PDSERVE_SYSTEMS)}, got "
                              f"{', '.join(self.pdserve_systems) or 'none'}")
+        if self.shape not in SHAPES:
+            raise ValueError(f"the workload shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
         pairs = [name for name, _ in self.plans]
         if len(set(pairs)) != len(pairs) or set(pairs) - {"tight", "loose"}:
             raise ValueError(f"--plan names each SLO pair (tight, loose) at most once, got {', '.join(pairs)}")
@@ -128,7 +135,10 @@ def schedule(num_rates: int, systems: tuple[str, ...] = ("A", "B")) -> list[tupl
 
 def workload(config: CompareConfig, rate_rps: float) -> list[RequestSpec]:
     """The same `num_requests` trace requests at every rate, their gaps rescaled so the last arrives
-    at num_requests / rate_rps."""
+    at num_requests / rate_rps; or for the long-prompt shape the same lengths at every rate, in
+    Poisson arrivals of the same seed (the gaps scale with the rate)."""
+    if config.shape == "long-prompt":
+        return WorkloadConfig(**LONG_PROMPT, num_requests=config.num_requests, seed=config.seed).build(rate_rps=rate_rps)
     return WorkloadConfig(kind="trace", arrival="trace", rate_rps=None, trace_path=config.trace_path,
                           max_prompt_tokens=config.max_prompt_tokens, max_output_tokens=config.max_output_tokens,
                           num_requests=config.num_requests).build(rate_rps=rate_rps)

@@ -236,3 +236,12 @@ def test_a_plan_per_slo_pair_becomes_a_b_star_system_and_its_prediction_is_set_b
     for bad in (["--plan", f"medium={tmp_path / 't'}"], ["--plan", f"loose={tmp_path / 'missing'}"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def test_the_long_prompt_shape_replays_the_same_prefill_heavy_lengths_at_every_rate():
+    config = BenchConfig(shape="long-prompt", num_requests=40)
+    slow, fast = workload(config, 1.0), workload(config, 2.0)
+    assert [(r.prompt_tokens, r.output_tokens) for r in slow] == [(r.prompt_tokens, r.output_tokens) for r in fast]
+    assert all(1024 <= r.prompt_tokens <= 2048 and 16 <= r.output_tokens <= 32 for r in slow)
+    with pytest.raises(ValueError, match="the workload shape must be one of trace, long-prompt"):
+        BenchConfig(shape="chat")
