@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -43,6 +44,9 @@ NOMINAL_TTFT_SLO_S = 10.0   # placement's yardstick when no TTFT SLO is set (adm
 NOMINAL_TPOT_SLO_S = 0.2
 RECHECK_S = 0.1             # the queue is re-pumped this often (workers come and go, KV frees up)
 REFIT_EVERY = 8             # observed prefills between refits of the cost model
+REFUSAL_LOG_EVERY_S = 5.0   # admission's refusals are logged at most this often (a summary line)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class Scheduler:
         self._waiting: dict[str, tuple[GenerationRequest, asyncio.Future, Prediction | None]] = {}
         self._sequence = itertools.count()   # queue keys are private: clients may reuse request ids
         self._ticker: asyncio.Task | None = None
+        self._refused_since_log, self._refusal_logged_s = 0, -math.inf
 
     # ---- decisions over live state ---------------------------------------------------------------
     def request_view(self, request: GenerationRequest) -> RequestView:
@@ -130,8 +135,18 @@ class Scheduler:
         verdict = admit(self.expected(request), self.request_view(request), self.config.placement, self.scale(),
                         judge_ttft=slo.ttft_s is not None, judge_tpot=slo.tpot_s is not None)
         if isinstance(verdict, Refuse):
+            self._log_refusal(verdict)
             raise Overloaded(f"the cluster cannot meet this request's SLOs now: {verdict.reason}",
                              retry_after_s=verdict.retry_after_s)
+
+    def _log_refusal(self, verdict: Refuse) -> None:
+        """One line per `REFUSAL_LOG_EVERY_S` at most, with how many were refused since the last."""
+        self._refused_since_log += 1
+        now_s = self.clock()
+        if now_s - self._refusal_logged_s >= REFUSAL_LOG_EVERY_S:
+            logger.info("admission refused %d request(s) since the last report; the latest: %s",
+                        self._refused_since_log, verdict.reason)
+            self._refused_since_log, self._refusal_logged_s = 0, now_s
 
     def expected(self, request: GenerationRequest) -> Prediction | None:
         """The best placement's prediction for `request` if it joined the router's queue now (the
@@ -141,7 +156,8 @@ class Scheduler:
 
     def scale(self) -> Scale:
         """What admission multiplies its predictions by: each calibration's factor (1 when off)."""
-        factors = {quantity: calibration.factor() for quantity, calibration in self.calibration.items()}
+        now_s = self.clock()
+        factors = {quantity: calibration.factor(now_s) for quantity, calibration in self.calibration.items()}
         return Scale(**factors)
 
     def _tokens_ahead(self, request: GenerationRequest) -> int:
@@ -258,13 +274,16 @@ class Scheduler:
 
     def _calibrate(self, expected: Prediction, served: Timings) -> None:
         """TTFT against the predicted TTFT; time per output token (after the first) against the
-        predicted decode step."""
-        slo = self.config.slo
+        request's predicted one: the decode step plus its handoff (KV transfer) spread over its
+        tokens, like with like (a 3-token answer's TPOT is mostly its handoff, under any load)."""
+        slo, now_s = self.config.slo, self.clock()
         if "ttft" in self.calibration and served.ttft_s > 0:
-            self.calibration["ttft"].observe(expected.ttft_s, served.ttft_s, slo.ttft_s or NOMINAL_TTFT_SLO_S)
+            self.calibration["ttft"].observe(expected.ttft_s, served.ttft_s, slo.ttft_s or NOMINAL_TTFT_SLO_S, now_s)
         if "tpot" in self.calibration and served.output_tokens >= 2 and served.e2e_s > served.ttft_s:
-            tpot_s = (served.e2e_s - served.ttft_s) / (served.output_tokens - 1)
-            self.calibration["tpot"].observe(expected.decode_step_s, tpot_s, slo.tpot_s or NOMINAL_TPOT_SLO_S)
+            intervals = served.output_tokens - 1
+            tpot_s = (served.e2e_s - served.ttft_s) / intervals
+            predicted_s = expected.decode_step_s + expected.kv_transfer_s / intervals
+            self.calibration["tpot"].observe(predicted_s, tpot_s, slo.tpot_s or NOMINAL_TPOT_SLO_S, now_s)
 
     def _any_slo(self) -> bool:
         return self.config.slo.ttft_s is not None or self.config.slo.tpot_s is not None

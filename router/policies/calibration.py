@@ -3,16 +3,24 @@
 Admission compares a prediction with an SLO. A prediction that runs low admits requests that then
 miss (past the knee, every one of them takes capacity from the next); one that runs high refuses
 requests that would have met it. A `Calibration` keeps the last `window` ratios observed /
-predicted of one quantity (the TTFT, or the time per output token against the predicted decode
-step) and answers `factor()`: the ratios' `quantile`, the scale that would have covered that share
+predicted of one quantity (the TTFT, or the time per output token against the request's predicted
+one: decode step plus its handoff spread over its tokens) and answers `factor()`: the ratios' `quantile`, the scale that would have covered that share
 of recent requests. Admission multiplies its prediction by it, so with `quantile` 0.9 a request is
 taken when 9 in 10 recent ones predicted like it met the SLO.
 
-- Only observations that bear on an SLO decision are kept: the prediction or the observation is
-  at least `relevant_share` of the SLO (a request predicted at 20 ms and seen at 40 ms says little
-  of one predicted at 2.5 s: most of that error is a fixed cost). An idle cluster therefore learns
-  nothing and admits on the model as it is.
-- Until `min_observations` are kept the factor is 1.
+- Only observations whose prediction was near enough the SLO to decide anything are kept: at
+  least `relevant_share` of it. A request predicted at 20 ms and seen at 40 ms says little of one
+  predicted at 1.9 s (most of that error is a fixed cost), and an engine's first, cold requests
+  (predicted short, seen long) must not make admission refuse the long prompts that follow them.
+  Past the knee the predictions rise with the queue and all become relevant; an idle cluster
+  learns little and admits on the model as it is.
+- Why a high quantile and not the mean: past the knee admission holds the queue where new
+  requests are predicted just under the SLO, so the admitted crowd at the line; scaled by the
+  90th percentile of the error, 9 in 10 of them still meet it, where an unbiased but noisy
+  prediction alone would let half of them miss.
+- Until `min_observations` are kept the factor is 1. Observations older than `max_age_s` are
+  forgotten: a factor learned in one burst does not outlive it, and a factor high enough to refuse
+  everything (so that nothing new is observed) lapses back to 1 instead of refusing for ever.
 - The factor stays within [1 / max_factor, max_factor]: a burst of outliers can neither make
   admission refuse everything nor admit everything, and the feedback (a high factor refuses more,
   the load falls, the ratios fall) settles instead of running away.
@@ -30,8 +38,9 @@ class CalibrationConfig:
     quantile: float = 0.9          # share of recent requests the scaled prediction covers
     window: int = 64               # recent relevant observations kept
     min_observations: int = 8      # fewer kept: factor 1
-    relevant_share: float = 0.25   # kept when max(predicted, observed) >= this share of the SLO
+    relevant_share: float = 0.25   # kept when the prediction is >= this share of the SLO
     max_factor: float = 4.0        # factor within [1 / max_factor, max_factor]
+    max_age_s: float = 60.0        # observations older than this are forgotten
 
     def __post_init__(self) -> None:
         if not 0.0 < self.quantile < 1.0:
@@ -43,34 +52,40 @@ class CalibrationConfig:
             raise ValueError(f"relevant_share must be in [0, 1), got {self.relevant_share}")
         if not (math.isfinite(self.max_factor) and self.max_factor >= 1.0):
             raise ValueError(f"max_factor must be a finite number >= 1, got {self.max_factor}")
+        if not self.max_age_s > 0:
+            raise ValueError(f"max_age_s must be > 0 seconds, got {self.max_age_s}")
 
 
 class Calibration:
-    """Observed / predicted ratios of one quantity; `factor()` scales a new prediction."""
+    """Observed / predicted ratios of one quantity; `factor(now_s)` scales a new prediction. Times
+    are the caller's clock (seconds, monotonic)."""
 
     def __init__(self, config: CalibrationConfig = CalibrationConfig()):
         self.config = config
-        self._ratios: deque[float] = deque(maxlen=config.window)
+        self._ratios: deque[tuple[float, float]] = deque(maxlen=config.window)   # (observed at, ratio)
 
     def __len__(self) -> int:
         return len(self._ratios)
 
-    def observe(self, predicted_s: float, observed_s: float, slo_s: float) -> bool:
+    def observe(self, predicted_s: float, observed_s: float, slo_s: float, now_s: float = 0.0) -> bool:
         """Keeps observed_s / predicted_s when it bears on a decision against `slo_s`; says whether
         it was kept. Non-positive or non-finite values are ignored (a request with no prediction)."""
         values = (predicted_s, observed_s, slo_s)
         if not all(math.isfinite(v) and v > 0 for v in values):
             return False
-        if max(predicted_s, observed_s) < self.config.relevant_share * slo_s:
+        if predicted_s < self.config.relevant_share * slo_s:
             return False
-        self._ratios.append(observed_s / predicted_s)
+        self._ratios.append((now_s, observed_s / predicted_s))
         return True
 
-    def factor(self) -> float:
-        """The `quantile` of the kept ratios (nearest rank), bounded; 1 with too few kept."""
+    def factor(self, now_s: float = 0.0) -> float:
+        """The `quantile` of the ratios kept in the last `max_age_s` (nearest rank), bounded; 1 with
+        too few of them."""
+        while self._ratios and self._ratios[0][0] < now_s - self.config.max_age_s:
+            self._ratios.popleft()
         if len(self._ratios) < self.config.min_observations:
             return 1.0
-        ordered = sorted(self._ratios)
+        ordered = sorted(ratio for _, ratio in self._ratios)
         rank = max(0, math.ceil(self.config.quantile * len(ordered)) - 1)
         bound = self.config.max_factor
         return min(bound, max(1.0 / bound, ordered[rank]))

@@ -16,12 +16,22 @@ def test_neutral_until_enough_relevant_observations():
     assert calibration.factor() == 2.0
 
 
-def test_observations_far_below_the_slo_are_not_kept():
+def test_only_predictions_near_enough_the_slo_to_decide_are_kept():
     calibration = Calibration(CalibrationConfig(min_observations=1, relevant_share=0.25))
-    assert not calibration.observe(0.02, 0.04, SLO_S)       # both under a quarter of the SLO
-    assert calibration.observe(0.1, 0.3, SLO_S)             # the observation is relevant: 3x low
-    assert calibration.observe(0.6, 0.2, SLO_S)             # the prediction is: 3x high
+    assert not calibration.observe(0.02, 0.04, SLO_S)       # far under a quarter of the SLO
+    assert not calibration.observe(0.2, 0.9, SLO_S)         # a cold engine's first request: not a model error
+    assert calibration.observe(0.6, 0.2, SLO_S)             # 3x high, and near enough to decide
+    assert calibration.observe(0.25, 0.5, SLO_S)            # 2x low, at the edge
     assert len(calibration) == 2
+
+
+def test_old_observations_lapse_so_a_factor_that_refuses_everything_does_not_last():
+    calibration = Calibration(CalibrationConfig(min_observations=2, max_age_s=60.0))
+    calibration.observe(0.5, 2.0, SLO_S, now_s=0.0)
+    calibration.observe(0.5, 2.0, SLO_S, now_s=10.0)
+    assert calibration.factor(now_s=30.0) == 4.0
+    assert calibration.factor(now_s=65.0) == 1.0            # one left: too few
+    assert len(calibration) == 1
 
 
 @pytest.mark.parametrize("values", [(0.0, 1.0), (1.0, 0.0), (float("nan"), 1.0), (1.0, float("inf"))])
@@ -53,7 +63,8 @@ def test_factor_is_bounded(ratio, factor):
 
 
 @pytest.mark.parametrize("kwargs", [dict(quantile=1.0), dict(quantile=0.0), dict(window=0),
-                                    dict(min_observations=100), dict(relevant_share=1.0), dict(max_factor=0.5)])
+                                    dict(min_observations=100), dict(relevant_share=1.0), dict(max_factor=0.5),
+                                    dict(max_age_s=0.0)])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         CalibrationConfig(**kwargs)
