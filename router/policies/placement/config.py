@@ -39,7 +39,7 @@ class PlacementConfig:
     class_rank: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_CLASS_RANK))
     class_gap_s: float = 2.0
     max_queued_prefill_tokens_per_worker: int = 4096
-    calibration_quantile: float = 0.9
+    calibration_quantile: float = 0.75
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
@@ -57,7 +57,7 @@ class PlacementConfig:
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.calibration_quantile >= 1.0:
-            raise ValueError(f"calibration_quantile must be below 1 (0.9: cover 9 in 10 recent requests; 0: off), "
+            raise ValueError(f"calibration_quantile must be below 1 (0.75: cover 3 in 4 recent requests; 0: off), "
                              f"got {self.calibration_quantile}")
 
     def rank_of(self, slo_class: str) -> int:

@@ -13,7 +13,7 @@ def test_defaults():
                                     "decode_balance": 0.25, "prefill_balance": 0.25}
     assert dict(config.class_rank) == {"interactive": 0, "": 1, "batch": 2}
     assert (config.local_prefill_max_tokens, config.refuse_slack, config.min_retry_after_s, config.class_gap_s,
-            config.max_queued_prefill_tokens_per_worker, config.calibration_quantile) == (0, 0.0, 1.0, 2.0, 4096, 0.9)
+            config.max_queued_prefill_tokens_per_worker, config.calibration_quantile) == (0, 0.0, 1.0, 2.0, 4096, 0.75)
 
 
 def test_listed_weights_are_the_whole_mix_and_cannot_be_changed_afterwards():
