@@ -26,6 +26,10 @@ class ConnectorConfig:
     tcp_congestion: str = "cubic"    # KV connections' congestion control ("" = the host's; see kv_transfer.sockets)
     grant_token: str = ""            # producer: the secret with which its scheduler half grants leases at once
                                      # (kv_transfer.grants); "" = grants ride the next engine step only
+    cluster_secret_file: str = ""    # the file holding the KV plane's cluster secret (kv_transfer.auth);
+                                     # "" = unauthenticated (warned). The path, never the secret: vLLM logs its config
+    worker_id: str = ""              # this worker's identity on the KV plane, which transfers are bound to
+                                     # ("" = kv_transfer.auth.process_credentials()'s)
 
     def __post_init__(self) -> None:
         if self.transport not in ("tcp", "torch", "shm", "auto"):

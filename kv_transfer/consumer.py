@@ -8,6 +8,11 @@ connection, which is safe because the producer only releases a lease at DONE (or
 closes and drops the connection, so the next pull starts from a fresh handshake; the failed pull
 raises `TransferError` and the caller applies the load-failure policy. A MISSING reply is a clean
 outcome: the pull fails, the connection stays.
+
+Every connection, one-shot releases included, first runs the mutual authentication of
+`kv_transfer.auth` with this side's `Credentials` (cluster secret and worker identity): a producer
+that cannot prove the secret is refused (`IncompatiblePeer`) before we send it anything but our
+AUTH. It costs one round trip per connection; pulls on a cached connection pay nothing.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from kv_transfer.auth import Credentials, authenticate_to_producer, process_credentials, warn_if_unauthenticated
 from kv_transfer.layout import KVCompat, KVLayout
 from kv_transfer.sockets import DEFAULT_CONGESTION, connect
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
-from kv_transfer.wire import (DONE, IncompatiblePeer, PeerClosed, TransferError, expect, recv_message, require_field,
-                              send_message)
+from kv_transfer.wire import (DONE, IncompatiblePeer, PeerClosed, TransferError, encode, expect, recv_message,
+                              require_field, send_message)
 
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the first on the cached connection, one more on a fresh one
@@ -48,15 +54,24 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def release_transfer(address: str, transfer_id: str, timeout_s: float = 5.0) -> bool:
+def release_transfer(address: str, transfer_id: str, timeout_s: float = 5.0,
+                     credentials: Credentials | None = None) -> bool:
     """Tells the producer at `address` it may free the transfer's blocks; True if it still held them.
 
-    A one-shot connection: the abort paths (the router through the prefill worker, a consumer whose
-    pull failed) use it; a successful pull releases on its own connection (PULL `release`)."""
+    A one-shot, authenticated connection (`credentials`, default `process_credentials()`): the
+    abort paths (the router through the prefill worker, a consumer whose pull failed) use it; a
+    successful pull releases on its own connection (PULL `release`). Raises `IncompatiblePeer` when
+    the producer refuses us (authentication, or a transfer bound to another consumer)."""
+    credentials = credentials or process_credentials()
     sock = connect(*split_address(address), timeout_s)
     with sock:
-        send_message(sock, {"op": "RELEASE", "transfer_id": transfer_id})
-        return expect(recv_message(sock), "RELEASED")["found"] is True
+        _, proof = authenticate_to_producer(sock, credentials, "")
+        sock.sendall(proof + encode({"op": "RELEASE", "transfer_id": transfer_id}))
+        reply = recv_message(sock)
+        if reply["op"] == "REFUSED":
+            raise IncompatiblePeer(f"the KV producer at {address} refused to release {transfer_id}: "
+                                   f"{reply.get('error', '')}")
+        return expect(reply, "RELEASED")["found"] is True
 
 
 class _Connection:
@@ -74,11 +89,14 @@ class _Connection:
 
 class PullClient:
     """Pulls from any number of producers. `timeout_s` bounds every wait of a pull; `congestion` is
-    the TCP congestion control of its connections (see `kv_transfer.sockets`)."""
+    the TCP congestion control of its connections (see `kv_transfer.sockets`); `credentials` are
+    this worker's identity and the cluster secret (default `kv_transfer.auth.process_credentials()`)."""
 
     def __init__(self, layout: KVLayout, compat: KVCompat, transport: str, timeout_s: float = 30.0,
-                 congestion: str = DEFAULT_CONGESTION):
+                 congestion: str = DEFAULT_CONGESTION, credentials: Credentials | None = None):
         self.layout, self.compat = layout, compat
+        self.credentials = credentials or process_credentials()
+        warn_if_unauthenticated(self.credentials, "KV consumer")
         self.transport = get_transport(transport, timeout_s, local=layout)
         self.timeout_s = timeout_s
         self.congestion = congestion
@@ -201,7 +219,7 @@ class PullClient:
                     logger.debug("KV release notice for %s not sent: %s", notice.get("transfer_id"), error)
 
     def release(self, address: str, transfer_id: str) -> bool:
-        return release_transfer(address, transfer_id, self.timeout_s)
+        return release_transfer(address, transfer_id, self.timeout_s, self.credentials)
 
     def drop_stale(self) -> list[str]:
         """Closes idle connections whose channel went stale (a one-sided producer that is gone: our
@@ -266,9 +284,10 @@ class PullClient:
         except OSError as error:
             raise TransferError(f"cannot reach the KV producer at {address}: {error}") from error
         try:
+            _, proof = authenticate_to_producer(sock, self.credentials, self.compat.model_fingerprint)
             offer = self.transport.consumer_offer(sock, self.layout.device)
-            send_message(sock, {"op": "HELLO", "compat": self.compat.to_dict(),
-                                "transport": self.transport.name, **offer.fields})
+            sock.sendall(proof + encode({"op": "HELLO", "compat": self.compat.to_dict(),
+                                         "transport": self.transport.name, **offer.fields}))
             reply = recv_message(sock)
             if reply["op"] == "REFUSED":
                 raise IncompatiblePeer(f"producer {address} refused: {reply.get('error', '')}")

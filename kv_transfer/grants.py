@@ -13,6 +13,9 @@ engine, and so both connector halves, know): `GRANT_HELLO` then one `GRANT` per 
 The metadata grant still follows and is ignored as a duplicate (`LeaseTable.grant`); if the direct
 path fails, the metadata grant is the lease, as before. Nothing here blocks the scheduler for long:
 a send that cannot complete within `SEND_TIMEOUT_S` drops the connection (reopened for the next).
+GRANT_HELLO is the one first message a producer takes instead of the cluster-secret handshake of
+`kv_transfer.auth`: the per-engine token (compared in constant time) is its credential, sent in
+clear on a connection to the engine's own port.
 """
 
 from __future__ import annotations

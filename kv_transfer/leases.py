@@ -43,6 +43,7 @@ class _Held:
     granted_at_s: float = 0.0        # this table's clock when the grant arrived (the blocks were final)
     sending: int = 0                 # sends in progress: the blocks must stay
     ending: Ending | None = None     # set once: refused to new pulls, freed when `sending` is 0
+    consumer: str | None = None      # the consumer identity it is bound to (`claim`); None: nobody yet
 
 
 class LeaseTable:
@@ -122,6 +123,24 @@ class LeaseTable:
         with self._cond:
             held = self._held.get(transfer_id)
             return held is not None and held.granted_at_s <= at_s
+
+    def claim(self, transfer_id: str, consumer: str) -> str | None:
+        """Binds `transfer_id`'s lease to `consumer` unless it is bound already; returns whom it is
+        bound to now (None when no lease is held under that id). Atomic: of two consumers racing
+        for an unbound lease exactly one gets it. A binding lasts as long as the lease."""
+        with self._cond:
+            held = self._held.get(transfer_id)
+            if held is None:
+                return None
+            if held.consumer is None:
+                held.consumer = consumer
+            return held.consumer
+
+    def consumer_of(self, transfer_id: str) -> str | None:
+        """Whom the held lease `transfer_id` is bound to (None: nobody yet, or no such lease)."""
+        with self._cond:
+            held = self._held.get(transfer_id)
+            return held.consumer if held is not None else None
 
     def finish(self, transfer_id: str, release: bool = False) -> None:
         """Ends one send of `acquire()`; with `release`, the consumer has its bytes and the lease

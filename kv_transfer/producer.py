@@ -8,6 +8,14 @@ exchange every read and write has the I/O timeout.
 Block bytes are read straight from the paged cache while the engine keeps running: a pull pins its
 lease from PULL to DONE (`LeaseTable.acquire`/`finish`), so the engine cannot free and reuse the
 blocks while they are being sent, whatever releases or expiries happen meanwhile.
+
+Who gets served: a connection first passes the mutual authentication of `kv_transfer.auth` (keyed
+by the cluster secret in `credentials`); a failure is logged, answered REFUSED and closed, and no
+lease is looked at. Until then each read is bounded to `MAX_PREAUTH_MESSAGE_BYTES` and
+`auth_timeout_s`, and at most `MAX_UNAUTHENTICATED_CONNECTIONS` strangers hold a thread at once
+(more are closed on accept). A transfer is bound to the first consumer identity that pulls,
+copies or releases it (`LeaseTable.claim`); anyone else but this worker itself is refused
+(`kv_transfer.auth.authorize`) and the lease stays as it was.
 """
 
 from __future__ import annotations
@@ -19,15 +27,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from kv_transfer.auth import (AUTH_TIMEOUT_S, MAX_PREAUTH_MESSAGE_BYTES, AuthFailed, Credentials, Peer,
+                              authenticate_consumer, authorize, process_credentials, refuse,
+                              warn_if_unauthenticated)
 from kv_transfer.layout import KVCompat, KVLayout, LayoutError
 from kv_transfer.grants import grant_from_message, token_matches
 from kv_transfer.leases import Lease, LeaseTable
-from kv_transfer.sockets import DEFAULT_CONGESTION, configure, wait_readable
+from kv_transfer.sockets import DEFAULT_CONGESTION, configure, set_io_timeout, wait_readable
 from kv_transfer.threads import name_this_thread
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
 from kv_transfer.wire import DONE_OK, RECOPY, TransferError, encode, expect, require_field, recv_message, send_message
 
 logger = logging.getLogger(__name__)
+
+MAX_UNAUTHENTICATED_CONNECTIONS = 64   # connections still in the handshake; more are closed at once
 
 
 @dataclass
@@ -38,6 +51,8 @@ class ProducerStats:
     data_channels: int = 0    # handshakes that opened a data channel
     mapped_channels: int = 0  # of those, one-sided (shm, cuda_ipc): the consumer copies, we send no KV byte
     refused_handshakes: int = 0
+    failed_authentications: int = 0   # connections closed because the peer did not prove the secret
+    refused_uses: int = 0     # PULL/COPIED/RELEASE of a transfer bound to another consumer identity
     missing_transfers: int = 0
     early_grants: int = 0     # leases granted by the scheduler half directly (kv_transfer.grants)
     recopies: int = 0         # one-round-trip pulls whose copy began before the grant: copied again
@@ -58,12 +73,19 @@ class TransferServer:
     that measure both serve both). `io_timeout_s` bounds every wait inside an exchange, including
     the data channel's; `congestion` is the connections' TCP congestion control. `shared_cache` is
     what one-sided consumers read: a `SharedCache` (CPU cache in a segment) or a `CudaCache` (CUDA
-    cache exported as IPC handles), None for neither."""
+    cache exported as IPC handles), None for neither. `credentials`: this worker's identity and the
+    cluster secret (default: `kv_transfer.auth.process_credentials()`); `auth_timeout_s` bounds each
+    read before a peer is authenticated."""
 
     def __init__(self, layout: KVLayout, compat: KVCompat, leases: LeaseTable, host: str, port: int,
                  grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = ("tcp", "torch"),
-                 congestion: str = DEFAULT_CONGESTION, shared_cache=None, grant_token: str = ""):
+                 congestion: str = DEFAULT_CONGESTION, shared_cache=None, grant_token: str = "",
+                 credentials: Credentials | None = None, auth_timeout_s: float = AUTH_TIMEOUT_S):
         self.layout, self.compat, self.leases = layout, compat, leases
+        self.credentials = credentials or process_credentials()
+        warn_if_unauthenticated(self.credentials, "KV producer")
+        self._strangers = threading.BoundedSemaphore(MAX_UNAUTHENTICATED_CONNECTIONS)
+        self._auth_timeout_s = min(auth_timeout_s, io_timeout_s)
         self._grant_wait_s = grant_wait_s
         self._io_timeout_s = io_timeout_s
         self._congestion = congestion
@@ -107,38 +129,68 @@ class TransferServer:
             except (socket.timeout, OSError):
                 continue
             self.stats.add(connections=1)
+            if not self._strangers.acquire(blocking=False):
+                logger.warning("closed a KV connection from %s: %d others are still in their handshake",
+                               _address(sock), MAX_UNAUTHENTICATED_CONNECTIONS)
+                sock.close()
+                continue
             threading.Thread(target=self._serve_connection, args=(sock,), name="pdserve-kv-conn", daemon=True).start()
 
     def _serve_connection(self, sock: socket.socket) -> None:
+        """Owns one of `_strangers` until the peer is authenticated (or gone)."""
         name_this_thread("pdserve-kv-conn")
         with self._open_lock:
             self._open.add(sock)
-        channel = None
+        channel, stranger = None, True
         try:
-            configure(sock, self._io_timeout_s, self._congestion)
-            channel = self._handshake(sock)
+            configure(sock, self._auth_timeout_s, self._congestion)
+            peer = self._admit(sock, recv_message(sock, MAX_PREAUTH_MESSAGE_BYTES))
+            self._strangers.release()
+            stranger = False
+            set_io_timeout(sock, self._io_timeout_s)
+            if peer is None:
+                self._serve_grants(sock)
+                return
+            channel = self._handshake(sock, peer)
             while channel is not None and not self._stopping.is_set():
                 wait_readable(sock)  # idle: no timeout
-                self._serve_one(sock, channel, recv_message(sock))
+                self._serve_one(sock, channel, recv_message(sock), peer)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # TransferError included
             logger.debug("KV consumer connection closed: %s", error)
         finally:
+            if stranger:
+                self._strangers.release()
             if channel is not None:
                 channel.close()
             with self._open_lock:
                 self._open.discard(sock)
             sock.close()
 
-    def _handshake(self, sock: socket.socket) -> DataChannel | None:
+    def _admit(self, sock: socket.socket, first: dict) -> Peer | None:
+        """The consumer behind an AUTH, proven (`kv_transfer.auth`), or None for our own scheduler
+        half's GRANT_HELLO with the right token; AuthFailed, logged, for anyone else."""
+        try:
+            if first["op"] == "GRANT_HELLO":
+                if not token_matches(first.get("token"), self._grant_token):
+                    raise AuthFailed("a GRANT_HELLO with a wrong token")
+                return None
+            if first["op"] != "AUTH":
+                refuse(sock, "authenticate first: AUTH (an older pdserve?)")
+                raise AuthFailed(f"expected AUTH, got {first['op']!r:.40}")
+            return authenticate_consumer(sock, self.credentials, self.compat.model_fingerprint, first)
+        except TransferError as error:
+            self.stats.add(failed_authentications=1, refused_handshakes=1)
+            logger.warning("refused a KV connection from %s: %s", _address(sock), error)
+            raise AuthFailed(str(error)) from None
+
+    def _handshake(self, sock: socket.socket, peer: Peer) -> DataChannel | None:
+        """After authentication: HELLO and the data channel, or a one-shot RELEASE (None)."""
         hello = recv_message(sock)
         if hello["op"] == "RELEASE":  # a one-shot release (an abort) needs no data channel
-            self._serve_one(sock, None, hello)
-            return None
-        if hello["op"] == "GRANT_HELLO":
-            self._serve_grants(sock, hello)
+            self._serve_one(sock, None, hello, peer)
             return None
         expect(hello, "HELLO")
-        refusal = self._refusal(hello)
+        refusal = self._refusal(hello, peer)
         if refusal:
             self.stats.add(refused_handshakes=1)
             send_message(sock, {"op": "REFUSED", "error": refusal})
@@ -152,12 +204,9 @@ class TransferServer:
             self.stats.add(mapped_channels=1)
         return channel
 
-    def _serve_grants(self, sock: socket.socket, hello: dict) -> None:
-        """The scheduler half's early grants (`kv_transfer.grants`), until it closes the connection.
-        A wrong token closes it at once: only the engine that pins the blocks may grant them."""
-        if not token_matches(hello.get("token"), self._grant_token):
-            self.stats.add(refused_handshakes=1)
-            raise TransferError("a GRANT_HELLO with a wrong token")
+    def _serve_grants(self, sock: socket.socket) -> None:
+        """The scheduler half's early grants (`kv_transfer.grants`), until it closes the connection
+        (its GRANT_HELLO carried the engine's token: only the engine that pins the blocks grants)."""
         while not self._stopping.is_set():
             wait_readable(sock)
             grant = grant_from_message(expect(recv_message(sock), "GRANT"))
@@ -165,31 +214,48 @@ class TransferServer:
                                     time.monotonic() + grant.lease_s))
             self.stats.add(early_grants=1)
 
-    def _refusal(self, hello: dict) -> str:
+    def _refusal(self, hello: dict, peer: Peer) -> str:
         """Why this consumer may not pull from us ("" if it may)."""
         problems = []
+        compat = hello.get("compat")
+        if isinstance(compat, dict) and compat.get("model_fingerprint") != peer.fingerprint:
+            problems.append("the HELLO's model fingerprint is not the one the consumer authenticated with")
         if hello.get("transport") not in self._transports:
             problems.append(f"transport: {sorted(self._transports)} at the producer vs "
                             f"{hello.get('transport')!r} at the consumer")
         else:
             problems += [why for why in [self._transports[hello["transport"]].refusal(hello)] if why]
-        compat = hello.get("compat")
         problems += self.compat.mismatches(compat if isinstance(compat, dict) else {})
         return "incompatible KV peer: " + "; ".join(problems) if problems else ""
 
-    def _serve_one(self, sock: socket.socket, channel: DataChannel | None, message: dict) -> None:
+    def _serve_one(self, sock: socket.socket, channel: DataChannel | None, message: dict, peer: Peer) -> None:
         op = message["op"]
         if op == "RELEASE":
-            found = self.leases.release(require_field(message, "transfer_id", str))
-            send_message(sock, {"op": "RELEASED", "found": found})
+            transfer_id = require_field(message, "transfer_id", str)
+            if not self._may_use(transfer_id, peer, op):
+                send_message(sock, {"op": "REFUSED", "error": _not_yours(transfer_id)})
+                return
+            send_message(sock, {"op": "RELEASED", "found": self.leases.release(transfer_id)})
         elif op == "PULL" and channel is not None:
-            self._serve_pull(sock, channel, message)
+            self._serve_pull(sock, channel, message, peer)
         elif op == "COPIED" and channel is not None and channel.one_round_trip:
-            self._serve_copied(sock, message)
+            self._serve_copied(sock, message, peer)
         else:
             raise TransferError(f"unexpected control message {op}")
 
-    def _serve_pull(self, sock: socket.socket, channel: DataChannel, message: dict) -> None:
+    def _may_use(self, transfer_id: str, peer: Peer, op: str) -> bool:
+        """Binds an unbound transfer to `peer` (this worker's own identity binds nothing) and says
+        whether `peer` may use it; a refusal is logged and counted, the lease left as it was."""
+        owner = self.credentials.identity
+        bound_to = None if peer.identity == owner else self.leases.claim(transfer_id, peer.identity)
+        if authorize(bound_to, peer.identity, owner):
+            return True
+        self.stats.add(refused_uses=1)
+        logger.warning("refused %s of KV transfer %s by %r: it is bound to consumer %r", op, transfer_id,
+                       peer.identity, bound_to)
+        return False
+
+    def _serve_pull(self, sock: socket.socket, channel: DataChannel, message: dict, peer: Peer) -> None:
         """SENDING + the blocks, then DONE from the consumer; the lease stays pinned throughout
         and is released at DONE when the PULL asked for it."""
         transfer_id = require_field(message, "transfer_id", str)
@@ -200,6 +266,10 @@ class TransferServer:
             self.stats.add(missing_transfers=1)
             send_message(sock, {"op": "MISSING", "error": f"no KV held for transfer {transfer_id} "
                                 "(expired, released or never prefilled here)"})
+            return
+        if not self._may_use(transfer_id, peer, "PULL"):
+            self.leases.finish(transfer_id)
+            send_message(sock, {"op": "MISSING", "error": _not_yours(transfer_id)})
             return
         finished = False
         try:
@@ -221,7 +291,7 @@ class TransferServer:
             if not finished:
                 self.leases.finish(transfer_id)
 
-    def _serve_copied(self, sock: socket.socket, message: dict) -> None:
+    def _serve_copied(self, sock: socket.socket, message: dict, peer: Peer) -> None:
         """The one-round-trip pull (`kv_transfer.wire`): the consumer has copied already. DONE_OK if
         the lease was granted before the copy began and is held now: the blocks were final and, a
         lease being never served again once it ends, never freed during the copy. RECOPY, then
@@ -231,6 +301,8 @@ class TransferServer:
         wanted = require_field(message, "block_ids", list)
         copy_started_s = require_field(message, "copy_started_s", float)
         if message.get("vouched") is True:  # the board showed the lease held throughout: a notice, no reply
+            if not self._may_use(transfer_id, peer, "COPIED"):
+                return
             self.stats.add(transfers=1, vouched_transfers=1, bytes_sent=self.layout.num_bytes(len(wanted)))
             released = message.get("release") is True and self.leases.release(transfer_id)
             logger.debug("vouched pull of %s (released: %s)", transfer_id, released)
@@ -238,6 +310,9 @@ class TransferServer:
         lease = self.leases.acquire(transfer_id, self._grant_wait_s)
         finished = lease is None
         try:
+            if lease is not None and not self._may_use(transfer_id, peer, "COPIED"):
+                send_message(sock, {"op": "MISSING", "error": _not_yours(transfer_id)})
+                return
             if lease is None or not set(wanted) <= set(lease.block_ids):
                 self.stats.add(missing_transfers=1)
                 send_message(sock, {"op": "MISSING", "error": f"no KV held for transfer {transfer_id} "
@@ -265,6 +340,19 @@ class TransferServer:
             return byte_ranges(channel, self.layout, self.layout.runs(wanted, paired))
         except LayoutError as error:
             return f"bad PULL: {error}"
+
+
+def _not_yours(transfer_id: str) -> str:
+    return f"KV transfer {transfer_id} is bound to another consumer"
+
+
+def _address(sock: socket.socket) -> str:
+    """The peer's host:port for a log line ("?" once the socket is gone)."""
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return "?"
+    return f"{host}:{port}"
 
 
 def _shutdown(sock: socket.socket) -> None:

@@ -1,6 +1,10 @@
 """Framed control messages between a KV consumer and a producer: 4-byte length + JSON object.
 
-Every message is a dict with an "op" key. The exchanges on one connection:
+Every message is a dict with a string "op" key, at most `MAX_MESSAGE_BYTES` framed (the length is
+checked before anything is allocated; a producer reads a stranger's messages with the far smaller
+bound of `kv_transfer.auth`). JSON only: nothing read from the network is unpickled or evaluated.
+The exchanges on one connection, after the mutual authentication of `kv_transfer.auth`
+(AUTH -> CHALLENGE -> PROOF, keyed by the cluster secret; PROOF goes out with HELLO or RELEASE):
 
     consumer -> HELLO {compat, transport, channel...}   producer -> WELCOME {channel...} | REFUSED {error}
     consumer -> CHANNEL {kind, proof}  (shm/auto: which channel it opened; shm and cuda_ipc prove
@@ -32,8 +36,10 @@ began, and a lease that ended is never served again, so they were not freed duri
 
 The producer keeps a transfer's blocks pinned from PULL until DONE (or until the exchange fails),
 and releases the lease at DONE when the PULL asked for it (`release`): the usual pull costs no
-separate RELEASE round trip. A RELEASE as a connection's first message is a one-shot release
-(abort paths) that needs no data channel. Bulk bytes never go through this framing: they move over
+separate RELEASE round trip. A RELEASE right after the PROOF (instead of HELLO) is a one-shot
+release (abort paths) that needs no data channel. PULL, COPIED and RELEASE name a transfer the
+producer binds to the first consumer identity that uses it: another identity's PULL is answered
+MISSING and its RELEASE REFUSED, the lease untouched (`kv_transfer.auth.authorize`). Bulk bytes never go through this framing: they move over
 the connection's data channel (see `kv_transfer.transports`).
 """
 
@@ -71,13 +77,15 @@ DONE_OK = encode({"op": "DONE_OK"})
 RECOPY = encode({"op": "RECOPY"})
 
 
-def recv_message(sock: socket.socket) -> dict:
-    """The next message. `PeerClosed.received == 0` means the peer closed before sending any of it."""
+def recv_message(sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
+    """The next message, at most `max_bytes` long (checked before its buffer is allocated: a longer
+    one is a `TransferError`, and the caller drops the connection). `PeerClosed.received == 0`
+    means the peer closed before sending any of it."""
     header = bytearray(_HEADER.size)
     recv_into_exactly(sock, memoryview(header))
     (length,) = _HEADER.unpack(header)
-    if length > MAX_MESSAGE_BYTES:
-        raise TransferError(f"control message of {length} bytes exceeds {MAX_MESSAGE_BYTES}")
+    if length > max_bytes:
+        raise TransferError(f"control message of {length} bytes exceeds {max_bytes}")
     body = bytearray(length)
     try:
         recv_into_exactly(sock, memoryview(body))
@@ -85,9 +93,9 @@ def recv_message(sock: socket.socket) -> dict:
         raise PeerClosed(str(error), _HEADER.size + error.received) from error
     try:
         message = json.loads(body)
-    except ValueError as error:
-        raise TransferError(f"control message is not JSON: {error}") from error
-    if not isinstance(message, dict) or "op" not in message:
+    except (ValueError, RecursionError) as error:  # RecursionError: nested deeper than the parser goes
+        raise TransferError(f"control message is not JSON: {error!s:.200}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("op"), str):
         raise TransferError(f"malformed control message: {message!r:.200}")
     return message
 

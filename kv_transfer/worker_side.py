@@ -12,6 +12,9 @@ vLLM's `kv_load_failure_policy` applies, after a one-shot release of the produce
 
 Both sides describe themselves at handshake with `KVCompat`: the model's fingerprint (its
 checkpoint's contents, not its path), dtype, block size, KV heads and head size, cache layout.
+Both authenticate each other first with the cluster secret in `config.cluster_secret_file`, under
+the identity `config.worker_id` (`kv_transfer.auth`); the file is read when the cache is registered,
+so a missing or bad one stops the engine at startup.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kv_transfer.auth import Credentials, process_credentials
 from kv_transfer.config import ConnectorConfig
 from kv_transfer.consumer import PullClient
 from kv_transfer.layout import KVLayout
@@ -81,6 +85,8 @@ class PDWorker:
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layout = KVLayout(kv_caches, self.num_blocks)
+        credentials = Credentials.from_file(self.config.cluster_secret_file,
+                                            self.config.worker_id or process_credentials().identity)
         compat = layout.compat(self.config.model, self.block_size, fingerprint=self.identity.fingerprint,
                                num_kv_heads=self.identity.num_kv_heads, head_dim=self.identity.head_dim)
         if self.is_producer:
@@ -90,11 +96,11 @@ class PDWorker:
                                          self.config.port, io_timeout_s=self.config.pull_timeout_s,
                                          transports=served(self.config.transport, layout.device.type),
                                          congestion=self.config.tcp_congestion, shared_cache=self.shared_cache,
-                                         grant_token=self.config.grant_token)
+                                         grant_token=self.config.grant_token, credentials=credentials)
             logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
         if self.is_consumer:
             self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s,
-                                     self.config.tcp_congestion)
+                                     self.config.tcp_congestion, credentials)
             self._pool = ThreadPoolExecutor(self.config.max_parallel_pulls, thread_name_prefix="pdserve-kv-pull")
 
     def _cuda_cache(self, kv_caches: dict[str, torch.Tensor]) -> CudaCache | None:

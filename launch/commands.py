@@ -60,18 +60,23 @@ class ClusterSpec:
         start = index * size + min(index, extra)
         return ",".join(str(core) for core in cores[start:start + size + (index < extra)])
 
-    def worker_argv(self, role: Role, worker_id: str, redis_url: str, cpu_cores: str | None = None) -> list[str]:
+    def worker_argv(self, role: Role, worker_id: str, redis_url: str, cpu_cores: str | None = None,
+                    cluster_secret_file: str = "") -> list[str]:
         """`pdserve worker` arguments; `cpu_cores` overrides the role's cores of the spec."""
         return worker_argv(role=role, worker_id=worker_id, redis_url=redis_url, cluster=self.cluster,
                            transport=self.transport, lease_s=self.lease_s, ttl_s=self.ttl_s, engine=self.engine,
-                           cpu_cores=self.cpu_cores.get(role, "") if cpu_cores is None else cpu_cores)
+                           cpu_cores=self.cpu_cores.get(role, "") if cpu_cores is None else cpu_cores,
+                           cluster_secret_file=cluster_secret_file)
 
 
 def worker_argv(*, role: Role, worker_id: str, redis_url: str, cluster: str, transport: str, cpu_cores: str,
-                lease_s: float, ttl_s: float, engine: EngineSettings) -> list[str]:
+                lease_s: float, ttl_s: float, engine: EngineSettings, cluster_secret_file: str = "") -> list[str]:
+    """`cluster_secret_file`: the path of the KV plane's secret (a path: the secret itself never goes
+    on a command line); "" starts the worker without one (its KV plane unauthenticated, warned)."""
+    secret = ["--cluster-secret-file", cluster_secret_file] if cluster_secret_file else []
     return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", redis_url, "--cluster", cluster,
             "--transport", transport, "--cpu-cores", cpu_cores, "--lease-s", str(lease_s), "--ttl-s", str(ttl_s),
-            *engine_option_argv(engine)]
+            *secret, *engine_option_argv(engine)]
 
 
 def engine_option_argv(settings: EngineSettings) -> list[str]:

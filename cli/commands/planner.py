@@ -101,6 +101,9 @@ def _add_local_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill-cores", default="", help="core sets new prefill workers rotate over, e.g. 0 or 0,1")
     g.add_argument("--decode-cores", default="", help="core sets new decode workers rotate over, e.g. 1,0")
     g.add_argument("--worker-log-dir", default="", help="where new workers' logs go (default: a temp dir)")
+    g.add_argument("--cluster-secret-file", default=os.environ.get("PDSERVE_CLUSTER_SECRET_FILE", ""),
+                   help="the cluster's KV-plane secret file, given to the workers it starts (`pdserve up` writes "
+                        "<log dir>/cluster-secret; default $PDSERVE_CLUSTER_SECRET_FILE)")
     add_engine_options(p, model_required=False,
                        title="local actuator: the engine new workers run (must match the cluster's; --model needed)")
 
@@ -146,7 +149,7 @@ def _actuator(args: argparse.Namespace, unmanaged):
     cores = {role: tuple(c for c in getattr(args, f"{role}_cores").split(",") if c) for role in ("prefill", "decode")}
     processes = WorkerProcesses(WorkerLaunchSpec(
         redis_url=args.redis_url, cluster=args.cluster, engine=engine_settings(args), transport=args.worker_transport,
-        cpu_cores=cores, log_dir=args.worker_log_dir))
+        cpu_cores=cores, log_dir=args.worker_log_dir, cluster_secret_file=args.cluster_secret_file))
     return LocalActuator(processes, unmanaged), processes.stop_all
 
 

@@ -146,8 +146,9 @@ def test_a_consumer_that_dies_mid_copy_leaves_the_lease_to_expire_and_the_produc
     with its connection, the lease is neither released nor lost, and expiry frees the blocks."""
     import socket as socket_module
 
+    from kv_transfer.auth import authenticate_to_producer, process_credentials
     from kv_transfer.shm_segment import boot_id, proof
-    from kv_transfer.wire import expect, recv_message, send_message
+    from kv_transfer.wire import encode, expect, recv_message, send_message
 
     source, leases, address, server = shm_producer
     leases.grant(Lease("dying", "r-dying", (3, 4), 50, time.monotonic() + 1.0))
@@ -155,8 +156,9 @@ def test_a_consumer_that_dies_mid_copy_leaves_the_lease_to_expire_and_the_produc
     _, probe_client = _consumer("shm")
     host, port = address.rsplit(":", 1)
     with socket_module.create_connection((host, int(port)), timeout=5) as sock:
-        send_message(sock, {"op": "HELLO", "compat": probe_client.compat.to_dict(), "transport": "shm",
-                            "boot_id": boot_id()})
+        _, auth_proof = authenticate_to_producer(sock, process_credentials(), probe_client.compat.model_fingerprint)
+        sock.sendall(auth_proof + encode({"op": "HELLO", "compat": probe_client.compat.to_dict(), "transport": "shm",
+                                          "boot_id": boot_id()}))
         welcome = expect(recv_message(sock), "WELCOME")
         mapped = map_segment(welcome["segment"]["path"], welcome["segment"]["size"])
         send_message(sock, {"op": "CHANNEL", "kind": "shm", "proof": proof(mapped.token)})

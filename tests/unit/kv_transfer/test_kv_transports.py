@@ -7,11 +7,12 @@ from datetime import timedelta
 import pytest
 import torch
 
+from kv_transfer.auth import authenticate_to_producer, process_credentials
 from kv_transfer.consumer import PullClient, release_transfer
 from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.producer import TransferServer
-from kv_transfer.wire import PeerClosed, TransferError, expect, recv_message, send_message
+from kv_transfer.wire import PeerClosed, TransferError, encode, expect, recv_message, send_message
 
 
 def _caches(seed: int, layers: int = 4, num_blocks: int = 32):
@@ -212,7 +213,8 @@ def _raw_consumer(address: str, compat: dict, transport: str = "tcp", **fields) 
     """A consumer that speaks the wire protocol by hand, to hold an exchange at a chosen point."""
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=10)
-    send_message(sock, {"op": "HELLO", "compat": compat, "transport": transport, **fields})
+    _, proof = authenticate_to_producer(sock, process_credentials(), compat["model_fingerprint"])
+    sock.sendall(proof + encode({"op": "HELLO", "compat": compat, "transport": transport, **fields}))
     expect(recv_message(sock), "WELCOME")
     return sock
 

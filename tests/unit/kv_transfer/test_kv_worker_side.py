@@ -111,3 +111,32 @@ def test_an_unpulled_lease_expires_into_finished_sending():
     assert worker.get_transfer_results() == ({"pre-4"}, set(), set())
     assert worker.leases.num_expired == 1
     worker.shutdown()
+
+
+def test_workers_given_the_cluster_secret_file_pull_from_each_other_and_refuse_a_worker_without_it(tmp_path):
+    """Both connector halves as vLLM builds them from `kv_connector_extra_config`: the file's path and
+    the worker id, nothing else; the prefill worker's own process releases as the producer's owner."""
+    from kv_transfer.auth import Credentials, create_secret_file
+    from kv_transfer.consumer import release_transfer
+    from kv_transfer.wire import TransferError
+
+    secret_file = str(create_secret_file(tmp_path / "cluster-secret"))
+    prefill = PDWorker(ConnectorConfig(transport="tcp", port=0, cluster_secret_file=secret_file, worker_id="prefill-0"),
+                       True, False, 32, 32, IDENTITY)
+    prefill.register_kv_caches(_caches(0))
+    address = f"127.0.0.1:{prefill.server.port}"
+    prefill.leases.grant(Lease("x5", "prefill-req", (4, 5), 64, time.monotonic() + 30))
+    decode = PDWorker(ConnectorConfig(transport="tcp", cluster_secret_file=secret_file, worker_id="decode-0"),
+                      False, True, 32, 32, IDENTITY)
+    decode.register_kv_caches(_caches(1))
+    stranger = PDWorker(ConnectorConfig(transport="tcp", worker_id="decode-9"), False, True, 32, 32, IDENTITY)
+    stranger.register_kv_caches(_caches(1))
+    with pytest.raises(TransferError, match="authentication failed"):
+        stranger.client.pull(address, "x5", [4, 5], [1, 2])
+    assert decode.client.pull(address, "x5", [4, 5], [1, 2]).num_blocks == 2
+    assert prefill.leases.consumer_of("x5") == "decode-0"
+    owner = Credentials.from_file(secret_file, "prefill-0")   # what pdserve.worker.main installs for its process
+    assert release_transfer(address, "x5", credentials=owner) is True
+    assert prefill.leases.take_released() == {"prefill-req"}
+    for worker in (stranger, decode, prefill):
+        worker.shutdown()
