@@ -5,6 +5,15 @@ Each process is `pdserve <command>` run by a `launch.supervisor.ChildProcess` (i
 group, and it dies with this process, whichever thread started it); `add_worker`/`remove_worker`
 change the pools while the cluster runs (removal is SIGTERM to the worker process alone, as a
 container runtime sends it: the worker drains with its engine intact, then stops it).
+
+Every cluster gets its own KV-plane secret: `start` writes a fresh random one to `cluster-secret`
+(mode 0600) in the run directory (`log_dir`) and each worker it starts gets the file's path
+(`--cluster-secret-file`), so only this cluster's workers can pull or release its KV (SECURITY.md).
+
+Every worker serves Prometheus metrics (vLLM's `vllm:*` and pdserve's) on a port of its own,
+`metrics_urls[worker_id]`; the router serves its own at `{http_url}/metrics`. Not a supervisor: a
+worker that exits on its own (a dead engine exits non-zero, `pdserve.worker.watchdog`) is not
+restarted here; Ray's member actors and Kubernetes restart theirs.
 """
 
 from __future__ import annotations
@@ -14,10 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from kv_transfer.auth import create_secret_file
 from launch.commands import ClusterSpec
 from launch.redis_server import RedisServer, start_redis
 from launch.supervisor import ChildProcess, pdserve_child
 from pdserve.roles import Role
+from pdserve.worker.config import free_port
 
 __all__ = ["ClusterSpec", "LocalCluster"]
 
@@ -30,9 +41,11 @@ class LocalCluster:
         self.redis: RedisServer | None = None
         self.router: ChildProcess | None = None
         self.workers: dict[str, ChildProcess] = {}
+        self.metrics_urls: dict[str, str] = {}  # worker id -> its Prometheus endpoint
         self._ids = itertools.count()
         self.grpc_target = ""
         self.http_url = ""
+        self.secret_file = self.log_dir / "cluster-secret"   # written by `start`: the KV plane's secret
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout_s: float = 240.0) -> "LocalCluster":
@@ -41,6 +54,7 @@ class LocalCluster:
         and a request sent in between would find no worker)."""
         try:
             deadline = time.monotonic() + timeout_s
+            create_secret_file(self.secret_file)
             self.redis = start_redis()
             self.router = self._spawn("router", self.spec.router_argv(self.redis.url))
             for role, count in (("prefill", self.spec.num_prefill), ("decode", self.spec.num_decode)):
@@ -74,8 +88,11 @@ class LocalCluster:
     def add_worker(self, role: Role, wait: bool = True, timeout_s: float = 240.0, cpu_cores: str | None = None) -> str:
         """Starts one more worker of `role` on `cpu_cores` (default: the role's cores)."""
         worker_id = f"{role}-{next(self._ids)}"
-        process = self._spawn(worker_id, self.spec.worker_argv(role, worker_id, self.redis.url, cpu_cores))
+        argv = self.spec.worker_argv(role, worker_id, self.redis.url, cpu_cores, str(self.secret_file))
+        metrics_port = free_port("127.0.0.1")
+        process = self._spawn(worker_id, [*argv, "--metrics-port", str(metrics_port)])
         self.workers[worker_id] = process
+        self.metrics_urls[worker_id] = f"http://127.0.0.1:{metrics_port}/metrics"
         if wait:
             self.wait_ready([process], timeout_s)
         return worker_id

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TOKEN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
 
-# router
-REQUESTS = Counter("pdserve_requests_total", "Requests finished by the router, by outcome", ["outcome"])
+# router: one count per request at its API edge (`router.outcomes`), latencies of served requests
+REQUESTS = Counter("pdserve_requests_total",
+                   "Requests the router received, by API (http, grpc), outcome (ok, failed, refused, cancelled) and "
+                   "HTTP status code (gRPC requests by the same table)", ["api", "outcome", "code"])
 TTFT = Histogram("pdserve_ttft_seconds", "Router receive to first token", buckets=_LATENCY_BUCKETS_S)
+TPOT = Histogram("pdserve_tpot_seconds", "Time per output token after the first: (E2E - TTFT) / (output tokens - 1), "
+                 "requests with 2+ output tokens", buckets=_TOKEN_BUCKETS_S)
+ITL = Histogram("pdserve_itl_seconds", "Inter-token latency at the router: the gap between consecutive chunks "
+                "of a stream that carry tokens", buckets=_TOKEN_BUCKETS_S)
 E2E = Histogram("pdserve_e2e_seconds", "Router receive to last token", buckets=_LATENCY_BUCKETS_S)
+ROUTER_QUEUE = Histogram("pdserve_router_queue_seconds", "Router receive to dispatch to a worker: the router's own "
+                         "queue (admission, waiting for a turn and a placement)", buckets=_LATENCY_BUCKETS_S)
+PHASE = Histogram("pdserve_request_phase_seconds", "Per-phase time of served requests: queue (router + first "
+                  "engine), prefill, kv_transfer, decode (pdserve.timings.Timings)", ["phase"],
+                  buckets=_LATENCY_BUCKETS_S)
 KV_BYTES = Counter("pdserve_kv_transfer_bytes_total", "KV bytes moved prefill -> decode")
 KV_SECONDS = Histogram("pdserve_kv_transfer_seconds", "Time a decode worker spent pulling one request's KV",
                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
@@ -66,14 +79,33 @@ FINISHED_OBSERVERS: list[Callable[[Any], None]] = []
 
 
 def observe_finished(timings) -> None:
+    """Latencies of a request served to its last token (`pdserve.timings.Timings`); it is counted
+    in `pdserve_requests_total` by its API edge (`count_request`)."""
     for observer in FINISHED_OBSERVERS:
         observer(timings)
-    REQUESTS.labels("ok").inc()
     TTFT.observe(timings.ttft_s)
     E2E.observe(timings.e2e_s)
+    if timings.tpot_s is not None:
+        TPOT.observe(timings.tpot_s)
+    for phase, seconds in timings.phase_seconds().items():
+        PHASE.labels(phase).observe(seconds)
     if timings.kv_transfer_bytes:
         KV_BYTES.inc(timings.kv_transfer_bytes)
         KV_SECONDS.observe(timings.kv_transfer_s)
+
+
+def count_request(api: str, outcome: str, code: int) -> None:
+    """One request's end at API edge `api` ("http", "grpc"), as `router.outcomes` classifies it."""
+    REQUESTS.labels(api, outcome, str(code)).inc()
+
+
+def observe_tokens_sent(previous_s: float | None) -> float:
+    """A chunk with tokens is handed on now: observes the gap since `previous_s` (the last one's
+    `time.perf_counter()`, None for a stream's first) as ITL; returns now, for the next call."""
+    now_s = time.perf_counter()
+    if previous_s is not None:
+        ITL.observe(now_s - previous_s)
+    return now_s
 
 
 def start_metrics_server(host: str, port: int):

@@ -27,6 +27,27 @@ class Timings:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, as `vllm bench serve` defines it:
+        (e2e_s - ttft_s) / (output_tokens - 1); None for fewer than two output tokens."""
+        if self.output_tokens < 2:
+            return None
+        return max(0.0, self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+    def phase_seconds(self) -> dict[str, float]:
+        """The phases this request went through, by name, with their seconds: "queue" always;
+        "prefill" when a prefill worker ran the prompt; "kv_transfer" when KV bytes moved;
+        "decode" when a decode worker streamed (not for a request that ended at its first token)."""
+        phases = {"queue": self.queued_s}
+        if self.disaggregated:
+            phases["prefill"] = self.prefill_s
+        if self.kv_transfer_bytes:
+            phases["kv_transfer"] = self.kv_transfer_s
+        if self.decode_worker:
+            phases["decode"] = self.decode_s
+        return phases
+
     @classmethod
     def from_proto(cls, message) -> "Timings":
         return cls(**{f.name: getattr(message, f.name) for f in fields(cls)})

@@ -1,4 +1,5 @@
-"""The public gRPC API (`pdserve.v1.Generation`) over the request lifecycle. Protobuf stops here."""
+"""The public gRPC API (`pdserve.v1.Generation`) over the request lifecycle. Protobuf stops here.
+Every Generate call is counted once in `pdserve_requests_total` (`router.outcomes`) when it ends."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pdserve.sampling import Sampling
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from router.lifecycle import Lifecycle
+from router.outcomes import CANCELLED, DUPLICATE_ID, INTERNAL, OK, count, outcome_of
 from pdserve.generation import GenerationChunk
 from router.types import GenerationRequest
 
@@ -26,22 +28,31 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context):
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
         if request_id in self._running:
+            count("grpc", DUPLICATE_ID)
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request_id {request_id} is already running")
         self._running[request_id] = asyncio.current_task()
+        ended = INTERNAL  # until known otherwise: what escapes below is a bug (UNKNOWN to the client)
         try:
             internal = GenerationRequest(request_id, self._prompt_ids(request), Sampling.from_proto(request.sampling),
                                          request.slo_class)
             async for chunk in self.lifecycle.generate(internal):
                 yield chunk_to_proto(chunk)
+            ended = OK
         except ServeError as error:
+            ended = outcome_of(error)
             await context.abort(grpc_code(error), error.message, trailing_metadata=grpc_trailing_metadata(error))
+        except GeneratorExit:  # the stream was closed under us: the client is gone
+            ended = CANCELLED
+            raise
         except asyncio.CancelledError:
+            ended = CANCELLED
             if request_id not in self._aborted:
                 raise  # the client went away: nobody to tell
             # An Abort RPC cancelled this stream: the lifecycle has released its blocks on the way
             # out; the client still waits, so end its stream with a status it can act on.
             await context.abort(grpc.StatusCode.CANCELLED, f"request {request_id} was aborted")
         finally:
+            count("grpc", ended)
             self._running.pop(request_id, None)
             self._aborted.discard(request_id)
 

@@ -3,12 +3,16 @@
     POST /v1/completions, POST /v1/chat/completions (SSE when "stream": true)
     GET /v1/models, GET /health, GET /metrics
 Errors use OpenAI's body, {"error": {"message", "type", "param", "code"}}, with the status from
-`pdserve.errors`; an error after streaming began is sent as a final SSE event.
+`pdserve.errors`; an error after streaming began is sent as a final SSE event. Every completion
+request is counted once in `pdserve_requests_total` (`router.outcomes`): by the error handlers when
+it fails before its response starts, else when its response (or stream) ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import AsyncIterator
@@ -18,11 +22,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pdserve.errors import InvalidRequest, ServeError, http_status, retry_after_header
+from pdserve.errors import InternalError, InvalidRequest, ServeError, http_status, retry_after_header
 from pdserve.generation import GenerationChunk
 from router.lifecycle import Lifecycle
 from router.openai_schema import ChatCompletionRequest, CompletionRequest
+from router.outcomes import CANCELLED, INTERNAL, OK, count, outcome_of
 from router.types import GenerationRequest
+
+logger = logging.getLogger(__name__)
 
 
 def error_body(error: ServeError) -> dict:
@@ -46,11 +53,20 @@ def create_app(lifecycle: Lifecycle, model_name: str) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
-        return error_response(_validation_error(exc))
+        error = _validation_error(exc)
+        count("http", outcome_of(error))
+        return error_response(error)
 
     @app.exception_handler(ServeError)
     async def on_serve_error(request: Request, exc: ServeError):
+        count("http", outcome_of(exc))
         return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception):
+        """A bug, not the client's doing: 500 with OpenAI's body (Starlette logs the traceback)."""
+        count("http", INTERNAL)
+        return error_response(InternalError("internal error"))
 
     @app.get("/health")
     async def health():
@@ -94,6 +110,7 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompt_ids: list
     async for chunk in chunks:
         text.append(chunk.text)
         last = chunk
+    count("http", OK)
     return shape.whole("".join(text), last)
 
 
@@ -130,11 +147,22 @@ def usage(chunk: GenerationChunk) -> dict:
 
 async def _sse(chunks: AsyncIterator[GenerationChunk], shape: _Shape,
                include_usage: bool) -> AsyncIterator[str]:
+    """The stream's events; an error ends it with an error event. Counts the request once."""
     try:
         async for chunk in chunks:
             yield f"data: {json.dumps(shape.delta(chunk))}\n\n"
             if chunk.finished and include_usage:
                 yield f"data: {json.dumps(shape._base(True) | {'choices': [], 'usage': usage(chunk)})}\n\n"
     except ServeError as error:
+        count("http", outcome_of(error))
         yield f"data: {json.dumps(error_body(error))}\n\n"
+    except (asyncio.CancelledError, GeneratorExit):  # the client went away: nobody to tell
+        count("http", CANCELLED)
+        raise
+    except Exception:  # a bug, after the response started: the client gets an error event, the log the traceback
+        logger.exception("stream %s failed", shape.request_id)
+        count("http", INTERNAL)
+        yield f"data: {json.dumps(error_body(InternalError('internal error')))}\n\n"
+    else:
+        count("http", OK)
     yield "data: [DONE]\n\n"

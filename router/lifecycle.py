@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
+import secrets
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -101,7 +101,10 @@ class Lifecycle:
         self.inflight += 1
         try:
             async with contextlib.aclosing(self._walk(request)) as walk:  # closing us closes the walk now
+                sent_s = None  # when the last chunk with tokens was handed on (ITL)
                 async for chunk in walk:
+                    if chunk.token_ids:
+                        sent_s = metrics.observe_tokens_sent(sent_s)
                     yield chunk
         finally:
             self.inflight -= 1
@@ -111,6 +114,7 @@ class Lifecycle:
         timings = Timings(prompt_tokens=len(request.prompt_token_ids))
         ticket = await self.scheduler.dispatch(request)
         router_queued_s = time.perf_counter() - started
+        metrics.ROUTER_QUEUE.observe(router_queued_s)
         decoder = self.tokenizer.stream_decoder()
         generated: list[int] = []
         lease: KVLease | None = None
@@ -165,7 +169,7 @@ class Lifecycle:
 
     async def _prefill(self, request: GenerationRequest, timings: Timings, preferred: str) -> _Prefilled | None:
         """The prompt on the `preferred` prefill worker (the placement's), then on others if it fails."""
-        transfer_id = uuid.uuid4().hex
+        transfer_id = secrets.token_hex(16)   # unguessable (128 bits); the KV plane binds it to its first consumer
         message = PrefillRequest(request.request_id, tuple(request.prompt_token_ids), request.sampling, transfer_id)
         tried: set[str] = set()
         for attempt in range(self.config.max_attempts):

@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
                       f"{spec.transport})")
         console.print(f"  gRPC   {cluster.grpc_target}   (pdserve.client.Client)")
         console.print(f"  HTTP   {cluster.http_url}/v1/completions   (OpenAI-compatible)")
+        console.print(f"  metrics {cluster.http_url}/metrics   (router; Prometheus text format)")
+        for worker_id, url in cluster.metrics_urls.items():
+            console.print(f"          {url}   ({worker_id}: vllm:* and pdserve_worker_*)")
         console.print(f"  redis  {cluster.redis.url}")
         console.print(f"  logs   {cluster.log_dir}")
         console.print("Ctrl-C to stop.")

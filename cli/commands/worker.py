@@ -43,6 +43,10 @@ def register(subparsers) -> None:
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM, how long to wait for in-flight requests and (prefill) KV pulls "
                              "before stopping the engine; keep it below the supervisor's kill timeout")
+    parser.add_argument("--cluster-secret-file", default=os.environ.get("PDSERVE_CLUSTER_SECRET_FILE", ""),
+                        help="file holding the cluster secret that authenticates KV transfers between workers "
+                             "(the path, never the secret; env PDSERVE_CLUSTER_SECRET_FILE; default: none, the KV "
+                             "plane is then unauthenticated and the worker warns)")
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
     parser.add_argument("--ready-file", default=None, help="write the gRPC address here once serving")
     add_engine_options(parser)
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         role=args.role, engine=engine_settings(args, args.cpu_cores), redis_url=args.redis_url,
         cluster=args.cluster, bind_host=args.host, advertise_host=args.advertise_host or args.host,
         grpc_port=args.grpc_port, kv_port=args.kv_port, transport=args.transport, lease_s=args.lease_s,
-        heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, drain_timeout_s=args.drain_timeout_s, **extra,
+        heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, drain_timeout_s=args.drain_timeout_s,
+        cluster_secret_file=args.cluster_secret_file, **extra,
     )
-    asyncio.run(serve(config, ready_file=args.ready_file, metrics_port=args.metrics_port))
-    return 0
+    return asyncio.run(serve(config, ready_file=args.ready_file, metrics_port=args.metrics_port))

@@ -29,6 +29,7 @@ class WorkerConfig:
     heartbeat_s: float = 1.0
     ttl_s: float = 3.0
     drain_timeout_s: float = 30.0       # SIGTERM -> in-flight requests done (prefill: and KV pulled); see drain.py
+    cluster_secret_file: str = ""       # the KV plane's cluster secret (kv_transfer.auth); "" = unauthenticated
 
     def __post_init__(self) -> None:
         check_role(self.role)

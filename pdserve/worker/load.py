@@ -3,6 +3,10 @@
 The engine calls `record()` after every step with its scheduler stats (running, waiting, KV cache
 usage) and iteration stats (prompt tokens by source, first-token and inter-token latencies). The
 gRPC servicer reads the latest snapshot for `GetLoad` and the registry heartbeat.
+
+pdserve's logger runs beside vLLM's own `PrometheusStatLogger` (`engine_stat_loggers`), never in
+its place: the worker's metrics endpoint serves vLLM's `vllm:*` series with pdserve's, so
+dashboards built on vLLM's names work on a pdserve worker.
 """
 
 from __future__ import annotations
@@ -50,6 +54,14 @@ class EngineLoad:
 
 def _ewma(previous: float, sample: float) -> float:
     return sample if previous == 0.0 else (1 - _EWMA) * previous + _EWMA * sample
+
+
+def engine_stat_loggers(load: EngineLoad) -> list:
+    """The stat logger factories a worker's `AsyncLLM` gets: pdserve's (into `load`) and vLLM's
+    Prometheus logger, named so it stays whatever vLLM's defaults become."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    return [stat_logger_factory(load), PrometheusStatLogger]
 
 
 def stat_logger_factory(load: EngineLoad):

@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from kv_transfer.auth import Credentials, set_process_credentials
 from kv_transfer.config import ConnectorConfig
 from pdserve.cpu_placement import bind_this_process
 from pdserve.engine import engine_args
@@ -24,8 +25,9 @@ from pdserve.worker.config import WorkerConfig, free_port
 from pdserve.worker.drain import drain
 from pdserve.worker.handler import HandlerFactory
 from pdserve.worker.heartbeat import heartbeat_loop
-from pdserve.worker.load import EngineLoad, stat_logger_factory
+from pdserve.worker.load import EngineLoad, engine_stat_loggers
 from pdserve.worker.server import WorkerRuntime, WorkerServicer
+from pdserve.worker.watchdog import EngineWatchdog, judge, leave
 
 logger = logging.getLogger("pdserve.worker")
 
@@ -36,9 +38,10 @@ def _start_engine(config: WorkerConfig, load: EngineLoad) -> tuple[object, str]:
     kv_port = config.kv_port or free_port(config.bind_host)
     connector = ConnectorConfig(transport=config.transport, host=config.advertise_host, bind_host=config.bind_host,
                                 port=kv_port, model=_model_name(config), lease_s=config.lease_s,
-                                grant_token=secrets.token_hex(16))  # the engine's early lease grants (kv_transfer.grants)
+                                grant_token=secrets.token_hex(16),  # the engine's early lease grants (kv_transfer.grants)
+                                cluster_secret_file=config.cluster_secret_file, worker_id=config.worker_id)
     args = engine_args(config.engine, config.role, connector, engine_id=config.worker_id)
-    engine = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(load)])
+    engine = AsyncLLM.from_engine_args(args, stat_loggers=engine_stat_loggers(load))
     return engine, f"{config.advertise_host}:{kv_port}"
 
 
@@ -49,17 +52,21 @@ def _model_name(config: WorkerConfig) -> str:
 
 
 async def run_worker(config: WorkerConfig, make_handler: HandlerFactory, ready_file: str | None = None,
-                     metrics_port: int = 0) -> None:
-    """Serves until SIGTERM/SIGINT, then drains and stops the engine. `make_handler(runtime)` is
-    called once the engine runs; `ready_file` gets the gRPC address once serving."""
+                     metrics_port: int = 0) -> int:
+    """Serves until SIGTERM/SIGINT, then drains and stops the engine: returns 0. If the engine dies
+    first, leaves at once (`pdserve.worker.watchdog`) and returns its non-zero exit code.
+    `make_handler(runtime)` is called once the engine runs; `ready_file` gets the gRPC address once serving."""
     if metrics_port:
         start_metrics_server(config.bind_host, metrics_port)
     bind_this_process(config.engine.cpu_cores)  # before vLLM spawns its engine core and model runner
+    # This process's KV releases (the router's aborts) authenticate as the worker; a bad file fails here.
+    set_process_credentials(Credentials.from_file(config.cluster_secret_file, config.worker_id))
     load = EngineLoad()
     engine, kv_address = _start_engine(config, load)
     runtime = WorkerRuntime(config, engine, load, kv_address=kv_address)
+    watchdog = EngineWatchdog(engine)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runtime, make_handler(runtime)), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runtime, make_handler(runtime), watchdog), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     port = server.add_insecure_port(f"{config.bind_host}:{config.grpc_port}")
@@ -75,8 +82,22 @@ async def run_worker(config: WorkerConfig, make_handler: HandlerFactory, ready_f
     if ready_file:
         with open(ready_file, "w") as ready:
             ready.write(grpc_address)
-    await stop.wait()
-    await drain(runtime, registry, health, heartbeat)
+    exit_code = await _serve_until_stopped_or_dead(stop, watchdog, runtime, registry, health, heartbeat)
     await server.stop(grace=1.0)
     engine.shutdown()
     await registry.close()
+    return exit_code
+
+
+async def _serve_until_stopped_or_dead(stop: asyncio.Event, watchdog: EngineWatchdog, runtime: WorkerRuntime,
+                                       registry: Registry, health, heartbeat: asyncio.Task) -> int:
+    """SIGTERM/SIGINT: the drain, 0. The engine's death: leave at once, its exit code."""
+    stopped, dead = asyncio.create_task(stop.wait()), asyncio.create_task(watchdog.wait_dead())
+    await asyncio.wait({stopped, dead}, return_when=asyncio.FIRST_COMPLETED)
+    if not dead.done():
+        dead.cancel()
+        await drain(runtime, registry, health, heartbeat)
+        return judge(watchdog.observe()).exit_code or 0  # an engine that died while draining is still dead
+    stopped.cancel()
+    return await leave(dead.result(), health=health, heartbeat_stop=stop, heartbeat=heartbeat, registry=registry,
+                       worker_id=runtime.config.worker_id)

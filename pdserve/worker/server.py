@@ -6,7 +6,9 @@ of `pdserve.worker.handler`; this module is what both roles share. Life of the p
     start engine -> serve gRPC -> heartbeat into Redis every heartbeat_s
     SIGTERM/SIGINT -> health NOT_SERVING, leave the registry (no new work is routed here),
                       wait for in-flight requests and, on prefill, for leased KV to be pulled
-                      (up to drain_timeout_s; `pdserve.worker.drain`), stop the engine
+                      (up to drain_timeout_s; `pdserve.worker.drain`), stop the engine, exit 0
+    engine died    -> health NOT_SERVING, leave the registry, exit non-zero at once so the
+                      supervisor restarts the worker (`pdserve.worker.watchdog`)
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pdserve.sampling import engine_error_field, is_engine_input_error
 from pdserve.worker.config import WorkerConfig
 from pdserve.worker.handler import Decodes, Prefills, RoleHandler
 from pdserve.worker.load import EngineLoad
+from pdserve.worker.watchdog import EngineWatchdog
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 from pdserve.worker_proto import (decode_chunk_to_proto, decode_request_from_proto, prefill_request_from_proto,
                                   prefill_result_to_proto)
@@ -41,9 +44,18 @@ class WorkerRuntime:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, runtime: WorkerRuntime, handler: RoleHandler):
+    def __init__(self, runtime: WorkerRuntime, handler: RoleHandler, watchdog: EngineWatchdog | None = None):
         self.runtime = runtime
         self.handler = handler
+        self.watchdog = watchdog
+
+    async def _fail(self, context, error: Exception) -> None:
+        """Ends the RPC for `error`: UNAVAILABLE when the engine is dead (the watchdog is told, and
+        the router retries elsewhere), else the status `_abort_for` gives it."""
+        if self.watchdog is not None and self.watchdog.report(error):
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"worker {self.runtime.config.worker_id}: its vLLM engine is dead; the worker is leaving")
+        await _abort_for(context, error)
 
     async def Prefill(self, request, context):
         if not isinstance(self.handler, Prefills):
@@ -53,7 +65,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             return prefill_result_to_proto(await self.handler.prefill(prefill_request_from_proto(request)))
         except Exception as error:
-            await _abort_for(context, error)
+            await self._fail(context, error)
         finally:
             self.runtime.inflight.pop(request.request_id, None)
 
@@ -66,7 +78,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             async for chunk in self.handler.decode(decode_request_from_proto(request)):
                 yield decode_chunk_to_proto(chunk)
         except Exception as error:
-            await _abort_for(context, error)
+            await self._fail(context, error)
         finally:
             self.runtime.inflight.pop(request.request_id, None)
 
