@@ -266,7 +266,10 @@ def test_a_silent_stranger_is_dropped_after_the_auth_timeout_and_strangers_beyon
     _, leases, address, server = _server()
     try:
         silent = [_connect(address) for _ in range(3)]
-        time.sleep(0.2)                                   # all three are in their handshake
+        deadline = time.monotonic() + 5
+        while server.stats.connections < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)                              # until all three are accepted, in their handshake
+        assert server.stats.connections == 3
         started = time.monotonic()
         with _connect(address) as fourth:
             assert _closed_by_peer(fourth, within_s=0.5)  # beyond the cap: closed on accept
