@@ -45,6 +45,7 @@ class LiveView:
         self.pool = pool
         self.rule = LocalPrefillRule(topology, placement.local_prefill_max_tokens)
         self.queued_prefill_tokens: Counter[str] = Counter()
+        self.queued_prefill_prompts: Counter[str] = Counter()  # the prompts those tokens are in
         self.assigned_decodes: Counter[str] = Counter()   # decode worker -> requests placed there, not yet over
         self._prefix_capacity_blocks = prefix_capacity_blocks
         self._prefix: PrefixIndex | None = None
@@ -55,9 +56,11 @@ class LiveView:
             self._prefix = PrefixIndex(block_size, self._prefix_capacity_blocks)
         return self._prefix
 
-    def views(self, prompt_token_ids: Sequence[int], extra_queued_tokens: int = 0) -> list[WorkerView]:
-        """Every live worker as the policy sees it for this prompt. `extra_queued_tokens` is added to
-        every worker's queue (the router's own queue ahead of this request, spread over them)."""
+    def views(self, prompt_token_ids: Sequence[int], extra_queued_tokens: int = 0,
+              extra_queued_prompts: int = 0) -> list[WorkerView]:
+        """Every live worker as the policy sees it for this prompt. `extra_queued_tokens` in
+        `extra_queued_prompts` prompts are added to every worker's queue (the router's own queue
+        ahead of this request, spread over them)."""
         prefill, decode = self.pool.workers("prefill"), self.pool.workers("decode")
         accepts_local = self.rule.accepts(bool(prefill))
         block_size = next((w.block_size for w in prefill + decode if w.block_size), DEFAULT_BLOCK_SIZE)
@@ -69,6 +72,7 @@ class LiveView:
             views.append(WorkerView(
                 worker_id=record.worker_id, role=record.role, accepts_local_prefill=accepts_local,
                 queued_prefill_tokens=self.queued_prefill_tokens[record.worker_id] + extra_queued_tokens,
+                queued_prefill_prompts=self.queued_prefill_prompts[record.worker_id] + extra_queued_prompts,
                 running_decodes=self._decodes_at(record) if record.role == "decode" else 0,
                 kv_blocks_free=max(0, kv_free), block_size=record.block_size or block_size,
                 cached_prefix_tokens=cached.get(record.worker_id, 0)))

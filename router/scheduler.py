@@ -113,12 +113,15 @@ class Scheduler:
         return RequestView(len(request.prompt_token_ids), request.sampling.max_tokens,
                            slo.ttft_s or NOMINAL_TTFT_SLO_S, slo.tpot_s or NOMINAL_TPOT_SLO_S, request.slo_class)
 
-    def ranked(self, request: GenerationRequest, queued_ahead_tokens: int = 0) -> tuple[list[Placement], dict]:
+    def ranked(self, request: GenerationRequest, queued_ahead: tuple[int, int] = (0, 0)) -> tuple[list[Placement], dict]:
         """Every placement the policy allows now, best first, and the views it was made on (by
-        worker id). The router's queue ahead of the request is spread over the workers that compute
-        prompts. With no prefill worker alive, a decode worker is the only way: no local cap then."""
-        share = queued_ahead_tokens // max(1, self.live.computing_workers())
-        views = self.live.views(request.prompt_token_ids, share)
+        worker id). The router's queue ahead of the request, (prompt tokens, prompts), is spread over
+        the workers that compute prompts. With no prefill worker alive, a decode worker is the only
+        way: no local cap then."""
+        tokens, prompts = queued_ahead
+        workers = max(1, self.live.computing_workers())
+        share_prompts = min(-(-prompts // workers), tokens // workers)  # a share of >= 1 token per prompt
+        views = self.live.views(request.prompt_token_ids, tokens // workers, share_prompts)
         placement = self.config.placement
         if not any(view.role == "prefill" for view in views):
             placement = replace(placement, local_prefill_max_tokens=0)
@@ -151,7 +154,7 @@ class Scheduler:
     def expected(self, request: GenerationRequest) -> Prediction | None:
         """The best placement's prediction for `request` if it joined the router's queue now (the
         prompts queued ahead of it included); None when no path can take it."""
-        ranked, _ = self.ranked(request, self._tokens_ahead(request))
+        ranked, _ = self.ranked(request, self._queued_ahead(request))
         return ranked[0].prediction if ranked else None
 
     def scale(self) -> Scale:
@@ -160,13 +163,15 @@ class Scheduler:
         factors = {quantity: calibration.factor(now_s) for quantity, calibration in self.calibration.items()}
         return Scale(**factors)
 
-    def _tokens_ahead(self, request: GenerationRequest) -> int:
-        """Prompt tokens queued in the router that would go before `request` (a lower priority key)."""
+    def _queued_ahead(self, request: GenerationRequest) -> tuple[int, int]:
+        """(prompt tokens, prompts) queued in the router that would go before `request` (a lower
+        priority key)."""
         now = self.clock()
         mine = priority_key(QueuedItem("", request.slo_class, len(request.prompt_token_ids), now), now, self.cost,
                             self.config.placement)
-        return sum(item.num_prompt_tokens for item in self.queue.ordered(now)
-                   if priority_key(item, now, self.cost, self.config.placement) <= mine)
+        ahead = [item.num_prompt_tokens for item in self.queue.ordered(now)
+                 if priority_key(item, now, self.cost, self.config.placement) <= mine]
+        return sum(ahead), len(ahead)
 
     # ---- the dispatch queue ----------------------------------------------------------------------
     async def dispatch(self, request: GenerationRequest) -> Ticket:
@@ -235,6 +240,7 @@ class Scheduler:
                 computing = placement.path.computing_id
                 tokens = self.request_view(request).uncached_tokens(by_id[computing])
                 self.live.queued_prefill_tokens[computing] += tokens
+                self.live.queued_prefill_prompts[computing] += 1
                 self.live.assigned_decodes[placement.path.decode_id] += 1
                 return Ticket(request.request_id, placement, computing, tokens)
         return None
@@ -302,6 +308,8 @@ class Scheduler:
         ticket.settled = True
         left = self.live.queued_prefill_tokens[ticket.computing_id] - ticket.queued_tokens
         self.live.queued_prefill_tokens[ticket.computing_id] = max(0, left)
+        prompts_left = self.live.queued_prefill_prompts[ticket.computing_id] - 1
+        self.live.queued_prefill_prompts[ticket.computing_id] = min(max(0, prompts_left), max(0, left))
         if len(self.queue):
             self._pump()
 

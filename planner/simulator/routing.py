@@ -102,6 +102,7 @@ class SimRouter:
                        for i, worker in enumerate(ids)}
         self._accepts_local = LocalPrefillRule(kind, placement.local_prefill_max_tokens).accepts(num_prefill > 0)
         self.queued_prefill_tokens: Counter[str] = Counter()
+        self.queued_prefill_prompts: Counter[str] = Counter()
         self.running_decodes: Counter[str] = Counter()
         self._queue: list[Entry] = []  # sorted: next first
         self._arrived: list[Entry] = []  # since the last pump
@@ -157,6 +158,7 @@ class SimRouter:
         computing = (decode_id(request.decode_instance) if request.prefill_instance is None
                      else prefill_id(request.prefill_instance))
         self.queued_prefill_tokens[computing] -= request.prompt_tokens
+        self.queued_prefill_prompts[computing] -= 1
         self._changed = True
 
     def decode_started(self, request: SimRequest) -> None:
@@ -171,9 +173,12 @@ class SimRouter:
     def views(self) -> list[WorkerView]:
         """Every instance as the placement sees it (as `LiveView.views` builds them)."""
         views = [WorkerView(worker, "prefill", self._accepts_local, self.queued_prefill_tokens[worker], 0,
-                            UNMODELLED_KV_BLOCKS, self._block_size) for worker in self._prefill_ids]
+                            UNMODELLED_KV_BLOCKS, self._block_size,
+                            queued_prefill_prompts=self.queued_prefill_prompts[worker])
+                 for worker in self._prefill_ids]
         views += [WorkerView(worker, "decode", self._accepts_local, self.queued_prefill_tokens[worker],
-                             self.running_decodes[worker], max(0, instance.kv_blocks_free()), self._block_size)
+                             self.running_decodes[worker], max(0, instance.kv_blocks_free()), self._block_size,
+                             queued_prefill_prompts=self.queued_prefill_prompts[worker])
                   for worker, instance in self._decode_side.items()]
         return views
 
@@ -200,6 +205,7 @@ class SimRouter:
 
     def _book(self, request: SimRequest, path: Path) -> None:
         self.queued_prefill_tokens[path.computing_id] += request.prompt_tokens
+        self.queued_prefill_prompts[path.computing_id] += 1
         request.decode_instance = self._index[path.decode_id]
         if isinstance(path, Local):
             request.prefill_instance = None

@@ -41,6 +41,18 @@ class CostModel:
             return 0.0
         return self.fixed_s + self.per_token_s * num_tokens + self.per_token2_s * num_tokens * num_tokens
 
+    def queue_s(self, num_tokens: int, num_prompts: int) -> float:
+        """Compute time of a queue of `num_prompts` prompts totalling `num_tokens` tokens, each its
+        own prefill: `num_prompts` x `prefill_s` of their mean size. Exact for prompts of one size;
+        for mixed sizes it is below the truth by the quadratic term's spread (sum n^2 >= T^2/k),
+        where charging the queue as one prompt of T tokens was above it by up to k times. A caller
+        that counts no prompts (`num_prompts` 0 with tokens queued) gets the queue as one prompt."""
+        if num_tokens <= 0:
+            return 0.0
+        if num_prompts <= 1:
+            return self.prefill_s(num_tokens)
+        return num_prompts * self.prefill_s(num_tokens / num_prompts)
+
     def decode_step_s(self, batch: int) -> float:
         """One decode step of `batch` sequences: each of them gets one token after this long."""
         if batch <= 0:

@@ -5,11 +5,11 @@
 - `Local(decode_id)`: the decode worker computes the prompt itself (the aggregated case), in steps
   it shares with the decodes it is running: they stall while it does.
 
-Approximation, on purpose: the wait behind a worker's queue is `prefill_s(queued tokens)`, the
-prefill time of the queue's tokens as one prompt. It overstates the quadratic term (queued prompts
-attend only within themselves) and understates the per-call cost of many short prompts; it is
-monotonic in the queue, which is what ranking needs, and `OnlinePrefillFit` keeps it near the
-measured scale.
+Approximation, on purpose: the wait behind a worker's queue is `CostModel.queue_s`: its prompts
+as prompts of their mean size, each its own prefill (exact for one size; for mixed sizes it misses
+the quadratic term's spread). Charging the queue as one prompt of all its tokens, as this did
+before, overstated the quadratic term up to k-fold for k queued prompts and refused long prompts a
+1P+1D cluster could serve. `OnlinePrefillFit` keeps the coefficients near the measured scale.
 """
 
 from __future__ import annotations
@@ -72,10 +72,11 @@ def predict(path: Path, request: RequestView, workers_by_id: Mapping[str, Worker
     step_s = cost.decode_step_s(decode.running_decodes + 1)
     if isinstance(path, Disaggregated):
         prefill = workers_by_id[path.prefill_id]
-        ttft_s = cost.prefill_s(prefill.queued_prefill_tokens) + cost.prefill_s(request.uncached_tokens(prefill))
+        ttft_s = cost.queue_s(prefill.queued_prefill_tokens, prefill.queued_prefill_prompts) + cost.prefill_s(request.uncached_tokens(prefill))
         return Prediction(ttft_s, 0.0, cost.kv_transfer_s(request.num_prompt_tokens), step_s)
     slowdown = cost.local_prefill_slowdown(decode.running_decodes)
     own_prefill_s = cost.prefill_s(request.uncached_tokens(decode)) * slowdown
-    ttft_s = cost.prefill_s(decode.queued_prefill_tokens) * slowdown + own_prefill_s + step_s
+    queue_s = cost.queue_s(decode.queued_prefill_tokens, decode.queued_prefill_prompts)
+    ttft_s = queue_s * slowdown + own_prefill_s + step_s
     stall_s = own_prefill_s if decode.running_decodes > 0 else 0.0
     return Prediction(ttft_s, stall_s, 0.0, step_s)

@@ -20,7 +20,8 @@ class WorkerView:
     """One worker as the placement sees it.
 
     `queued_prefill_tokens`: prompt tokens this router sent there that are not prefilled yet (on a
-    decode worker: prompts it computes itself, the Local path). `cached_prefix_tokens`: how many of
+    decode worker: prompts it computes itself, the Local path), in `queued_prefill_prompts` prompts
+    (0: not counted; the queue is then charged as one prompt). `cached_prefix_tokens`: how many of
     THIS request's prompt tokens the worker holds in its prefix cache (from the prefix index; a
     per-request value, so a `WorkerView` is built per request). `accepts_local_prefill` only means
     something on a decode worker."""
@@ -33,15 +34,20 @@ class WorkerView:
     kv_blocks_free: int
     block_size: int
     cached_prefix_tokens: int = 0
+    queued_prefill_prompts: int = 0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"worker {self.worker_id}: role must be one of {ROLES}, got {self.role!r}")
         if self.block_size < 1:
             raise ValueError(f"worker {self.worker_id}: block_size must be >= 1 token, got {self.block_size}")
-        for name in ("queued_prefill_tokens", "running_decodes", "kv_blocks_free", "cached_prefix_tokens"):
+        for name in ("queued_prefill_tokens", "running_decodes", "kv_blocks_free", "cached_prefix_tokens",
+                     "queued_prefill_prompts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"worker {self.worker_id}: {name} must be >= 0, got {getattr(self, name)}")
+        if self.queued_prefill_prompts > self.queued_prefill_tokens:
+            raise ValueError(f"worker {self.worker_id}: {self.queued_prefill_prompts} queued prompts cannot hold "
+                             f"{self.queued_prefill_tokens} tokens (each prompt has >= 1)")
 
 
 @dataclass(frozen=True)

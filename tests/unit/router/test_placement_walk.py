@@ -198,7 +198,7 @@ async def test_a_request_cancelled_while_queued_or_just_dispatched_leaves_no_tok
     lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
                                                        {"prefill-a": prefill, "decode-a": decode},
                                                        _config(placement=gate_one))
-    books = lifecycle.scheduler.live.queued_prefill_tokens
+    books, prompts = lifecycle.scheduler.live.queued_prefill_tokens, lifecycle.scheduler.live.queued_prefill_prompts
     try:
         first = asyncio.create_task(_served(lifecycle, "first", SHORT))
         await _until(lambda: len(prefill.prefills) == 1)
@@ -207,10 +207,12 @@ async def test_a_request_cancelled_while_queued_or_just_dispatched_leaves_no_tok
         queued.cancel()
         await asyncio.gather(queued, return_exceptions=True)
         assert len(lifecycle.scheduler.queue) == 0 and books["prefill-a"] == len(SHORT)  # only the first's
+        assert prompts["prefill-a"] == 1
         prefill.unblock.set()
         assert await first == [5, 6]
-        assert books["prefill-a"] == 0
+        assert books["prefill-a"] == 0 and prompts["prefill-a"] == 0
         assert await _served(lifecycle, "after", SHORT) == [5, 6] and books["prefill-a"] == 0
+        assert prompts["prefill-a"] == 0
     finally:
         await pool.close()
         await registry.close()

@@ -73,3 +73,29 @@ def test_views_refuse_impossible_values():
         RequestView(10, 10, 0.0, 0.1)
     with pytest.raises(ValueError, match=">= 1 prompt token"):
         RequestView(0, 10, 1.0, 0.1)
+
+
+def test_a_queue_of_prompts_is_charged_prompt_by_prompt():
+    """Four queued prompts of 2,000 tokens wait 4 x prefill_s(2000), not prefill_s(8000): the
+    quadratic term is each prompt's own (charging the queue as one prompt refused long prompts a
+    1P+1D cluster serves)."""
+    workers = {"p0": WorkerView("p0", "prefill", False, 8000, 0, 1000, 16, queued_prefill_prompts=4),
+               "d0": _decode()}
+    prediction = predict(Disaggregated("p0", "d0"), _request(200), workers, COST)
+    assert prediction.ttft_s == pytest.approx(4 * COST.prefill_s(2000) + COST.prefill_s(200))
+    assert 4 * COST.prefill_s(2000) < COST.prefill_s(8000)
+
+
+@pytest.mark.parametrize("tokens, prompts, expected_s", [
+    (0, 0, 0.0),                                  # an empty queue waits for nothing
+    (3000, 0, 0.01 + 0.3 + 0.009),                # prompts not counted: one prompt
+    (3000, 1, 0.01 + 0.3 + 0.009),
+    (3000, 3, 3 * (0.01 + 0.1 + 0.001)),          # three of 1,000
+])
+def test_queue_seconds(tokens, prompts, expected_s):
+    assert COST.queue_s(tokens, prompts) == pytest.approx(expected_s)
+
+
+def test_a_view_cannot_hold_more_prompts_than_tokens():
+    with pytest.raises(ValueError, match="queued prompts"):
+        WorkerView("p0", "prefill", False, 2, 0, 10, 16, queued_prefill_prompts=3)
