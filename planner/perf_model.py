@@ -110,11 +110,41 @@ class PerfModel:
 
 
 @dataclass(frozen=True)
+class MeasuredRange:
+    """How far the profile measured: its longest prompt, longest sequence in a decode batch (prompt +
+    generated tokens), largest decode batch. A prediction past them is an extrapolation of the forms."""
+
+    longest_prompt_tokens: int
+    longest_sequence_tokens: int
+    largest_batch: int
+
+    @classmethod
+    def of(cls, profile: Profile) -> MeasuredRange:
+        return cls(max((r.prompt_tokens for r in profile.prefill), default=0),
+                   max((r.context_tokens // max(1, r.batch_size) for r in profile.decode), default=0),
+                   max((r.batch_size for r in profile.decode), default=0))
+
+    def beyond(self, longest_prompt_tokens: int, longest_sequence_tokens: int, largest_batch: int) -> list[str]:
+        """What a workload asks of the model past what was measured, one sentence each (none: inside)."""
+        notes = []
+        if longest_prompt_tokens > self.longest_prompt_tokens:
+            notes.append(f"prompts reach {longest_prompt_tokens} tokens; prefill was measured to "
+                         f"{self.longest_prompt_tokens}")
+        if longest_sequence_tokens > self.longest_sequence_tokens:
+            notes.append(f"sequences reach {longest_sequence_tokens} tokens; decode steps were measured with "
+                         f"sequences of up to {self.longest_sequence_tokens}")
+        if largest_batch > self.largest_batch:
+            notes.append(f"decode batches may reach {largest_batch}; they were measured to {self.largest_batch}")
+        return notes
+
+
+@dataclass(frozen=True)
 class FitReport:
     model: PerfModel
     prefill_mape: float
     decode_mape: float
     transfer_mape: dict[str, float]
+    measured: MeasuredRange | None = None
 
     def lines(self) -> list[str]:
         p, d = self.model.prefill, self.model.decode
@@ -183,7 +213,7 @@ def fit_perf_model(profile: Profile) -> FitReport:
         transfer_mape[name] = mape(x @ c, y)
 
     model = PerfModel(PrefillCoeffs(*map(float, pre_c)), decode, transfer)
-    return FitReport(model, mape(pre @ pre_c, pre_y), decode_mape, transfer_mape)
+    return FitReport(model, mape(pre @ pre_c, pre_y), decode_mape, transfer_mape, MeasuredRange.of(profile))
 
 
 MIN_ROWS_PAST_KNEE = 3  # a knee is tried only where at least this many rows lie past it

@@ -71,6 +71,20 @@ def _print_header(console: Console, inputs: PlanInputs) -> None:
                   f"{s.num_kv_blocks} KV blocks of {s.block_size} tokens per instance, transport {s.transport}")
     console.print(f"[bold]workload[/bold] {inputs.workload_label}; SLOs TTFT <= {inputs.slo.ttft_s * 1e3:g} ms, "
                   f"TPOT <= {inputs.slo.tpot_s * 1e3:g} ms for >= {inputs.search.target_attainment:.0%} of requests")
+    for note in beyond_the_profile(inputs):
+        console.print(f"[yellow]outside the profile:[/yellow] {note}: predictions there are extrapolated; "
+                      f"profile with a larger --max-model-len / --max-num-seqs to measure them", highlight=False)
+
+
+def beyond_the_profile(inputs: PlanInputs) -> list[str]:
+    """Where the workload (a sample at 1 req/s) and the engine's batch cap ask the model past what
+    its profile measured."""
+    if inputs.fit.measured is None:
+        return []
+    sample = inputs.workload_at(1.0)
+    return inputs.fit.measured.beyond(max(r.prompt_tokens for r in sample),
+                                      max(r.prompt_tokens + r.output_tokens for r in sample),
+                                      inputs.settings.max_num_seqs)
 
 
 def _operating_points(inputs: PlanInputs, picks: Sequence[RateSearch | None]) -> dict[str, dict]:

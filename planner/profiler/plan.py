@@ -47,14 +47,19 @@ def make_plan(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int, block
     cache holds). Transfers span one block to a whole `max_model_len` prompt's blocks, the range
     the cluster moves. Raises `PlanError` when fewer than the fits need remain."""
     steps = 16 if quick else 32
+    longest = steps + 1
     prompts = tuple(n for n in (QUICK_PROMPTS if quick else FULL_PROMPTS) if n < max_model_len)
     if len(prompts) < 3:
         prompts = tuple(sorted({max(1, max_model_len // d) for d in (16, 4, 2)}))
     if len(set(prompts)) < 3:
         raise PlanError(f"max_model_len {max_model_len} leaves fewer than 3 prompt lengths to measure; raise it")
-    batches = tuple(b for b in (QUICK_BATCHES if quick else FULL_BATCHES) if b <= max_num_seqs)
-    contexts = QUICK_CONTEXTS if quick else FULL_CONTEXTS
-    longest = steps + 1
+    # the ends of the ranges the planner is asked about, measured rather than extrapolated to: the
+    # longest prompt the engine takes (one token left to generate), the longest decode context, the
+    # largest batch
+    prompts = _with_end(prompts, max_model_len - 1)
+    batches = _with_end(tuple(b for b in (QUICK_BATCHES if quick else FULL_BATCHES) if b <= max_num_seqs),
+                        max_num_seqs)
+    contexts = _with_end(QUICK_CONTEXTS if quick else FULL_CONTEXTS, max_model_len - longest)
     points = tuple((b, c) for b in batches for c in contexts
                    if c + longest <= max_model_len and b * (c + longest) <= kv_cache_tokens)
     if len(points) < 3 or len({b for b, _ in points}) < 2:
@@ -69,6 +74,12 @@ def make_plan(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int, block
         transfer_blocks=_transfer_blocks(-(-max_model_len // block_size), quick),
         transfer_repeats=5,
     )
+
+
+def _with_end(values: tuple[int, ...], end: int) -> tuple[int, ...]:
+    """`values` up to `end`, with `end` itself as the last point (a range measured to its end)."""
+    kept = tuple(v for v in values if v < end)
+    return kept + (end,) if end >= 1 else kept
 
 
 def _transfer_blocks(max_blocks: int, quick: bool) -> tuple[int, ...]:

@@ -36,8 +36,11 @@ def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_prof
     assert profile.model.kv_bytes_per_token == 2 * 4 * 2 * 64 * DTYPE_BYTES[native_dtype()]
     assert profile.hardware.num_cores == 1 and profile.hardware.device == "cpu"
     assert profile.engine.kv_cache_memory_bytes == 64 << 20 and profile.engine.max_num_batched_tokens > 0
-    assert [r.prompt_tokens for r in profile.prefill] == [32, 256, 1024]
-    assert sorted({r.batch_size for r in profile.decode}) == [1, 4, 16] and len(profile.decode) == 9
+    # to the ends of the ranges the planner is asked about: the longest prompt (max_model_len 2048 less
+    # the one token to generate), max_num_seqs, the longest context (where the 64 MiB KV cache holds it)
+    assert [r.prompt_tokens for r in profile.prefill] == [32, 256, 1024, 2047]
+    assert sorted({r.batch_size for r in profile.decode}) == [1, 4, 16, 64] and len(profile.decode) == 14
+    assert max(r.context_tokens / r.batch_size for r in profile.decode) > 2000
     # the shortest context is the serving probe's prompts, 16 tokens + the steps' mean output
     assert min(r.context_tokens / r.batch_size for r in profile.decode) < 32
     assert profile.transports == ("tcp", "torch")

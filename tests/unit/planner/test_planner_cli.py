@@ -71,3 +71,13 @@ def test_plan_refuses_an_unreadable_profile(tmp_path):
     bad.write_text('{"format": "pdserve-profile", "version": 0}')
     with pytest.raises(SystemExit, match="profile version 0 is not readable"):
         main(["plan", "--profile", str(bad), "--output-dir", str(tmp_path), *SMALL])
+
+
+def test_plan_says_where_the_workload_leaves_the_profiles_measured_range(tmp_path, capsys):
+    """The example profile measured decode sequences to 1,024 tokens: 1.5k-token prompts leave it."""
+    assert main(["plan", "--devices", "2", "--output-dir", str(tmp_path), "--label", "t", "--local-prefill-caps", "0",
+                 "--topologies", "disaggregated", "--workload", "random", "--input-len", "1536", "--output-len", "24",
+                 "--range-ratio", "0.3", *SMALL]) == 0
+    out = " ".join(capsys.readouterr().out.split())   # rich wraps long lines
+    assert "outside the profile: sequences reach" in out and "measured with sequences of up to 1024" in out
+    assert "prompts reach" not in out   # 1.5k +- 30% stays under the 2,048 measured

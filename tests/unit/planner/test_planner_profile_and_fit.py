@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from planner.perf_model import fit_nonnegative, fit_perf_model
+from planner.perf_model import MeasuredRange, fit_nonnegative, fit_perf_model
 from planner.profile import (
     PROFILE_VERSION,
     DecodeSample,
@@ -126,3 +126,13 @@ def test_example_profile_fit_reports_its_error_and_matches_the_anchors():
     assert any("MAPE" in line and "decode" in line for line in report.lines())
     with pytest.raises(KeyError, match="transport 'nccl' is not in the profile"):
         model.transfer_s(1, "nccl")
+
+
+def test_the_fit_knows_how_far_its_profile_measured_and_says_what_lies_beyond():
+    measured = fit_perf_model(build_example_profile()).measured
+    assert measured == MeasuredRange(longest_prompt_tokens=2048, longest_sequence_tokens=1024, largest_batch=32)
+    assert measured.beyond(2048, 1024, 32) == []   # the ends themselves were measured
+    notes = measured.beyond(3000, 1100, 64)
+    assert notes == ["prompts reach 3000 tokens; prefill was measured to 2048",
+                     "sequences reach 1100 tokens; decode steps were measured with sequences of up to 1024",
+                     "decode batches may reach 64; they were measured to 32"]

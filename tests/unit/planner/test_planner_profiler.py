@@ -15,26 +15,30 @@ from planner.profiler.transfer_probe import measure_transfers
 
 def test_full_plan_for_the_cluster_defaults():
     plan = make_plan(max_model_len=2048, max_num_seqs=64, kv_cache_tokens=131072, block_size=32)
-    assert plan.prefill_prompt_tokens == (32, 64, 128, 256, 512, 1024)
+    assert plan.prefill_prompt_tokens == (32, 64, 128, 256, 512, 1024, 2047)  # to the longest prompt
     assert {b for b, _ in plan.decode_points} == {1, 2, 4, 8, 16, 32, 64}
     assert (64, 1024) in plan.decode_points and plan.decode_steps == 32
-    assert {c for _, c in plan.decode_points} == {16, 128, 512, 1024}
+    assert {c for _, c in plan.decode_points} == {16, 128, 512, 1024, 2015}  # 2015 + 33 steps = 2048
+    assert (64, 2015) in plan.decode_points  # 64 x 2048 tokens: the whole KV cache
     assert plan.transfer_blocks == (1, 4, 16, 64)  # up to a whole 2048-token prompt
 
 
 def test_quick_plan_is_the_fewest_points_the_fits_accept():
     plan = make_plan(max_model_len=2048, max_num_seqs=64, kv_cache_tokens=32768, block_size=32, quick=True)
-    assert plan.prefill_prompt_tokens == (32, 256, 1024)
-    assert plan.decode_points == ((1, 16), (1, 64), (1, 512), (4, 16), (4, 64), (4, 512),
-                                  (16, 16), (16, 64), (16, 512))
-    assert plan.transfer_blocks == (1, 64) and plan.num_points == 12
+    assert plan.prefill_prompt_tokens == (32, 256, 1024, 2047)
+    # to the longest context (2031 + 17 steps = 2048) and the largest batch, where the KV cache holds them
+    assert plan.decode_points == ((1, 16), (1, 64), (1, 512), (1, 2031), (4, 16), (4, 64), (4, 512), (4, 2031),
+                                  (16, 16), (16, 64), (16, 512), (16, 2031), (64, 16), (64, 64))
+    assert plan.transfer_blocks == (1, 64) and plan.num_points == 18
 
 
 def test_points_that_do_not_fit_the_kv_cache_or_the_context_are_dropped():
     plan = make_plan(max_model_len=600, max_num_seqs=16, kv_cache_tokens=4000, block_size=32, quick=True)
-    assert plan.prefill_prompt_tokens == (37, 150, 300)  # 1024 does not fit: 1/16, 1/4, 1/2 of 600 instead
-    # 16 x 529 > 4000 KV tokens
-    assert plan.decode_points == ((1, 16), (1, 64), (1, 512), (4, 16), (4, 64), (4, 512), (16, 16), (16, 64))
+    # 1024 does not fit: 1/16, 1/4, 1/2 of 600 instead, and the longest prompt
+    assert plan.prefill_prompt_tokens == (37, 150, 300, 599)
+    # 16 x 529 > 4000 KV tokens; 583 + 17 steps = 600
+    assert plan.decode_points == ((1, 16), (1, 64), (1, 512), (1, 583), (4, 16), (4, 64), (4, 512), (4, 583),
+                                  (16, 16), (16, 64))
 
 
 def test_a_kv_cache_too_small_for_two_batch_sizes_is_refused_with_the_fix():
