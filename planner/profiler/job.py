@@ -90,8 +90,11 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     with _progress(job.show_progress) as progress:
         task = progress.add_task("profiling", total=total, last="")
 
-        def advance(label: str) -> None:
-            progress.update(task, advance=1, last=label)
+        def advance(label: str, step: bool = True) -> None:
+            """One step of the plan done, or (`step` False) a note on the one under way, printed too."""
+            progress.update(task, advance=1 if step else 0, last=label)
+            if not step:
+                progress.console.print(f"note: {label}", markup=False, highlight=False)
 
         transfers = _measure_transfers(model, job.transports, plan, advance)
         prefill, decode, budget, version = asyncio.run(_measure_engine(engine, plan, advance))

@@ -74,6 +74,7 @@ class ServingPlan:
     load_prompt_tokens: int          # the CPU runs' prompts
     load_requests: int               # per CPU run
     decode_batches: tuple[int, ...]  # batch sizes of the served-step runs, in run order (repeats included)
+    max_output_tokens: int = 4 * BATCH_OUTPUT_TOKENS  # the longest output a batched run may ask (the context)
 
     @property
     def steps(self) -> int:
@@ -85,7 +86,8 @@ def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool) -> ServingP
     prompts = tuple(n for n in (32, 128, 512) if n + LONG_OUTPUT < max_model_len) or (max_model_len // 4,)
     sizes = sorted({min(b, max_num_seqs) for b in (QUICK_BATCHES if quick else BATCHES)})
     batches = tuple(sizes) if quick else tuple(sizes) * BATCH_REPEATS
-    return ServingPlan(prompts, 3 if quick else 6, min(128, max_model_len // 4), 24 if quick else 60, batches)
+    return ServingPlan(prompts, 3 if quick else 6, min(128, max_model_len // 4), 24 if quick else 60, batches,
+                       max_output_tokens=max_model_len - BATCH_PROMPT_TOKENS)
 
 
 def host_cpu_seconds(router_pid: int) -> float:
@@ -171,8 +173,27 @@ class BatchRun:
     tokens: int
 
 
-async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu, seed: int) -> BatchRun:
-    """Sends `batch` short-prompt requests at once and times the steps they decode together."""
+class NoCommonWindow(RuntimeError):
+    """The requests of a batched run never all decoded at once (the first finished before the last
+    had its KV): the run measured no step of that batch."""
+
+
+def common_window(runs: Sequence[Sequence[float]]) -> tuple[float, float, list[float]]:
+    """(start, end, gaps): the window in which every request (its token times) is past its handoff
+    and none has finished, and the gaps between consecutive tokens inside it. Raises NoCommonWindow
+    when it holds fewer gaps than requests."""
+    start, end = max(marks[1] for marks in runs), min(marks[-1] for marks in runs)
+    gaps = [b - a for marks in runs for a, b in zip(marks, marks[1:]) if a >= start and b <= end]
+    if end <= start or len(gaps) < len(runs):
+        raise NoCommonWindow(f"the {len(runs)} profiling requests never decoded together (window "
+                             f"{max(0.0, end - start):.3f} s)")
+    return start, end, gaps
+
+
+async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu, seed: int,
+                             output_tokens: int = BATCH_OUTPUT_TOKENS) -> BatchRun:
+    """Sends `batch` short-prompt requests at once and times the steps they decode together.
+    Raises NoCommonWindow when they never did."""
     import numpy as np
 
     from pdserve.client import AsyncClient
@@ -182,14 +203,9 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
 
     async with AsyncClient(target) as client:
         cpu_before = host_cpu()
-        runs = await asyncio.gather(*(token_times(client, ids, BATCH_OUTPUT_TOKENS) for ids in prompts))
+        runs = await asyncio.gather(*(token_times(client, ids, output_tokens) for ids in prompts))
         cpu_after = host_cpu()
-    # the window in which every request is past its handoff and none has finished
-    start, end = max(marks[1] for marks in runs), min(marks[-1] for marks in runs)
-    gaps = [b - a for marks in runs for a, b in zip(marks, marks[1:]) if a >= start and b <= end]
-    if end <= start or len(gaps) < batch:
-        raise RuntimeError(f"the {batch} profiling requests never decoded together (window {end - start:.3f} s); "
-                           "is max_num_seqs below the batch?")
+    start, end, gaps = common_window(runs)
     inside = sum(1 for marks in runs for t in marks if start <= t <= end)
     generated = statistics.median(sum(1 for t in marks if t <= (start + end) / 2) for marks in runs)
     return BatchRun(batch, statistics.median(gaps), batch * (BATCH_PROMPT_TOKENS + generated),
@@ -304,14 +320,41 @@ def steady_rate(model: PerfModel, prompt_tokens: int) -> float:
 
 def measure_served_steps(target: str, router_pid: int, model: PerfModel, engine_rows: Sequence[DecodeSample],
                          host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
-                         advance) -> tuple[float, float, float]:
-    """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches`."""
-    runs = []
+                         advance, run_batch=None) -> tuple[float, float, float]:
+    """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches` (`run_batch`:
+    `batched_decode_run`'s signature; tests give their own). A run whose
+    requests never decoded together (on a slow or busy host the first can finish before the last
+    one's KV arrives) is retried with outputs twice as long, up to `batch_output_attempts`; a batch
+    that still fails is skipped with a note, and the fit runs on the rest if two batch sizes remain."""
+    run_batch = run_batch or batched_decode_run
+    runs, skipped = [], []
     for index, batch in enumerate(plan.decode_batches):
-        runs.append(asyncio.run(batched_decode_run(target, batch, vocab_size, lambda: host_cpu_seconds(router_pid),
-                                                   seed=100 + index)))
+        run = None
+        for output_tokens in batch_output_attempts(plan.max_output_tokens):
+            try:
+                run = asyncio.run(run_batch(target, batch, vocab_size, lambda: host_cpu_seconds(router_pid),
+                                            seed=100 + index, output_tokens=output_tokens))
+                break
+            except NoCommonWindow as why:
+                advance(f"serving: batch {batch}: {why}; again with {output_tokens * 2} output tokens", step=False)
+        if run is None:
+            skipped.append(batch)
+        else:
+            runs.append(run)
         advance(f"serving: decode steps at batch {batch}")
+    if len({run.batch for run in runs}) < 2:
+        raise RuntimeError(f"served decode steps need two batch sizes; the requests of batches {skipped} never "
+                           "decoded together even with longer outputs (is max_num_seqs below the batch, or the "
+                           "host too busy?)")
+    if skipped:
+        advance(f"serving: skipped batches {skipped} (never decoded together); fitted on the others", step=False)
     return fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows)
+
+
+def batch_output_attempts(max_output_tokens: int, attempts: int = 3) -> list[int]:
+    """The output lengths a batched run tries: BATCH_OUTPUT_TOKENS, then doubled, within the context."""
+    lengths = [BATCH_OUTPUT_TOKENS * 2 ** i for i in range(attempts)]
+    return [n for n in lengths if n <= max_output_tokens] or [max(2, max_output_tokens)]
 
 
 def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, str], model: PerfModel,

@@ -120,3 +120,53 @@ def test_where_the_fit_misses_the_engine_the_miss_is_not_read_as_serving_cost():
     assert step_s == pytest.approx(0.0015, abs=1e-9) and per_token_s == pytest.approx(0.0002, abs=1e-9)
     _, per_token_against_the_fit, _ = fit_served_steps(runs, ROUND_MODEL, ServingCosts())
     assert per_token_against_the_fit == pytest.approx(0.0012, abs=1e-9)  # what the fit alone misreads
+
+
+def test_a_batched_run_whose_requests_never_decoded_together_is_named_not_measured():
+    from planner.profiler.serving_probe import NoCommonWindow, common_window
+
+    # token times of 3 requests: all three decode together between 1.0 and 1.3
+    together = [[0.0, 1.0, 1.1, 1.2, 1.3], [0.1, 0.9, 1.05, 1.15, 1.35], [0.2, 0.95, 1.0, 1.1, 1.4]]
+    start, end, gaps = common_window(together)
+    assert (start, end) == (1.0, 1.3) and len(gaps) >= 3
+    # the first finished (0.5) before the last had its second token (0.9): no common window
+    apart = [[0.0, 0.2, 0.3, 0.5], [0.1, 0.9, 1.0, 1.1]]
+    with pytest.raises(NoCommonWindow, match="the 2 profiling requests never decoded together"):
+        common_window(apart)
+
+
+def test_a_batched_run_is_retried_with_longer_outputs_within_the_context():
+    from planner.profiler.serving_probe import batch_output_attempts
+
+    assert batch_output_attempts(2032) == [64, 128, 256]
+    assert batch_output_attempts(200) == [64, 128]
+    assert batch_output_attempts(40) == [40]   # a context too short for the default: what it holds
+
+
+def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_it_never_does():
+    from planner.profiler.serving_probe import NoCommonWindow, ServingPlan, measure_served_steps
+
+    tried, notes = [], []
+
+    async def run_batch(target, batch, vocab_size, host_cpu, seed, output_tokens):
+        tried.append((batch, output_tokens))
+        if batch == 64 or (batch == 16 and output_tokens == 64):   # 16 joins at 128 tokens; 64 never does
+            raise NoCommonWindow(f"the {batch} profiling requests never decoded together (window 0.000 s)")
+        step_s = ROUND_MODEL.decode_step_s(batch, batch * 40)
+        return BatchRun(batch, step_s, batch * 40, batch / step_s, 0.0, batch * output_tokens)
+
+    plan = ServingPlan((32,), 1, 32, 10, (1, 16, 64), max_output_tokens=2032)
+    host = ServingCosts(host_cores=2)
+    step_s, per_token_s, _ = measure_served_steps("t", 0, ROUND_MODEL, (), host, 0.0, 1000, plan,
+                                                  lambda label, step=True: notes.append((label, step)),
+                                                  run_batch=run_batch)
+    assert tried == [(1, 64), (16, 64), (16, 128), (64, 64), (64, 128), (64, 256)]
+    assert step_s == pytest.approx(0.0, abs=1e-9) and per_token_s == pytest.approx(0.0, abs=1e-9)  # served = engine
+    assert ("serving: skipped batches [64] (never decoded together); fitted on the others", False) in notes
+    assert sum(step for _, step in notes) == 3   # one progress step per planned batch, skipped or not
+
+    async def never(*args, **kwargs):
+        raise NoCommonWindow("never")
+
+    with pytest.raises(RuntimeError, match=r"need two batch sizes.*batches \[1, 16, 64\]"):
+        measure_served_steps("t", 0, ROUND_MODEL, (), host, 0.0, 1000, plan, lambda *a, **k: None, run_batch=never)
