@@ -25,8 +25,9 @@ WorkloadAt = Callable[[float], Sequence[RequestSpec]]  # rate_rps -> the request
 
 
 def with_router_slo(settings: SimSettings, slo: SLO) -> SimSettings:
-    """`settings` whose simulated router aims at `slo` (as `pdserve router --slo-ttft-ms/--slo-tpot-ms`
-    would); an SLO not set keeps the router's nominal one."""
+    """`settings` whose simulated router has `slo` set (as `pdserve router --slo-ttft-ms/--slo-tpot-ms`
+    would): placement aims at it and, with `RouterSettings.admission` on, admission refuses by it;
+    an SLO not set in `slo` keeps the router's own (by default none)."""
     router = settings.router
     return replace(settings, router=replace(router, ttft_slo_s=slo.ttft_s or router.ttft_slo_s,
                                             tpot_slo_s=slo.tpot_s or router.tpot_slo_s))
@@ -35,7 +36,8 @@ def with_router_slo(settings: SimSettings, slo: SLO) -> SimSettings:
 def make_attainment_fn(workload_at: WorkloadAt, settings: SimSettings, model: PerfModel,
                        slo: SLO) -> AttainmentFn:
     """attainment(topology, rate): the share of `workload_at(rate)` meeting `slo` in simulation, the
-    simulated router aiming at `slo`. Results are memoized per (topology, rate)."""
+    simulated router with `slo` set (refused requests are misses). Results are memoized per
+    (topology, rate)."""
     settings = with_router_slo(settings, slo)
     cache: dict[tuple[Topology, float], float] = {}
 
@@ -81,18 +83,28 @@ def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices:
 def make_latency_fn(settings: SimSettings, model: PerfModel, num_requests: int = 500, range_ratio: float = 0.5,
                     seed: int = 0) -> LatencyFn:
     """latency(sizes, rate, mean prompt, mean output) -> simulated p50/p90 TTFT and TPOT in seconds
-    of the same synthetic workload `make_plan_fn` plans with (TPOT None if no output > 1 token)."""
+    of the same synthetic workload `make_plan_fn` plans with, over the requests served (as the
+    routers' window holds them: a refused request has no latency); None where no request has one
+    (TPOT: no output > 1 token)."""
 
     def latency(sizes: PoolSizes, rate_rps: float, mean_prompt_tokens: float,
                 mean_output_tokens: float) -> Latencies:
         requests = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)(rate_rps)
         result = simulate(requests, Topology.disaggregated(sizes.prefill, sizes.decode), settings, model)
-        tpot = result.tpot_s[~np.isnan(result.tpot_s)]
-        ttft_p50, ttft_p90 = (float(v) for v in np.percentile(result.ttft_s, [50, 90]))
-        tpot_p50, tpot_p90 = (float(v) for v in np.percentile(tpot, [50, 90])) if len(tpot) else (None, None)
+        ttft_p50, ttft_p90 = _p50_p90(result.ttft_s)
+        tpot_p50, tpot_p90 = _p50_p90(result.tpot_s)
         return Latencies(ttft_p50_s=ttft_p50, ttft_p90_s=ttft_p90, tpot_p50_s=tpot_p50, tpot_p90_s=tpot_p90)
 
     return latency
+
+
+def _p50_p90(values_s: np.ndarray) -> tuple[float | None, float | None]:
+    """The median and 90th percentile of the values that are not NaN; (None, None) when none is."""
+    known = values_s[~np.isnan(values_s)]
+    if not len(known):
+        return None, None
+    p50, p90 = np.percentile(known, [50, 90])
+    return float(p50), float(p90)
 
 
 def make_predict_fn(settings: SimSettings, model: PerfModel, num_requests: int = 500, range_ratio: float = 0.5,

@@ -30,7 +30,7 @@ from pdserve.timings import Timings
 from router.live_view import LiveView
 from router.policies.admission import Refuse, Scale, admit
 from router.policies.calibration import Calibration, CalibrationConfig
-from router.policies.ordering import DispatchQueue, QueuedItem, priority_key
+from router.policies.ordering import DispatchQueue, QueuedItem, priority_key, queue_share
 from router.policies.placement import (CostModel, OnlinePrefillFit, Placement, PlacementConfig, Prediction,
                                        RequestView, dispatch_open, evaluate)
 from router.pool import WorkerPool
@@ -118,10 +118,7 @@ class Scheduler:
         worker id). The router's queue ahead of the request, (prompt tokens, prompts), is spread over
         the workers that compute prompts. With no prefill worker alive, a decode worker is the only
         way: no local cap then."""
-        tokens, prompts = queued_ahead
-        workers = max(1, self.live.computing_workers())
-        share_prompts = min(-(-prompts // workers), tokens // workers)  # a share of >= 1 token per prompt
-        views = self.live.views(request.prompt_token_ids, tokens // workers, share_prompts)
+        views = self.live.views(request.prompt_token_ids, *queue_share(*queued_ahead, self.live.computing_workers()))
         placement = self.config.placement
         if not any(view.role == "prefill" for view in views):
             placement = replace(placement, local_prefill_max_tokens=0)

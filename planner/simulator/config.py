@@ -3,6 +3,7 @@ engine settings (token budget, batch cap, KV capacity, transport) and the router
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -10,7 +11,7 @@ from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
 from planner.profile import Profile, ServingCosts
 from router.policies.placement import CostModel, PlacementConfig
-from router.scheduler import NOMINAL_TPOT_SLO_S, NOMINAL_TTFT_SLO_S
+from router.scheduler import SloTargets
 
 DecodePick = Literal["handoff", "arrival"]
 
@@ -93,17 +94,31 @@ class RouterSettings:
     """What the simulated router places with (`router.policies.placement`): the policy, whose
     `local_prefill_max_tokens` the topology's replaces; the cost model (None: `simulate` derives it
     from the performance model and the workload's mean lengths, `planner.simulator.cost.cost_model_from`);
-    and the SLOs each request aims at (the router's nominal ones when it runs without SLOs)."""
+    and the SLOs set on the router (`pdserve router --slo-ttft-ms/--slo-tpot-ms`; None: not set,
+    and placement aims at the router's nominal one, as the router does).
+
+    `admission`: whether the router's admission is modelled. On (the default), a request is refused
+    at arrival as the router would refuse it with these SLOs (`router.scheduler.Scheduler.check`):
+    judged on TTFT only with a TTFT SLO set, on TPOT only with a TPOT SLO set, never without SLOs.
+    Off: nothing is refused (placement still aims at the SLOs set), every request waits to be served."""
 
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     cost: CostModel | None = None
-    ttft_slo_s: float = NOMINAL_TTFT_SLO_S
-    tpot_slo_s: float = NOMINAL_TPOT_SLO_S
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    admission: bool = True
 
     def __post_init__(self) -> None:
-        if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0):
-            raise SimulationError(f"the router's SLOs must be > 0 s, got TTFT {self.ttft_slo_s}, "
-                                  f"TPOT {self.tpot_slo_s}")
+        for name in ("ttft_slo_s", "tpot_slo_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SimulationError(f"RouterSettings.{name} must be > 0 s (or None: no such SLO on the router), "
+                                      f"got {value!r}")
+
+    @property
+    def slo(self) -> SloTargets:
+        """The SLOs set on the router, as `pdserve router` holds them."""
+        return SloTargets(self.ttft_slo_s, self.tpot_slo_s)
 
     def placement_for(self, topology: Topology) -> PlacementConfig:
         """The policy the router of `topology` runs: this one with the topology's local prefill cap."""
@@ -125,7 +140,7 @@ class SimSettings:
       or "handoff" (a what-if: placed again among the decode instances when its prefill finishes);
     - `serving`: what the router, the hops and the workers' API processes add (latencies, CPU on
       the workers' cores and on the host's); zeros simulate the engines alone;
-    - `router`: the placement policy, cost model and SLOs the simulated router uses.
+    - `router`: the placement policy, cost model, SLOs and admission the simulated router uses.
     """
 
     token_budget: int

@@ -5,7 +5,8 @@ hybrid, N `PrefillInstance` + M `HybridInstance` (colocated instances that also 
 aggregated, K `ColocatedInstance`. Routing is the router's own placement (`planner.simulator.routing`:
 the dispatch queue, `placement.evaluate`, the dispatch gate), asked after every event, so a
 request goes out the moment the router would send it; a Disaggregated request's decode instance
-is the placement's (or placed again at its handoff: `decode_pick`).
+is the placement's (or placed again at its handoff: `decode_pick`). With an SLO set on the router,
+its admission may refuse a request at arrival: that request is over at once, no instance sees it.
 
 Events at the same instant are all applied before any idle instance plans its next step, so two
 requests arriving together share a step; at one instant arrivals come first, then handoffs, then
@@ -42,7 +43,8 @@ Instance = PrefillInstance | DecodeSide
 
 def simulate(requests: Sequence[Any], topology: Topology, settings: SimSettings, model: PerfModel) -> SimResult:
     """Replay `requests` (objects with arrival_s, prompt_tokens, output_tokens, e.g.
-    `loadgen.workload.RequestSpec`) through `topology`. Deterministic; every request finishes.
+    `loadgen.workload.RequestSpec`) through `topology`. Deterministic; every request finishes or
+    is refused at arrival by the router's admission (`RouterSettings`: SLOs set, admission on).
 
     The router's cost model is `settings.router.cost`, or else derived from `model` and the
     workload's mean lengths (`planner.simulator.cost.cost_model_from`).
@@ -85,7 +87,7 @@ class _Cluster:
                                          for i in range(topology.num_decode + topology.num_colocated)]
         router = settings.router
         self.router = SimRouter(topology.kind, topology.num_prefill, self.decode, router.placement_for(topology),
-                                cost, router.ttft_slo_s, router.tpot_slo_s, settings.block_size)
+                                cost, router.slo, settings.block_size, router.admission)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._dirty: dict[int, Instance] = {}
@@ -103,7 +105,7 @@ class _Cluster:
         heap = self._heap
         while heap:
             now, kind, _, payload = heapq.heappop(heap)
-            if kind == ARRIVAL:
+            if kind == ARRIVAL:  # one the router refuses is over here: no instance sees it (the host did)
                 self.host.request_arrived(payload.arrival_s)
                 self.router.arrive(payload)
             elif kind == HANDOFF:
@@ -125,7 +127,7 @@ class _Cluster:
                                        delivery_s=self.settings.serving.first_token_s)
 
     def _check_finished(self, requests: list[SimRequest]) -> None:
-        unfinished = [r.index for r in requests if r.finish_s is None]
+        unfinished = [r.index for r in requests if r.finish_s is None and not r.refused]
         if unfinished or len(self.router):
             raise SimulationError(f"{len(unfinished)} requests never finished (first: {unfinished[:5]}); "
                                   "this is a simulator bug, please report it with the workload")

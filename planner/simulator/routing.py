@@ -2,7 +2,12 @@
 
 Every request is placed by the router's own decision code, the way `router.scheduler` and
 `router.live_view` call it:
-- on arrival it joins the router's queue, in `router.policies.ordering.priority_key` order (SLO
+- on arrival, with an SLO set, admission (`Scheduler.check`) judges it: the router's queue ahead
+  of it (the waiting requests whose `priority_key` is at most its own) spread over the workers
+  that compute prompts (`ordering.queue_share`), the best placement's prediction on those views
+  (`placement.evaluate`), and `admission.admit` on it (TTFT judged with a TTFT SLO set, the decode
+  step with a TPOT SLO set); a refused request is marked `refused` and never queued;
+- an admitted request joins the router's queue, in `router.policies.ordering.priority_key` order (SLO
   class, shortest prompt first, aging);
 - a pump (`Scheduler._pump`) goes through the queue in that order and sends every request that
   has an open path: `placement.evaluate` over one `WorkerView` per instance, the best-ranked path
@@ -24,8 +29,9 @@ Where the simulated router differs from a live one, on purpose:
   minus `now` for every item alike, so its order is `DispatchQueue.ordered(now)`'s at every `now`;
 - before `evaluate`, a request is skipped when no path could pass the hard filters and the gate
   (`_Openings.could_take`: a necessary condition; `evaluate` and `dispatch_open` decide);
-- no admission (`router.policies.admission`): every request is served, and one that no decode
-  instance has KV room for waits (as the router does without a TTFT SLO);
+- admission judges the prediction as it is (scale 1: no `Calibration` of predictions against
+  what requests saw), and `RouterSettings.admission` False turns it off (every request is served;
+  one that no decode instance has KV room for waits, as the router does without SLOs);
 - its counts are exact and current (a live router's KV counts are a heartbeat old), nothing is in
   a prefix cache (not modelled) and the cost model stays as given (no `OnlinePrefillFit`).
 """
@@ -36,14 +42,17 @@ import bisect
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Protocol
 
 from pdserve.roles import Topology as TopologyKind
 from planner.simulator.state import SimRequest
 from router.live_view import LocalPrefillRule
-from router.policies.ordering import QueuedItem, priority_key
+from router.policies.admission import Admit, Scale, admit
+from router.policies.ordering import QueuedItem, priority_key, queue_share
 from router.policies.placement import (CostModel, Disaggregated, Local, Path, PlacementConfig, RequestView,
                                        WorkerView, dispatch_open, evaluate)
+from router.scheduler import NOMINAL_TPOT_SLO_S, NOMINAL_TTFT_SLO_S, SloTargets
 
 UNMODELLED_KV_BLOCKS = 1 << 30  # what a worker reporting no KV total shows the router
 Entry = tuple[float, float, str, SimRequest]  # (priority key at now 0, arrival, id, request)
@@ -89,18 +98,24 @@ class SimRouter:
     """The router of one simulated cluster. The engine calls `arrive`, then `dispatch` after every
     event and enacts what it returns (each request's `prefill_instance` / `decode_instance` are set
     to the placement's), and reports `prefilled`, `decode_started` and `finished` as they happen.
-    Invariant: every count returns to 0 once every request has finished."""
+    `slo`: the SLOs set on the router (placement aims at the nominal ones where not set); `admission`
+    False: nothing is refused. Invariant: every count returns to 0 once every request admitted has
+    finished; a refused request touches none of them."""
 
     def __init__(self, kind: TopologyKind, num_prefill: int, decode_side: Sequence[DecodeSide],
-                 placement: PlacementConfig, cost: CostModel, ttft_slo_s: float, tpot_slo_s: float,
-                 block_size: int) -> None:
+                 placement: PlacementConfig, cost: CostModel, slo: SloTargets, block_size: int,
+                 admission: bool = True) -> None:
         self.placement, self.cost = placement, cost
-        self._slo_s, self._block_size = (ttft_slo_s, tpot_slo_s), block_size
+        self._slo_s = (slo.ttft_s or NOMINAL_TTFT_SLO_S, slo.tpot_s or NOMINAL_TPOT_SLO_S)
+        self._judge = (admission and slo.ttft_s is not None, admission and slo.tpot_s is not None)  # (TTFT, TPOT)
+        self._block_size = block_size
         self._prefill_ids = [prefill_id(i) for i in range(num_prefill)]
         self._decode_side = {decode_id(i): instance for i, instance in enumerate(decode_side)}
         self._index = {worker: i for ids in (self._prefill_ids, list(self._decode_side))
                        for i, worker in enumerate(ids)}
         self._accepts_local = LocalPrefillRule(kind, placement.local_prefill_max_tokens).accepts(num_prefill > 0)
+        # `LiveView.computing_workers`: the router's queue is spread over these
+        self._computing_workers = num_prefill + (len(self._decode_side) if self._accepts_local else 0)
         self.queued_prefill_tokens: Counter[str] = Counter()
         self.queued_prefill_prompts: Counter[str] = Counter()
         self.running_decodes: Counter[str] = Counter()
@@ -112,11 +127,17 @@ class SimRouter:
         """Requests waiting in the router's queue."""
         return len(self._queue)
 
-    def arrive(self, request: SimRequest) -> None:
+    def arrive(self, request: SimRequest) -> bool:
+        """`request` reaches the router: True, it joins the queue; False, admission refuses it (it is
+        marked `refused`, and is over: the router answered it at once)."""
         item = QueuedItem(f"{request.index:09d}", "", request.prompt_tokens, request.arrival_s)
         entry = (priority_key(item, 0.0, self.cost, self.placement), item.arrived_s, item.request_id, request)
+        if not self._admits(request, entry[0]):
+            request.refused = True
+            return False
         bisect.insort(self._queue, entry)
         self._arrived.append(entry)
+        return True
 
     def dispatch(self) -> list[tuple[SimRequest, Path]]:
         """The pump: the requests the router sends now, in queue order, each with its path."""
@@ -170,17 +191,38 @@ class SimRouter:
         self.running_decodes[decode_id(request.decode_instance)] -= 1
         self._changed = True
 
-    def views(self) -> list[WorkerView]:
-        """Every instance as the placement sees it (as `LiveView.views` builds them)."""
-        views = [WorkerView(worker, "prefill", self._accepts_local, self.queued_prefill_tokens[worker], 0,
+    def views(self, extra_queued_tokens: int = 0, extra_queued_prompts: int = 0) -> list[WorkerView]:
+        """Every instance as the placement sees it (as `LiveView.views` builds them), with
+        `extra_queued_tokens` in `extra_queued_prompts` prompts added to every instance's queue."""
+        tokens, prompts = self.queued_prefill_tokens, self.queued_prefill_prompts
+        views = [WorkerView(worker, "prefill", self._accepts_local, tokens[worker] + extra_queued_tokens, 0,
                             UNMODELLED_KV_BLOCKS, self._block_size,
-                            queued_prefill_prompts=self.queued_prefill_prompts[worker])
+                            queued_prefill_prompts=prompts[worker] + extra_queued_prompts)
                  for worker in self._prefill_ids]
-        views += [WorkerView(worker, "decode", self._accepts_local, self.queued_prefill_tokens[worker],
+        views += [WorkerView(worker, "decode", self._accepts_local, tokens[worker] + extra_queued_tokens,
                              self.running_decodes[worker], max(0, instance.kv_blocks_free()), self._block_size,
-                             queued_prefill_prompts=self.queued_prefill_prompts[worker])
+                             queued_prefill_prompts=prompts[worker] + extra_queued_prompts)
                   for worker, instance in self._decode_side.items()]
         return views
+
+    def _admits(self, request: SimRequest, key: float) -> bool:
+        """`Scheduler.check`: admission's verdict on `request` (whose `priority_key` at now 0 is
+        `key`) with the router's queue ahead of it; True without an SLO judged."""
+        judge_ttft, judge_tpot = self._judge
+        if not (judge_ttft or judge_tpot):
+            return True
+        view = self._request_view(request)
+        shared = queue_share(*self._queued_ahead(key), self._computing_workers)
+        ranked = evaluate(view, self.views(*shared), self.cost, self.placement)
+        verdict = admit(ranked[0].prediction if ranked else None, view, self.placement, Scale(),
+                        judge_ttft=judge_ttft, judge_tpot=judge_tpot)
+        return isinstance(verdict, Admit)
+
+    def _queued_ahead(self, key: float) -> tuple[int, int]:
+        """`Scheduler._queued_ahead`: (prompt tokens, prompts) waiting in the router's queue that go
+        before a newcomer of priority key `key` (their key is at most its own, both at now 0)."""
+        ahead = [entry[-1].prompt_tokens for entry in takewhile(lambda entry: entry[0] <= key, self._queue)]
+        return sum(ahead), len(ahead)
 
     def _openings(self, views: list[WorkerView]) -> _Openings:
         by_id = {view.worker_id: view for view in views}

@@ -10,13 +10,14 @@ class SimRequest:
 
     Invariant at the end of a run: arrival_s <= prefill_start_s <= first_token_s <=
     transfer_start_s <= transfer_end_s <= first_decode_token_s <= finish_s (colocated and
-    single-token requests have no transfer: those two equal first_token_s).
+    single-token requests have no transfer: those two equal first_token_s); or, for a request the
+    router refused at arrival (`refused`), every time but arrival_s is None and no instance has it.
     """
 
     __slots__ = ("index", "arrival_s", "prompt_tokens", "output_tokens", "prefilled_tokens", "blocks",
                  "prefill_start_s", "first_token_s", "transfer_start_s", "transfer_end_s",
                  "first_decode_token_s", "finish_s", "prefill_instance", "decode_instance", "join_step",
-                 "join_context")
+                 "join_context", "refused")
 
     def __init__(self, index: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:
         self.index = index
@@ -35,6 +36,7 @@ class SimRequest:
         self.decode_instance: int | None = None
         self.join_step = 0
         self.join_context = 0
+        self.refused = False  # the router's admission refused it at arrival: it never ran, every time stays None
 
 
 class DecodeBatch:

@@ -39,6 +39,15 @@ def overtake_window_s(item: QueuedItem, cost: CostModel, config: PlacementConfig
             + cost.prefill_s(item.num_prompt_tokens) - cost.prefill_s(1))
 
 
+def queue_share(queued_tokens: int, queued_prompts: int, workers: int) -> tuple[int, int]:
+    """One worker's share of the router's queue ahead of a request, (prompt tokens, prompts), when
+    it is spread evenly over `workers` computing workers (at least one): what admission adds to
+    each worker's own queue. Every prompt of a share keeps >= 1 token (`WorkerView`'s invariant)."""
+    workers = max(1, workers)
+    tokens = queued_tokens // workers
+    return tokens, min(-(-queued_prompts // workers), tokens)
+
+
 class DispatchQueue:
     """Requests admitted but not yet sent, in `priority_key` order. A plain list: the queue is
     short (the gate holds only what the workers cannot take yet) and each pop is O(n).

@@ -2,7 +2,7 @@
 
 import pytest
 
-from router.policies.ordering import DispatchQueue, QueuedItem, overtake_window_s, priority_key
+from router.policies.ordering import DispatchQueue, QueuedItem, overtake_window_s, priority_key, queue_share
 from router.policies.placement import CostModel, PlacementConfig
 
 # 1/1024 s per token (exact in binary): a 1024-token prompt costs 1 s, so keys are exact
@@ -83,3 +83,11 @@ def test_a_request_cannot_be_queued_twice():
     queue = _queue(QueuedItem("a", "", 100, 0.0))
     with pytest.raises(ValueError, match="request a is already queued"):
         queue.push(QueuedItem("a", "", 50, 1.0))
+
+
+def test_the_queue_ahead_is_shared_evenly_and_each_share_prompt_keeps_a_token():
+    assert queue_share(3000, 3, 2) == (1500, 2)   # a share counts a split prompt as one of its own
+    assert queue_share(1000, 1, 0) == (1000, 1)   # no computing worker: all of it on the one asked about
+    assert queue_share(3, 3, 4) == (0, 0)         # under a token each: nothing queued
+    assert queue_share(5, 4, 2) == (2, 2)
+    assert queue_share(0, 0, 3) == (0, 0)
