@@ -17,7 +17,9 @@ to an actuator. The steps, each named in `Decision.reasons` when it changes some
    the plan at the predicted rate plus `scale_down_headroom` (hysteresis: no flapping at a
    boundary);
 3. reactive guard: a pool whose observed p90 breaks its SLO grows by one and never shrinks,
-   whatever the model says (the model can be wrong; observations win);
+   whatever the model says (the model can be wrong; observations win), once the window holds
+   `min_requests_for_guard` finished requests (the p90 of three requests is their slowest: one
+   slow request at a trickle is not an SLO breach);
 3b. a pool with replicas still starting (`ready` below `current`) holds its size: what was
    observed predates them, so growing again would add replicas for load they will absorb, and
    shrinking would judge the new size by latencies measured without it;
@@ -64,6 +66,7 @@ class ObservedLoad:
     seconds_since_last_scale: float
     rate_history_rps: tuple[float, ...] = ()  # earlier intervals, oldest first
     ready: PoolSizes | None = None  # replicas serving now (None: unknown, taken as all of `current`)
+    num_finished: int | None = None  # requests behind the p90s (None: unknown, taken as enough)
 
     def __post_init__(self) -> None:
         if self.arrival_rate_rps < 0 or any(r < 0 for r in self.rate_history_rps):
@@ -87,6 +90,7 @@ class PlannerConfig:
     window: int = 3  # intervals the predictor looks at (including the current one)
     min_correction: float = 0.5  # bounds on observed / modelled latency (step 1b)
     max_correction: float = 10.0
+    min_requests_for_guard: int = 10  # finished requests in the window before the guard trusts a p90
 
     def __post_init__(self) -> None:
         if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0):
@@ -105,6 +109,8 @@ class PlannerConfig:
         if not 0 < self.min_correction <= 1 <= self.max_correction:
             raise ValueError(f"need 0 < min_correction <= 1 <= max_correction, got {self.min_correction}, "
                              f"{self.max_correction}")
+        if self.min_requests_for_guard < 1:
+            raise ValueError(f"min_requests_for_guard must be >= 1 request, got {self.min_requests_for_guard}")
         if self.predictor not in ("last", "moving_average", "trend") or self.window < 1:
             raise ValueError(f"predictor must be last|moving_average|trend and window >= 1, got "
                              f"{self.predictor!r}, {self.window}")
@@ -214,6 +220,10 @@ def _reactive(state: ObservedLoad, config: PlannerConfig, wanted: dict[Role, int
     for role, observed, slo, name in checks:
         current = state.current.of(role)
         if observed is not None and observed > slo and out[role] <= current:
+            if state.num_finished is not None and state.num_finished < config.min_requests_for_guard:
+                reasons.append(f"{role}: observed p90 {name} {observed:.3g}s > SLO {slo:.3g}s over only "
+                               f"{state.num_finished} request(s) (< {config.min_requests_for_guard}): not acted on")
+                continue
             out[role] = current + 1
             reasons.append(f"{role}: observed p90 {name} {observed:.3g}s > SLO {slo:.3g}s: +1")
     return out

@@ -99,4 +99,4 @@ def observed_load(live: LiveLoad, current: PoolSizes, ready: PoolSizes, seconds_
     return ObservedLoad(arrival_rate_rps=live.arrival_rate_rps, mean_prompt_tokens=prompt, mean_output_tokens=output,
                         ttft_p90_s=live.ttft_p90_s, tpot_p90_s=live.tpot_p90_s, current=current,
                         seconds_since_last_scale=seconds_since_last_scale, rate_history_rps=rate_history_rps,
-                        ready=ready)
+                        ready=ready, num_finished=live.num_finished)

@@ -35,10 +35,12 @@ CONFIG = PlannerConfig(ttft_slo_s=1.0, tpot_slo_s=0.1, min_sizes=PoolSizes(1, 1)
 
 
 def state(rate: float, current: tuple[int, int], since_s: float = 300.0, ttft_p90_s: float | None = 0.5,
-          tpot_p90_s: float | None = 0.05, ready: tuple[int, int] | None = None) -> ObservedLoad:
+          tpot_p90_s: float | None = 0.05, ready: tuple[int, int] | None = None,
+          num_finished: int | None = None) -> ObservedLoad:
     return ObservedLoad(arrival_rate_rps=rate, mean_prompt_tokens=512, mean_output_tokens=128,
                         ttft_p90_s=ttft_p90_s, tpot_p90_s=tpot_p90_s, current=PoolSizes(*current),
-                        seconds_since_last_scale=since_s, ready=PoolSizes(*ready) if ready else None)
+                        seconds_since_last_scale=since_s, ready=PoolSizes(*ready) if ready else None,
+                        num_finished=num_finished)
 
 
 CASES = [
@@ -61,6 +63,12 @@ CASES = [
      "observed p90 TPOT 0.15s > SLO 0.1s"),
     ("observed TTFT over the SLO turns a prefill shrink into growth", state(1.0, (3, 4), ttft_p90_s=1.5), {}, (4, 3),
      "observed p90 TTFT 1.5s > SLO 1s"),
+    ("the guard acts on a p90 of enough requests", state(4.0, (2, 2), tpot_p90_s=0.15, num_finished=10), {}, (2, 3),
+     "observed p90 TPOT 0.15s > SLO 0.1s: +1"),
+    ("the p90 of a few requests is their slowest: not acted on", state(4.0, (2, 2), tpot_p90_s=0.15, num_finished=3),
+     {}, (2, 2), "over only 3 request(s) (< 10): not acted on"),
+    ("the bar on the guard is configuration", state(4.0, (2, 2), tpot_p90_s=0.15, num_finished=3),
+     {"min_requests_for_guard": 3}, (2, 3), "observed p90 TPOT 0.15s > SLO 0.1s: +1"),
     ("no traffic goes toward the minimum", state(0.0, (3, 3), ttft_p90_s=None, tpot_p90_s=None), {}, (2, 2),
      "no traffic predicted"),
     ("an infeasible load goes toward the maximum", state(100.0, (2, 2)), {}, (4, 4), "maximum sizes"),

@@ -43,3 +43,4 @@ def test_observed_load_falls_back_to_the_last_lengths_when_nothing_finished():
     live = merge_loads([summary("a", 5, 2.0, 80.0, 40.0, 0.1, 0.01)])
     observed = observed_load(live, PoolSizes(1, 1), PoolSizes(1, 1), 12.0, (), (256.0, 64.0))
     assert (observed.mean_prompt_tokens, observed.mean_output_tokens) == pytest.approx((80.0, 40.0))
+    assert observed.num_finished == 5   # what the guard weighs its p90s by
