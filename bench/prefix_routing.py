@@ -11,7 +11,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import grpc
 
 from launch.commands import ClusterSpec
 from launch.local import LocalCluster
@@ -108,7 +107,7 @@ def _start(policy: str, args, model: Path, config_dir: Path) -> LocalCluster:
 
 
 def _load(cluster: LocalCluster, worker_id: str) -> worker_pb2.Load:
-    with grpc.insecure_channel(cluster.worker_address(worker_id)) as channel:
+    with cluster.worker_channel(worker_id) as channel:
         return worker_pb2_grpc.WorkerStub(channel).GetLoad(worker_pb2.GetLoadRequest(), timeout=5)
 
 

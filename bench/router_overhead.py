@@ -51,7 +51,7 @@ def measure(model: Path, num_pairs: int, prompt_tokens: int, warmup: int) -> dic
     with LocalCluster(spec) as cluster:  # up: its router routes to both workers
         prefill_id = cluster.worker_ids("prefill")[0]
         with grpc.insecure_channel(cluster.grpc_target) as router_channel, \
-                grpc.insecure_channel(cluster.worker_address(prefill_id)) as worker_channel:
+                cluster.worker_channel(prefill_id) as worker_channel:
             router = generation_pb2_grpc.GenerationStub(router_channel)
             worker = worker_pb2_grpc.WorkerStub(worker_channel)
 

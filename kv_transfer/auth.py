@@ -248,10 +248,18 @@ def load_secret(path: str | os.PathLike) -> bytes:
     if len(secret) < MIN_SECRET_BYTES:
         raise SecretFileError(f"the cluster secret file {path} holds {len(secret)} bytes, fewer than "
                               f"{MIN_SECRET_BYTES}: write at least 16 random bytes (e.g. 64 hex digits) into it")
-    if stat.S_IMODE(info.st_mode) & 0o077:
+    if readable_by_others(info):
         logger.warning("the cluster secret file %s may be read by other users (mode %o): chmod 600 it",
                        path, stat.S_IMODE(info.st_mode))
     return secret
+
+
+def readable_by_others(info: os.stat_result) -> bool:
+    """May users other than this process's read a file with `info`? Group read counts unless the
+    group is this process's own (a Kubernetes Secret volume: 0440, group fsGroup = the pod's group)."""
+    mode = stat.S_IMODE(info.st_mode)
+    own_group = info.st_gid == os.getgid() or info.st_gid in os.getgroups()
+    return bool(mode & 0o007) or bool(mode & 0o070 and not own_group)
 
 
 def create_secret_file(path: str | os.PathLike) -> Path:
@@ -300,4 +308,4 @@ def warn_if_unauthenticated(credentials: Credentials, side: str) -> None:
 __all__ = ["AUTH_TIMEOUT_S", "AuthFailed", "Credentials", "MAX_PREAUTH_MESSAGE_BYTES", "Peer", "SECRET_FILE_ENV",
            "SecretFileError", "Transcript", "authenticate_consumer", "authenticate_to_producer", "authorize",
            "create_secret_file", "introduction", "load_secret", "process_credentials", "proof", "proof_matches",
-           "refuse", "set_process_credentials", "warn_if_unauthenticated"]
+           "readable_by_others", "refuse", "set_process_credentials", "warn_if_unauthenticated"]

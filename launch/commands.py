@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kv_transfer.transports.base import TransportName
 from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings
+from pdserve.redis_auth import has_password
 from pdserve.roles import Role, Topology, check_topology
 
 CLI_MODULE = "cli.main"
@@ -41,12 +42,13 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         check_topology(self.topology, self.num_prefill)
 
-    def router_argv(self, redis_url: str) -> list[str]:
-        return ["router", "--model", self.engine.model, "--redis-url", redis_url, "--cluster", self.cluster,
-                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port),
+    def router_argv(self, redis_url: str, cluster_secret_file: str = "", redis_password_file: str = "") -> list[str]:
+        """`pdserve router` arguments; the two files as `worker_argv` takes them."""
+        return ["router", "--model", self.engine.model, "--redis-url", _no_password(redis_url), "--cluster",
+                self.cluster, "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port),
                 "--max-model-len", str(self.engine.max_model_len),
                 "--local-prefill-max-tokens", str(self.local_prefill_max_tokens), "--topology", self.topology,
-                *self.router_flags]
+                *credential_argv(cluster_secret_file, redis_password_file), *self.router_flags]
 
     def cores_of(self, role: Role, index: int, count: int) -> str:
         """Worker `index` of `count` in a role's pool: its share of the role's cores, split evenly
@@ -61,22 +63,38 @@ class ClusterSpec:
         return ",".join(str(core) for core in cores[start:start + size + (index < extra)])
 
     def worker_argv(self, role: Role, worker_id: str, redis_url: str, cpu_cores: str | None = None,
-                    cluster_secret_file: str = "") -> list[str]:
+                    cluster_secret_file: str = "", redis_password_file: str = "") -> list[str]:
         """`pdserve worker` arguments; `cpu_cores` overrides the role's cores of the spec."""
         return worker_argv(role=role, worker_id=worker_id, redis_url=redis_url, cluster=self.cluster,
                            transport=self.transport, lease_s=self.lease_s, ttl_s=self.ttl_s, engine=self.engine,
                            cpu_cores=self.cpu_cores.get(role, "") if cpu_cores is None else cpu_cores,
-                           cluster_secret_file=cluster_secret_file)
+                           cluster_secret_file=cluster_secret_file, redis_password_file=redis_password_file)
 
 
 def worker_argv(*, role: Role, worker_id: str, redis_url: str, cluster: str, transport: str, cpu_cores: str,
-                lease_s: float, ttl_s: float, engine: EngineSettings, cluster_secret_file: str = "") -> list[str]:
-    """`cluster_secret_file`: the path of the KV plane's secret (a path: the secret itself never goes
-    on a command line); "" starts the worker without one (its KV plane unauthenticated, warned)."""
-    secret = ["--cluster-secret-file", cluster_secret_file] if cluster_secret_file else []
-    return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", redis_url, "--cluster", cluster,
-            "--transport", transport, "--cpu-cores", cpu_cores, "--lease-s", str(lease_s), "--ttl-s", str(ttl_s),
-            *secret, *engine_option_argv(engine)]
+                lease_s: float, ttl_s: float, engine: EngineSettings, cluster_secret_file: str = "",
+                redis_password_file: str = "") -> list[str]:
+    """`pdserve worker` arguments; the credentials as `credential_argv` passes them."""
+    return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", _no_password(redis_url),
+            "--cluster", cluster, "--transport", transport, "--cpu-cores", cpu_cores, "--lease-s", str(lease_s),
+            "--ttl-s", str(ttl_s), *credential_argv(cluster_secret_file, redis_password_file),
+            *engine_option_argv(engine)]
+
+
+def credential_argv(cluster_secret_file: str = "", redis_password_file: str = "") -> list[str]:
+    """The flags naming the cluster's credential files: paths only, the secrets never go on a
+    command line. `cluster_secret_file` authenticates worker gRPC and the KV plane, the password
+    file Redis; "" leaves that part unauthenticated (the process warns)."""
+    return ([*(["--cluster-secret-file", cluster_secret_file] if cluster_secret_file else []),
+             *(["--redis-password-file", redis_password_file] if redis_password_file else [])])
+
+
+def _no_password(redis_url: str) -> str:
+    """`redis_url`, refused if it holds a password: a child's command line is readable by every user."""
+    if has_password(redis_url):
+        raise ValueError("a Redis URL on a command line must not hold a password: pass the URL without it and "
+                         "the password in a file (--redis-password-file)")
+    return redis_url
 
 
 def engine_option_argv(settings: EngineSettings) -> list[str]:
@@ -96,9 +114,18 @@ def pdserve_argv(args: list[str] | tuple[str, ...]) -> list[str]:
     return [sys.executable, "-m", CLI_MODULE, *args]
 
 
-def redis_argv(binary: str, host: str, port: int, workdir: str, protected: bool = True) -> list[str]:
-    """redis-server as the registry needs it: no persistence, in the foreground. `protected=False`
-    lets other nodes connect without a password (a Ray cluster's Redis)."""
-    argv = [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no", "--dir", workdir,
-            "--daemonize", "no", "--loglevel", "warning"]
+def redis_argv(binary: str, host: str, port: int, workdir: str, protected: bool = True, config_file: str = "") -> list[str]:
+    """redis-server as the registry needs it: no persistence, in the foreground. `config_file`: a
+    0600 file holding `requirepass` (`redis_config_text`), so the password is never on the command
+    line. `protected=False` lets other nodes connect without a password: never needed with one."""
+    argv = [binary, *([config_file] if config_file else []), "--port", str(port), "--bind", host, "--save", "",
+            "--appendonly", "no", "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"]
     return argv + ([] if protected else ["--protected-mode", "no"])
+
+
+def redis_config_text(password: str) -> str:
+    """The redis.conf lines that make clients authenticate with `password` (AUTH, or a URL with it)."""
+    if not password or any(not 0x21 <= ord(c) <= 0x7e or c in "\"'\\" for c in password):
+        raise ValueError("a Redis password for a redis-server pdserve starts is printable ASCII without spaces, "
+                         "quotes or backslashes (pdserve generates 64 hex digits)")
+    return f"requirepass {password}\n"

@@ -6,9 +6,12 @@ group, and it dies with this process, whichever thread started it); `add_worker`
 change the pools while the cluster runs (removal is SIGTERM to the worker process alone, as a
 container runtime sends it: the worker drains with its engine intact, then stops it).
 
-Every cluster gets its own KV-plane secret: `start` writes a fresh random one to `cluster-secret`
-(mode 0600) in the run directory (`log_dir`) and each worker it starts gets the file's path
-(`--cluster-secret-file`), so only this cluster's workers can pull or release its KV (SECURITY.md).
+Every cluster gets its own credentials: `start` writes a fresh random cluster secret to
+`cluster-secret` and a Redis password to `redis-password` (both mode 0600) in the run directory
+(`log_dir`), starts its Redis requiring the password, and gives every process the two paths
+(`--cluster-secret-file`, `--redis-password-file`; never the secrets themselves). So only this
+cluster's router can call its workers, only its workers can pull or release its KV, and only its
+processes can register in or read its Redis (SECURITY.md).
 
 Every worker serves Prometheus metrics (vLLM's `vllm:*` and pdserve's) on a port of its own,
 `metrics_urls[worker_id]`; the router serves its own at `{http_url}/metrics`. Not a supervisor: a
@@ -23,11 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from kv_transfer.auth import create_secret_file
+import grpc
+
+from kv_transfer.auth import create_secret_file, load_secret
 from launch.commands import ClusterSpec
 from launch.redis_server import RedisServer, start_redis
 from launch.supervisor import ChildProcess, pdserve_child
+from pdserve.redis_auth import create_password_file
 from pdserve.roles import Role
+from pdserve.rpc_auth_grpc import worker_channel
 from pdserve.worker.config import free_port
 
 __all__ = ["ClusterSpec", "LocalCluster"]
@@ -45,7 +52,8 @@ class LocalCluster:
         self._ids = itertools.count()
         self.grpc_target = ""
         self.http_url = ""
-        self.secret_file = self.log_dir / "cluster-secret"   # written by `start`: the KV plane's secret
+        self.secret_file = self.log_dir / "cluster-secret"   # written by `start`: worker gRPC's and the KV plane's
+        self.redis_password_file = self.log_dir / "redis-password"   # written by `start`
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self, timeout_s: float = 240.0) -> "LocalCluster":
@@ -55,8 +63,10 @@ class LocalCluster:
         try:
             deadline = time.monotonic() + timeout_s
             create_secret_file(self.secret_file)
-            self.redis = start_redis()
-            self.router = self._spawn("router", self.spec.router_argv(self.redis.url))
+            create_password_file(self.redis_password_file)
+            self.redis = start_redis(password_file=self.redis_password_file)
+            self.router = self._spawn("router", self.spec.router_argv(self.redis.url, str(self.secret_file),
+                                                                      str(self.redis_password_file)))
             for role, count in (("prefill", self.spec.num_prefill), ("decode", self.spec.num_decode)):
                 for index in range(count):
                     self.add_worker(role, wait=False, cpu_cores=self.spec.cores_of(role, index, count))
@@ -88,7 +98,8 @@ class LocalCluster:
     def add_worker(self, role: Role, wait: bool = True, timeout_s: float = 240.0, cpu_cores: str | None = None) -> str:
         """Starts one more worker of `role` on `cpu_cores` (default: the role's cores)."""
         worker_id = f"{role}-{next(self._ids)}"
-        argv = self.spec.worker_argv(role, worker_id, self.redis.url, cpu_cores, str(self.secret_file))
+        argv = self.spec.worker_argv(role, worker_id, self.redis.url, cpu_cores, str(self.secret_file),
+                                     str(self.redis_password_file))
         metrics_port = free_port("127.0.0.1")
         process = self._spawn(worker_id, [*argv, "--metrics-port", str(metrics_port)])
         self.workers[worker_id] = process
@@ -111,6 +122,10 @@ class LocalCluster:
     def worker_address(self, worker_id: str) -> str:
         """The address a ready worker serves on (TimeoutError if it is not ready)."""
         return self.workers[worker_id].wait_ready(0)
+
+    def worker_channel(self, worker_id: str) -> grpc.Channel:
+        """A synchronous gRPC channel to a ready worker whose calls prove the cluster secret."""
+        return worker_channel(self.worker_address(worker_id), load_secret(self.secret_file))
 
     # ---- processes -----------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> ChildProcess:

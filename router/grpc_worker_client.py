@@ -1,6 +1,9 @@
 """`WorkerClient` over gRPC: the router's only user of `pdserve.v1.worker_pb2`/`worker_pb2_grpc`.
 
 One instance per worker address, owning one channel that every request to that worker reuses.
+With the cluster secret, every call carries a fresh proof of it (`pdserve.rpc_auth`), made for
+`address`, which is the worker's advertised gRPC address; without one, calls go unsigned (warned
+once) and a worker that has a secret refuses them (UNAUTHENTICATED).
 Every `grpc.aio.AioRpcError` becomes `router.worker_client.WorkerError` with the same status code;
 a prefill reply whose KV handle is malformed is the worker's fault (INTERNAL).
 """
@@ -12,6 +15,7 @@ from typing import AsyncIterator
 import grpc
 
 from pdserve.errors import InvalidRequest
+from pdserve.rpc_auth_grpc import client_interceptors
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 from pdserve.worker_api import DecodeChunk, DecodeRequest, PrefillRequest, PrefillResult
 from pdserve.worker_proto import (decode_chunk_from_proto, decode_request_to_proto, prefill_request_to_proto,
@@ -22,10 +26,10 @@ RELEASE_TIMEOUT_S = 5.0
 
 
 class GrpcWorkerClient:
-    def __init__(self, address: str, release_timeout_s: float = RELEASE_TIMEOUT_S):
+    def __init__(self, address: str, release_timeout_s: float = RELEASE_TIMEOUT_S, secret: bytes | None = None):
         self.address = address
         self.release_timeout_s = release_timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address, interceptors=client_interceptors(secret, address))
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def prefill(self, request: PrefillRequest, timeout_s: float) -> PrefillResult:

@@ -6,16 +6,18 @@ import asyncio
 import logging
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import uvicorn
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from kv_transfer.auth import load_secret
 from pdserve.registry import Registry
 from pdserve.v1 import generation_pb2_grpc
 from router.grpc_api import GenerationService
+from router.grpc_worker_client import GrpcWorkerClient
 from router.http_api import create_app
 from router.lifecycle import Lifecycle, RouterConfig
 from router.live_stats import start_load_publisher
@@ -28,13 +30,14 @@ logger = logging.getLogger("pdserve.router")
 @dataclass(frozen=True)
 class RouterProcessConfig:
     model: str
-    redis_url: str
+    redis_url: str = field(repr=False)   # may hold the Redis password (the entry point puts it there)
     cluster: str = "default"
     host: str = "127.0.0.1"
     grpc_port: int = 50051
     http_port: int = 8000
     router: RouterConfig = RouterConfig(max_model_len=2048)
     drain_timeout_s: float = 30.0   # SIGTERM -> streams in flight may run this long, then are cancelled
+    cluster_secret_file: str = ""   # proves the router to the workers (pdserve.rpc_auth); "" = unsigned calls
 
     def __post_init__(self) -> None:
         if self.drain_timeout_s < 0:
@@ -43,8 +46,9 @@ class RouterProcessConfig:
 
 async def run_router(config: RouterProcessConfig, ready_file: str | None = None) -> None:
     model_name = os.path.basename(os.path.normpath(config.model))
+    secret = load_secret(config.cluster_secret_file) if config.cluster_secret_file else None
     registry = Registry(config.redis_url, config.cluster)
-    pool = WorkerPool(registry)
+    pool = WorkerPool(registry, connect=lambda address: GrpcWorkerClient(address, secret=secret))
     await pool.start()
     lifecycle = Lifecycle(config.router, pool, RouterTokenizer(config.model))
     load_publisher = start_load_publisher(config.redis_url, config.cluster, lambda: lifecycle.inflight)

@@ -11,7 +11,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import grpc
 import pytest
 
 from pdserve.engine import EngineSettings, native_dtype
@@ -78,7 +77,7 @@ def wait_for_workers(cluster: LocalCluster, count: int, timeout_s: float = 30.0)
 
 
 def worker_load(cluster: LocalCluster, worker_id: str) -> worker_pb2.Load:
-    with grpc.insecure_channel(cluster.worker_address(worker_id)) as channel:
+    with cluster.worker_channel(worker_id) as channel:
         return worker_pb2_grpc.WorkerStub(channel).GetLoad(worker_pb2.GetLoadRequest(), timeout=5)
 
 

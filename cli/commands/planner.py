@@ -7,6 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
+from cli.commands.credential_options import add_cluster_secret_option, add_redis_password_option, redis_connection_url
 from cli.commands.engine_options import add_engine_options
 from planner.model_error import ErrorConfig
 
@@ -51,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "and its model's predicted vs observed latency (needs only --redis-url and --cluster)")
     p.add_argument("--redis-url", required=True, help="the cluster's Redis, e.g. redis://127.0.0.1:6379/0")
     p.add_argument("--cluster", default="default", help="cluster name: the Redis key prefix (default default)")
+    add_redis_password_option(p)
     g = p.add_argument_group("model and SLOs")
     g.add_argument("--profile", type=Path, help="profile from `pdserve profile` (default: the example profile)")
     g.add_argument("--transport", help="KV transport to simulate (default: the profile's first)")
@@ -101,9 +103,8 @@ def _add_local_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill-cores", default="", help="core sets new prefill workers rotate over, e.g. 0 or 0,1")
     g.add_argument("--decode-cores", default="", help="core sets new decode workers rotate over, e.g. 1,0")
     g.add_argument("--worker-log-dir", default="", help="where new workers' logs go (default: a temp dir)")
-    g.add_argument("--cluster-secret-file", default=os.environ.get("PDSERVE_CLUSTER_SECRET_FILE", ""),
-                   help="the cluster's KV-plane secret file, given to the workers it starts (`pdserve up` writes "
-                        "<log dir>/cluster-secret; default $PDSERVE_CLUSTER_SECRET_FILE)")
+    add_cluster_secret_option(g, "is given to the workers it starts (they serve only routers proving it and "
+                                 "authenticate KV transfers with it)")
     add_engine_options(p, model_required=False,
                        title="local actuator: the engine new workers run (must match the cluster's; --model needed)")
 
@@ -149,7 +150,8 @@ def _actuator(args: argparse.Namespace, unmanaged):
     cores = {role: tuple(c for c in getattr(args, f"{role}_cores").split(",") if c) for role in ("prefill", "decode")}
     processes = WorkerProcesses(WorkerLaunchSpec(
         redis_url=args.redis_url, cluster=args.cluster, engine=engine_settings(args), transport=args.worker_transport,
-        cpu_cores=cores, log_dir=args.worker_log_dir, cluster_secret_file=args.cluster_secret_file))
+        cpu_cores=cores, log_dir=args.worker_log_dir, cluster_secret_file=args.cluster_secret_file,
+        redis_password_file=args.redis_password_file))
     return LocalActuator(processes, unmanaged), processes.stop_all
 
 
@@ -177,7 +179,7 @@ def _status(args: argparse.Namespace) -> int:
     from planner.status import status_lines
 
     try:
-        with redis.Redis.from_url(args.redis_url) as client:
+        with redis.Redis.from_url(redis_connection_url(args, "planner status")) as client:
             raw = client.get(planner_decision_key(args.cluster))
     except (redis.RedisError, OSError, ValueError) as error:
         raise SystemExit(f"pdserve planner status: cannot read {args.redis_url}: {error}") from error
@@ -205,7 +207,8 @@ async def _main(args: argparse.Namespace) -> int:
 
     console = Console()
     model_error = ErrorConfig(max_error=args.max_model_error)
-    registry = Registry(args.redis_url, args.cluster)
+    redis_url = redis_connection_url(args, "planner")
+    registry = Registry(redis_url, args.cluster)
     unmanaged = ready_sizes(await registry.workers()) if args.actuator == "local" else PoolSizes(0, 0)
     await registry.close()
     minimum = PoolSizes(max(args.min_prefill, unmanaged.prefill), max(args.min_decode, unmanaged.decode))
@@ -223,7 +226,7 @@ async def _main(args: argparse.Namespace) -> int:
     settings = LoopSettings(args.cluster, args.interval_s, dry_run=args.dry_run, model_error=model_error)
     if args.metrics_port:
         start_metrics_server(args.metrics_host, args.metrics_port)
-    loop = PlannerLoop.connect(args.redis_url, settings, config, oracle, actuator)
+    loop = PlannerLoop.connect(redis_url, settings, config, oracle, actuator)
     console.print(f"planner: cluster {args.cluster}, {args.actuator} actuator, bounds {config.min_sizes} .. "
                   f"{config.max_sizes}, every {args.interval_s:g} s (workers already running: {unmanaged})")
     stop = asyncio.Event()

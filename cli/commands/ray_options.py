@@ -29,7 +29,10 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cluster", default="default",
                        help="name of this pdserve cluster: its Ray namespace (pdserve-NAME) and Redis key prefix")
     group.add_argument("--redis-url", default="",
-                       help="an existing Redis for the registry (default: redis-server in a Ray actor)")
+                       help="an existing Redis for the registry (default: redis-server in a Ray actor, with a "
+                            "password pdserve generates)")
+    group.add_argument("--redis-password-file", default="",
+                       help="with --redis-url: a file holding that Redis's password (keep it out of the URL)")
     group.add_argument("--router-cpus", type=float, default=1.0, help="CPUs Ray reserves for the router")
     group.add_argument("--worker-cpus", type=float, default=1.0,
                        help="CPUs Ray reserves for each worker of both pools (default for the two below)")
@@ -61,8 +64,11 @@ def ray_cluster_spec(args: argparse.Namespace):
     pools = {role: RoleResources(num_cpus=_or(getattr(args, f"{role}_cpus"), args.worker_cpus),
                                  num_gpus=_or(getattr(args, f"{role}_gpus"), args.gpus_per_worker))
              for role in ("prefill", "decode")}
+    from pdserve.redis_auth import load_password
+
+    password = load_password(args.redis_password_file) if args.redis_password_file else ""
     return RayClusterSpec(cluster=base, address=args.ray, auth_token_file=args.ray_auth_token_file,
-                          redis_url=args.redis_url, router=RoleResources(num_cpus=args.router_cpus),
+                          redis_url=args.redis_url, redis_password=password, router=RoleResources(num_cpus=args.router_cpus),
                           prefill=pools["prefill"], decode=pools["decode"], max_restarts=args.max_restarts)
 
 

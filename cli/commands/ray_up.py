@@ -38,7 +38,8 @@ def run_on_ray(args: argparse.Namespace) -> int:
                       f"{spec.cluster.num_decode} decode, {args.transport}; Ray namespace {spec.namespace})")
         console.print(f"  gRPC   {cluster.grpc_target}   (pdserve.client.Client)")
         console.print(f"  HTTP   {cluster.http_url}/v1/completions   (OpenAI-compatible)")
-        console.print(f"  redis  {cluster.redis_url}")
+        for line in _credential_lines(cluster, spec.cluster.log_dir):
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
         console.print("  members (actor: status, address; log file on its node):")
         for member in cluster.members():
             console.print(f"    {member.member_id:<10} {member.status:<8} {member.address}", soft_wrap=True)
@@ -51,6 +52,27 @@ def run_on_ray(args: argparse.Namespace) -> int:
         with console.status("draining and stopping the Ray actors..."):
             cluster.stop()
     return 0
+
+
+def _credential_lines(cluster, log_dir: str) -> list[str]:
+    """Writes the cluster's credentials to 0600 files on this host (for processes started by hand and
+    `pdserve planner`) and says where they are and where Redis is."""
+    import tempfile
+    from pathlib import Path
+
+    from launch.credentials import write_private_file
+
+    credentials = cluster.credentials
+    if credentials is None:
+        return [f"  redis  {cluster.redis_url}"]
+    folder = Path(log_dir or tempfile.mkdtemp(prefix="pdserve-ray-credentials-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    secret = write_private_file(folder / "cluster-secret", credentials.cluster_secret + "\n")
+    lines = [f"  secret {secret}   (the cluster secret: --cluster-secret-file of anything you add)"]
+    if credentials.redis_password:
+        password = write_private_file(folder / "redis-password", credentials.redis_password + "\n")
+        return [f"  redis  {cluster.redis_url}   (password in {password})", *lines]
+    return [f"  redis  {cluster.redis_url}", *lines]
 
 
 def _root_cause(error: BaseException) -> BaseException:

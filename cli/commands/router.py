@@ -19,6 +19,7 @@ retry time).
 """
 
 
+from cli.commands.credential_options import add_cluster_secret_option, add_redis_password_option, redis_connection_url
 from cli.commands.placement_options import add_placement_options, scheduler_config
 
 
@@ -28,6 +29,8 @@ def register(subparsers) -> None:
     parser.add_argument("--model", required=True, help="the model directory (its tokenizer is used here)")
     parser.add_argument("--redis-url", required=True, help="the cluster's registry, e.g. redis://127.0.0.1:6379/0")
     parser.add_argument("--cluster", default="default", help="cluster name: the registry key prefix")
+    add_cluster_secret_option(parser, "the router proves on every call to a worker")
+    add_redis_password_option(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in containers)")
     parser.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: any free port)")
     parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (0: any free port)")
@@ -50,9 +53,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as bad:
         raise SystemExit(f"pdserve router: {bad}") from None
     router = RouterConfig(max_model_len=args.max_model_len, max_inflight=args.max_inflight, scheduler=scheduler)
-    config = RouterProcessConfig(model=args.model, redis_url=args.redis_url, cluster=args.cluster, host=args.host,
-                                 grpc_port=args.grpc_port, http_port=args.http_port, router=router,
-                                 drain_timeout_s=args.drain_timeout_s)
-    asyncio.run(run_router(config, ready_file=args.ready_file))
+    config = RouterProcessConfig(model=args.model, redis_url=redis_connection_url(args, "router"), cluster=args.cluster,
+                                 host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, router=router,
+                                 drain_timeout_s=args.drain_timeout_s, cluster_secret_file=args.cluster_secret_file)
+    from kv_transfer.auth import SecretFileError
+
+    try:
+        asyncio.run(run_router(config, ready_file=args.ready_file))
+    except SecretFileError as bad:
+        raise SystemExit(f"pdserve router: {bad}") from None
     return 0
 

@@ -12,7 +12,10 @@ from cli.commands.ray_options import add_ray_options
 HELP = """\
 Starts a whole pdserve cluster on this machine: a private redis-server on a free port, the router,
 and the prefill and decode workers as processes. Prints the endpoints, serves until Ctrl-C, then
-drains and stops everything. Logs go to --log-dir.
+drains and stops everything. Logs go to --log-dir, with the cluster's credentials, fresh for each
+start (mode 0600): cluster-secret (workers serve only a router proving it; KV transfers between
+workers are authenticated with it) and redis-password (the Redis requires it). A process you add
+by hand gets them as --cluster-secret-file and --redis-password-file (SECURITY.md).
 
   pdserve up --model models/tiny
   curl http://127.0.0.1:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 16}' \\
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  metrics {cluster.http_url}/metrics   (router; Prometheus text format)")
         for worker_id, url in cluster.metrics_urls.items():
             console.print(f"          {url}   ({worker_id}: vllm:* and pdserve_worker_*)")
-        console.print(f"  redis  {cluster.redis.url}")
+        console.print(f"  redis  {cluster.redis.url}   (password in {cluster.redis_password_file})")
+        console.print(f"  secret {cluster.secret_file}   (the cluster secret: routers and workers you add need it)")
         console.print(f"  logs   {cluster.log_dir}")
         console.print("Ctrl-C to stop.")
         stop.wait()

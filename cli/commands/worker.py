@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 
+from cli.commands.credential_options import add_cluster_secret_option, add_redis_password_option, redis_connection_url
 from cli.commands.engine_options import add_engine_options, engine_settings
 
 HELP = """\
@@ -43,10 +44,9 @@ def register(subparsers) -> None:
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM, how long to wait for in-flight requests and (prefill) KV pulls "
                              "before stopping the engine; keep it below the supervisor's kill timeout")
-    parser.add_argument("--cluster-secret-file", default=os.environ.get("PDSERVE_CLUSTER_SECRET_FILE", ""),
-                        help="file holding the cluster secret that authenticates KV transfers between workers "
-                             "(the path, never the secret; env PDSERVE_CLUSTER_SECRET_FILE; default: none, the KV "
-                             "plane is then unauthenticated and the worker warns)")
+    add_cluster_secret_option(parser, "routers must prove to call this worker and which authenticates KV transfers "
+                                      "between workers")
+    add_redis_password_option(parser)
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
     parser.add_argument("--ready-file", default=None, help="write the gRPC address here once serving")
     add_engine_options(parser)
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     extra = {"worker_id": args.worker_id} if args.worker_id else {}
     config = WorkerConfig(
-        role=args.role, engine=engine_settings(args, args.cpu_cores), redis_url=args.redis_url,
+        role=args.role, engine=engine_settings(args, args.cpu_cores), redis_url=redis_connection_url(args, "worker"),
         cluster=args.cluster, bind_host=args.host, advertise_host=args.advertise_host or args.host,
         grpc_port=args.grpc_port, kv_port=args.kv_port, transport=args.transport, lease_s=args.lease_s,
         heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, drain_timeout_s=args.drain_timeout_s,

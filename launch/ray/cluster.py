@@ -18,9 +18,11 @@ import time
 import ray
 from ray.exceptions import RayActorError
 
+from launch.credentials import ClusterCredentials
 from launch.ray.connect import RayClusterError, connect_ray
 from launch.ray.controller import ClusterController, Endpoints
 from launch.ray.scaling import ScalePlan
+from pdserve.redis_auth import url_with_password
 from pdserve.roles import Role
 from launch.ray.spec import MemberState, RayClusterSpec, namespace_for
 
@@ -104,7 +106,19 @@ class RayCluster:
 
     @property
     def redis_url(self) -> str:
+        """The registry, without its password (safe to print)."""
         return self._fresh_endpoints().redis_url
+
+    @property
+    def credentials(self) -> ClusterCredentials | None:
+        """The cluster secret and the Redis password the controller made for this cluster."""
+        return self._fresh_endpoints().credentials
+
+    @property
+    def redis_client_url(self) -> str:
+        """`redis_url` with the password in it, for this process's own connections."""
+        credentials = self.credentials
+        return url_with_password(self.redis_url, credentials.redis_password if credentials else None)
 
     # ---- pools (LocalCluster's names) --------------------------------------------------------------
     def add_worker(self, role: Role, wait: bool = True) -> str:

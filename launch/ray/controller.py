@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from launch.credentials import ClusterCredentials
 from launch.ray.member import MemberActor
 from launch.ray.scaling import ScalePlan, plan_scale, pool_sizes
 from pdserve.roles import Role
@@ -31,7 +32,8 @@ STATE_TIMEOUT_S = 2.0
 class Endpoints:
     grpc_target: str
     http_url: str
-    redis_url: str
+    redis_url: str                     # without the password, as every member's command line has it
+    credentials: ClusterCredentials | None = None   # the cluster's, for its owner and the planner
 
 
 @dataclass
@@ -49,23 +51,25 @@ class _ClusterController:
         self._ids = itertools.count()
         self._redis_url = spec.redis_url
         self._endpoints: Endpoints | None = None
+        # One per cluster, made here and handed to each member, which writes it to 0600 files on its node.
+        self._credentials = ClusterCredentials.generate(spec.redis_password if spec.redis_url else None)
 
     # ---- whole cluster ---------------------------------------------------------------------------
     def start(self) -> Endpoints:
         """Redis (unless given), the router and both pools; returns once all of them serve."""
         timeout_s = self.spec.ready_timeout_s
         if not self._redis_url:
-            redis = self._create("redis", Launch("redis", "redis", (), self.spec.cluster.log_dir))
+            redis = self._create("redis", Launch("redis", "redis", (), self.spec.cluster.log_dir, self._credentials))
             self._redis_url = self._wait(redis, timeout_s)
         router = self._create("router", Launch("router", "router", tuple(self.spec.cluster.router_argv(self._redis_url)),
-                                               self.spec.cluster.log_dir))
+                                               self.spec.cluster.log_dir, self._credentials))
         created = [self.add_member(role, wait=False) for role, count in
                    (("prefill", self.spec.cluster.num_prefill), ("decode", self.spec.cluster.num_decode))
                    for _ in range(count)]
         grpc_target, http_url = self._wait(router, timeout_s).split()
         for worker in created:
             self.wait_ready(worker, timeout_s)
-        self._endpoints = Endpoints(grpc_target, http_url, self._redis_url)
+        self._endpoints = Endpoints(grpc_target, http_url, self._redis_url, self._credentials)
         return self._endpoints
 
     def endpoints(self) -> Endpoints | None:
@@ -77,7 +81,7 @@ class _ClusterController:
         state = self._state_of("router", "router", router.state.remote(), STATE_TIMEOUT_S)
         if state.status == "ready":
             grpc_target, http_url = state.address.split()
-            self._endpoints = Endpoints(grpc_target, http_url, self._redis_url)
+            self._endpoints = Endpoints(grpc_target, http_url, self._redis_url, self._credentials)
         return self._endpoints
 
     def shutdown(self) -> None:
@@ -99,7 +103,7 @@ class _ClusterController:
             raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
         worker_id = member_id(role, next(self._ids))
         launch = Launch(worker_id, role, tuple(self.spec.cluster.worker_argv(role, worker_id, self._redis_url)),
-                        self.spec.cluster.log_dir)
+                        self.spec.cluster.log_dir, self._credentials)
         self._create(role, launch)
         if wait:
             self.wait_ready(worker_id, self.spec.ready_timeout_s)

@@ -27,6 +27,7 @@ from pathlib import Path
 import ray
 
 from launch.commands import redis_argv
+from launch.credentials import write_member_files, write_redis_config
 from launch.supervisor import ChildExited, ChildProcess, pdserve_child, tcp_probe
 from launch.ray.spec import Launch, MemberState
 from pdserve.roles import ROLES
@@ -48,7 +49,9 @@ class _MemberActor:
             return self._redis_child(folder)
         # bound to and advertised at the address Ray knows this node by (`ray start --node-ip-address`)
         advertise = ["--advertise-host", self.node_ip] if self.launch.kind in ROLES else []
-        return pdserve_child([*self.launch.pdserve_args, "--host", self.node_ip, *advertise], folder,
+        credentials = (write_member_files(self.launch.credentials, folder, self.launch.member_id)
+                       if self.launch.credentials else [])
+        return pdserve_child([*self.launch.pdserve_args, "--host", self.node_ip, *advertise, *credentials], folder,
                              self.launch.member_id, on_exit=self._on_child_exit)
 
     def _redis_child(self, folder: Path) -> ChildProcess:
@@ -60,7 +63,11 @@ class _MemberActor:
         workdir = folder / "redis-data"
         workdir.mkdir(exist_ok=True)
         url = f"redis://{self.node_ip}:{port}/0"
-        return ChildProcess(redis_argv(binary, self.node_ip, port, str(workdir), protected=False),
+        password = self.launch.credentials.redis_password if self.launch.credentials else ""
+        config = write_redis_config(folder, password, f".{self.launch.member_id}.redis.conf") if password else ""
+        # other nodes must reach it: with a password protected mode is moot, without one it would refuse them
+        return ChildProcess(redis_argv(binary, self.node_ip, port, str(workdir), protected=bool(password),
+                                       config_file=config),
                             folder / f"{self.launch.member_id}.log", tcp_probe(self.node_ip, port, url),
                             on_exit=self._on_child_exit)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from launch.commands import ClusterSpec
+from launch.credentials import ClusterCredentials
 from pdserve.roles import ROLES
 Kind = Literal["router", "prefill", "decode", "redis"]
 MemberStatus = Literal["starting", "ready", "failed", "unreachable", "dead"]
@@ -41,6 +42,7 @@ class RayClusterSpec:
     address: str = "auto"              # the Ray cluster: "auto", "HOST:PORT" or "ray://HOST:PORT"
     auth_token_file: str = ""          # the Ray cluster's token for this driver; "": Ray's places (launch.ray.auth)
     redis_url: str = ""                # "": run redis-server in a Ray actor
+    redis_password: str = field(default="", repr=False)   # with redis_url: that Redis's password ("": none)
     router: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
     prefill: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
     decode: RoleResources = field(default_factory=lambda: RoleResources(num_cpus=1.0))
@@ -57,6 +59,9 @@ class RayClusterSpec:
                              "host) or HOST:PORT of the head node")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url {self.redis_url!r} must look like redis://HOST:PORT/0")
+        if self.redis_password and not self.redis_url:
+            raise ValueError("a Redis password is for the Redis of --redis-url; without it pdserve runs its own "
+                             "Redis with a password it generates")
         if self.max_restarts < -1:
             raise ValueError(f"max_restarts must be -1 (for ever) or >= 0, got {self.max_restarts}")
         if self.ready_timeout_s <= 0 or self.stop_timeout_s <= 0:
@@ -97,12 +102,15 @@ def _check_one_gpu_per_worker(spec: RayClusterSpec) -> None:
 @dataclass(frozen=True)
 class Launch:
     """What one member actor runs: `python -m cli.main <pdserve_args> --host NODE_IP --ready-file F`,
-    or redis-server when kind is "redis" (pdserve_args empty). The actor adds the node-local parts."""
+    or redis-server when kind is "redis" (pdserve_args empty). The actor adds the node-local parts,
+    the files holding `credentials` among them (`launch.credentials.write_member_files`): a worker
+    and the router get their paths, Redis requires the password."""
 
     member_id: str
     kind: Kind
     pdserve_args: tuple[str, ...] = ()
     log_dir: str = ""                  # on the member's node; "": a fresh temporary folder there
+    credentials: ClusterCredentials | None = None   # None: unauthenticated (the processes warn)
 
 
 @dataclass(frozen=True)

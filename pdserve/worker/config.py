@@ -17,7 +17,7 @@ from pdserve.roles import Role, check_role
 class WorkerConfig:
     role: Role
     engine: EngineSettings
-    redis_url: str
+    redis_url: str = field(repr=False)   # may hold the Redis password (the entry point puts it there)
     cluster: str = "default"
     worker_id: str = field(default_factory=lambda: f"w-{uuid.uuid4().hex[:8]}")
     bind_host: str = "127.0.0.1"
@@ -29,7 +29,7 @@ class WorkerConfig:
     heartbeat_s: float = 1.0
     ttl_s: float = 3.0
     drain_timeout_s: float = 30.0       # SIGTERM -> in-flight requests done (prefill: and KV pulled); see drain.py
-    cluster_secret_file: str = ""       # the KV plane's cluster secret (kv_transfer.auth); "" = unauthenticated
+    cluster_secret_file: str = ""       # worker gRPC's and the KV plane's cluster secret; "" = unauthenticated
 
     def __post_init__(self) -> None:
         check_role(self.role)

@@ -14,12 +14,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from kv_transfer.auth import Credentials, set_process_credentials
+from kv_transfer.auth import Credentials, load_secret, set_process_credentials
 from kv_transfer.config import ConnectorConfig
 from pdserve.cpu_placement import bind_this_process
 from pdserve.engine import engine_args
 from pdserve.metrics import start_metrics_server
 from pdserve.registry import Registry
+from pdserve.rpc_auth_grpc import server_interceptors
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.config import WorkerConfig, free_port
 from pdserve.worker.drain import drain
@@ -59,17 +60,15 @@ async def run_worker(config: WorkerConfig, make_handler: HandlerFactory, ready_f
     if metrics_port:
         start_metrics_server(config.bind_host, metrics_port)
     bind_this_process(config.engine.cpu_cores)  # before vLLM spawns its engine core and model runner
-    # This process's KV releases (the router's aborts) authenticate as the worker; a bad file fails here.
-    set_process_credentials(Credentials.from_file(config.cluster_secret_file, config.worker_id))
+    # The cluster secret guards both planes: this process's KV releases (the router's aborts)
+    # authenticate as the worker, and its gRPC serves only callers proving it. A bad file fails here.
+    secret = load_secret(config.cluster_secret_file) if config.cluster_secret_file else None
+    set_process_credentials(Credentials(config.worker_id, secret))
     load = EngineLoad()
     engine, kv_address = _start_engine(config, load)
     runtime = WorkerRuntime(config, engine, load, kv_address=kv_address)
     watchdog = EngineWatchdog(engine)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(runtime, make_handler(runtime), watchdog), server)
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = server.add_insecure_port(f"{config.bind_host}:{config.grpc_port}")
+    server, health, port = create_server(config, WorkerServicer(runtime, make_handler(runtime), watchdog), secret)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     grpc_address = f"{config.advertise_host}:{port}"
@@ -87,6 +86,22 @@ async def run_worker(config: WorkerConfig, make_handler: HandlerFactory, ready_f
     engine.shutdown()
     await registry.close()
     return exit_code
+
+
+def create_server(config: WorkerConfig, servicer: worker_pb2_grpc.WorkerServicer,
+                  secret: bytes | None) -> tuple[grpc.aio.Server, HealthServicer, int]:
+    """The worker's gRPC server, bound (not started), with grpc.health.v1, and its port. With a
+    `secret`, `Worker` calls need proof of it (`pdserve.rpc_auth`) made for the address the worker
+    advertises; health checks do not."""
+    interceptors = server_interceptors(secret)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port(f"{config.bind_host}:{config.grpc_port}")
+    for interceptor in interceptors:
+        interceptor.audiences = frozenset({f"{config.advertise_host}:{port}"})
+    return server, health, port
 
 
 async def _serve_until_stopped_or_dead(stop: asyncio.Event, watchdog: EngineWatchdog, runtime: WorkerRuntime,

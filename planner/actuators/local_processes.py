@@ -40,7 +40,8 @@ class WorkerLaunchSpec:
     ttl_s: float = 3.0
     log_dir: str = ""
     id_prefix: str = "planned"
-    cluster_secret_file: str = ""   # the cluster's KV-plane secret (a path); "" when the cluster has none
+    cluster_secret_file: str = ""   # the cluster secret (a path); "" when the cluster has none
+    redis_password_file: str = ""   # the cluster's Redis password (a path); "" when its Redis has none
 
     def __post_init__(self) -> None:
         if not self.redis_url:
@@ -107,4 +108,4 @@ class WorkerProcesses:
         s = self.spec
         return worker_argv(role=role, worker_id=worker_id, redis_url=s.redis_url, cluster=s.cluster,
                            transport=s.transport, cpu_cores=cores, lease_s=s.lease_s, ttl_s=s.ttl_s, engine=s.engine,
-                           cluster_secret_file=s.cluster_secret_file)
+                           cluster_secret_file=s.cluster_secret_file, redis_password_file=s.redis_password_file)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import grpc
 import httpx
 import pytest
 import redis
@@ -39,7 +38,7 @@ def cluster(tiny_model, tmp_path_factory):
 
 
 def _registered(cluster, worker_id: str) -> bool:
-    return bool(redis.Redis.from_url(cluster.redis.url).exists(worker_key("default", worker_id)))
+    return bool(redis.Redis.from_url(cluster.redis.client_url).exists(worker_key("default", worker_id)))
 
 
 def _watch_registry_until_gone(cluster, worker_id: str) -> Future:
@@ -54,7 +53,7 @@ def _watch_registry_until_gone(cluster, worker_id: str) -> Future:
 
 def test_kv_nobody_pulls_is_freed_when_its_lease_expires(cluster):
     prefill_id = cluster.worker_ids("prefill")[0]
-    with grpc.insecure_channel(cluster.worker_address(prefill_id)) as channel:
+    with cluster.worker_channel(prefill_id) as channel:
         sampling = generation_pb2.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
         reply = worker_pb2_grpc.WorkerStub(channel).Prefill(worker_pb2.PrefillRequest(
             request_id="orphan", prompt_token_ids=list(range(10, 74)), sampling=sampling, transfer_id="orphan"))

@@ -147,7 +147,8 @@ def cluster(tiny_model, tmp_path_factory):
 async def test_planner_adds_a_prefill_worker_under_a_load_step_and_drains_it_when_load_drops(cluster, tmp_path):
     processes = TimedWorkerProcesses(WorkerLaunchSpec(cluster.redis.url, "default", cluster.spec.engine, TRANSPORT,
                                                       cpu_cores={"prefill": ("1",)}, log_dir=str(tmp_path),
-                                                      cluster_secret_file=str(cluster.secret_file)))
+                                                      cluster_secret_file=str(cluster.secret_file),
+                                                      redis_password_file=str(cluster.redis_password_file)))
     actuator = LocalActuator(processes, unmanaged=PoolSizes(1, 1))
     done, errors, trickle = [], [], []
     client = AsyncClient(cluster.grpc_target)
@@ -175,7 +176,7 @@ async def test_planner_adds_a_prefill_worker_under_a_load_step_and_drains_it_whe
         # The gate on the model's error is off: this proves the scaling mechanics, on a profile of
         # another host whose error here depends on this host's speed (the gate: tests/unit/planner/test_planner_model_gate.py).
         settings = LoopSettings("default", interval_s=1.0, model_error=ErrorConfig(max_error=math.inf))
-        loop = PlannerLoop.connect(cluster.redis.url, settings, config, oracle, actuator)
+        loop = PlannerLoop.connect(cluster.redis.client_url, settings, config, oracle, actuator)
         planner = asyncio.create_task(loop.run(stop_planner))
 
         await wait_for(lambda: actuator.current()["prefill"] == 2, 30, "the planner to add a prefill worker", loop)

@@ -106,7 +106,7 @@ def _attach_unless_exited(up: subprocess.Popen, ray_address: str) -> RayCluster 
 
 @pytest.fixture(scope="module")
 def registry(cluster):
-    client = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
+    client = redis.Redis.from_url(cluster.redis_client_url, decode_responses=True)
     yield client
     client.close()
 

@@ -74,7 +74,7 @@ def test_abort_rpc_ends_the_stream_as_cancelled_and_frees_blocks(tcp_cluster):
 def test_prefilled_kv_nobody_pulls_is_freed_by_an_abort_naming_its_transfer(tcp_cluster):
     """The router's cancel path for a request cancelled between prefill and decode."""
     prefill_id = tcp_cluster.worker_ids("prefill")[0]
-    with grpc.insecure_channel(tcp_cluster.worker_address(prefill_id)) as channel:
+    with tcp_cluster.worker_channel(prefill_id) as channel:
         worker = worker_pb2_grpc.WorkerStub(channel)
         sampling = generation_pb2.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
         reply = worker.Prefill(worker_pb2.PrefillRequest(request_id="orphan", prompt_token_ids=list(range(10, 110)),
@@ -153,7 +153,7 @@ def test_a_worker_answers_input_its_engine_refuses_with_invalid_argument(tcp_clu
     """Behind the router's check, the worker itself maps vLLM's validation error to the client's."""
     worker_id = tcp_cluster.worker_ids(role)[0]
     sampling = generation_pb2.SamplingParams(max_tokens=4, temperature=3.0)
-    with grpc.insecure_channel(tcp_cluster.worker_address(worker_id)) as channel:
+    with tcp_cluster.worker_channel(worker_id) as channel:
         worker = worker_pb2_grpc.WorkerStub(channel)
         with pytest.raises(grpc.RpcError) as error:
             if role == "prefill":

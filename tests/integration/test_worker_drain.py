@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import time
 
-import grpc
 import pytest
 import redis
 
@@ -33,7 +32,7 @@ def cluster(tiny_model, tmp_path_factory, reference_outputs):
 
 @contextlib.contextmanager
 def stub(cluster, worker_id: str):
-    with grpc.insecure_channel(cluster.worker_address(worker_id)) as channel:
+    with cluster.worker_channel(worker_id) as channel:
         yield worker_pb2_grpc.WorkerStub(channel)
 
 
@@ -42,7 +41,7 @@ def greedy(max_tokens: int) -> generation_pb2.SamplingParams:
 
 
 def registered(cluster, worker_id: str) -> bool:
-    return bool(redis.Redis.from_url(cluster.redis.url).exists(worker_key("default", worker_id)))
+    return bool(redis.Redis.from_url(cluster.redis.client_url).exists(worker_key("default", worker_id)))
 
 
 def test_a_prefill_worker_given_sigterm_keeps_serving_its_leased_kv_until_decode_pulls_it(cluster, prompts,
