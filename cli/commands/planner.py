@@ -82,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--max-step-down", type=int, default=1, help="replicas removed per pool per decision (default 1)")
     g.add_argument("--scale-down-headroom", type=float, default=0.2,
                    help="shrink only if the smaller pools still fit rate x (1 + this) (default 0.2)")
+    g.add_argument("--min-requests-for-guard", type=int, default=10,
+                   help="finished requests the routers' window must hold before an observed p90 over the SLO "
+                        "adds a replica whatever the model says (default 10: the p90 of 3 requests is their "
+                        "slowest)")
     g.add_argument("--predictor", choices=["last", "moving_average", "trend"], default="trend")
     g.add_argument("--once", action="store_true", help="one decision, print it, exit")
     g.add_argument("--dry-run", action="store_true", help="decide and publish, never scale")
@@ -217,7 +221,8 @@ async def _main(args: argparse.Namespace) -> int:
         max_sizes=PoolSizes(max(args.max_prefill, minimum.prefill), max(args.max_decode, minimum.decode)),
         scale_up_cooldown_s=args.scale_up_cooldown_s, scale_down_cooldown_s=args.scale_down_cooldown_s,
         max_step_up=args.max_step_up, max_step_down=args.max_step_down,
-        scale_down_headroom=args.scale_down_headroom, predictor=args.predictor)
+        scale_down_headroom=args.scale_down_headroom, predictor=args.predictor,
+        min_requests_for_guard=args.min_requests_for_guard)
     oracle = build_oracle(PlanModelSpec(args.profile, args.ttft_slo_s, args.tpot_slo_s, args.attainment_target,
                                         args.transport, args.sim_requests), config.max_sizes.total)
     for line in oracle.fit.lines():
