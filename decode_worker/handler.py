@@ -48,4 +48,5 @@ def _final_message(completion, output) -> DecodeChunk:
         kv_load_error=report.error,
         num_cached_tokens=output.num_cached_tokens or 0,
         queued_s=engine_queued_s(output),
+        stop_reason=completion.stop_reason,
     )

@@ -26,6 +26,13 @@ class InvalidRequest(ServeError):
     kind = "invalid_request_error"
 
 
+class NotFound(ServeError):
+    """What the request names does not exist here (a model this cluster does not serve). The kind
+    is vLLM's own type for it, as its OpenAI server sends it."""
+
+    kind = "NotFoundError"
+
+
 class Overloaded(ServeError):
     """The cluster refuses work now (admission control, the router's in-flight limit).
     `retry_after_s`, when known, is the predicted time until a request like this one would be
@@ -58,6 +65,7 @@ class InternalError(ServeError):
 # error type -> (gRPC status, HTTP status). 499 is the de facto "client closed request".
 STATUS_TABLE: dict[type[ServeError], tuple[grpc.StatusCode, int]] = {
     InvalidRequest: (grpc.StatusCode.INVALID_ARGUMENT, 400),
+    NotFound: (grpc.StatusCode.NOT_FOUND, 404),
     Overloaded: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     NoHealthyWorker: (grpc.StatusCode.UNAVAILABLE, 503),
     Cancelled: (grpc.StatusCode.CANCELLED, 499),

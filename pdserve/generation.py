@@ -19,3 +19,4 @@ class GenerationChunk:
     finished: bool = False
     finish_reason: str = ""
     timings: Timings | None = None
+    stop_reason: int | str | None = None  # finish_reason "stop": the stop string, stop token id, or None (EOS)

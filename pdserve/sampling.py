@@ -27,6 +27,12 @@ class Sampling:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     @classmethod
     def validated(cls, **fields) -> "Sampling":
@@ -40,6 +46,8 @@ class Sampling:
         _require(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1,
                  "max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
+        _require(all(isinstance(t, int) and not isinstance(t, bool) and -2**31 <= t < 2**31 for t in self.stop_token_ids),
+                 "stop_token_ids", "stop_token_ids must be 32-bit integers")
         try:
             self.to_vllm()
         except Exception as error:  # vLLM's VLLMValidationError is no ValueError
@@ -58,23 +66,36 @@ class Sampling:
             max_tokens=get("max_tokens"), temperature=get("temperature"), top_p=get("top_p"),
             top_k=get("top_k"), seed=get("seed"), stop=tuple(message.stop) or None,
             ignore_eos=message.ignore_eos, min_tokens=get("min_tokens"),
+            presence_penalty=get("presence_penalty"), frequency_penalty=get("frequency_penalty"),
+            repetition_penalty=get("repetition_penalty"), stop_token_ids=tuple(message.stop_token_ids) or None,
+            include_stop_str_in_output=message.include_stop_str_in_output,
+            skip_special_tokens=get("skip_special_tokens"),
         )
 
     def to_proto(self) -> pb.SamplingParams:
         message = pb.SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
                                     top_k=self.top_k, stop=list(self.stop), ignore_eos=self.ignore_eos,
-                                    min_tokens=self.min_tokens)
+                                    min_tokens=self.min_tokens, presence_penalty=self.presence_penalty,
+                                    frequency_penalty=self.frequency_penalty,
+                                    repetition_penalty=self.repetition_penalty,
+                                    stop_token_ids=list(self.stop_token_ids),
+                                    include_stop_str_in_output=self.include_stop_str_in_output,
+                                    skip_special_tokens=self.skip_special_tokens)
         if self.seed is not None:
             message.seed = self.seed
         return message
 
     def to_vllm(self, **extra):
+        """vLLM's `SamplingParams` for these values (vLLM validates them as it builds it)."""
         from vllm import SamplingParams
 
         return SamplingParams(
             max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             seed=self.seed, stop=list(self.stop) or None, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
-            **extra,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, stop_token_ids=list(self.stop_token_ids) or None,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens, **extra,
         )
 
 

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from kv_transfer.handle import KVHandle
 from pdserve.sampling import Sampling
 
+StopReason = int | str | None
+"""vLLM's `CompletionOutput.stop_reason` when finish_reason is "stop": the stop token id, the stop
+string the engine matched, or None (EOS). The router's text needs it: a request that stopped on a
+token leaves that token out of the text (vLLM's detokenizer does), one that stopped on a string not."""
+
 
 @dataclass(frozen=True)
 class PrefillRequest:
@@ -33,6 +38,7 @@ class PrefillResult:
     engine_s: float = 0.0       # time inside the prefill engine
     num_cached_tokens: int = 0  # prompt tokens served from the prefill engine's prefix cache
     queued_s: float = 0.0       # in the prefill engine's queue (vLLM: queued -> first scheduled)
+    stop_reason: StopReason = None
 
 
 @dataclass(frozen=True)
@@ -57,3 +63,4 @@ class DecodeChunk:
     kv_load_error: str = ""        # non-empty when the pull failed and the prompt was recomputed
     kv_loaded_tokens: int = 0      # prompt tokens whose KV was loaded from the producer
     queued_s: float = 0.0          # in the decode engine's queue
+    stop_reason: StopReason = None

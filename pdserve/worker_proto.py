@@ -12,7 +12,7 @@ from kv_transfer.handle import KVHandle, MalformedKVHandle
 from pdserve.errors import InvalidRequest
 from pdserve.sampling import Sampling
 from pdserve.v1 import worker_pb2
-from pdserve.worker_api import DecodeChunk, DecodeRequest, PrefillRequest, PrefillResult
+from pdserve.worker_api import DecodeChunk, DecodeRequest, PrefillRequest, PrefillResult, StopReason
 
 
 def decode_handle(text: str) -> KVHandle | None:
@@ -45,14 +45,14 @@ def prefill_result_to_proto(result: PrefillResult) -> worker_pb2.PrefillResponse
     return worker_pb2.PrefillResponse(
         first_token_id=result.first_token_id, finished=result.finished, finish_reason=result.finish_reason,
         kv_transfer_params_json=_encode_handle(result.kv_handle), engine_s=result.engine_s,
-        num_cached_tokens=result.num_cached_tokens, queued_s=result.queued_s)
+        num_cached_tokens=result.num_cached_tokens, queued_s=result.queued_s, **_stop_reason_fields(result.stop_reason))
 
 
 def prefill_result_from_proto(message: worker_pb2.PrefillResponse) -> PrefillResult:
     return PrefillResult(
         first_token_id=message.first_token_id, finished=message.finished, finish_reason=message.finish_reason,
         kv_handle=decode_handle(message.kv_transfer_params_json), engine_s=message.engine_s,
-        num_cached_tokens=message.num_cached_tokens, queued_s=message.queued_s)
+        num_cached_tokens=message.num_cached_tokens, queued_s=message.queued_s, stop_reason=_stop_reason(message))
 
 
 def decode_request_to_proto(request: DecodeRequest) -> worker_pb2.DecodeRequest:
@@ -71,7 +71,8 @@ def decode_chunk_to_proto(chunk: DecodeChunk) -> worker_pb2.DecodeResponse:
         token_ids=chunk.token_ids, finished=chunk.finished, finish_reason=chunk.finish_reason,
         kv_transfer_bytes=chunk.kv_transfer_bytes, kv_transfer_s=chunk.kv_transfer_s,
         kv_transfer_blocks=chunk.kv_transfer_blocks, num_cached_tokens=chunk.num_cached_tokens,
-        kv_load_error=chunk.kv_load_error, kv_loaded_tokens=chunk.kv_loaded_tokens, queued_s=chunk.queued_s)
+        kv_load_error=chunk.kv_load_error, kv_loaded_tokens=chunk.kv_loaded_tokens, queued_s=chunk.queued_s,
+        **_stop_reason_fields(chunk.stop_reason))
 
 
 def decode_chunk_from_proto(message: worker_pb2.DecodeResponse) -> DecodeChunk:
@@ -79,4 +80,16 @@ def decode_chunk_from_proto(message: worker_pb2.DecodeResponse) -> DecodeChunk:
         token_ids=tuple(message.token_ids), finished=message.finished, finish_reason=message.finish_reason,
         kv_transfer_bytes=message.kv_transfer_bytes, kv_transfer_s=message.kv_transfer_s,
         kv_transfer_blocks=message.kv_transfer_blocks, num_cached_tokens=message.num_cached_tokens,
-        kv_load_error=message.kv_load_error, kv_loaded_tokens=message.kv_loaded_tokens, queued_s=message.queued_s)
+        kv_load_error=message.kv_load_error, kv_loaded_tokens=message.kv_loaded_tokens, queued_s=message.queued_s,
+        stop_reason=_stop_reason(message))
+
+
+def _stop_reason_fields(stop_reason: StopReason) -> dict:
+    if isinstance(stop_reason, str):
+        return {"stop_string": stop_reason}
+    return {} if stop_reason is None else {"stop_token_id": stop_reason}
+
+
+def _stop_reason(message) -> StopReason:
+    which = message.WhichOneof("stop_reason")
+    return None if which is None else getattr(message, which)

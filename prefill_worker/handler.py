@@ -50,6 +50,7 @@ class PrefillHandler:
             engine_s=time.perf_counter() - started,
             num_cached_tokens=final.num_cached_tokens or 0,
             queued_s=engine_queued_s(final),
+            stop_reason=completion.stop_reason,
         )
 
     def _release_after_reply(self, transfer_id: str) -> None:

@@ -2,8 +2,10 @@
 
     POST /v1/completions, POST /v1/chat/completions (SSE when "stream": true)
     GET /v1/models, GET /health, GET /metrics
-Errors use OpenAI's body, {"error": {"message", "type", "param", "code"}}, with the status from
-`pdserve.errors`; an error after streaming began is sent as a final SSE event. Every completion
+Request bodies and their meanings are vLLM's (`router.openai_schema`); a `model` other than the
+served name is 404, as vLLM answers it. The text, stop strings included, is made by the lifecycle
+(`router.output_text`), so HTTP and gRPC see the same. Errors use OpenAI's body, {"error":
+{"message", "type", "param", "code"}}, with the status from `pdserve.errors`; an error after streaming began is sent as a final SSE event. Every completion
 request is counted once in `pdserve_requests_total` (`router.outcomes`): by the error handlers when
 it fails before its response starts, else when its response (or stream) ends.
 """
@@ -86,12 +88,14 @@ def create_app(lifecycle: Lifecycle, model_name: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
+        body.check_model(model_name)
         ids = lifecycle.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
         return await _respond(lifecycle, model_name, body, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
-        ids = lifecycle.tokenizer.render_chat([m.model_dump(exclude_none=True) for m in body.messages])
+        body.check_model(model_name)
+        ids = lifecycle.tokenizer.render_chat(body.conversation())
         return await _respond(lifecycle, model_name, body, ids, chat=True)
 
     return app
@@ -126,12 +130,13 @@ class _Shape:
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
 
     def whole(self, text: str, last: GenerationChunk) -> dict:
-        choice = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+        choice = {"index": 0, "finish_reason": last.finish_reason, "stop_reason": last.stop_reason, "logprobs": None}
         choice |= {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         return self._base(False) | {"choices": [choice], "usage": usage(last), "pdserve_timings": last.timings.to_dict()}
 
     def delta(self, chunk: GenerationChunk) -> dict:
-        choice = {"index": 0, "finish_reason": chunk.finish_reason or None, "logprobs": None}
+        choice = {"index": 0, "finish_reason": chunk.finish_reason or None, "stop_reason": chunk.stop_reason,
+                  "logprobs": None}
         choice |= {"delta": {"content": chunk.text}} if self.chat else {"text": chunk.text}
         body = self._base(True) | {"choices": [choice]}
         if chunk.finished and chunk.timings:

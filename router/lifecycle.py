@@ -35,6 +35,7 @@ from pdserve.sampling import Sampling
 from pdserve.timings import Timings
 from pdserve.worker_api import DecodeChunk, PrefillRequest, PrefillResult
 from router.failures import verdict_for
+from router.output_text import OutputText, TextStep
 from router.policies.placement import Disaggregated
 from router.pool import WorkerPool
 from router.resume import KVLease, resume_plan
@@ -115,7 +116,7 @@ class Lifecycle:
         ticket = await self.scheduler.dispatch(request)
         router_queued_s = time.perf_counter() - started
         metrics.ROUTER_QUEUE.observe(router_queued_s)
-        decoder = self.tokenizer.stream_decoder()
+        output = self.tokenizer.output_text(request.prompt_token_ids, request.sampling)
         generated: list[int] = []
         lease: KVLease | None = None
         completed = False
@@ -131,14 +132,18 @@ class Lifecycle:
                                          len(request.prompt_token_ids) - result.num_cached_tokens)
                 generated.append(result.first_token_id)
                 timings.ttft_s = time.perf_counter() - started
-                if result.finished:
+                if not result.finished:
+                    lease = KVLease(prefilled.worker, prefilled.transfer_id, result.kv_handle)
+                step = output.add([result.first_token_id], result.finished, result.finish_reason, result.stop_reason)
+                if step.finished:
                     timings.output_tokens = 1
                     completed = True
-                    yield self._chunk(request, generated, decoder, True, result.finish_reason, timings, started)
+                    if lease is not None:  # a stop string the prefill engine did not see as one
+                        self._abandon(lease, request.request_id)
+                    yield self._chunk(request, step, timings, started)
                     return
-                lease = KVLease(prefilled.worker, prefilled.transfer_id, result.kv_handle)
-                yield self._chunk(request, generated, decoder, False, "", None, started)
-            decode = self._decode(request, lease, generated, timings, decoder, started, ticket,
+                yield self._chunk(request, step, None, started)
+            decode = self._decode(request, lease, generated, timings, output, started, ticket,
                                   path.decode_id, 0.0 if prefilled else router_queued_s)
             async with contextlib.aclosing(decode):
                 async for chunk in decode:
@@ -160,12 +165,12 @@ class Lifecycle:
             held.append((timings.prefill_worker, list(request.prompt_token_ids)))
         return [(worker, tokens) for worker, tokens in held if worker]
 
-    def _chunk(self, request, token_ids, decoder, finished, reason, timings, started) -> GenerationChunk:
+    def _chunk(self, request, step: TextStep, timings, started) -> GenerationChunk:
         if timings is not None:
             timings.e2e_s = time.perf_counter() - started
             metrics.observe_finished(timings)
-        return GenerationChunk(request.request_id, list(token_ids), decoder.step(list(token_ids)), finished, reason,
-                               timings)
+        return GenerationChunk(request.request_id, list(step.token_ids), step.text, step.finished, step.finish_reason,
+                               timings, step.stop_reason)
 
     async def _prefill(self, request: GenerationRequest, timings: Timings, preferred: str) -> _Prefilled | None:
         """The prompt on the `preferred` prefill worker (the placement's), then on others if it fails."""
@@ -203,9 +208,11 @@ class Lifecycle:
         record = self.pool.get(preferred) if preferred and preferred not in tried else None
         return record if record is not None and record.role == role else self.pool.pick(role, frozenset(tried))
 
-    async def _decode(self, request, lease: KVLease | None, generated: list[int], timings, decoder,
+    async def _decode(self, request, lease: KVLease | None, generated: list[int], timings, output: OutputText,
                       started, ticket: Ticket, preferred: str, router_queued_s: float) -> AsyncIterator[GenerationChunk]:
         """Streams decode output; `generated` (the tokens already sent) grows as tokens arrive.
+        A stop string found in the whole output (`router.output_text`) ends the request here: the
+        stream is closed, which aborts the decode on its worker.
 
         Each attempt is `resume_plan(request, generated, attempt, handle)`: it resumes exactly where
         the client is. A failed attempt abandons the lease (the producer is told to release; the
@@ -217,7 +224,7 @@ class Lifecycle:
                 if lease is not None:
                     self._abandon(lease, request.request_id)  # nobody will pull it now
                 timings.output_tokens = len(generated)
-                yield self._chunk(request, [], decoder, True, "length", timings, started)
+                yield self._chunk(request, output.add((), True, "length"), timings, started)
                 return
             worker = self._choose("decode", preferred if attempt == 0 else None, tried)
             if worker is None:
@@ -229,19 +236,19 @@ class Lifecycle:
                     stream = self.pool.client(worker).decode(plan, timeout_s=self.config.request_timeout_s)
                     async with contextlib.aclosing(stream):
                         async for reply in stream:
-                            generated.extend(reply.token_ids)
+                            step = output.add(reply.token_ids, reply.finished, reply.finish_reason, reply.stop_reason)
+                            generated.extend(step.token_ids)
                             if not timings.ttft_s and reply.token_ids:
                                 timings.ttft_s = time.perf_counter() - started
                                 self.scheduler.prefilled(ticket, None)  # a Local prompt is computed
                             if reply.finished and reply.kv_load_error:
                                 metrics.KV_LOAD_FAILURES.inc()
-                            if reply.finished:
+                            if step.finished:
                                 self._finish_timings(timings, reply, worker, sent, len(plan.prompt_token_ids),
                                                      len(generated))
                                 timings.queued_s += router_queued_s
-                            yield self._chunk(request, reply.token_ids, decoder, reply.finished, reply.finish_reason,
-                                              timings if reply.finished else None, started)
-                            if reply.finished:
+                            yield self._chunk(request, step, timings if step.finished else None, started)
+                            if step.finished:
                                 return
             except WorkerError as error:
                 self._on_worker_error(worker, error)

@@ -1,4 +1,4 @@
-"""The router tokenizes once and detokenizes the stream; workers see token ids only."""
+"""The router tokenizes once and makes the output text (`router.output_text`); workers see token ids only."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from pdserve.errors import InvalidRequest
+from pdserve.sampling import Sampling
+from router.output_text import OutputText
 
 
 class RouterTokenizer:
@@ -39,18 +41,6 @@ class RouterTokenizer:
         bad = next(t for t in token_ids if not 0 <= t < self.vocab_size)
         raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", field="token_ids")
 
-    def stream_decoder(self) -> "StreamDecoder":
-        return StreamDecoder(self._fast)
-
-
-class StreamDecoder:
-    """Incremental detokenization: text for each new token, holding back incomplete UTF-8."""
-
-    def __init__(self, fast_tokenizer):
-        from tokenizers.decoders import DecodeStream
-
-        self._tokenizer = fast_tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
-
-    def step(self, token_ids: list[int]) -> str:
-        return "".join(self._stream.step(self._tokenizer, t) or "" for t in token_ids)
+    def output_text(self, prompt_token_ids: list[int], sampling: Sampling) -> OutputText:
+        """The output text of one request, as vLLM makes it (`router.output_text`)."""
+        return OutputText(self._hf, prompt_token_ids, sampling)

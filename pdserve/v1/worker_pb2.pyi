@@ -20,7 +20,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., transfer_id: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "finished", "finish_reason", "kv_transfer_params_json", "engine_s", "num_cached_tokens", "queued_s")
+    __slots__ = ("first_token_id", "finished", "finish_reason", "kv_transfer_params_json", "engine_s", "num_cached_tokens", "queued_s", "stop_token_id", "stop_string")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,8 @@ class PrefillResponse(_message.Message):
     ENGINE_S_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    STOP_STRING_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     finished: bool
     finish_reason: str
@@ -35,7 +37,9 @@ class PrefillResponse(_message.Message):
     engine_s: float
     num_cached_tokens: int
     queued_s: float
-    def __init__(self, first_token_id: _Optional[int] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_params_json: _Optional[str] = ..., engine_s: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ...) -> None: ...
+    stop_token_id: int
+    stop_string: str
+    def __init__(self, first_token_id: _Optional[int] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_params_json: _Optional[str] = ..., engine_s: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ..., stop_token_id: _Optional[int] = ..., stop_string: _Optional[str] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "kv_transfer_params_json")
@@ -50,7 +54,7 @@ class DecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("token_ids", "finished", "finish_reason", "kv_transfer_bytes", "kv_transfer_s", "kv_transfer_blocks", "num_cached_tokens", "kv_load_error", "kv_loaded_tokens", "queued_s")
+    __slots__ = ("token_ids", "finished", "finish_reason", "kv_transfer_bytes", "kv_transfer_s", "kv_transfer_blocks", "num_cached_tokens", "kv_load_error", "kv_loaded_tokens", "queued_s", "stop_token_id", "stop_string")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +65,8 @@ class DecodeResponse(_message.Message):
     KV_LOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
     KV_LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    STOP_STRING_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
     finish_reason: str
@@ -71,7 +77,9 @@ class DecodeResponse(_message.Message):
     kv_load_error: str
     kv_loaded_tokens: int
     queued_s: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_s: _Optional[float] = ..., kv_transfer_blocks: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., kv_load_error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ...) -> None: ...
+    stop_token_id: int
+    stop_string: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_s: _Optional[float] = ..., kv_transfer_blocks: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., kv_load_error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ..., stop_token_id: _Optional[int] = ..., stop_string: _Optional[str] = ...) -> None: ...
 
 class WorkerAbortRequest(_message.Message):
     __slots__ = ("request_id", "transfer_id")

@@ -39,3 +39,27 @@ def test_vllm_s_validation_error_is_the_client_s_not_the_engine_s():
     error = VLLMValidationError("temperature must be in [0, 2], got 1e+30.", parameter="temperature", value=1e30)
     assert is_engine_input_error(error) and engine_error_field(error) == "temperature"
     assert not is_engine_input_error(RuntimeError("EngineCore died"))
+
+
+def test_vllm_s_fields_cross_the_proto_edge_and_reach_vllm_unchanged():
+    sampling = Sampling.validated(presence_penalty=0.5, frequency_penalty=-1.25, repetition_penalty=1.1,
+                                  stop=("\n\n",), stop_token_ids=(7, 2), include_stop_str_in_output=True,
+                                  skip_special_tokens=False, seed=3)
+    assert Sampling.from_proto(sampling.to_proto()) == sampling
+    assert Sampling.from_proto(Sampling().to_proto()) == Sampling()  # vLLM's defaults survive the wire
+    params = sampling.to_vllm()
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.25, 1.1)
+    assert (params.stop_token_ids, params.include_stop_str_in_output, params.skip_special_tokens) == ([7, 2], True,
+                                                                                                   False)
+
+
+@pytest.mark.parametrize("stop_reason", [None, 18, "fox"])
+def test_the_engine_s_stop_reason_crosses_the_worker_edge(stop_reason):
+    from pdserve.worker_api import DecodeChunk, PrefillResult
+    from pdserve.worker_proto import (decode_chunk_from_proto, decode_chunk_to_proto, prefill_result_from_proto,
+                                      prefill_result_to_proto)
+
+    chunk = DecodeChunk((10, 18), finished=True, finish_reason="stop", stop_reason=stop_reason)
+    result = PrefillResult(first_token_id=18, finished=True, finish_reason="stop", stop_reason=stop_reason)
+    assert decode_chunk_from_proto(decode_chunk_to_proto(chunk)) == chunk
+    assert prefill_result_from_proto(prefill_result_to_proto(result)) == result

@@ -1,0 +1,43 @@
+"""One colocated vLLM engine (no connector) answering requests one at a time: the reference a
+cluster's answers are compared with, its text and stop handling vLLM's own.
+
+    python reference_engine.py SETTINGS_JSON
+Reads one JSON request a line from stdin, {"token_ids": [...], "sampling": {SamplingParams
+fields}}, and answers each with a line `RESULT {"token_ids", "text", "finish_reason",
+"stop_reason"}` on stdout (vLLM logs there too: read only the RESULT lines). Ends at end of input.
+"""
+
+import asyncio
+import json
+import sys
+
+from pdserve.engine import EngineSettings, start_engine
+
+PREFIX = "RESULT "
+
+
+async def main(settings_path: str) -> None:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    settings = EngineSettings(**json.load(open(settings_path)))
+    engine = start_engine(settings, "colocated")
+    loop = asyncio.get_running_loop()
+    index = 0
+    print(PREFIX + json.dumps({"ready": True}), flush=True)
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        entry = json.loads(line)
+        final = None
+        async for output in engine.generate(TokensPrompt(prompt_token_ids=entry["token_ids"]),
+                                            SamplingParams(**entry["sampling"]), f"ref-{index}"):
+            final = output
+        index += 1
+        completion = final.outputs[0]
+        print(PREFIX + json.dumps({"token_ids": list(completion.token_ids), "text": completion.text,
+                                   "finish_reason": completion.finish_reason,
+                                   "stop_reason": completion.stop_reason}), flush=True)
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))
