@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import stat
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from kv_transfer.auth import readable_by_others
+from kv_transfer.auth import create_secret_file, readable_by_others
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +50,7 @@ def load_password(path: str | os.PathLike) -> str:
 def create_password_file(path: str | os.PathLike) -> Path:
     """Writes a fresh random password (256 bits, hex) to `path`, readable by this user only (0600);
     a file already there is replaced. Returns the path."""
-    path = Path(path)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(secrets.token_hex(32) + "\n")
-    return path
+    return create_secret_file(path)   # the same 0600 file of 64 hex digits as the cluster secret
 
 
 def has_password(url: str) -> bool:

@@ -39,13 +39,20 @@ def test_actuator_flags_are_the_actuators_own(module, prefixes):
         assert _options(mine, prefix) == _options(own, prefix) != {}
 
 
-def test_once_dry_run_prints_one_decision_and_publishes_it(redis_server, capsys):
+def _seeded_cluster(redis_url: str) -> tuple[str, redis.Redis]:
+    """A fresh cluster name in Redis holding one router's summary (5 req/s, 50 finished, TPOT p90
+    0.06 s) and the records of a 1P+1D cluster; and a client to read what the planner publishes."""
     cluster = f"cli{uuid.uuid4().hex[:6]}"
-    client = redis.Redis.from_url(redis_server.url)
+    client = redis.Redis.from_url(redis_url)
     summary = LoadSummary("r1", 0.0, 10.0, 50, 3, 5.0, 512.0, 128.0, 0.3, 0.6, 0.04, 0.06)
     client.set(router_load_key(cluster, "r1"), summary.to_json(), px=60_000)
     for worker_id, role in (("p0", "prefill"), ("d0", "decode")):
         client.hset(f"pdserve:{cluster}:worker:{worker_id}", mapping=WorkerRecord(worker_id, role, "m", "x:1").to_hash())
+    return cluster, client
+
+
+def test_once_dry_run_prints_one_decision_and_publishes_it(redis_server, capsys):
+    cluster, client = _seeded_cluster(redis_server.url)
     code = main(["planner", "--redis-url", redis_server.url, "--cluster", cluster, "--once", "--dry-run",
                  "--model", "unused", "--sim-requests", "100", "--tpot-slo-s", "0.05", "--ttft-slo-s", "1"])
     assert code == 0
@@ -66,12 +73,7 @@ def test_local_actuator_needs_the_model(redis_server):
 def test_the_guards_bar_is_a_flag(redis_server):
     """The routers' window holds 50 finished requests with a TPOT p90 (0.06 s) over the SLO: with the
     bar at 100 the guard says so and does not act on it."""
-    cluster = f"cli{uuid.uuid4().hex[:6]}"
-    client = redis.Redis.from_url(redis_server.url)
-    summary = LoadSummary("r1", 0.0, 10.0, 50, 3, 5.0, 512.0, 128.0, 0.3, 0.6, 0.04, 0.06)
-    client.set(router_load_key(cluster, "r1"), summary.to_json(), px=60_000)
-    for worker_id, role in (("p0", "prefill"), ("d0", "decode")):
-        client.hset(f"pdserve:{cluster}:worker:{worker_id}", mapping=WorkerRecord(worker_id, role, "m", "x:1").to_hash())
+    cluster, client = _seeded_cluster(redis_server.url)
     assert main(["planner", "--redis-url", redis_server.url, "--cluster", cluster, "--once", "--dry-run",
                  "--model", "unused", "--sim-requests", "100", "--tpot-slo-s", "0.05", "--ttft-slo-s", "1",
                  "--min-requests-for-guard", "100"]) == 0
