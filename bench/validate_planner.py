@@ -1,26 +1,35 @@
-"""Do the planner's predictions hold? Run the real cluster under loadgen at several rates and compare
-measured with simulated p50/p90 TTFT and TPOT and SLO attainment, per profile.
+"""Do the planner's predictions hold on workloads it was not tuned on? Run the real cluster under
+loadgen at several rates, for each workload shape and topology, and compare measured with
+simulated p50/p90 TTFT and TPOT, SLO attainment and goodput, per profile.
 
-    python bench/validate_planner.py --model models/tiny --profile planner/profiles/tiny_2cpu_served.json \\
-        --profile planner/profiles/tiny_2cpu.json --rates 4,12,20,28,36,44 --duration-s 45
+    python bench/validate_planner.py --model models/tiny --profile planner/profiles/tiny_2cpu_amx_served.json \\
+        --shape uniform --shape short-long --shape long-short --shape trace --shape bursty \\
+        --topology 1P+1D --topology 2C --duration-s 45 --out-dir bench/results/validate_shapes_amx
 
-One real 1P+1D cluster (prefill on core 0, decode on core 1, the engine settings of the first
-profile) serves a Poisson workload at each rate; the very same request list (arrivals and
-lengths) is simulated through 1P+1D with each profile's fitted model. Prints a table of
-measured / simulated values and errors, and writes <out-dir>/validation.json and .png.
-Without --rates, the rates are 30/60/90/120% of the first profile's simulated goodput.
+For each topology (`1P+1D`, `1P+1H` hybrid, `2C` two aggregated workers; one core per worker, the
+engine settings of the first profile, prefix caching off) and each shape (planner/validation_shapes.py:
+uniform, short-long, long-short, trace, bursty), a real cluster serves the shape at each rate; the
+very same request list (arrivals as sent, lengths) is simulated through the same topology with each
+profile's fitted model, the simulated router placing with the real router's cost model and policy.
+Without --rates, the rates are 30/60/90/120% of the first profile's simulated goodput for that
+shape and topology. Writes <out-dir>/<topology>/<shape>/validation.{json,png} (just <out-dir>/ for
+one shape on one topology) and, for several, <out-dir>/summary.{json,md,png}: per shape and
+topology the mean |error| of each latency percentile up to the measured knee and the goodput each
+side puts where attainment crosses 90% on the same grid.
 
 validation.json keeps each rate's requests as sent, so a change to the simulator or the model can
-be checked against the same real runs without running the cluster again:
+be checked against the same real runs without running the cluster again (a directory of one run,
+or of several as written above):
 
-    python bench/validate_planner.py --resimulate bench/results/validate_planner \\
-        --profile planner/profiles/tiny_2cpu_served.json --out-dir out/resimulated
+    python bench/validate_planner.py --resimulate bench/results/validate_shapes_amx \\
+        --profile planner/profiles/tiny_2cpu_amx_served.json --out-dir out/resimulated
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -29,16 +38,21 @@ from pathlib import Path
 
 from rich.console import Console
 
-from loadgen.harness import WorkloadConfig, make_target, run_with_progress
+from loadgen.harness import run_with_progress
 from loadgen.metrics import SLO, summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from planner.profile import Profile, load_profile
-from planner.validation import error_table
+from planner.simulator import SimulationError, Topology
+from loadgen.comparison.goodput import format_goodput
+from planner.validation import (LATENCY_KEYS, METRICS, error_table, plot_verdicts, verdict, verdict_table,
+                               verdicts_to_json)
 from planner.validation_runs import (RateRun, ValidationSetup, as_sent, auto_rates, cluster_cpu_s, compare,
-                                     load_earlier, write_validation)
+                                     load_earlier, planned_router, router_flags_for, write_validation)
+from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 
 REPO = Path(__file__).resolve().parent.parent
+ROUTER_SAMPLE_REQUESTS = 200  # the sample whose mean lengths set the router's cost model
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,16 +60,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, help="checkpoint the cluster serves (the profiles' model); "
                    "required unless --resimulate")
     p.add_argument("--resimulate", type=Path, metavar="DIR",
-                   help="no cluster: simulate the requests of DIR/validation.json (an earlier run) with --profile "
-                        "and compare with what that run measured")
+                   help="no cluster: simulate the requests of an earlier run (DIR/validation.json, or every "
+                        "DIR/<topology>/<shape>/validation.json) with --profile and compare with what it measured")
     p.add_argument("--profile", type=Path, action="append", required=True,
                    help="profile to simulate with; repeat to compare several (e.g. --through engine and cluster)")
-    p.add_argument("--rates", help="comma-separated offered rates, req/s (default: from the first profile)")
+    p.add_argument("--shape", action="append", choices=SHAPE_NAMES,
+                   help="workload shape; repeat for several (default: uniform)")
+    p.add_argument("--topology", action="append", type=topology_arg,
+                   help="1P+1D, 1P+1H (hybrid: the decode worker may prefill), 2C (two aggregated workers); "
+                        "one core per worker; repeat for several (default: 1P+1D)")
+    p.add_argument("--rates", help="comma-separated offered rates, req/s, for every shape and topology "
+                                   "(default: from the first profile, per shape and topology)")
     p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals per rate (default 60)")
     p.add_argument("--min-requests", type=int, default=40, help="at least this many requests per rate (default 40)")
-    p.add_argument("--input-len", type=int, default=128, help="mean prompt tokens (default 128)")
-    p.add_argument("--output-len", type=int, default=64, help="mean output tokens (default 64)")
-    p.add_argument("--range-ratio", type=float, default=0.5, help="lengths uniform in mean x (1 +- r) (default 0.5)")
+    p.add_argument("--input-len", type=int, default=128, help="uniform shape: mean prompt tokens (default 128)")
+    p.add_argument("--output-len", type=int, default=64, help="uniform shape: mean output tokens (default 64)")
+    p.add_argument("--range-ratio", type=float, default=0.5,
+                   help="uniform shape: lengths uniform in mean x (1 +- r) (default 0.5)")
+    p.add_argument("--max-model-len", type=int,
+                   help="the engines' context, which the shapes' lengths are sized to (default: the model's "
+                        "max_position_embeddings)")
+    p.add_argument("--trace", type=Path,
+                   help="trace CSV of the trace shape (default <repo>/../shared/data/traces/AzureLLMInferenceTrace_conv.csv)")
     p.add_argument("--ttft-slo-ms", type=float, default=200.0, help="TTFT SLO (default 200)")
     p.add_argument("--tpot-slo-ms", type=float, default=20.0, help="TPOT SLO (default 20)")
     p.add_argument("--transport", default="tcp", choices=["tcp", "torch"], help="the cluster's KV transport")
@@ -64,73 +90,149 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.model is None and args.resimulate is None:
         p.error("give --model (run the cluster) or --resimulate DIR (re-simulate an earlier run)")
+    args.shape = args.shape or ["uniform"]
+    args.topology = args.topology or [Topology.disaggregated(1, 1)]
     return args
 
 
-def start_cluster(model: Path, profile: Profile, transport: str, log_dir: Path):
-    from pdserve.engine import EngineSettings
-    from launch.local import ClusterSpec, LocalCluster
-
-    # No prefix cache: the simulator computes every prompt, so the real engines must too.
-    engine = EngineSettings(model=str(model), dtype=profile.model.dtype, block_size=profile.model.block_size,
-                            kv_cache_bytes=profile.engine.kv_cache_memory_bytes, max_num_seqs=profile.engine.max_num_seqs,
-                            enable_prefix_caching=False)
-    spec = ClusterSpec(engine=engine, transport=transport, cpu_cores={"prefill": "0", "decode": "1"},
-                       log_dir=str(log_dir))
-    return LocalCluster(spec).start()
+def topology_arg(text: str) -> Topology:
+    try:
+        topology = Topology.from_label(text)
+    except SimulationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    if topology.devices > 2:
+        raise argparse.ArgumentTypeError(f"{text}: this validation runs one worker per core on two cores")
+    return topology
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
-    if args.resimulate:
-        setup, runs = load_earlier(args.resimulate / "validation.json", args.transport)
-    else:
-        slo = SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3)
-        workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio}
-        setup = ValidationSetup(args.model.name, slo, workload, args.transport)
-        runs = measure(args, load_profile(args.profile[0]), slo, console)
-    comparisons = compare(runs, args.profile, setup.transport, setup.slo)
-    console.print(error_table(comparisons, f"measured vs simulated, 1P+1D, {setup.model_name}"))
-    json_path, png = write_validation(args.out_dir, setup, args.profile, runs, comparisons, args.resimulate)
-    console.print(f"wrote {json_path} and {png}")
+    runs = resimulated(args, console) if args.resimulate else measured(args, console)
+    verdicts, rates_by_run = [], {}
+    for setup, shape_runs, out_dir in runs:
+        comparisons = compare(shape_runs, args.profile, setup.transport, setup.slo, setup.topology, setup.router)
+        shape = setup.workload.get("shape", "uniform")
+        console.print(error_table(comparisons, f"measured vs simulated, {setup.topology.label}, {shape}, "
+                                               f"{setup.model_name}"))
+        json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons, args.resimulate)
+        console.print(f"wrote {json_path} and {png}")
+        rates_by_run[(shape, setup.topology.label)] = [run.rate_rps for run in shape_runs]
+        verdicts += [verdict(comparisons, shape, setup.topology.label, path.stem) for path in args.profile]
+    if len(rates_by_run) > 1:
+        console.print(verdict_table(verdicts, rates_by_run))
+        write_summary(args.out_dir, verdicts, rates_by_run, console)
     return 0
 
 
-def measure(args: argparse.Namespace, first: Profile, slo: SLO, console: Console) -> list[RateRun]:
-    """Runs the real cluster at each rate."""
-    workload = WorkloadConfig(kind="random", arrival="poisson", rate_rps=1.0, num_requests=args.min_requests,
-                              prompt_mean=args.input_len, output_mean=args.output_len, range_ratio=args.range_ratio,
-                              seed=args.seed)
+def measured(args: argparse.Namespace, console: Console):
+    """Runs the real cluster for each topology and shape; yields (setup, runs, out_dir) as each finishes."""
+    first = load_profile(args.profile[0])
+    slo = SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3)
+    max_model_len = args.max_model_len or model_config(args.model)["max_position_embeddings"]
+    shapes = validation_shapes(max_model_len, Uniform(args.input_len, args.output_len, args.range_ratio),
+                               args.trace, args.seed)
+    several = len(args.shape) * len(args.topology) > 1
+    for topology in args.topology:
+        for name in args.shape:
+            shape = shapes[name]
+            out_dir = args.out_dir / topology.label.replace("/", "_") / name if several else args.out_dir
+            router = planned_router(first, args.transport, topology,
+                                    shape.workload.build(rate_rps=1.0, num_requests=ROUTER_SAMPLE_REQUESTS))
+            setup = ValidationSetup(args.model.name, slo, workload_record(shape), args.transport, topology, router)
+            console.rule(f"{topology.label}: {name} ({shape.description})")
+            yield setup, measure(args, first, shape, setup, max_model_len, out_dir, console), out_dir
+
+
+def resimulated(args: argparse.Namespace, console: Console):
+    """The runs of an earlier validation (one directory, or one per topology and shape below it)."""
+    root = args.resimulate
+    files = [root / "validation.json"] if (root / "validation.json").exists() else sorted(root.glob("*/*/validation.json"))
+    if not files:
+        raise SystemExit(f"no validation.json in {root} or in {root}/<topology>/<shape>/")
+    for path in files:
+        setup, runs = load_earlier(path, args.transport)
+        out_dir = args.out_dir / path.parent.relative_to(root)
+        console.print(f"re-simulating {path}")
+        yield setup, runs, out_dir
+
+
+def workload_record(shape: Shape) -> dict:
+    """The shape as validation.json keeps it: its name, description and loadgen workload fields."""
+    fields = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(shape.workload).items()}
+    return {"shape": shape.name, "description": shape.description, **fields}
+
+
+def start_cluster(model: Path, profile: Profile, setup: ValidationSetup, max_model_len: int, log_dir: Path):
+    """The topology on cores 0 and 1, one worker per core, its router placing with `setup.router`."""
+    from launch.comparison_systems import PdserveCluster
+    from pdserve.engine import EngineSettings
+
+    # No prefix cache: the simulator computes every prompt, so the real engines must too.
+    engine = EngineSettings(model=str(model), dtype=profile.model.dtype, block_size=profile.model.block_size,
+                            kv_cache_bytes=profile.engine.kv_cache_memory_bytes, max_num_seqs=profile.engine.max_num_seqs,
+                            max_model_len=max_model_len, enable_prefix_caching=False)
+    topology = setup.topology
+    flags = tuple(router_flags_for(setup.router, log_dir / "router"))
+    cluster = PdserveCluster.sized(engine, "0", "1", log_dir, setup.transport, topology.label, topology.kind,
+                                   topology.num_prefill, topology.num_decode + topology.num_colocated, flags)
+    cluster.start()
+    return cluster
+
+
+def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: ValidationSetup, max_model_len: int,
+            out_dir: Path, console: Console) -> list[RateRun]:
+    """Runs one shape on one topology's real cluster at each rate."""
+    slo, topology = setup.slo, setup.topology
     rates = ([float(r) for r in args.rates.split(",")] if args.rates
-             else auto_rates(first, workload, slo, args.transport, args.duration_s, args.min_requests))
+             else auto_rates(first, shape.workload, slo, args.transport, args.duration_s, args.min_requests,
+                             topology, setup.router))
     console.print(f"rates {rates} req/s; SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
                   f"profiles {[p.stem for p in args.profile]}")
     runs = []
-    cluster = start_cluster(args.model, first, args.transport, args.out_dir / "logs")
+    system = start_cluster(args.model, first, setup, max_model_len, out_dir / "logs")
     try:
         for index, rate in enumerate(rates):
             count = max(args.min_requests, round(rate * args.duration_s))
-            specs = workload.build(rate_rps=rate, num_requests=count)
-            prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, first_vocab(args.model)))
-            cpu_before, wall_before = cluster_cpu_s(cluster), time.perf_counter()
-            result = asyncio.run(run_with_progress(make_target("pdserve", cluster.grpc_target), specs, prompts,
-                                                   RunConfig(warmup_requests=4), f"{rate:g} req/s"))
-            cpu_cores = (cluster_cpu_s(cluster) - cpu_before) / (time.perf_counter() - wall_before)
-            measured = summarize(result.records, result.duration_s, slo)
+            specs = shape.workload.build(rate_rps=rate, num_requests=count)
+            vocab = model_config(args.model)["vocab_size"]
+            prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, vocab))
+            cpu_before, wall_before = cluster_cpu_s(system.cluster), time.perf_counter()
+            result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
+                                                   f"{topology.label} {shape.name} {rate:g} req/s"))
+            cpu_cores = (cluster_cpu_s(system.cluster) - cpu_before) / (time.perf_counter() - wall_before)
+            measured_summary = summarize(result.records, result.duration_s, slo)
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
                           f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores")
-            if measured["failed"]:
-                console.print(f"[red]{measured['failed']} requests failed at {rate:g} req/s: "
-                              f"{measured['errors_by_kind']}[/red]")
-            runs.append(RateRun(rate, as_sent(specs, result.records), measured, cpu_cores))
+            if measured_summary["failed"]:
+                console.print(f"[red]{measured_summary['failed']} requests failed at {rate:g} req/s: "
+                              f"{measured_summary['errors_by_kind']}[/red]")
+            runs.append(RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores))
     finally:
-        cluster.stop()
+        system.stop()
     return runs
 
 
-def first_vocab(model: Path) -> int:
-    return int(json.loads((model / "config.json").read_text())["vocab_size"])
+def write_summary(out_dir: Path, verdicts, rates_by_run: dict, console: Console) -> None:
+    """summary.json (every verdict), summary.md (the table as markdown) and summary.png."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(verdicts_to_json(verdicts), indent=1))
+    lines = ["| shape | topology | model | rates to knee | " + " | ".join(dict(METRICS)[k] for k in LATENCY_KEYS)
+             + " | goodput real / sim req/s | goodput err |", "|---" * (6 + len(LATENCY_KEYS)) + "|"]
+    for v in verdicts:
+        rates = rates_by_run[(v.shape, v.topology)]
+        errors = " | ".join(f"{100 * v.errors_to_knee[k]:.0f}%" for k in LATENCY_KEYS)
+        error = "-" if v.goodput_error is None else f"{v.goodput_error:+.0%}"
+        lines.append(f"| {v.shape} | {v.topology} | {v.model} | {','.join(f'{r:g}' for r in v.rates_to_knee)} | "
+                     f"{errors} | {format_goodput(v.measured_goodput, rates)} / "
+                     f"{format_goodput(v.simulated_goodput, rates)} | {error} |")
+    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    png = plot_verdicts(verdicts, out_dir / "summary.png", "measured vs simulated, per shape and topology")
+    console.print(f"wrote {out_dir / 'summary.json'}, {out_dir / 'summary.md'} and {png}")
+
+
+def model_config(model: Path) -> dict:
+    return json.loads((model / "config.json").read_text())
 
 
 if __name__ == "__main__":

@@ -2,12 +2,19 @@
 
 The prompt arrives with the first token appended (the prefill worker sampled it), so the engine
 computes that one token itself and loads every earlier one; the connector reports how the load
-went on the final output, which this handler returns on the last message.
+went on the final output, which this handler returns on the last message. The request says how
+many of its prompt tokens were output (`num_generated`): a seeded stream skips that many draws,
+presence/frequency penalties count them, bad words look back over them, and a structured output's
+grammar is advanced over them (pdserve.grammar_stream), so the continuation samples as one engine
+would.
 """
 
 from __future__ import annotations
 
 from kv_transfer.metadata import PullReport
+from pdserve.grammar_stream import GRAMMAR_PREFIX_ARG
+from pdserve.logprobs import rows_from_vllm
+from pdserve.sampler_stream import PRIOR_OUTPUTS_ARG, SKIP_DRAWS_ARG, prior_outputs_needed, skip_draws_needed
 from pdserve.worker.server import engine_queued_s
 from pdserve.worker_api import DecodeChunk, DecodeRequest
 
@@ -21,21 +28,42 @@ class DecodeHandler:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        extra = {"kv_transfer_params": request.kv_handle.to_params()} if request.kv_handle is not None else None
-        params = request.sampling.to_vllm(extra_args=extra, output_kind=RequestOutputKind.DELTA)
+        params = request.sampling.to_vllm(extra_args=continuation_args(request) or None,
+                                          output_kind=RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        sampling = request.sampling
         async for output in self.runtime.engine.generate(prompt, params, request.request_id):
             completion = output.outputs[0]
+            logprobs = {"logprobs": rows_from_vllm(completion.logprobs, sampling.logprobs),
+                        "prompt_logprobs": rows_from_vllm(output.prompt_logprobs, sampling.prompt_logprobs)}
             if output.finished:
-                yield _final_message(completion, output)
-            elif completion.token_ids:
-                yield DecodeChunk(token_ids=tuple(completion.token_ids))
+                yield _final_message(completion, output, logprobs)
+            elif completion.token_ids or logprobs["prompt_logprobs"]:
+                yield DecodeChunk(token_ids=tuple(completion.token_ids), **logprobs)
 
     async def release(self, transfer_id: str) -> bool:
         return False  # a decode worker holds no KV for others
 
 
-def _final_message(completion, output) -> DecodeChunk:
+def continuation_args(request: DecodeRequest) -> dict:
+    """The engine's extra_args for `request`: the KV handle, and what continues the request's
+    sampling exactly (pdserve.sampler_stream), each only when it applies."""
+    sampling = request.sampling
+    args: dict = {}
+    if request.kv_handle is not None:
+        args["kv_transfer_params"] = request.kv_handle.to_params()
+    skip = skip_draws_needed(sampling.seed, sampling.temperature, request.num_generated)
+    if skip:
+        args[SKIP_DRAWS_ARG] = skip
+    if request.num_generated and prior_outputs_needed(sampling.presence_penalty, sampling.frequency_penalty,
+                                                      sampling.bad_words):
+        args[PRIOR_OUTPUTS_ARG] = list(request.generated_token_ids)
+    if request.num_generated and sampling.structured_outputs_json:
+        args[GRAMMAR_PREFIX_ARG] = list(request.generated_token_ids)   # pdserve.grammar_stream
+    return args
+
+
+def _final_message(completion, output, logprobs: dict) -> DecodeChunk:
     report = PullReport.from_params(output.kv_transfer_params)
     return DecodeChunk(
         token_ids=tuple(completion.token_ids),
@@ -49,4 +77,5 @@ def _final_message(completion, output) -> DecodeChunk:
         num_cached_tokens=output.num_cached_tokens or 0,
         queued_s=engine_queued_s(output),
         stop_reason=completion.stop_reason,
+        **logprobs,
     )

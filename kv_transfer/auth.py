@@ -3,8 +3,8 @@
 Every consumer connection to a producer's KV port starts with it, before any HELLO, PULL, COPIED
 or RELEASE (`kv_transfer.wire` has the rest of the exchanges):
 
-    consumer -> AUTH {identity, fingerprint, nonce}
-                                       producer -> CHALLENGE {identity, fingerprint, nonce, proof}
+    consumer -> AUTH {identity, fingerprint, nonce, encryption}
+                                       producer -> CHALLENGE {identity, fingerprint, nonce, sealed, proof}
                                                    (or REFUSED {error}, then it closes)
     consumer -> PROOF {proof}, pipelined with its next message (HELLO, or a one-shot RELEASE)
                                        producer -> that message's answer, or REFUSED {error} + close
@@ -17,12 +17,18 @@ producer did, so it is never an oracle for a fake producer; a recorded PROOF fai
 connection (the producer's nonce is fresh), and a producer's proof never passes for a consumer's
 (the role is inside the MAC). The cost is one round trip per connection, not per pull.
 
+`encryption` is the consumer's `kv_encryption` setting ("off" when absent), `sealed` the
+producer's decision (`kv_transfer.encryption.agree`); both are in the transcript, so nobody on the
+path can switch encryption off unnoticed. On a sealed connection everything after the PROOF (HELLO
+or RELEASE on) travels in AES-256-GCM records under keys derived from the secret, both nonces and
+the transcript (`kv_transfer.sealed_socket`); the PROOF itself and what precedes it stay in clear.
+
 `identity` is the worker's id on the KV plane: a producer binds each transfer to the first
 consumer identity that uses it (`LeaseTable.claim`), and `authorize` says who else may. With one
 secret shared by the cluster, an identity is a claim made by a holder of the secret: the
 handshake keeps out whoever lacks the secret; it does not make one member unable to pose as
-another. It authenticates a connection at its start; it does not encrypt or sign the messages that
-follow (see SECURITY.md).
+another. Unsealed, it authenticates a connection at its start and does not encrypt or sign the
+messages that follow (see SECURITY.md).
 
 No secret on a side (`Credentials.secret is None`: tests, tools, launchers that pass none) means
 proofs are "" and the plane is unauthenticated; `warn_if_unauthenticated` says so once per process.
@@ -41,45 +47,47 @@ import logging
 import os
 import secrets
 import socket
-import stat
 import threading
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Literal
 
+from kv_transfer.encryption import (DEFAULT_ENCRYPTION, ENCRYPTION_MODES, EncryptionMismatch, EncryptionMode,
+                                    SessionKeys, agree, derive_session_keys, effective_mode, is_cross_host,
+                                    setting_problem)
 from kv_transfer.errors import IncompatiblePeer, PeerClosed, TransferError
+from kv_transfer.secret_file import (MIN_SECRET_BYTES, SECRET_FILE_ENV, SecretFileError, create_secret_file,
+                                     load_secret, readable_by_others)
 from kv_transfer.wire import encode, recv_message, send_message
 
 logger = logging.getLogger(__name__)
 
 Role = Literal["producer", "consumer"]
-PROTOCOL = "pdserve-kv-auth-v1"
+PROTOCOL = "pdserve-kv-auth-v2"   # v2: the encryption setting and decision are signed
 NONCE_BYTES = 32
-MIN_SECRET_BYTES = 16
 MAX_IDENTITY_CHARS = 128
 MAX_FINGERPRINT_CHARS = 256
 MAX_PREAUTH_MESSAGE_BYTES = 1024   # AUTH, PROOF, GRANT_HELLO: everything read from a stranger
 AUTH_TIMEOUT_S = 5.0               # each read before the peer proved itself
-SECRET_FILE_ENV = "PDSERVE_CLUSTER_SECRET_FILE"   # read by the worker's entry point only
 
 
 class AuthFailed(TransferError):
     """A peer did not prove knowledge of the cluster secret, or broke the handshake's rules."""
 
 
-class SecretFileError(ValueError):
-    """The cluster secret file cannot be used; the message says how to fix it."""
-
 
 @dataclass(frozen=True)
 class Credentials:
-    """This side's name on the KV plane and the cluster secret (None: unauthenticated)."""
+    """This side's name on the KV plane, the cluster secret (None: unauthenticated) and its
+    `kv_encryption` setting (`kv_transfer.encryption`; `on` needs the secret, the keys come from it)."""
 
     identity: str
     secret: bytes | None = None
+    encryption: EncryptionMode = DEFAULT_ENCRYPTION
 
     def __post_init__(self) -> None:
         if why := identity_problem(self.identity):
+            raise ValueError(why)
+        if why := setting_problem(self.encryption, "", self.secret is not None):
             raise ValueError(why)
         if self.secret is not None and len(self.secret) < MIN_SECRET_BYTES:
             raise SecretFileError(f"a cluster secret needs at least {MIN_SECRET_BYTES} bytes, got "
@@ -89,10 +97,15 @@ class Credentials:
     def authenticated(self) -> bool:
         return self.secret is not None
 
+    @property
+    def effective_encryption(self) -> EncryptionMode:
+        return effective_mode(self.encryption, self.authenticated)
+
     @classmethod
-    def from_file(cls, path: str | os.PathLike | None, identity: str) -> "Credentials":
+    def from_file(cls, path: str | os.PathLike | None, identity: str,
+                  encryption: EncryptionMode = DEFAULT_ENCRYPTION) -> "Credentials":
         """With the secret in `path`; unauthenticated when `path` is empty or None."""
-        return cls(identity, load_secret(path) if path else None)
+        return cls(identity, load_secret(path) if path else None, encryption)
 
 
 @dataclass(frozen=True)
@@ -105,20 +118,33 @@ class Transcript:
     producer_identity: str
     producer_fingerprint: str
     producer_nonce: str
+    consumer_encryption: str = "off"   # the consumer's setting, as its AUTH said
+    sealed: bool = False               # the producer's decision, as its CHALLENGE said
 
-    def signed_bytes(self, role: Role) -> bytes:
-        """Unambiguous (a JSON list), so no two transcripts sign alike."""
+    def signed_bytes(self, role: str) -> bytes:
+        """Unambiguous (a JSON list), so no two transcripts sign alike. `role`: "producer" or
+        "consumer" for a proof, "keys" for `derive_session_keys`'s info."""
         return json.dumps([PROTOCOL, role, self.consumer_identity, self.consumer_fingerprint, self.consumer_nonce,
-                           self.producer_identity, self.producer_fingerprint, self.producer_nonce]).encode()
+                           self.producer_identity, self.producer_fingerprint, self.producer_nonce,
+                           self.consumer_encryption, self.sealed]).encode()
+
+    def session_keys(self, secret: bytes | None) -> SessionKeys | None:
+        """The connection's keys when it is sealed (and there is a secret), else None."""
+        if not self.sealed or secret is None:
+            return None
+        return derive_session_keys(secret, self.consumer_nonce, self.producer_nonce, self.signed_bytes("keys"))
 
 
 @dataclass(frozen=True)
 class Peer:
-    """The other side of an authenticated (or, without a secret, merely introduced) connection."""
+    """The other side of an authenticated (or, without a secret, merely introduced) connection;
+    `keys` are the connection's when it is sealed (`kv_transfer.sealed_socket.seal`), else None."""
 
     identity: str
     fingerprint: str
     authenticated: bool
+    encryption: str = "off"            # the peer's kv_encryption setting, as it said (a consumer's)
+    keys: SessionKeys | None = field(default=None, repr=False)
 
 
 # ---- pure decisions ------------------------------------------------------------------------------
@@ -158,6 +184,14 @@ def introduction(message: dict) -> tuple[str, str, str]:
     return identity, fingerprint, nonce
 
 
+def requested_encryption(auth: dict) -> EncryptionMode:
+    """The consumer's `kv_encryption` in its AUTH ("off" when it says nothing); AuthFailed if malformed."""
+    value = auth.get("encryption", "off")
+    if value not in ENCRYPTION_MODES:
+        raise AuthFailed(f"encryption is one of {', '.join(ENCRYPTION_MODES)}, not {value!r:.40}")
+    return value
+
+
 def authorize(bound_to: str | None, peer: str, owner: str) -> bool:
     """May `peer` pull or release a transfer bound to `bound_to` (None: nobody yet) at a producer
     whose own identity is `owner`? Its consumer may, the producer's own worker may (the router's
@@ -182,10 +216,13 @@ def new_nonce() -> str:
 # ---- the exchange over a socket --------------------------------------------------------------------
 def authenticate_to_producer(sock: socket.socket, credentials: Credentials, fingerprint: str) -> tuple[Peer, bytes]:
     """Consumer: AUTH, then the producer's CHALLENGE, checked. Returns the producer and the framed
-    PROOF, which the caller sends together with its next message (no extra round trip). Raises
-    IncompatiblePeer when the producer refuses us or cannot prove the secret."""
-    nonce = new_nonce()
-    send_message(sock, {"op": "AUTH", "identity": credentials.identity, "fingerprint": fingerprint, "nonce": nonce})
+    PROOF, which the caller sends together with its next message (no extra round trip; on a sealed
+    connection, `peer.keys` set, that message is the first sealed one: `sealed_socket.send_after_proof`).
+    Raises IncompatiblePeer when the producer refuses us (`EncryptionMismatch` among its reasons),
+    cannot prove the secret, or decided on encryption against our setting."""
+    nonce, encryption = new_nonce(), credentials.effective_encryption
+    send_message(sock, {"op": "AUTH", "identity": credentials.identity, "fingerprint": fingerprint, "nonce": nonce,
+                        "encryption": encryption})
     reply = recv_message(sock, MAX_PREAUTH_MESSAGE_BYTES)
     if reply["op"] == "REFUSED":
         raise IncompatiblePeer(f"the KV producer refused us: {reply.get('error', '')}")
@@ -193,26 +230,43 @@ def authenticate_to_producer(sock: socket.socket, credentials: Credentials, fing
         raise IncompatiblePeer(f"the KV producer does not authenticate (it answered {reply['op']!r:.40}): "
                                "an older pdserve, or not a KV port")
     identity, their_fingerprint, their_nonce = introduction(reply)
-    transcript = Transcript(credentials.identity, fingerprint, nonce, identity, their_fingerprint, their_nonce)
+    sealed = reply.get("sealed", False)
+    if not isinstance(sealed, bool):
+        raise IncompatiblePeer(f"the KV producer {identity!r} sent a malformed CHALLENGE (sealed={sealed!r:.20})")
+    transcript = Transcript(credentials.identity, fingerprint, nonce, identity, their_fingerprint, their_nonce,
+                            encryption, sealed)
     if not proof_matches(credentials.secret, "producer", transcript, reply.get("proof")):
         raise IncompatiblePeer(f"the KV producer {identity!r} did not prove the cluster secret: "
                                "not a member of this cluster, or started with another secret file")
-    peer = Peer(identity, their_fingerprint, credentials.authenticated)
+    if encryption != "auto" and sealed != (encryption == "on"):
+        raise EncryptionMismatch(f"the KV producer {identity!r} chose a connection {'sealed' if sealed else 'in clear'} "
+                                 f"though this consumer is set to kv_encryption={encryption!r}")
+    peer = Peer(identity, their_fingerprint, credentials.authenticated, keys=transcript.session_keys(credentials.secret))
     return peer, encode({"op": "PROOF", "proof": proof(credentials.secret, "consumer", transcript)})
 
 
 def authenticate_consumer(sock: socket.socket, credentials: Credentials, fingerprint: str, auth: dict) -> Peer:
     """Producer: answers the consumer's AUTH (already read) with a CHALLENGE and checks its PROOF.
-    Raises AuthFailed, after a REFUSED, when it fails; the caller then closes the connection."""
+    Decides whether the connection is sealed (`kv_transfer.encryption.agree`, from both settings
+    and the socket's two addresses). Raises AuthFailed, after a REFUSED, when it fails (an
+    encryption mismatch included); the caller then closes the connection."""
     try:
         identity, their_fingerprint, their_nonce = introduction(auth)
+        their_encryption = requested_encryption(auth)
     except AuthFailed as error:
         refuse(sock, f"malformed AUTH: {error}")
         raise
+    try:
+        sealed = agree(their_encryption, credentials.effective_encryption,
+                       is_cross_host(sock.getsockname()[0], sock.getpeername()[0]))
+    except EncryptionMismatch as error:
+        refuse(sock, str(error))
+        raise AuthFailed(f"consumer {identity!r}: {error}") from None
     nonce = new_nonce()
-    transcript = Transcript(identity, their_fingerprint, their_nonce, credentials.identity, fingerprint, nonce)
+    transcript = Transcript(identity, their_fingerprint, their_nonce, credentials.identity, fingerprint, nonce,
+                            their_encryption, sealed)
     send_message(sock, {"op": "CHALLENGE", "identity": credentials.identity, "fingerprint": fingerprint,
-                        "nonce": nonce, "proof": proof(credentials.secret, "producer", transcript)})
+                        "nonce": nonce, "sealed": sealed, "proof": proof(credentials.secret, "producer", transcript)})
     try:
         answer = recv_message(sock, MAX_PREAUTH_MESSAGE_BYTES)
     except PeerClosed:
@@ -223,7 +277,8 @@ def authenticate_consumer(sock: socket.socket, credentials: Credentials, fingerp
                if answer["op"] == "PROOF" else f"expected PROOF, got {answer['op']!r:.40}")
         refuse(sock, "authentication failed")
         raise AuthFailed(why)
-    return Peer(identity, their_fingerprint, credentials.authenticated)
+    return Peer(identity, their_fingerprint, credentials.authenticated, their_encryption,
+                transcript.session_keys(credentials.secret))
 
 
 def refuse(sock: socket.socket, error: str) -> None:
@@ -232,45 +287,6 @@ def refuse(sock: socket.socket, error: str) -> None:
         send_message(sock, {"op": "REFUSED", "error": error})
     except (OSError, TransferError) as failure:  # the peer is gone already: closing is all that is left
         logger.debug("could not tell a refused KV peer why: %s", failure)
-
-
-# ---- the secret ------------------------------------------------------------------------------------
-def load_secret(path: str | os.PathLike) -> bytes:
-    """The secret in the file at `path`: its bytes, surrounding whitespace stripped. SecretFileError
-    if it is missing or too short; a file others may read is used, with a warning."""
-    path = Path(path)
-    try:
-        info = path.stat()
-        secret = path.read_bytes().strip()
-    except OSError as error:
-        raise SecretFileError(f"cannot read the cluster secret file {path}: {error.strerror}; pass the file "
-                              f"`pdserve up` wrote (its run directory's cluster-secret) or one you made") from None
-    if len(secret) < MIN_SECRET_BYTES:
-        raise SecretFileError(f"the cluster secret file {path} holds {len(secret)} bytes, fewer than "
-                              f"{MIN_SECRET_BYTES}: write at least 16 random bytes (e.g. 64 hex digits) into it")
-    if readable_by_others(info):
-        logger.warning("the cluster secret file %s may be read by other users (mode %o): chmod 600 it",
-                       path, stat.S_IMODE(info.st_mode))
-    return secret
-
-
-def readable_by_others(info: os.stat_result) -> bool:
-    """May users other than this process's read a file with `info`? Group read counts unless the
-    group is this process's own (a Kubernetes Secret volume: 0440, group fsGroup = the pod's group)."""
-    mode = stat.S_IMODE(info.st_mode)
-    own_group = info.st_gid == os.getgid() or info.st_gid in os.getgroups()
-    return bool(mode & 0o007) or bool(mode & 0o070 and not own_group)
-
-
-def create_secret_file(path: str | os.PathLike) -> Path:
-    """Writes a fresh random secret (256 bits, hex) to `path`, readable by this user only (0600);
-    a file already there is replaced. Returns the path."""
-    path = Path(path)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(secrets.token_hex(32) + "\n")
-    return path
 
 
 # ---- this process's defaults -----------------------------------------------------------------------
@@ -308,4 +324,5 @@ def warn_if_unauthenticated(credentials: Credentials, side: str) -> None:
 __all__ = ["AUTH_TIMEOUT_S", "AuthFailed", "Credentials", "MAX_PREAUTH_MESSAGE_BYTES", "Peer", "SECRET_FILE_ENV",
            "SecretFileError", "Transcript", "authenticate_consumer", "authenticate_to_producer", "authorize",
            "create_secret_file", "introduction", "load_secret", "process_credentials", "proof", "proof_matches",
-           "readable_by_others", "refuse", "set_process_credentials", "warn_if_unauthenticated"]
+           "readable_by_others", "refuse", "requested_encryption", "set_process_credentials",
+           "warn_if_unauthenticated"]

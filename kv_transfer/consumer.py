@@ -12,7 +12,17 @@ outcome: the pull fails, the connection stays.
 Every connection, one-shot releases included, first runs the mutual authentication of
 `kv_transfer.auth` with this side's `Credentials` (cluster secret and worker identity): a producer
 that cannot prove the secret is refused (`IncompatiblePeer`) before we send it anything but our
-AUTH. It costs one round trip per connection; pulls on a cached connection pay nothing.
+AUTH. It costs one round trip per connection; pulls on a cached connection pay nothing. When the
+handshake seals the connection (`kv_transfer.encryption`: by default, one that leaves the host),
+the connection's socket is a `SealedSocket` from the HELLO on: the exchanges below and the tcp
+channel's bytes are AES-256-GCM records, and a record that fails its tag (`SealBroken`) fails the
+pull like any broken transfer: the connection is dropped, the blocks are never reported loaded.
+
+Before a pull returns, the checksum of every block it wrote (`kv_transfer.checksum`: taken over
+the bytes received, block by block as they land, or as the shm copy wrote them) is compared with
+the producer's (SENDING or DONE_OK carries them; a vouched shm pull compares their fold with the
+lease board's): blocks that differ raise `ChecksumMismatch` with their local ids, a load error for
+exactly those blocks. The exchange itself completed, so the connection stays.
 """
 
 from __future__ import annotations
@@ -25,7 +35,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kv_transfer.auth import Credentials, authenticate_to_producer, process_credentials, warn_if_unauthenticated
+from kv_transfer.checksum import ReceivedSums, block_checksums, mismatched, supported, warm_up
+from kv_transfer.encryption import warn_if_blocks_in_clear
+from kv_transfer.errors import ChecksumMismatch
+from kv_transfer.faults import FaultPlan, injector
 from kv_transfer.layout import KVCompat, KVLayout
+from kv_transfer.lease_board import lease_checksum
+from kv_transfer.sealed_socket import seal, send_after_proof
 from kv_transfer.sockets import DEFAULT_CONGESTION, connect
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
 from kv_transfer.wire import (DONE, IncompatiblePeer, PeerClosed, TransferError, encode, expect, recv_message,
@@ -63,10 +79,10 @@ def release_transfer(address: str, transfer_id: str, timeout_s: float = 5.0,
     successful pull releases on its own connection (PULL `release`). Raises `IncompatiblePeer` when
     the producer refuses us (authentication, or a transfer bound to another consumer)."""
     credentials = credentials or process_credentials()
-    sock = connect(*split_address(address), timeout_s)
-    with sock:
-        _, proof = authenticate_to_producer(sock, credentials, "")
-        sock.sendall(proof + encode({"op": "RELEASE", "transfer_id": transfer_id}))
+    with connect(*split_address(address), timeout_s) as raw:
+        peer, proof = authenticate_to_producer(raw, credentials, "")
+        sock = seal(raw, peer.keys, "consumer", timeout_s)
+        send_after_proof(sock, proof, encode({"op": "RELEASE", "transfer_id": transfer_id}))
         reply = recv_message(sock)
         if reply["op"] == "REFUSED":
             raise IncompatiblePeer(f"the KV producer at {address} refused to release {transfer_id}: "
@@ -90,14 +106,23 @@ class _Connection:
 class PullClient:
     """Pulls from any number of producers. `timeout_s` bounds every wait of a pull; `congestion` is
     the TCP congestion control of its connections (see `kv_transfer.sockets`); `credentials` are
-    this worker's identity and the cluster secret (default `kv_transfer.auth.process_credentials()`)."""
+    this worker's identity and the cluster secret (default `kv_transfer.auth.process_credentials()`).
+    `verify_checksums` (on CPU caches) checks every pulled block's checksum: off only for a
+    benchmark's baseline. `faults`: a `FaultPlan` for tests and chaos runs (its consumer-side faults)."""
 
     def __init__(self, layout: KVLayout, compat: KVCompat, transport: str, timeout_s: float = 30.0,
-                 congestion: str = DEFAULT_CONGESTION, credentials: Credentials | None = None):
+                 congestion: str = DEFAULT_CONGESTION, credentials: Credentials | None = None,
+                 verify_checksums: bool = True, faults: FaultPlan | None = None):
         self.layout, self.compat = layout, compat
         self.credentials = credentials or process_credentials()
         warn_if_unauthenticated(self.credentials, "KV consumer")
-        self.transport = get_transport(transport, timeout_s, local=layout)
+        self.verify = verify_checksums and supported(layout)
+        if self.verify:
+            warm_up()
+        self.faults = injector(faults, "consumer")
+        self.transport = get_transport(transport, timeout_s, local=layout, faults=self.faults)
+        warn_if_blocks_in_clear(self.credentials.encryption, transport, self.transport.sealable,
+                                self.credentials.authenticated)
         self.timeout_s = timeout_s
         self.congestion = congestion
         self._connections: dict[str, _Connection] = {}
@@ -131,6 +156,8 @@ class PullClient:
                     continue
                 except _Missing as missing:
                     raise TransferError(str(missing)) from None
+                except ChecksumMismatch:
+                    raise  # the exchange completed: the connection is fine
                 except (TransferError, OSError, RuntimeError, ValueError, KeyError) as error:
                     self._drop(address, connection)
                     raise TransferError(f"pull of {transfer_id} from {address} failed: {error}") from error
@@ -148,16 +175,18 @@ class PullClient:
         sock, channel = connection.sock, connection.channel
         pull = {"op": "PULL", "transfer_id": transfer_id, "block_ids": list(remote_block_ids),
                 "local_block_ids": list(local_block_ids), "release": release}
-        ranges = None
+        ranges, sums = None, None
         try:
             if channel.one_round_trip:
                 copy_started_s, board = time.monotonic(), getattr(channel, "board", None)
                 vouch = board.snapshot(transfer_id, time.monotonic_ns()) if board is not None else None
-                channel.copy(local_block_ids, remote_block_ids)
-                if vouch is not None and board.still_holds(vouch, time.monotonic_ns()):
-                    # The board saw the lease held from before the copy to after it: the blocks are
-                    # ours. The producer needs only the release, a notice with no reply, sent off
-                    # this pull's path; without release it needs nothing.
+                sums = _block_sums(channel.copy(local_block_ids, remote_block_ids))
+                if (vouch is not None and self._matches_board(vouch.checksum, sums)
+                        and board.still_holds(vouch, time.monotonic_ns())):
+                    # The board saw the lease held from before the copy to after it, and our copy's
+                    # checksums fold to the ones it showed: the blocks are ours and intact. The
+                    # producer needs only the release, a notice with no reply, sent off this pull's
+                    # path; without release it needs nothing.
                     if release:
                         self._post(connection, pull | {"op": "COPIED", "copy_started_s": copy_started_s,
                                                        "vouched": True})
@@ -179,23 +208,48 @@ class PullClient:
             raise _Missing(str(reply.get("error", "the producer holds no such transfer")))
         if channel.one_round_trip:
             if reply["op"] == "RECOPY":  # granted while we copied: the first copy may have read unfinished blocks
-                channel.copy(local_block_ids, remote_block_ids)
+                sums = _block_sums(channel.copy(local_block_ids, remote_block_ids))
                 send_message(sock, DONE)
                 reply = recv_message(sock)
             expect(reply, "DONE_OK")
             connection.num_pulls += 1
+            self._check(local_block_ids, reply, sums)
             return
         expected = self.layout.num_bytes(len(local_block_ids))
         if require_field(expect(reply, "SENDING"), "num_bytes", int) != expected:
             raise TransferError(f"producer sends {reply['num_bytes']} bytes, expected {expected}")
         if channel.kind == "mapped":  # one-sided: we copy, then the producer confirms its pin held
-            channel.copy(local_block_ids, remote_block_ids)
+            sums = _block_sums(channel.copy(local_block_ids, remote_block_ids))
             send_message(sock, DONE)
             expect(recv_message(sock), "DONE_OK")
         else:
-            channel.recv(ranges)
+            received = ReceivedSums.of(self.layout, runs, ranges) if self.verify else None
+            channel.recv(ranges, None if received is None else received.received)
             send_message(sock, DONE)
+            sums = None if received is None else received.values()
         connection.num_pulls += 1
+        self._check(local_block_ids, reply, sums)
+
+    def _matches_board(self, board_checksum: int, sums: list[int] | None) -> bool:
+        """Whether a vouched copy's checksums fold to the board's (always, when we do not verify).
+        A board without one (0), or a pull of part of the lease's blocks, asks the producer instead."""
+        if not self.verify:
+            return True
+        return board_checksum != 0 and sums is not None and lease_checksum(sums) == board_checksum
+
+    def _check(self, local_block_ids: Sequence[int], reply: dict, sums: list[int] | None) -> None:
+        """Raises `ChecksumMismatch` for the blocks whose bytes here differ from the producer's
+        checksums in `reply` (taken over `local_block_ids` now unless the copy took them: `sums`)."""
+        if not self.verify:
+            return
+        expected = reply.get("checksums")
+        if not isinstance(expected, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in expected):
+            raise TransferError(f"the producer's {reply['op']} carries no valid block checksums")
+        got = sums if sums is not None else block_checksums(self.layout, local_block_ids)
+        bad = mismatched(local_block_ids, expected, got)
+        if bad:
+            raise ChecksumMismatch(f"{len(bad)} of {len(local_block_ids)} KV blocks arrived with a wrong checksum "
+                                   f"(local ids {bad[:8]}{'...' if len(bad) > 8 else ''})", bad)
 
     def _post(self, connection: _Connection, notice: dict) -> None:
         """Queues `notice` for the connection's producer; one thread sends the queue in order, each
@@ -284,15 +338,19 @@ class PullClient:
         except OSError as error:
             raise TransferError(f"cannot reach the KV producer at {address}: {error}") from error
         try:
-            _, proof = authenticate_to_producer(sock, self.credentials, self.compat.model_fingerprint)
+            peer, proof = authenticate_to_producer(sock, self.credentials, self.compat.model_fingerprint)
+            sock = seal(sock, peer.keys, "consumer", self.timeout_s)
             offer = self.transport.consumer_offer(sock, self.layout.device)
-            sock.sendall(proof + encode({"op": "HELLO", "compat": self.compat.to_dict(),
-                                         "transport": self.transport.name, **offer.fields}))
+            send_after_proof(sock, proof, encode({"op": "HELLO", "compat": self.compat.to_dict(),
+                                                  "transport": self.transport.name, **offer.fields}))
             reply = recv_message(sock)
             if reply["op"] == "REFUSED":
                 raise IncompatiblePeer(f"producer {address} refused: {reply.get('error', '')}")
             expect(reply, "WELCOME")
-            return _Connection(sock, offer.connect(sock, reply))
+            channel = offer.connect(sock, reply)
+            if hasattr(channel, "checksums"):   # a copying channel takes them as it copies
+                channel.checksums = self.verify
+            return _Connection(sock, channel)
         except TransferError:
             sock.close()
             raise
@@ -308,6 +366,11 @@ class PullClient:
             if self._connections.get(address) is connection:
                 del self._connections[address]
         connection.close()
+
+
+def _block_sums(copied) -> list[int] | None:
+    """A copy's per-block checksums (shm), or None (a channel that takes none: CUDA IPC)."""
+    return copied if isinstance(copied, list) else None
 
 
 class _Missing(TransferError):

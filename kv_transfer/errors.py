@@ -23,3 +23,12 @@ class PeerClosed(TransferError):
     def __init__(self, message: str, received: int = 0):
         super().__init__(message)
         self.received = received
+
+
+class ChecksumMismatch(TransferError):
+    """The bytes of `block_ids` (the consumer's local ids) arrived, but their checksums differ from
+    the producer's: those blocks are a load error (vLLM recomputes them); the others are good."""
+
+    def __init__(self, message: str, block_ids: list[int]):
+        super().__init__(message)
+        self.block_ids = list(block_ids)

@@ -21,6 +21,9 @@ from typing import Sequence
 import torch
 
 
+CHECKSUM_ALGORITHM = "oddweight64"   # kv_transfer.checksum's; compared at handshake like the layout
+
+
 class LayoutError(ValueError):
     """The KV cache tensors do not have a layout this connector knows how to move."""
 
@@ -53,6 +56,7 @@ class KVCompat:
     block_shape: tuple[int, ...]   # one block of one layer, all planes
     bytes_per_block: int           # all layers, all planes
     model_name: str = ""
+    checksum: str = ""             # the per-block checksum both sides take (kv_transfer.checksum); "": none (CUDA)
 
     def mismatches(self, peer: "KVCompat | dict", here: str = "producer", there: str = "consumer") -> list[str]:
         """Human-readable differences with a peer (its `to_dict()` off the wire), empty when
@@ -136,6 +140,7 @@ class KVLayout:
             block_shape=block_shape,
             bytes_per_block=self.bytes_per_block,
             model_name=model,
+            checksum=CHECKSUM_ALGORITHM if self.device.type == "cpu" else "",
         )
 
     def runs(self, block_ids: Sequence[int], paired_with: Sequence[int] | None = None) -> list[tuple[int, int]]:
@@ -179,6 +184,18 @@ class KVLayout:
         if self.device.type != "cpu" or not self.blocks_adjacent:
             return None
         return [(plane.data_ptr(), size) for plane, size in zip(self._planes, self._plane_block_bytes)]
+
+    def plane_block_bytes(self) -> list[int]:
+        """Bytes of one block in each plane, in the canonical order."""
+        return list(self._plane_block_bytes)
+
+    def plane_arrays(self) -> list | None:
+        """Each plane as a flat uint8 numpy array over the cache (no copy), in the canonical order,
+        for code that moves runs by slicing (`kv_transfer.checksum`); None unless the cache is on
+        the CPU and its blocks are adjacent."""
+        if self.device.type != "cpu" or not self.blocks_adjacent:
+            return None
+        return [plane.numpy() for plane in self._planes]
 
     def check_ids(self, block_ids: Sequence[int]) -> None:
         """Raises LayoutError for an id outside the cache."""

@@ -8,8 +8,9 @@ and one message the consumer does not wait for.
 
 Where: the unused end of the segment's header page (`BOARD_OFFSET` to `HEADER_BYTES`), which older
 consumers never read. Layout, little-endian: a magic and the slot count, then `num_slots` slots of
-32 bytes: `seq` (u32), pad, `key` (u64: the transfer id's hash, 0 = empty), `granted_ns` and
-`expires_ns` (u64, `time.monotonic_ns()`: shared memory means one boot, one clock).
+40 bytes: `seq` (u32), pad, `key` (u64: the transfer id's hash, 0 = empty), `granted_ns` and
+`expires_ns` (u64, `time.monotonic_ns()`: shared memory means one boot, one clock), and `checksum`
+(u64: `kv_transfer.checksum.lease_checksum` of the lease's blocks, 0 = none taken).
 
 Writer (the producer's `LeaseTable`, under its lock: one writer): `publish` when a lease is granted,
 `retract` the moment it ends (released or expired), which is before its blocks are reported free.
@@ -20,7 +21,8 @@ over the connection instead.
 Reader (the consumer): `snapshot` before the copy, `still_holds` after it. The copy is good when the
 slot held this transfer, granted no later than the copy began, unchanged (`seq` equal and even)
 from before the copy to after it, and not past its deadline at the end: the lease was held, so the
-blocks were final and pinned, throughout. A reader never waits: anything else (a slot being
+blocks were final and pinned, throughout; and the checksum of what it copied equals the slot's
+(read under the same seqlock, so it is this lease's), so the bytes are the ones granted. A reader never waits: anything else (a slot being
 written, a retraction, a collision) is "ask the producer". The reads rely on loads not being
 reordered with loads nor stores with stores (x86-64's memory model); `board_readable()` is False
 elsewhere, and consumers there always ask.
@@ -34,9 +36,9 @@ import struct
 from dataclasses import dataclass
 
 BOARD_OFFSET = 1024          # in the segment's header page; the header proper ends far before
-BOARD_MAGIC = b"PDBOARD1"
+BOARD_MAGIC = b"PDBOARD2"   # 2: slots carry the lease checksum; a PDBOARD1 reader asks instead
 _BOARD_HEAD = struct.Struct("<8sI4x")
-_SLOT = struct.Struct("<I4xQQQ")   # seq, key, granted_ns, expires_ns
+_SLOT = struct.Struct("<I4xQQQQ")   # seq, key, granted_ns, expires_ns, checksum
 _SEQ = struct.Struct("<I")
 PROBE = 4                    # slots a transfer may live in, from its hash on
 
@@ -51,6 +53,15 @@ def transfer_key(transfer_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(transfer_id.encode(), digest_size=8).digest(), "little") or 1
 
 
+def lease_checksum(checksums) -> int:
+    """One number for a lease's per-block checksums (`kv_transfer.checksum`) in their order, as a
+    slot shows it; never 0, which on the board means "no checksum"."""
+    value = 0xCBF29CE484222325
+    for checksum in checksums:
+        value = (value * 0x100000001B3 + int(checksum)) & 0xFFFFFFFFFFFFFFFF
+    return value or 1
+
+
 def num_slots(area_bytes: int) -> int:
     return (area_bytes - _BOARD_HEAD.size) // _SLOT.size
 
@@ -62,6 +73,7 @@ class Vouch:
     slot: int
     seq: int
     key: int
+    checksum: int = 0   # the lease's checksum as the slot showed it (0: none; the consumer then asks)
 
 
 class LeaseBoard:
@@ -75,16 +87,16 @@ class LeaseBoard:
         _BOARD_HEAD.pack_into(area, 0, BOARD_MAGIC, self.num_slots)
         self._where: dict[str, int] = {}   # transfer id -> its slot, while published
 
-    def publish(self, transfer_id: str, granted_ns: int, expires_ns: int) -> bool:
+    def publish(self, transfer_id: str, granted_ns: int, expires_ns: int, checksum: int = 0) -> bool:
         """Shows `transfer_id` held from `granted_ns` to `expires_ns`; False if its home slots are
         all taken (its consumer then asks the producer) or it is already shown."""
         if transfer_id in self._where:
             return False
         key = transfer_key(transfer_id)
         for slot in _home_slots(key, self.num_slots):
-            seq, held, _, _ = _SLOT.unpack_from(self._area, self._offset(slot))
+            seq, held, _, _, _ = _SLOT.unpack_from(self._area, self._offset(slot))
             if held == 0:
-                self._write(slot, seq, key, granted_ns, expires_ns)
+                self._write(slot, seq, key, granted_ns, expires_ns, checksum)
                 self._where[transfer_id] = slot
                 return True
         return False
@@ -94,12 +106,12 @@ class LeaseBoard:
         slot = self._where.pop(transfer_id, None)
         if slot is not None:
             seq = _SEQ.unpack_from(self._area, self._offset(slot))[0]
-            self._write(slot, seq, 0, 0, 0)
+            self._write(slot, seq, 0, 0, 0, 0)
 
-    def _write(self, slot: int, seq: int, key: int, granted_ns: int, expires_ns: int) -> None:
+    def _write(self, slot: int, seq: int, key: int, granted_ns: int, expires_ns: int, checksum: int) -> None:
         offset = self._offset(slot)
         _SEQ.pack_into(self._area, offset, (seq + 1) & 0xFFFFFFFF)              # odd: being written
-        _SLOT.pack_into(self._area, offset, (seq + 1) & 0xFFFFFFFF, key, granted_ns, expires_ns)
+        _SLOT.pack_into(self._area, offset, (seq + 1) & 0xFFFFFFFF, key, granted_ns, expires_ns, checksum)
         _SEQ.pack_into(self._area, offset, (seq + 2) & 0xFFFFFFFF)              # even: done
 
     def _offset(self, slot: int) -> int:
@@ -127,17 +139,17 @@ class BoardReader:
         the board cannot vouch (not shown, granted later, a slot being written)."""
         key = transfer_key(transfer_id)
         for slot in _home_slots(key, self.num_slots):
-            seq, held, granted_ns, _ = _SLOT.unpack_from(self._area, self._offset(slot))
+            seq, held, granted_ns, _, checksum = _SLOT.unpack_from(self._area, self._offset(slot))
             if held == key:
                 if seq % 2 or granted_ns > copy_started_ns:
                     return None
-                return Vouch(slot, seq, key)
+                return Vouch(slot, seq, key, checksum)
         return None
 
     def still_holds(self, vouch: Vouch, now_ns: int) -> bool:
         """After the copy: the slot is unchanged since `snapshot` and its lease is not past its
         deadline at `now_ns`."""
-        seq, held, _, expires_ns = _SLOT.unpack_from(self._area, self._offset(vouch.slot))
+        seq, held, _, expires_ns, _ = _SLOT.unpack_from(self._area, self._offset(vouch.slot))
         return seq == vouch.seq and held == vouch.key and now_ns < expires_ns
 
     def _offset(self, slot: int) -> int:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Callable, Literal, Sequence
+
+from kv_transfer.lease_board import lease_checksum
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,14 @@ class Lease:
     block_ids: tuple[int, ...]
     num_tokens: int
     expires_at_s: float        # time.monotonic() deadline
+    checksums: tuple[int, ...] = ()   # per block, as `block_ids` (kv_transfer.checksum); () = none taken
+
+    def checksums_of(self, block_ids: Sequence[int]) -> list[int] | None:
+        """The checksums of `block_ids` (a subset of this lease's, any order); None without checksums."""
+        if not self.checksums:
+            return None
+        by_id = dict(zip(self.block_ids, self.checksums))
+        return [by_id[block_id] for block_id in block_ids]
 
 
 @dataclass
@@ -54,6 +64,7 @@ class LeaseTable:
     def __init__(self, clock=time.monotonic):
         self._clock = clock
         self._board = None   # a `kv_transfer.lease_board.LeaseBoard`: leases shown to shm consumers
+        self._checksummer: Callable[[Sequence[int]], list[int]] | None = None
         self._cond = threading.Condition()
         self._held: dict[str, _Held] = {}
         self._tombstones: dict[str, float] = {}
@@ -71,12 +82,27 @@ class LeaseTable:
                 if held.ending is None:
                     self._show(held)
 
+    def attach_checksums(self, checksummer: Callable[[Sequence[int]], list[int]]) -> None:
+        """From now on every grant takes its blocks' checksums (`checksummer(block_ids)`) before the
+        lease is held, so every pull and the board see them; the first checksummer attached stays
+        (two servers over one table serve the same bytes)."""
+        with self._cond:
+            if self._checksummer is None:
+                self._checksummer = checksummer
+
     def grant(self, lease: Lease) -> None:
         """Holds `lease`. The same grant twice (the scheduler half's early grant, then the step's:
         same transfer and request id) is one grant: the second is ignored, whether the first is
         still held or already ended. Released on arrival when its id was released before any grant
         (an abort that raced the prefill), or when another request's lease holds the same transfer
         id (a duplicate id must not strand the blocks of either)."""
+        with self._cond:
+            if (lease.transfer_id, lease.request_id) in self._granted:
+                return
+            checksummer = self._checksummer
+        if checksummer is not None and not lease.checksums:
+            # Outside the lock (a pass over the blocks' bytes): they are final, the prefill wrote them.
+            lease = replace(lease, checksums=tuple(checksummer(lease.block_ids)))
         with self._cond:
             key = (lease.transfer_id, lease.request_id)
             if key in self._granted:
@@ -200,7 +226,8 @@ class LeaseTable:
         """Publishes `held` on the board, its times widened by a microsecond against rounding (a
         consumer must never see it granted earlier, or expiring later, than it is)."""
         self._board.publish(held.lease.transfer_id, int(held.granted_at_s * 1e9) + 1_000,
-                            int(held.lease.expires_at_s * 1e9) - 1_000)
+                            int(held.lease.expires_at_s * 1e9) - 1_000,
+                            lease_checksum(held.lease.checksums) if held.lease.checksums else 0)
 
     def _end(self, held: _Held, ending: Ending) -> None:
         """Marks `held` ending (caller holds the lock); frees it now if no send is in progress.

@@ -16,6 +16,11 @@ lease is looked at. Until then each read is bounded to `MAX_PREAUTH_MESSAGE_BYTE
 (more are closed on accept). A transfer is bound to the first consumer identity that pulls,
 copies or releases it (`LeaseTable.claim`); anyone else but this worker itself is refused
 (`kv_transfer.auth.authorize`) and the lease stays as it was.
+
+Encryption: the handshake decides whether a connection is sealed (`kv_transfer.encryption`); a
+sealed one is served through a `SealedSocket` from the HELLO on, so every exchange below and the
+data channel's bytes are sealed without knowing it. A transport whose bytes a seal cannot cover
+(torch) is refused when either end is set to `on`.
 """
 
 from __future__ import annotations
@@ -25,14 +30,18 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Sequence
 
 from kv_transfer.auth import (AUTH_TIMEOUT_S, MAX_PREAUTH_MESSAGE_BYTES, AuthFailed, Credentials, Peer,
                               authenticate_consumer, authorize, process_credentials, refuse,
                               warn_if_unauthenticated)
+from kv_transfer.checksum import block_checksums, supported, warm_up
+from kv_transfer.faults import FaultPlan, injector
 from kv_transfer.layout import KVCompat, KVLayout, LayoutError
 from kv_transfer.grants import grant_from_message, token_matches
 from kv_transfer.leases import Lease, LeaseTable
+from kv_transfer.sealed_socket import SealBroken, seal
 from kv_transfer.sockets import DEFAULT_CONGESTION, configure, set_io_timeout, wait_readable
 from kv_transfer.threads import name_this_thread
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
@@ -50,6 +59,7 @@ class ProducerStats:
     bytes_sent: int = 0
     data_channels: int = 0    # handshakes that opened a data channel
     mapped_channels: int = 0  # of those, one-sided (shm, cuda_ipc): the consumer copies, we send no KV byte
+    sealed_channels: int = 0  # of those, on a sealed connection (kv_transfer.encryption)
     refused_handshakes: int = 0
     failed_authentications: int = 0   # connections closed because the peer did not prove the secret
     refused_uses: int = 0     # PULL/COPIED/RELEASE of a transfer bound to another consumer identity
@@ -75,13 +85,23 @@ class TransferServer:
     what one-sided consumers read: a `SharedCache` (CPU cache in a segment) or a `CudaCache` (CUDA
     cache exported as IPC handles), None for neither. `credentials`: this worker's identity and the
     cluster secret (default: `kv_transfer.auth.process_credentials()`); `auth_timeout_s` bounds each
-    read before a peer is authenticated."""
+    read before a peer is authenticated.
+
+    Checksums: on a CPU cache, every lease granted from now on takes its blocks' checksums at grant
+    (`LeaseTable.attach_checksums`, `kv_transfer.checksum`), off every pull's path; SENDING and
+    DONE_OK carry the pulled blocks' ones, the lease board their fold. `faults`: a `FaultPlan` for
+    tests and chaos runs (its producer-side faults strike at the data channels' send points)."""
 
     def __init__(self, layout: KVLayout, compat: KVCompat, leases: LeaseTable, host: str, port: int,
                  grant_wait_s: float = 5.0, io_timeout_s: float = 30.0, transports: Sequence[str] = ("tcp", "torch"),
                  congestion: str = DEFAULT_CONGESTION, shared_cache=None, grant_token: str = "",
-                 credentials: Credentials | None = None, auth_timeout_s: float = AUTH_TIMEOUT_S):
+                 credentials: Credentials | None = None, auth_timeout_s: float = AUTH_TIMEOUT_S,
+                 faults: FaultPlan | None = None):
         self.layout, self.compat, self.leases = layout, compat, leases
+        if supported(layout):
+            warm_up()
+            leases.attach_checksums(partial(block_checksums, layout))
+        self.faults = injector(faults, "producer")
         self.credentials = credentials or process_credentials()
         warn_if_unauthenticated(self.credentials, "KV producer")
         self._strangers = threading.BoundedSemaphore(MAX_UNAUTHENTICATED_CONNECTIONS)
@@ -90,7 +110,8 @@ class TransferServer:
         self._io_timeout_s = io_timeout_s
         self._congestion = congestion
         self._grant_token = grant_token   # the scheduler half's early grants (kv_transfer.grants)
-        self._transports = {name: get_transport(name, io_timeout_s, cache=shared_cache, device=layout.device)
+        self._transports = {name: get_transport(name, io_timeout_s, cache=shared_cache, device=layout.device,
+                                                faults=self.faults)
                             for name in transports}
         self._listener = socket.create_server((host, port), reuse_port=False)
         self._listener.settimeout(0.5)
@@ -151,10 +172,13 @@ class TransferServer:
             if peer is None:
                 self._serve_grants(sock)
                 return
-            channel = self._handshake(sock, peer)
+            link = seal(sock, peer.keys, "producer", self._io_timeout_s)
+            channel = self._handshake(link, peer)
             while channel is not None and not self._stopping.is_set():
-                wait_readable(sock)  # idle: no timeout
-                self._serve_one(sock, channel, recv_message(sock), peer)
+                wait_readable(link)  # idle: no timeout
+                self._serve_one(link, channel, recv_message(link), peer)
+        except SealBroken as error:   # bytes altered on the way to us: worth an operator's look
+            logger.warning("closed a KV connection from %s: %s", _address(sock), error)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # TransferError included
             logger.debug("KV consumer connection closed: %s", error)
         finally:
@@ -178,9 +202,9 @@ class TransferServer:
                 refuse(sock, "authenticate first: AUTH (an older pdserve?)")
                 raise AuthFailed(f"expected AUTH, got {first['op']!r:.40}")
             return authenticate_consumer(sock, self.credentials, self.compat.model_fingerprint, first)
-        except TransferError as error:
-            self.stats.add(failed_authentications=1, refused_handshakes=1)
+        except TransferError as error:   # logged, then counted: whoever sees the count finds the line
             logger.warning("refused a KV connection from %s: %s", _address(sock), error)
+            self.stats.add(failed_authentications=1, refused_handshakes=1)
             raise AuthFailed(str(error)) from None
 
     def _handshake(self, sock: socket.socket, peer: Peer) -> DataChannel | None:
@@ -198,7 +222,9 @@ class TransferServer:
         transport = self._transports[hello["transport"]]
         welcome = {"op": "WELCOME", **transport.welcome_fields(hello)}
         send_message(sock, welcome)
-        self.stats.add(data_channels=1)
+        self.stats.add(data_channels=1, sealed_channels=int(peer.keys is not None))
+        logger.info("KV consumer %r connected over %s (%s)", peer.identity, hello["transport"],
+                    "encrypted" if peer.keys is not None else "in clear")
         channel = transport.producer_channel(sock, hello, self.layout.device, welcome)
         if channel.kind == "mapped":
             self.stats.add(mapped_channels=1)
@@ -225,6 +251,10 @@ class TransferServer:
                             f"{hello.get('transport')!r} at the consumer")
         else:
             problems += [why for why in [self._transports[hello["transport"]].refusal(hello)] if why]
+            if not self._transports[hello["transport"]].sealable and "on" in (peer.encryption,
+                                                                              self.credentials.encryption):
+                problems.append(f"kv_encryption=on, but the {hello['transport']} transport's KV bytes travel over "
+                                "gloo/NCCL, which pdserve cannot encrypt: use the tcp transport")
         problems += self.compat.mismatches(compat if isinstance(compat, dict) else {})
         return "incompatible KV peer: " + "; ".join(problems) if problems else ""
 
@@ -239,7 +269,7 @@ class TransferServer:
         elif op == "PULL" and channel is not None:
             self._serve_pull(sock, channel, message, peer)
         elif op == "COPIED" and channel is not None and channel.one_round_trip:
-            self._serve_copied(sock, message, peer)
+            self._serve_copied(sock, channel, message, peer)
         else:
             raise TransferError(f"unexpected control message {op}")
 
@@ -278,7 +308,7 @@ class TransferServer:
                 send_message(sock, {"op": "MISSING", "error": ranges})
                 return
             num_bytes = self.layout.num_bytes(len(wanted))
-            channel.send(encode({"op": "SENDING", "num_bytes": num_bytes}), ranges)
+            channel.send(encode({"op": "SENDING", "num_bytes": num_bytes, **_checksums(lease, wanted)}), ranges)
             expect(recv_message(sock), "DONE")
             self.stats.add(transfers=1, bytes_sent=num_bytes)
             # The consumer has its bytes: the send ends (and the lease, if asked) before DONE_OK, so a
@@ -291,12 +321,13 @@ class TransferServer:
             if not finished:
                 self.leases.finish(transfer_id)
 
-    def _serve_copied(self, sock: socket.socket, message: dict, peer: Peer) -> None:
+    def _serve_copied(self, sock: socket.socket, channel: DataChannel, message: dict, peer: Peer) -> None:
         """The one-round-trip pull (`kv_transfer.wire`): the consumer has copied already. DONE_OK if
         the lease was granted before the copy began and is held now: the blocks were final and, a
         lease being never served again once it ends, never freed during the copy. RECOPY, then
         DONE_OK after the second copy (made under the pin), if it was granted during the copy;
-        MISSING if there is none."""
+        MISSING if there is none. DONE_OK carries the blocks' checksums, which the consumer checks its
+        copy against."""
         transfer_id = require_field(message, "transfer_id", str)
         wanted = require_field(message, "block_ids", list)
         copy_started_s = require_field(message, "copy_started_s", float)
@@ -307,6 +338,7 @@ class TransferServer:
             released = message.get("release") is True and self.leases.release(transfer_id)
             logger.debug("vouched pull of %s (released: %s)", transfer_id, released)
             return
+        channel.begin_transfer(sock)   # a producer-side fault (tests only) strikes here
         lease = self.leases.acquire(transfer_id, self._grant_wait_s)
         finished = lease is None
         try:
@@ -323,10 +355,11 @@ class TransferServer:
                 self.stats.add(recopies=1)
                 sock.sendall(RECOPY)
                 expect(recv_message(sock), "DONE")
+            done_ok = encode({"op": "DONE_OK", **_checksums(lease, wanted)}) if lease.checksums else DONE_OK
             self.stats.add(transfers=1, bytes_sent=self.layout.num_bytes(len(wanted)))
             finished = True  # released (if asked) before DONE_OK, as in `_serve_pull`
             self.leases.finish(transfer_id, release=message.get("release") is True)
-            sock.sendall(DONE_OK)
+            sock.sendall(done_ok)
         finally:
             if not finished:
                 self.leases.finish(transfer_id)
@@ -340,6 +373,12 @@ class TransferServer:
             return byte_ranges(channel, self.layout, self.layout.runs(wanted, paired))
         except LayoutError as error:
             return f"bad PULL: {error}"
+
+
+def _checksums(lease: Lease, wanted: list) -> dict:
+    """The `checksums` field of the pulled blocks (none when the lease took none: a CUDA cache)."""
+    checksums = lease.checksums_of(wanted)
+    return {} if checksums is None else {"checksums": checksums}
 
 
 def _not_yours(transfer_id: str) -> str:

@@ -11,10 +11,15 @@ The exchanges on one connection, after the mutual authentication of `kv_transfer
                                         the memory they mapped; kind torch brings the NCCL store)
                                                         producer -> CHANNEL_OK {kind}  (the one it accepted)
     consumer -> PULL {transfer_id, block_ids, local_block_ids, release}
-                                                        producer -> SENDING {num_bytes} + data | MISSING {error}
+                                                        producer -> SENDING {num_bytes, checksums} + data | MISSING {error}
     consumer -> READY {}       (torch transport: its receives are posted; the producer then sends)
     consumer -> DONE {}        (after the last byte landed; only after SENDING)
                                                         producer -> DONE_OK {}  (mapped: the pin held throughout)
+
+`checksums` (SENDING, and DONE_OK after COPIED) are the pulled blocks' `kv_transfer.checksum`s in
+`block_ids` order, taken when the lease was granted (absent for a CUDA cache, which the handshake's
+`checksum` field says). The consumer verifies its bytes against them after the exchange: a mismatch
+fails exactly those blocks (`ChecksumMismatch`), the connection stays in step.
     consumer -> RELEASE {transfer_id}                   producer -> RELEASED {found}
 
 One round trip over shared memory (WELCOME offered `one_round_trip`): the consumer copies without
@@ -27,7 +32,8 @@ asking, then asks whether the copy is good.
 
 When the producer's lease board (`kv_transfer.lease_board`) showed the lease held from before the
 copy to after it, COPIED carries `vouched: true` and gets no reply: the consumer has its blocks,
-and the producer only releases the lease (if asked). Otherwise:
+and the producer only releases the lease (if asked); the board's slot also shows the fold of the
+lease's block checksums, which the copy's must match (else the consumer asks). Otherwise:
 
 `copy_started_s` is the consumer's `time.monotonic()` before the copy: shared memory means one
 kernel boot, so both sides read the same clock. The producer answers DONE_OK only when its lease

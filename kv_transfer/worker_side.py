@@ -8,7 +8,10 @@ registered cache is exported as CUDA IPC handles (`CudaCache`), which consumers 
 that see the GPU read one-sidedly. Consumer: runs each requested pull on a small thread pool (the pull
 itself releases the producer's lease once the bytes are in, on the same connection), and reports
 the request as `finished_recving` (and, on failure, as `failed_recving` with its blocks invalid, so
-vLLM's `kv_load_failure_policy` applies, after a one-shot release of the producer's lease).
+vLLM's `kv_load_failure_policy` applies, after a one-shot release of the producer's lease). A pull
+whose bytes all arrived but some blocks' checksums differ (`ChecksumMismatch`) reports the request
+`finished_recving` with exactly those blocks invalid: vLLM keeps the good prefix and recomputes
+from the first bad block on (`recompute`), or fails the request (`fail`).
 
 Both sides describe themselves at handshake with `KVCompat`: the model's fingerprint (its
 checkpoint's contents, not its path), dtype, block size, KV heads and head size, cache layout.
@@ -29,6 +32,7 @@ import torch
 from kv_transfer.auth import Credentials, process_credentials
 from kv_transfer.config import ConnectorConfig
 from kv_transfer.consumer import PullClient
+from kv_transfer.errors import ChecksumMismatch
 from kv_transfer.layout import KVLayout
 from kv_transfer.lease_board import LeaseBoard
 from kv_transfer.leases import Lease, LeaseTable
@@ -63,7 +67,7 @@ class PDWorker:
         self.server: TransferServer | None = None
         self.client: PullClient | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._inflight: dict[str, tuple[PullSpec, Future]] = {}
+        self._inflight: dict[str, tuple[PullSpec, Future]] = {}   # future: (report, invalid local ids)
         self._invalid_block_ids: set[int] = set()
         self._reports: dict[str, PullReport] = {}
         self.cache_bytes = cache_bytes
@@ -86,7 +90,8 @@ class PDWorker:
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layout = KVLayout(kv_caches, self.num_blocks)
         credentials = Credentials.from_file(self.config.cluster_secret_file,
-                                            self.config.worker_id or process_credentials().identity)
+                                            self.config.worker_id or process_credentials().identity,
+                                            self.config.kv_encryption)
         compat = layout.compat(self.config.model, self.block_size, fingerprint=self.identity.fingerprint,
                                num_kv_heads=self.identity.num_kv_heads, head_dim=self.identity.head_dim)
         if self.is_producer:
@@ -96,11 +101,12 @@ class PDWorker:
                                          self.config.port, io_timeout_s=self.config.pull_timeout_s,
                                          transports=served(self.config.transport, layout.device.type),
                                          congestion=self.config.tcp_congestion, shared_cache=self.shared_cache,
-                                         grant_token=self.config.grant_token, credentials=credentials)
+                                         grant_token=self.config.grant_token, credentials=credentials,
+                                         faults=self.config.faults)
             logger.info("pdserve KV transfer server on %s (%s)", self.server.start(), self.config.transport)
         if self.is_consumer:
             self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s,
-                                     self.config.tcp_congestion, credentials)
+                                     self.config.tcp_congestion, credentials, faults=self.config.faults)
             self._pool = ThreadPoolExecutor(self.config.max_parallel_pulls, thread_name_prefix="pdserve-kv-pull")
 
     def _cuda_cache(self, kv_caches: dict[str, torch.Tensor]) -> CudaCache | None:
@@ -147,11 +153,14 @@ class PDWorker:
                 continue
             del self._inflight[request_id]
             finished_recving.add(request_id)
-            report = future.result()
+            report, invalid = future.result()
             self._reports[request_id] = report
             if report.error:
-                failed_recving.add(request_id)
-                self._invalid_block_ids.update(pull.local_block_ids)
+                # Blocks with a wrong checksum: exactly those are invalid, and vLLM keeps the prefix
+                # before the first. Any other failure: the whole request recomputes.
+                if invalid == tuple(pull.local_block_ids):
+                    failed_recving.add(request_id)
+                self._invalid_block_ids.update(invalid)
         return finished_sending, finished_recving, failed_recving
 
     def _drop_stale_connections(self, every_s: float = 2.0) -> None:
@@ -183,18 +192,26 @@ class PDWorker:
         if self.client is not None:
             self.client.close()
 
-    def _pull(self, pull: PullSpec) -> PullReport:
-        """Never raises: a failure becomes a report with `error` set."""
+    def _pull(self, pull: PullSpec) -> tuple[PullReport, tuple[int, ...]]:
+        """(the report, the local block ids that failed to load). Never raises: a failure becomes a
+        report with `error` set."""
         assert self.client is not None
         started = time.perf_counter()
         try:
             result = self.client.pull(pull.address, pull.transfer_id, pull.remote_block_ids, pull.local_block_ids,
                                       release=True)
+        except ChecksumMismatch as error:  # the exchange completed and released the lease
+            logger.warning("KV pull for %s: %s; those blocks will be recomputed", pull.request_id, error)
+            return (PullReport(0, 0, time.perf_counter() - started, pull.num_tokens, str(error)),
+                    tuple(error.block_ids))
         except (OSError, ValueError, RuntimeError) as error:  # TransferError is a RuntimeError
             logger.warning("KV pull for %s failed, the prompt will be recomputed: %s", pull.request_id, error)
-            self._release(ReleaseSpec(pull.transfer_id, pull.address))
-            return PullReport(0, 0, time.perf_counter() - started, pull.num_tokens, str(error))
-        return PullReport(result.num_bytes, result.num_blocks, result.seconds, pull.num_tokens)
+            # off the pull's path: a producer that is unreachable would hold the recompute for as long
+            # as the release's connect waits (its lease expiry frees the blocks anyway)
+            self._require_pool().submit(self._release, ReleaseSpec(pull.transfer_id, pull.address))
+            return (PullReport(0, 0, time.perf_counter() - started, pull.num_tokens, str(error)),
+                    tuple(pull.local_block_ids))
+        return PullReport(result.num_bytes, result.num_blocks, result.seconds, pull.num_tokens), ()
 
     def _release(self, release: ReleaseSpec) -> None:
         assert self.client is not None

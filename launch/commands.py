@@ -21,6 +21,21 @@ CLI_MODULE = "cli.main"
 
 
 @dataclass(frozen=True)
+class Host:
+    """Where one process of a cluster runs: the address it listens on and the others reach it at,
+    and the command prefix that runs a command there (`()`: right here). A network namespace is
+    `("ip", "netns", "exec", NAME)` (tests/netns.py builds such hosts). The launcher must itself
+    reach `address`: it probes the process there and calls it."""
+
+    address: str = "127.0.0.1"
+    command_prefix: tuple[str, ...] = ()
+
+    def listen_argv(self, advertise: bool) -> list[str]:
+        """The flags that bind a router (`advertise=False`) or a worker (True) to `address`."""
+        return ["--host", self.address, *(["--advertise-host", self.address] if advertise else [])]
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """One cluster: the engine every worker runs, the pools, and how the processes find each other."""
 
@@ -33,6 +48,8 @@ class ClusterSpec:
     http_port: int = 0
     cpu_cores: dict[str, str] = field(default_factory=dict)   # role -> cores, e.g. {"prefill": "0", "decode": "1"}
     lease_s: float = 30.0
+    kv_pull_timeout_s: float = 30.0
+    kv_encryption: str = "auto"          # the workers' --kv-encryption (kv_transfer.encryption)
     ttl_s: float = 3.0
     local_prefill_max_tokens: int = 0
     log_dir: str = ""
@@ -67,17 +84,18 @@ class ClusterSpec:
         """`pdserve worker` arguments; `cpu_cores` overrides the role's cores of the spec."""
         return worker_argv(role=role, worker_id=worker_id, redis_url=redis_url, cluster=self.cluster,
                            transport=self.transport, lease_s=self.lease_s, ttl_s=self.ttl_s, engine=self.engine,
+                           kv_pull_timeout_s=self.kv_pull_timeout_s, kv_encryption=self.kv_encryption,
                            cpu_cores=self.cpu_cores.get(role, "") if cpu_cores is None else cpu_cores,
                            cluster_secret_file=cluster_secret_file, redis_password_file=redis_password_file)
 
 
 def worker_argv(*, role: Role, worker_id: str, redis_url: str, cluster: str, transport: str, cpu_cores: str,
                 lease_s: float, ttl_s: float, engine: EngineSettings, cluster_secret_file: str = "",
-                redis_password_file: str = "") -> list[str]:
+                redis_password_file: str = "", kv_pull_timeout_s: float = 30.0, kv_encryption: str = "auto") -> list[str]:
     """`pdserve worker` arguments; the credentials as `credential_argv` passes them."""
     return ["worker", "--role", role, "--worker-id", worker_id, "--redis-url", _no_password(redis_url),
             "--cluster", cluster, "--transport", transport, "--cpu-cores", cpu_cores, "--lease-s", str(lease_s),
-            "--ttl-s", str(ttl_s), *credential_argv(cluster_secret_file, redis_password_file),
+            "--kv-pull-timeout-s", str(kv_pull_timeout_s), "--kv-encryption", kv_encryption, "--ttl-s", str(ttl_s), *credential_argv(cluster_secret_file, redis_password_file),
             *engine_option_argv(engine)]
 
 

@@ -131,6 +131,11 @@ class PdserveCluster:
         return cls(key, f"{key}: pdserve {topology} {num_prefill} prefill + {num_decode} decode, one core each "
                         f"(cores {joined(cores[:workers])})", spec)
 
+    @property
+    def cluster(self) -> LocalCluster | None:
+        """The running `LocalCluster`; None before `start` and after `stop`."""
+        return self._cluster
+
     def kv_producer_cpu_s(self) -> float:
         """CPU seconds the prefill workers' KV server threads (`pdserve-kv-*`) have used so far:
         what serving transfers costs the producer (the prefill compute is not in it). Read it

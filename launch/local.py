@@ -17,19 +17,28 @@ Every worker serves Prometheus metrics (vLLM's `vllm:*` and pdserve's) on a port
 `metrics_urls[worker_id]`; the router serves its own at `{http_url}/metrics`. Not a supervisor: a
 worker that exits on its own (a dead engine exits non-zero, `pdserve.worker.watchdog`) is not
 restarted here; Ray's member actors and Kubernetes restart theirs.
+
+Where each process runs is `hosts(name)` (names: "redis", "router", the worker ids), a
+`launch.commands.Host`: by default all on this host's loopback. With `hosts` given, each process
+is started through its host's command prefix and listens on (a worker: and advertises) its host's
+address, so one machine can stand in for several (tests/netns.py: a network namespace per host,
+joined by veth links), as the processes of a real multi-host cluster would be placed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import grpc
 
 from kv_transfer.auth import create_secret_file, load_secret
-from launch.commands import ClusterSpec
+from launch.commands import ClusterSpec, Host
 from launch.redis_server import RedisServer, start_redis
 from launch.supervisor import ChildProcess, pdserve_child
 from pdserve.redis_auth import create_password_file
@@ -41,8 +50,9 @@ __all__ = ["ClusterSpec", "LocalCluster"]
 
 
 class LocalCluster:
-    def __init__(self, spec: ClusterSpec):
+    def __init__(self, spec: ClusterSpec, hosts: Callable[[str], Host] | None = None):
         self.spec = spec
+        self.hosts = hosts
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="pdserve-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.redis: RedisServer | None = None
@@ -64,9 +74,10 @@ class LocalCluster:
             deadline = time.monotonic() + timeout_s
             create_secret_file(self.secret_file)
             create_password_file(self.redis_password_file)
-            self.redis = start_redis(password_file=self.redis_password_file)
-            self.router = self._spawn("router", self.spec.router_argv(self.redis.url, str(self.secret_file),
-                                                                      str(self.redis_password_file)))
+            self.redis = start_redis(password_file=self.redis_password_file, host=self.host_of("redis"))
+            self.router = self._spawn("router", [*self.spec.router_argv(self.redis.url, str(self.secret_file),
+                                                                        str(self.redis_password_file)),
+                                                 *self._listen_argv("router", advertise=False)])
             for role, count in (("prefill", self.spec.num_prefill), ("decode", self.spec.num_decode)):
                 for index in range(count):
                     self.add_worker(role, wait=False, cpu_cores=self.spec.cores_of(role, index, count))
@@ -101,9 +112,10 @@ class LocalCluster:
         argv = self.spec.worker_argv(role, worker_id, self.redis.url, cpu_cores, str(self.secret_file),
                                      str(self.redis_password_file))
         metrics_port = free_port("127.0.0.1")
-        process = self._spawn(worker_id, [*argv, "--metrics-port", str(metrics_port)])
+        process = self._spawn(worker_id, [*argv, *self._listen_argv(worker_id, advertise=True),
+                                          "--metrics-port", str(metrics_port)])
         self.workers[worker_id] = process
-        self.metrics_urls[worker_id] = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.metrics_urls[worker_id] = f"http://{self.host_of(worker_id).address}:{metrics_port}/metrics"
         if wait:
             self.wait_ready([process], timeout_s)
         return worker_id
@@ -115,6 +127,34 @@ class LocalCluster:
     def kill_worker(self, worker_id: str) -> None:
         """SIGKILL, as a crash: no drain, no deregistration."""
         self.workers.pop(worker_id).kill()
+
+    # ---- the control plane, for chaos tests and runs ----------------------------------------------
+    def kill_router(self) -> None:
+        """SIGKILL the router, as a crash: streams in flight break, nothing drains."""
+        self.router.kill()
+
+    def start_router(self, timeout_s: float = 120.0) -> None:
+        """Starts a router again on the ports the last one had, so clients keep their target;
+        returns once it routes to every worker."""
+        grpc_port, http_port = int(self.grpc_target.rsplit(":", 1)[1]), int(self.http_url.rsplit(":", 1)[1])
+        spec = dataclasses.replace(self.spec, grpc_port=grpc_port, http_port=http_port)
+        self.router = self._spawn("router", [*spec.router_argv(self.redis.url, str(self.secret_file),
+                                                               str(self.redis_password_file)),
+                                             *self._listen_argv("router", advertise=False)])
+        self.wait_ready([self.router], timeout_s)
+        self.wait_routed(timeout_s)
+
+    def kill_redis(self) -> None:
+        """SIGKILL Redis: the registry is gone until `restart_redis` (it keeps nothing on disk)."""
+        self.redis.process.kill()
+
+    def restart_redis(self, timeout_s: float = 10.0) -> None:
+        """A new, empty Redis on the same address, port and password: the workers' heartbeats
+        register them again, the router's refresh finds them."""
+        old = self.redis
+        self.redis = start_redis(port=old.port, timeout_s=timeout_s, password_file=self.redis_password_file,
+                                 host=self.host_of("redis"))
+        old.stop(timeout_s=1.0)   # its folder
 
     def worker_ids(self, role: Role) -> list[str]:
         return [w for w in self.workers if w.startswith(role)]
@@ -128,8 +168,15 @@ class LocalCluster:
         return worker_channel(self.worker_address(worker_id), load_secret(self.secret_file))
 
     # ---- processes -----------------------------------------------------------------------------
+    def host_of(self, name: str) -> Host:
+        """Where process `name` runs ("redis", "router" or a worker id)."""
+        return self.hosts(name) if self.hosts is not None else Host()
+
+    def _listen_argv(self, name: str, advertise: bool) -> list[str]:
+        return self.host_of(name).listen_argv(advertise) if self.hosts is not None else []
+
     def _spawn(self, name: str, argv: list[str]) -> ChildProcess:
-        return pdserve_child(argv, self.log_dir, name).start()
+        return pdserve_child(argv, self.log_dir, name, command_prefix=self.host_of(name).command_prefix).start()
 
     def wait_ready(self, processes: list[ChildProcess], timeout_s: float) -> None:
         """Until every process is ready, within `timeout_s` in all; ChildExited (with its log) if one
@@ -139,18 +186,28 @@ class LocalCluster:
             process.wait_ready(max(0.0, deadline - time.monotonic()))
 
     def wait_routed(self, timeout_s: float) -> None:
-        """Waits until the router sees as many prefill and decode workers as the spec asks for."""
-        from pdserve.client import Client
-
+        """Waits until the router sees as many prefill and decode workers as the spec asks for. Asks
+        its /health, which needs no API key (the router may require one of its clients)."""
         deadline = time.monotonic() + timeout_s
-        with Client(self.grpc_target) as client:
-            while True:
-                info = client.model_info()
-                if info.num_prefill_workers >= self.spec.num_prefill and info.num_decode_workers >= self.spec.num_decode:
-                    return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the router sees {info.num_prefill_workers} prefill and "
-                                       f"{info.num_decode_workers} decode workers after {timeout_s:.0f} s, "
-                                       f"not {self.spec.num_prefill} and {self.spec.num_decode}; logs in {self.log_dir}")
-                time.sleep(0.05)
+        while True:
+            seen = router_health(self.http_url)
+            prefill, decode = seen["prefill_workers"], seen["decode_workers"]
+            if prefill >= self.spec.num_prefill and decode >= self.spec.num_decode:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the router sees {prefill} prefill and {decode} decode workers after "
+                                   f"{timeout_s:.0f} s, not {self.spec.num_prefill} and {self.spec.num_decode}; "
+                                   f"logs in {self.log_dir}")
+            time.sleep(0.05)
+
+
+def router_health(http_url: str, timeout_s: float = 10.0) -> dict:
+    """GET {http_url}/health of a router this process started. Over https the certificate is not
+    checked: the router is our own child, the answer holds counts only, and nothing secret is sent."""
+    import ssl
+    import urllib.request
+
+    context = ssl._create_unverified_context() if http_url.startswith("https://") else None
+    with urllib.request.urlopen(f"{http_url}/health", timeout=timeout_s, context=context) as response:
+        return json.load(response)
 

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.commands import redis_argv
+from launch.commands import Host, redis_argv
 from launch.credentials import write_redis_config
 from launch.supervisor import ChildProcess, tcp_probe
 from pdserve.redis_auth import load_password, url_with_password
@@ -35,11 +35,12 @@ class RedisServer:
     port: int
     workdir: str
     password_file: Path | None = None   # None: no password (tests of their own Redis)
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
         """Where it listens, without the password: safe to print and to pass on command lines."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     @property
     def client_url(self) -> str:
@@ -52,20 +53,21 @@ class RedisServer:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_redis(port: int = 0, timeout_s: float = 10.0, password_file: Path | None = None) -> RedisServer:
-    """A running redis-server on 127.0.0.1:`port` (0: a free one), accepting connections, requiring
-    the password in `password_file` if given; ChildExited (with its log, e.g. the port was taken)
-    or TimeoutError otherwise."""
+def start_redis(port: int = 0, timeout_s: float = 10.0, password_file: Path | None = None,
+                host: Host = Host()) -> RedisServer:
+    """A running redis-server on `host` (default 127.0.0.1) at `port` (0: one free on this host's
+    loopback), accepting connections, requiring the password in `password_file` if given;
+    ChildExited (with its log, e.g. the port was taken) or TimeoutError otherwise."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RedisNotFound("redis-server is not installed: `apt-get install redis-server` (make does this)")
-    port = port or free_port("127.0.0.1")
+    port = port or free_port("127.0.0.1")   # elsewhere (a namespace), a guess that rarely misses
     workdir = tempfile.mkdtemp(prefix="pdserve-redis-")   # 0700
-    url = f"redis://127.0.0.1:{port}/0"
+    url = f"redis://{host.address}:{port}/0"
     config = write_redis_config(Path(workdir), load_password(password_file)) if password_file else ""
-    process = ChildProcess(redis_argv(binary, "127.0.0.1", port, workdir, config_file=config),
-                           Path(workdir) / "redis-server.log", tcp_probe("127.0.0.1", port, url))
-    server = RedisServer(process, port, workdir, Path(password_file) if password_file else None)
+    process = ChildProcess([*host.command_prefix, *redis_argv(binary, host.address, port, workdir, config_file=config)],
+                           Path(workdir) / "redis-server.log", tcp_probe(host.address, port, url))
+    server = RedisServer(process, port, workdir, Path(password_file) if password_file else None, host.address)
     try:
         process.start().wait_ready(timeout_s)
     except BaseException:

@@ -218,14 +218,17 @@ class ChildProcess:
                                     env=self.env, start_new_session=True)
 
 
-def pdserve_child(args: Sequence[str], folder: Path, name: str, on_exit: OnExit | None = None) -> ChildProcess:
+def pdserve_child(args: Sequence[str], folder: Path, name: str, on_exit: OnExit | None = None,
+                  command_prefix: Sequence[str] = ()) -> ChildProcess:
     """`pdserve ARGS --ready-file FOLDER/NAME.ready`, logging to `FOLDER/NAME.log`, ready (with the
     line the command writes, e.g. its address) once the ready file is written. Not started yet; a
-    stale ready file of an earlier run is removed first."""
+    stale ready file of an earlier run is removed first. `command_prefix` runs it elsewhere (e.g.
+    `ip netns exec NS`: it must exec the command, so the death signal and the group still hold,
+    and see FOLDER)."""
     ready = Path(folder) / f"{name}.ready"
     ready.unlink(missing_ok=True)
-    return ChildProcess(pdserve_argv([*args, "--ready-file", str(ready)]), Path(folder) / f"{name}.log",
-                        ready_file_probe(ready), on_exit=on_exit)
+    return ChildProcess([*command_prefix, *pdserve_argv([*args, "--ready-file", str(ready)])],
+                        Path(folder) / f"{name}.log", ready_file_probe(ready), on_exit=on_exit)
 
 
 # Runs first in the child: asks for the death signal, checks the parent did not die before that

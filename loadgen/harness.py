@@ -87,16 +87,23 @@ def requests_for_duration(rate_rps: float, duration_s: float) -> int:
 
 
 def make_target(backend: Literal["openai", "pdserve"], address: str, model: str | None = None,
-                temperature: float = 0.0, api_key: str | None = None, shape: RequestShape = RequestShape()) -> Target:
-    """`shape` (endpoint, prompt format, vLLM's extension fields) applies to the openai backend only."""
+                temperature: float = 0.0, api_key: str | None = None, shape: RequestShape = RequestShape(),
+                tls: bool = False, ca_file: str | None = None) -> Target:
+    """`shape` (endpoint, prompt format, vLLM's extension fields) applies to the openai backend only.
+    `ca_file`: a PEM file of the certificates to trust (a self-signed router's); for gRPC it implies
+    TLS, as `tls` does (an https:// URL says it for OpenAI)."""
     if backend == "openai":
         from loadgen.targets.openai_http import OpenAITarget
 
-        return OpenAITarget(address, model=model, temperature=temperature, api_key=api_key, shape=shape)
+        return OpenAITarget(address, model=model, temperature=temperature, api_key=api_key, shape=shape,
+                            ca_file=ca_file)
     if backend == "pdserve":
+        from pathlib import Path
+
         from loadgen.targets.pdserve_grpc import PdserveGrpcTarget
 
-        return PdserveGrpcTarget(address, temperature=temperature)
+        roots = Path(ca_file).read_bytes() if ca_file else None
+        return PdserveGrpcTarget(address, temperature=temperature, api_key=api_key, tls=tls, root_certificates=roots)
     raise ValueError(f"backend must be 'openai' or 'pdserve', got {backend!r}")
 
 

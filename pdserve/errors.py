@@ -1,12 +1,15 @@
 """pdserve's typed errors and the one table that maps them to gRPC and HTTP status codes.
 
 Raise a `ServeError` subclass anywhere on the request path; the service edges (gRPC servicers,
-the HTTP app, the SDK) translate with `grpc_code`, `http_status` and `from_grpc_code`.
+the HTTP app, the SDK) translate with `grpc_code`, `http_status`, `http_type` and `from_grpc_code`.
+An error's `kind` is what the SDK and gRPC clients name it; HTTP's `error.type` is vLLM's
+(`STATUS_TABLE`), so an OpenAI client sees what vLLM's server would send.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import grpc
 
@@ -23,6 +26,18 @@ class ServeError(Exception):
 
 
 class InvalidRequest(ServeError):
+    kind = "invalid_request_error"
+
+
+class MalformedBody(InvalidRequest):
+    """A body that does not match the API's schema (a wrong type, a missing field, JSON that does
+    not parse): vLLM answers it from FastAPI's validation, with its own error `type`."""
+
+
+class Unauthenticated(ServeError):
+    """The caller did not prove it may use the API (no API key, or a wrong one): refused before any
+    work. The kind is OpenAI's for a bad key."""
+
     kind = "invalid_request_error"
 
 
@@ -62,16 +77,26 @@ class InternalError(ServeError):
     kind = "internal_error"
 
 
-# error type -> (gRPC status, HTTP status). 499 is the de facto "client closed request".
-STATUS_TABLE: dict[type[ServeError], tuple[grpc.StatusCode, int]] = {
-    InvalidRequest: (grpc.StatusCode.INVALID_ARGUMENT, 400),
-    NotFound: (grpc.StatusCode.NOT_FOUND, 404),
-    Overloaded: (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
-    NoHealthyWorker: (grpc.StatusCode.UNAVAILABLE, 503),
-    Cancelled: (grpc.StatusCode.CANCELLED, 499),
-    DeadlineExceeded: (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
-    InternalError: (grpc.StatusCode.INTERNAL, 500),
-    ServeError: (grpc.StatusCode.INTERNAL, 500),
+class Status(NamedTuple):
+    grpc_code: grpc.StatusCode
+    http_status: int
+    http_type: str   # `error.type` of the HTTP body: vLLM's OpenAI server's name where it answers the status
+
+
+# error type -> its statuses. 499 is the de facto "client closed request". The HTTP `type` is the one
+# vLLM's server sends (a value it refuses: BadRequestError; a body that fails its schema: "Bad
+# Request"; 503: ServiceUnavailableError), pdserve's `kind` where vLLM has no such answer (429, 504).
+STATUS_TABLE: dict[type[ServeError], Status] = {
+    InvalidRequest: Status(grpc.StatusCode.INVALID_ARGUMENT, 400, "BadRequestError"),
+    MalformedBody: Status(grpc.StatusCode.INVALID_ARGUMENT, 400, "Bad Request"),
+    Unauthenticated: Status(grpc.StatusCode.UNAUTHENTICATED, 401, Unauthenticated.kind),
+    NotFound: Status(grpc.StatusCode.NOT_FOUND, 404, "NotFoundError"),
+    Overloaded: Status(grpc.StatusCode.RESOURCE_EXHAUSTED, 429, Overloaded.kind),
+    NoHealthyWorker: Status(grpc.StatusCode.UNAVAILABLE, 503, "ServiceUnavailableError"),
+    Cancelled: Status(grpc.StatusCode.CANCELLED, 499, Cancelled.kind),
+    DeadlineExceeded: Status(grpc.StatusCode.DEADLINE_EXCEEDED, 504, DeadlineExceeded.kind),
+    InternalError: Status(grpc.StatusCode.INTERNAL, 500, "InternalServerError"),
+    ServeError: Status(grpc.StatusCode.INTERNAL, 500, "InternalServerError"),
 }
 
 
@@ -83,7 +108,12 @@ def http_status(error: ServeError) -> int:
     return STATUS_TABLE[_entry(error)][1]
 
 
+def http_type(error: ServeError) -> str:
+    return STATUS_TABLE[_entry(error)].http_type
+
+
 RETRY_AFTER_METADATA = "retry-after-s"  # gRPC trailing metadata of RESOURCE_EXHAUSTED: seconds, a float
+ANSWERED_METADATA = "pdserve-error"   # on every error the router answers with: the error type's name
 
 
 def retry_after_header(error: ServeError) -> dict[str, str]:
@@ -94,14 +124,18 @@ def retry_after_header(error: ServeError) -> dict[str, str]:
 
 
 def grpc_trailing_metadata(error: ServeError) -> tuple[tuple[str, str], ...]:
+    """What an error's call carries besides its status: which pdserve error it is (so a client can
+    tell the router's answer from a transport's failure of the same code: `ANSWERED_METADATA`),
+    and an Overloaded's retry-after."""
     retry_after_s = getattr(error, "retry_after_s", None)
-    return () if retry_after_s is None else ((RETRY_AFTER_METADATA, f"{retry_after_s:.3f}"),)
+    answered = ((ANSWERED_METADATA, type(error).__name__),)
+    return answered if retry_after_s is None else (*answered, (RETRY_AFTER_METADATA, f"{retry_after_s:.3f}"))
 
 
 def from_grpc_code(code: grpc.StatusCode, message: str) -> ServeError:
     """The typed error for a status received from a peer (a worker, or the router in the SDK)."""
-    for error_type, (status, _) in STATUS_TABLE.items():
-        if status == code and error_type is not ServeError:
+    for error_type, status in STATUS_TABLE.items():
+        if status.grpc_code == code and error_type not in (ServeError, MalformedBody):
             return error_type(message)
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return InvalidRequest(message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdserve.logprobs import PositionLogprobs
 from pdserve.timings import Timings
 
 
@@ -20,3 +21,5 @@ class GenerationChunk:
     finish_reason: str = ""
     timings: Timings | None = None
     stop_reason: int | str | None = None  # finish_reason "stop": the stop string, stop token id, or None (EOS)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)  # one per token_ids when sampling.logprobs is set
+    prompt_logprobs: list[PositionLogprobs] | None = None  # first chunk, when sampling.prompt_logprobs is set

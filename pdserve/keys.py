@@ -5,6 +5,9 @@ shares, and these values are a contract with every running process: change none 
                                                 expires after the worker's ttl_s (its lease)
     pdserve:{cluster}:load:router:{router_id}   JSON, one router's live load (`router.live_stats`);
                                                 expires after the publisher's ttl_s
+    pdserve:{cluster}:topology                  string, the topology the routers place for ("disaggregated",
+                                                "hybrid", "aggregated"), set by the online planner when it
+                                                switches; absent: each router's --topology (`router.pool`)
     pdserve:{cluster}:planner:decision          JSON, the online planner's last tick (`planner.online`)
     pdserve:{cluster}:planner:decisions         list, the last ticks, newest first
 """
@@ -32,3 +35,7 @@ def planner_decision_key(cluster: str) -> str:
 
 def planner_decisions_key(cluster: str) -> str:
     return f"{key_prefix(cluster)}:planner:decisions"
+
+
+def topology_key(cluster: str) -> str:
+    return f"{key_prefix(cluster)}:topology"

@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKEN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
@@ -30,7 +31,41 @@ KV_BYTES = Counter("pdserve_kv_transfer_bytes_total", "KV bytes moved prefill ->
 KV_SECONDS = Histogram("pdserve_kv_transfer_seconds", "Time a decode worker spent pulling one request's KV",
                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
 KV_LOAD_FAILURES = Counter("pdserve_kv_load_failures_total", "Pulls that failed and were recomputed")
+UNAUTHENTICATED = Counter("pdserve_unauthenticated_requests_total", "Calls to the public API refused for a missing "
+                          "or wrong API key, by API (http, grpc); not in pdserve_requests_total", ["api"])
 WORKER_FAILURES = Counter("pdserve_worker_failures_total", "RPCs to workers that failed and were retried", ["role"])
+
+
+
+class WorkerLoadCollector:
+    """Per-worker load as one router sees it, read at scrape time from `source` (set by the router:
+    `router.pool.WorkerPool.load_rows`), so routing pays nothing for it. Each row is
+    (worker_id, role, num_running, num_waiting, kv_usage in [0, 1], calls in flight from this router);
+    the first four are what the worker last heartbeated into the registry."""
+
+    GAUGES = {
+        "pdserve_router_worker_running": "Requests the worker's engine runs (its last heartbeat)",
+        "pdserve_router_worker_waiting": "Requests waiting in the worker's engine (its last heartbeat)",
+        "pdserve_router_worker_kv_usage_ratio": "KV blocks in use / KV blocks in the worker's cache (its last heartbeat)",
+        "pdserve_router_worker_inflight": "Calls this router has in flight at the worker (exact)",
+    }
+
+    def __init__(self) -> None:
+        self.source: Callable[[], list[tuple[str, str, int, int, float, int]]] | None = None
+
+    def describe(self):
+        return [GaugeMetricFamily(name, text, labels=["worker", "role"]) for name, text in self.GAUGES.items()]
+
+    def collect(self):
+        families = self.describe()
+        for worker_id, role, *values in (self.source() if self.source is not None else ()):
+            for family, value in zip(families, values):
+                family.add_metric([worker_id, role], value)
+        return families
+
+
+ROUTER_WORKER_LOAD = WorkerLoadCollector()
+REGISTRY.register(ROUTER_WORKER_LOAD)
 
 # worker
 WORKER_GAUGES = {

@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 import redis.asyncio as aioredis
 
-from pdserve.keys import worker_key
-from pdserve.roles import Role
+from pdserve.keys import topology_key, worker_key
+from pdserve.roles import Role, Topology
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,15 @@ class Registry:
             hashes = await pipe.execute()
         records = [WorkerRecord.from_hash(h) for h in hashes if h]
         return sorted((r for r in records if role is None or r.role == role), key=lambda r: r.worker_id)
+
+    async def topology(self) -> str | None:
+        """The topology published for the cluster (`pdserve.keys.topology_key`), unchecked; None when unset."""
+        raw = await self.redis.get(topology_key(self.cluster))
+        return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    async def set_topology(self, topology: Topology) -> None:
+        """Publishes the topology every router places for (the online planner's switch)."""
+        await self.redis.set(topology_key(self.cluster), topology)
 
     async def close(self) -> None:
         await self.redis.aclose()

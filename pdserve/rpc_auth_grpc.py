@@ -69,10 +69,10 @@ class WorkerAuthInterceptor(grpc.aio.ServerInterceptor):
         if now_s - self._last_logged_s >= REFUSAL_LOG_EVERY_S:
             logger.warning("refused %d unauthenticated worker call(s), the latest to %s: %s", self._unlogged, method, why)
             self._last_logged_s, self._unlogged = now_s, 0
-        return _refusing_handler(handler, f"worker gRPC needs the cluster's credentials: {why}")
+        return refusing_handler(handler, f"worker gRPC needs the cluster's credentials: {why}")
 
 
-def _refusing_handler(handler: grpc.RpcMethodHandler, details: str) -> grpc.RpcMethodHandler:
+def refusing_handler(handler: grpc.RpcMethodHandler, details: str) -> grpc.RpcMethodHandler:
     """A handler of `handler`'s shape that aborts with UNAUTHENTICATED (the request stays bytes)."""
 
     async def refuse(request_or_iterator, context):

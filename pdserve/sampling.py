@@ -9,12 +9,16 @@ through must never fail in an engine as the engine's fault: DESIGN 2, issue 18 i
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+
+from google.protobuf.descriptor import FieldDescriptor
 
 from pdserve.errors import InvalidRequest
 from pdserve.v1 import generation_pb2 as pb
 
 DEFAULT_MAX_TOKENS = 16
+MAX_LOGPROBS = 20   # vLLM's `max_logprobs` default, which pdserve's engines keep
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,14 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None          # vLLM's: None none, k >= 0 the top k (and the sampled token), -1 all
+    prompt_logprobs: int | None = None   # the same for the prompt's tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); a tuple: frozen
+    structured_outputs_json: str = ""    # vLLM's StructuredOutputsParams fields as JSON; "": unconstrained
+    min_p: float = 0.0
+    allowed_token_ids: tuple[int, ...] | None = None   # None: any token; vLLM refuses an empty list
+    bad_words: tuple[str, ...] = ()      # vLLM's: each engine tokenizes them (`SamplingParams.update_from_tokenizer`)
+    spaces_between_special_tokens: bool = True
 
     @classmethod
     def validated(cls, **fields) -> "Sampling":
@@ -40,20 +52,51 @@ class Sampling:
         sampling.check()
         return sampling
 
-    def check(self) -> None:
+    def check(self, n: int = 1) -> None:
         """Raises InvalidRequest naming the field. pdserve's own rules first (vLLM lets max_tokens
-        be None and a stop string be empty), then vLLM's validation of every range."""
+        be None and a stop string be empty), then vLLM's validation of every range, and of `n`
+        samples of the prompt with these values (vLLM refuses n > 1 when greedy)."""
         _require(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1,
                  "max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
         _require(all(isinstance(t, int) and not isinstance(t, bool) and -2**31 <= t < 2**31 for t in self.stop_token_ids),
                  "stop_token_ids", "stop_token_ids must be 32-bit integers")
+        _require(all(isinstance(word, str) for word in self.bad_words), "bad_words", "bad_words must be strings")
         try:
-            self.to_vllm()
+            self.to_vllm(n=n)
         except Exception as error:  # vLLM's VLLMValidationError is no ValueError
             if not is_engine_input_error(error):
                 raise
             raise InvalidRequest(str(error), field=engine_error_field(error)) from error
+        self._check_fits_the_wire()
+
+    def _check_fits_the_wire(self) -> None:
+        """Every integer fits its field of `pb.SamplingParams`, the message the workers get, with
+        the width read from the proto: a value vLLM takes that the wire cannot carry (a top_k or
+        seed past 64 bits, found by fuzzing) is the request's error, not a failure to build the call."""
+        for field in pb.SamplingParams.DESCRIPTOR.fields:
+            low, high = _WIRE_INT_RANGES.get(field.type, (None, None))
+            value = getattr(self, field.name, None)
+            values = value if isinstance(value, tuple) else (value,)
+            if low is not None and any(isinstance(v, int) and not low <= v <= high for v in values):
+                raise InvalidRequest(f"{field.name} must be in [{low}, {high}], got {value!r}", field=field.name)
+
+    def check_for_model(self, vocab_size: int) -> None:
+        """What vLLM checks against the model when a request reaches an engine
+        (`SamplingParams._validate_logprobs`, `_validate_logit_bias`), with vLLM's messages: here,
+        so the router refuses it before any worker sees it."""
+        for field, asked in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            count = vocab_size if asked == -1 else asked
+            kind = "sample" if field == "logprobs" else "prompt"
+            _require(not count or count <= MAX_LOGPROBS, field,
+                     f"Requested {kind} logprobs of {count}, which is greater than max allowed: {MAX_LOGPROBS}")
+        outside = [token_id for token_id, _ in self.logit_bias if not 0 <= token_id < vocab_size]
+        _require(not outside, "logit_bias", f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
+                                            f"Vocabulary size: {vocab_size}")
+        if self.allowed_token_ids is not None:
+            _require(len(self.allowed_token_ids) > 0, "allowed_token_ids", "allowed_token_ids is not None and empty!")
+            _require(all(0 <= token_id < vocab_size for token_id in self.allowed_token_ids), "allowed_token_ids",
+                     "allowed_token_ids contains out-of-vocab token id!")
 
     def with_max_tokens(self, max_tokens: int) -> "Sampling":
         return replace(self, max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens))
@@ -69,7 +112,11 @@ class Sampling:
             presence_penalty=get("presence_penalty"), frequency_penalty=get("frequency_penalty"),
             repetition_penalty=get("repetition_penalty"), stop_token_ids=tuple(message.stop_token_ids) or None,
             include_stop_str_in_output=message.include_stop_str_in_output,
-            skip_special_tokens=get("skip_special_tokens"),
+            skip_special_tokens=get("skip_special_tokens"), logprobs=get("logprobs"),
+            prompt_logprobs=get("prompt_logprobs"), logit_bias=tuple(sorted(message.logit_bias.items())) or None,
+            structured_outputs_json=message.structured_outputs_json, min_p=get("min_p"),
+            allowed_token_ids=tuple(message.allowed_token_ids) or None, bad_words=tuple(message.bad_words) or None,
+            spaces_between_special_tokens=get("spaces_between_special_tokens"),
         )
 
     def to_proto(self) -> pb.SamplingParams:
@@ -80,10 +127,31 @@ class Sampling:
                                     repetition_penalty=self.repetition_penalty,
                                     stop_token_ids=list(self.stop_token_ids),
                                     include_stop_str_in_output=self.include_stop_str_in_output,
-                                    skip_special_tokens=self.skip_special_tokens)
-        if self.seed is not None:
-            message.seed = self.seed
+                                    skip_special_tokens=self.skip_special_tokens, logit_bias=dict(self.logit_bias),
+                                    structured_outputs_json=self.structured_outputs_json, min_p=self.min_p,
+                                    allowed_token_ids=list(self.allowed_token_ids or ()),
+                                    bad_words=list(self.bad_words),
+                                    spaces_between_special_tokens=self.spaces_between_special_tokens)
+        for name in ("seed", "logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                setattr(message, name, getattr(self, name))
         return message
+
+    def structured_outputs(self):
+        """vLLM's `StructuredOutputsParams` (which checks that exactly one constraint is set), or None."""
+        if not self.structured_outputs_json:
+            return None
+        from vllm.sampling_params import StructuredOutputsParams
+
+        try:
+            fields = json.loads(self.structured_outputs_json)
+            if not isinstance(fields, dict):
+                raise TypeError("not a JSON object")
+            return StructuredOutputsParams(**fields)
+        except Exception as error:  # json's ValueError, a TypeError, vLLM's validation (no ValueError)
+            if not isinstance(error, TypeError) and not is_engine_input_error(error):
+                raise
+            raise InvalidRequest(str(error), field="structured_outputs") from error
 
     def to_vllm(self, **extra):
         """vLLM's `SamplingParams` for these values (vLLM validates them as it builds it)."""
@@ -95,7 +163,11 @@ class Sampling:
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, stop_token_ids=list(self.stop_token_ids) or None,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens, **extra,
+            skip_special_tokens=self.skip_special_tokens, logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+            logit_bias=dict(self.logit_bias) or None, structured_outputs=self.structured_outputs(), min_p=self.min_p,
+            allowed_token_ids=None if self.allowed_token_ids is None else list(self.allowed_token_ids),
+            bad_words=list(self.bad_words) or None, spaces_between_special_tokens=self.spaces_between_special_tokens,
+            **extra,
         )
 
 
@@ -122,7 +194,8 @@ def engine_error_field(error: BaseException) -> str | None:
     return first_word if first_word in _FIELDS else None
 
 
-_FIELDS = frozenset(Sampling.__dataclass_fields__)
+_FIELDS = frozenset(Sampling.__dataclass_fields__) | {"n"}  # n: the samples of a prompt (`check(n)`)
+_WIRE_INT_RANGES = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1)}
 
 
 def _require(condition: bool, field: str, message: str) -> None:

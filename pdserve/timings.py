@@ -23,6 +23,7 @@ class Timings:
     output_tokens: int = 0
     decode_computed_prompt_tokens: int = 0
     disaggregated: bool = False
+    cached_prompt_tokens: int = 0  # vLLM's num_cached_tokens of the engine that computed the prompt
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,4 +1,6 @@
-"""A vLLM general plugin: AMX permission, and how long vLLM's processes spin waiting for each other.
+"""A vLLM general plugin: AMX permission, seeded sampling that survives chunks and engines,
+structured output continued across engines (`pdserve.grammar_stream`), and how long vLLM's
+processes spin waiting for each other.
 
 AMX. vLLM's CPU attention picks its AMX kernel for bfloat16 whenever the CPU reports AMX tiles
 (`cpu_attn._get_attn_isa`), but never asks Linux for the tile-data state (`arch_prctl(
@@ -9,6 +11,12 @@ kernel's first tile instruction kills the process with SIGILL. Seen with vllm-cp
 colocated vLLM included. `register` asks for the permission in every vLLM process, always: it
 changes no kernel choice, it only lets the chosen one run.
 
+Seeded sampling. vLLM 0.32's CPU engine dies on a seeded request whose prefill is chunked (it
+rewinds a CPU generator by offset, which CPU generators do not have), and a seeded request
+continued on another engine restarts its random stream. `pdserve.sampler_stream` fixes both in
+every vLLM process, always: sampling is unchanged for every request that did not crash, and a
+continuation skips draws only when pdserve's worker asks for it in the request's extra_args.
+
 Spinning. vLLM's engine core and model-runner processes exchange every step through shared-memory
 queues whose reader, after each message, polls with `sched_yield()` for a second before it falls
 back to sleeping on a socket (`SpinCondition.busy_loop_s`, 1 s in vllm 0.32). On a GPU host with
@@ -18,8 +26,8 @@ a prefill worker's model runner took 74% of its core at 4 req/s of 128-token pro
 compute is ~2% of a core, and the unpinned engine-core processes spin on whichever core is free.
 
 `PDSERVE_VLLM_SPIN_S` (seconds) caps that spin in every vLLM process that inherits it; pdserve's
-worker sets it from its config. Unset, vLLM is left exactly as it is (a colocated vLLM baseline
-stays untouched). vLLM loads general plugins in the API process, the engine core and every
+worker sets it from its config. Unset, vLLM's spin is its own (a colocated vLLM baseline keeps
+it). vLLM loads general plugins in the API process, the engine core and every
 worker process, so the cap reaches the readers on both sides of each queue.
 """
 
@@ -35,8 +43,11 @@ logger = logging.getLogger(__name__)
 
 def register() -> None:
     """Entry point of the `vllm.general_plugins` group: AMX permission where the CPU has AMX; the
-    spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
+    seeded stream's patches (always); the spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
     request_amx_permission()
+    from pdserve import grammar_stream, sampler_stream
+    sampler_stream.install()
+    grammar_stream.install()  # structured output continued across engines (pdserve.grammar_stream)
     value = os.environ.get(SPIN_ENV, "")
     if not value:
         return

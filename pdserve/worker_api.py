@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kv_transfer.handle import KVHandle
+from pdserve.errors import InvalidRequest
+from pdserve.logprobs import SampledLogprobs
 from pdserve.sampling import Sampling
 
 StopReason = int | str | None
@@ -39,14 +41,32 @@ class PrefillResult:
     num_cached_tokens: int = 0  # prompt tokens served from the prefill engine's prefix cache
     queued_s: float = 0.0       # in the prefill engine's queue (vLLM: queued -> first scheduled)
     stop_reason: StopReason = None
+    first_logprobs: SampledLogprobs | None = None        # when sampling.logprobs is set
+    prompt_logprobs: tuple[SampledLogprobs, ...] = ()    # when sampling.prompt_logprobs is set: tokens 1..
 
 
 @dataclass(frozen=True)
 class DecodeRequest:
+    """A continuation: the engine samples on from `prompt_token_ids`, whose last `num_generated`
+    tokens the client already received as output (sampled on earlier engines: the prefill
+    worker's first token, a dead decode worker's stream). The decode worker uses that count to
+    continue the request's seeded random stream and its penalties exactly (pdserve.sampler_stream).
+    Invariant: 0 <= num_generated < len(prompt_token_ids)."""
+
     request_id: str
     prompt_token_ids: tuple[int, ...]   # the prompt plus every token already sent to the client
     sampling: Sampling                  # max_tokens/min_tokens already reduced by those tokens
     kv_handle: KVHandle | None = None   # None: the decode worker computes the prompt itself
+    num_generated: int = 0              # trailing prompt tokens that were output
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.num_generated < max(1, len(self.prompt_token_ids)):
+            raise InvalidRequest(f"num_generated must be in [0, {len(self.prompt_token_ids)}) (the tokens "
+                                 f"before it are the prompt), got {self.num_generated}", field="num_generated")
+
+    @property
+    def generated_token_ids(self) -> tuple[int, ...]:
+        return self.prompt_token_ids[len(self.prompt_token_ids) - self.num_generated:]
 
 
 @dataclass(frozen=True)
@@ -64,3 +84,5 @@ class DecodeChunk:
     kv_loaded_tokens: int = 0      # prompt tokens whose KV was loaded from the producer
     queued_s: float = 0.0          # in the decode engine's queue
     stop_reason: StopReason = None
+    logprobs: tuple[SampledLogprobs, ...] = ()         # one per token_ids, when sampling.logprobs is set
+    prompt_logprobs: tuple[SampledLogprobs, ...] = ()  # first chunk, when sampling.prompt_logprobs is set

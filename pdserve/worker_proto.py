@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kv_transfer.handle import KVHandle, MalformedKVHandle
 from pdserve.errors import InvalidRequest
+from pdserve.logprobs import SampledLogprobs
 from pdserve.sampling import Sampling
 from pdserve.v1 import worker_pb2
 from pdserve.worker_api import DecodeChunk, DecodeRequest, PrefillRequest, PrefillResult, StopReason
@@ -45,25 +46,30 @@ def prefill_result_to_proto(result: PrefillResult) -> worker_pb2.PrefillResponse
     return worker_pb2.PrefillResponse(
         first_token_id=result.first_token_id, finished=result.finished, finish_reason=result.finish_reason,
         kv_transfer_params_json=_encode_handle(result.kv_handle), engine_s=result.engine_s,
-        num_cached_tokens=result.num_cached_tokens, queued_s=result.queued_s, **_stop_reason_fields(result.stop_reason))
+        num_cached_tokens=result.num_cached_tokens, queued_s=result.queued_s, **_stop_reason_fields(result.stop_reason),
+        first_logprobs=_logprobs_to_proto(result.first_logprobs) if result.first_logprobs else None,
+        prompt_logprobs=[_logprobs_to_proto(row) for row in result.prompt_logprobs])
 
 
 def prefill_result_from_proto(message: worker_pb2.PrefillResponse) -> PrefillResult:
     return PrefillResult(
         first_token_id=message.first_token_id, finished=message.finished, finish_reason=message.finish_reason,
         kv_handle=decode_handle(message.kv_transfer_params_json), engine_s=message.engine_s,
-        num_cached_tokens=message.num_cached_tokens, queued_s=message.queued_s, stop_reason=_stop_reason(message))
+        num_cached_tokens=message.num_cached_tokens, queued_s=message.queued_s, stop_reason=_stop_reason(message),
+        first_logprobs=_logprobs(message.first_logprobs) if message.HasField("first_logprobs") else None,
+        prompt_logprobs=tuple(_logprobs(row) for row in message.prompt_logprobs))
 
 
 def decode_request_to_proto(request: DecodeRequest) -> worker_pb2.DecodeRequest:
     return worker_pb2.DecodeRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
                                     sampling=request.sampling.to_proto(),
-                                    kv_transfer_params_json=_encode_handle(request.kv_handle))
+                                    kv_transfer_params_json=_encode_handle(request.kv_handle),
+                                    num_generated=request.num_generated)
 
 
 def decode_request_from_proto(message: worker_pb2.DecodeRequest) -> DecodeRequest:
     return DecodeRequest(message.request_id, tuple(message.prompt_token_ids), Sampling.from_proto(message.sampling),
-                         decode_handle(message.kv_transfer_params_json))
+                         decode_handle(message.kv_transfer_params_json), num_generated=message.num_generated)
 
 
 def decode_chunk_to_proto(chunk: DecodeChunk) -> worker_pb2.DecodeResponse:
@@ -72,7 +78,8 @@ def decode_chunk_to_proto(chunk: DecodeChunk) -> worker_pb2.DecodeResponse:
         kv_transfer_bytes=chunk.kv_transfer_bytes, kv_transfer_s=chunk.kv_transfer_s,
         kv_transfer_blocks=chunk.kv_transfer_blocks, num_cached_tokens=chunk.num_cached_tokens,
         kv_load_error=chunk.kv_load_error, kv_loaded_tokens=chunk.kv_loaded_tokens, queued_s=chunk.queued_s,
-        **_stop_reason_fields(chunk.stop_reason))
+        **_stop_reason_fields(chunk.stop_reason), logprobs=[_logprobs_to_proto(row) for row in chunk.logprobs],
+        prompt_logprobs=[_logprobs_to_proto(row) for row in chunk.prompt_logprobs])
 
 
 def decode_chunk_from_proto(message: worker_pb2.DecodeResponse) -> DecodeChunk:
@@ -81,7 +88,8 @@ def decode_chunk_from_proto(message: worker_pb2.DecodeResponse) -> DecodeChunk:
         kv_transfer_bytes=message.kv_transfer_bytes, kv_transfer_s=message.kv_transfer_s,
         kv_transfer_blocks=message.kv_transfer_blocks, num_cached_tokens=message.num_cached_tokens,
         kv_load_error=message.kv_load_error, kv_loaded_tokens=message.kv_loaded_tokens, queued_s=message.queued_s,
-        stop_reason=_stop_reason(message))
+        stop_reason=_stop_reason(message), logprobs=tuple(_logprobs(row) for row in message.logprobs),
+        prompt_logprobs=tuple(_logprobs(row) for row in message.prompt_logprobs))
 
 
 def _stop_reason_fields(stop_reason: StopReason) -> dict:
@@ -93,3 +101,11 @@ def _stop_reason_fields(stop_reason: StopReason) -> dict:
 def _stop_reason(message) -> StopReason:
     which = message.WhichOneof("stop_reason")
     return None if which is None else getattr(message, which)
+
+
+def _logprobs_to_proto(row: SampledLogprobs) -> worker_pb2.SampledLogprobs:
+    return worker_pb2.SampledLogprobs(token_ids=row.token_ids, logprobs=row.logprobs, rank=row.rank)
+
+
+def _logprobs(message: worker_pb2.SampledLogprobs) -> SampledLogprobs:
+    return SampledLogprobs(tuple(message.token_ids), tuple(message.logprobs), message.rank)

@@ -36,7 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from pdserve.roles import Topology as TopologyKind
 from planner.pool_sizes import ROLES, PoolSizes, Role
+from planner.topology_switch import bounds_for, check_kinds
 
 @dataclass(frozen=True)
 class SloScale:
@@ -91,6 +93,8 @@ class PlannerConfig:
     min_correction: float = 0.5  # bounds on observed / modelled latency (step 1b)
     max_correction: float = 10.0
     min_requests_for_guard: int = 10  # finished requests in the window before the guard trusts a p90
+    topologies: tuple[TopologyKind, ...] = ("disaggregated",)  # kinds the planner may run, preferred first
+    topology_cooldown_s: float = 300.0  # no topology switch within this long of the last one
 
     def __post_init__(self) -> None:
         if not (self.ttft_slo_s > 0 and self.tpot_slo_s > 0):
@@ -111,6 +115,9 @@ class PlannerConfig:
                              f"{self.max_correction}")
         if self.min_requests_for_guard < 1:
             raise ValueError(f"min_requests_for_guard must be >= 1 request, got {self.min_requests_for_guard}")
+        check_kinds(self.topologies)
+        if self.topology_cooldown_s < 0:
+            raise ValueError(f"topology_cooldown_s must be >= 0 seconds, got {self.topology_cooldown_s}")
         if self.predictor not in ("last", "moving_average", "trend") or self.window < 1:
             raise ValueError(f"predictor must be last|moving_average|trend and window >= 1, got "
                              f"{self.predictor!r}, {self.window}")
@@ -142,9 +149,11 @@ def predict_rate(rates_rps: tuple[float, ...], predictor: Predictor, window: int
 
 
 def decide(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, predict: PredictFn | None = None,
-           scale: SloScale | None = None) -> Decision:
+           scale: SloScale | None = None, kind: TopologyKind = "disaggregated") -> Decision:
     """The target pool sizes for the next interval. See the module docstring for the rules.
-    `scale`, when given, is the model's correction tracked by the caller (step 1b); `predict` is then unused."""
+    `scale`, when given, is the model's correction tracked by the caller (step 1b); `predict` is then unused.
+    `kind`: the topology the pools are sized for (`plan` plans that kind); an aggregated cluster
+    has no prefill pool, and its TTFT guard grows the workers that compute prompts, the decode pool."""
     rate = predict_rate(state.rate_history_rps + (state.arrival_rate_rps,), config.predictor, config.window)
     reasons: list[str] = [f"predicted {rate:.3g} req/s ({config.predictor})"]
     if scale is not None:
@@ -152,15 +161,16 @@ def decide(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, predict: Pr
             reasons.append(f"model correction (tracked): TTFT x{1 / scale.ttft:.2f}, TPOT x{1 / scale.tpot:.2f}")
     else:
         scale = correction(state, config, predict, reasons) if predict is not None else SloScale()
-    wanted = _planned(state, config, plan, rate, scale, reasons)
-    wanted = _reactive(state, config, wanted, reasons)
+    lows, highs = bounds_for(kind, config.min_sizes, config.max_sizes)
+    wanted = _planned(state, config, plan, rate, scale, reasons, lows, highs)
+    wanted = _reactive(state, config, wanted, reasons, prompt_role="decode" if kind == "aggregated" else "prefill")
     wanted = _wait_for_starting(state, wanted, reasons)
     sizes = {}
     for role in ROLES:
         current, value = state.current.of(role), wanted[role]
         value = max(current - config.max_step_down, min(current + config.max_step_up, value))
         value = _cooldown(role, current, value, state.seconds_since_last_scale, config, reasons)
-        low, high = config.min_sizes.of(role), config.max_sizes.of(role)
+        low, high = lows.of(role), highs.of(role)
         if not low <= value <= high:
             reasons.append(f"{role}: {value} clamped to bounds [{low}, {high}]")
             value = max(low, min(high, value))
@@ -187,14 +197,14 @@ def correction(state: ObservedLoad, config: PlannerConfig, predict: PredictFn, r
 
 
 def _planned(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, rate: float, scale: SloScale,
-             reasons: list[str]) -> dict[Role, int]:
+             reasons: list[str], lows: PoolSizes, highs: PoolSizes) -> dict[Role, int]:
     if rate <= 0:
         reasons.append("no traffic predicted: minimum sizes")
-        return config.min_sizes.as_dict()
+        return lows.as_dict()
     up = plan(rate, state.mean_prompt_tokens, state.mean_output_tokens, scale)
     if up is None:
         reasons.append("no pool sizes in the search meet the SLOs at this load: maximum sizes")
-        return config.max_sizes.as_dict()
+        return highs.as_dict()
     down = plan(rate * (1 + config.scale_down_headroom), state.mean_prompt_tokens, state.mean_output_tokens, scale)
     wanted: dict[Role, int] = {}
     for role in ROLES:
@@ -212,9 +222,9 @@ def _planned(state: ObservedLoad, config: PlannerConfig, plan: PlanFn, rate: flo
 
 
 def _reactive(state: ObservedLoad, config: PlannerConfig, wanted: dict[Role, int],
-              reasons: list[str]) -> dict[Role, int]:
+              reasons: list[str], prompt_role: Role = "prefill") -> dict[Role, int]:
     checks: tuple[tuple[Role, float | None, float, str], ...] = (
-        ("prefill", state.ttft_p90_s, config.ttft_slo_s, "TTFT"),
+        (prompt_role, state.ttft_p90_s, config.ttft_slo_s, "TTFT"),
         ("decode", state.tpot_p90_s, config.tpot_slo_s, "TPOT"))
     out = dict(wanted)
     for role, observed, slo, name in checks:

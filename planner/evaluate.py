@@ -14,6 +14,7 @@ import numpy as np
 
 from loadgen.metrics import SLO
 from loadgen.workload import RequestSpec, combine, poisson, uniform_lengths
+from pdserve.roles import Topology as TopologyKind
 from planner.decision import PlanFn, PredictFn, SloScale
 from planner.model_error import Latencies, LatencyFn
 from planner.perf_model import PerfModel
@@ -60,18 +61,27 @@ def synthetic_workload(num_requests: int, mean_prompt_tokens: float, mean_output
 
 def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices: int,
                  search: SearchSettings = SearchSettings(), num_requests: int = 500,
-                 range_ratio: float = 0.5, seed: int = 0) -> PlanFn:
-    """plan(rate, mean prompt, mean output, slo_scale) -> the fewest disaggregated pool sizes meeting
-    the SLOs (each multiplied by its `slo_scale`) at that load in simulation, or None if none
-    within `max_devices` does."""
+                 range_ratio: float = 0.5, seed: int = 0, kind: TopologyKind = "disaggregated") -> PlanFn:
+    """plan(rate, mean prompt, mean output, slo_scale) -> the fewest pool sizes of topology `kind`
+    meeting the SLOs (each multiplied by its `slo_scale`) at that load in simulation, or None if
+    none within `max_devices` does. Aggregated sizes are PoolSizes(0, K): K workers serving both
+    phases; hybrid sizes are searched as disaggregated ones are, simulated with the Local path."""
 
     def plan(rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float,
              slo_scale: SloScale = SloScale()) -> PoolSizes | None:
         workload_at = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)
         scaled = SLO(ttft_s=slo.ttft_s * slo_scale.ttft if slo.ttft_s else None,
                      tpot_s=slo.tpot_s * slo_scale.tpot if slo.tpot_s else None, e2el_s=slo.e2el_s)
-        answer = fewest_devices(make_attainment_fn(workload_at, settings, model, scaled), rate_rps, max_devices,
-                                search, include_colocated=False)
+        attainment = make_attainment_fn(workload_at, settings, model, scaled)
+        if kind == "aggregated":
+            return next((PoolSizes(prefill=0, decode=k) for k in range(1, max_devices + 1)
+                         if attainment(Topology.aggregated(k), rate_rps) >= search.target_attainment), None)
+        if kind == "hybrid":
+            split = attainment
+            attainment = lambda topology, rate: split(  # noqa: E731  (the N+M search, run as hybrid)
+                Topology.hybrid(topology.num_prefill, topology.num_decode) if topology.kind == "disaggregated"
+                else topology, rate)
+        answer = fewest_devices(attainment, rate_rps, max_devices, search, include_colocated=False)
         if answer.disaggregated is None:
             return None
         topology = answer.disaggregated[0]
@@ -85,12 +95,15 @@ def make_latency_fn(settings: SimSettings, model: PerfModel, num_requests: int =
     """latency(sizes, rate, mean prompt, mean output) -> simulated p50/p90 TTFT and TPOT in seconds
     of the same synthetic workload `make_plan_fn` plans with, over the requests served (as the
     routers' window holds them: a refused request has no latency); None where no request has one
-    (TPOT: no output > 1 token)."""
+    (TPOT: no output > 1 token). Sizes without a prefill pool are an aggregated cluster's; others
+    are simulated disaggregated (a hybrid cluster is judged as one: its Local path is not modelled here)."""
 
     def latency(sizes: PoolSizes, rate_rps: float, mean_prompt_tokens: float,
                 mean_output_tokens: float) -> Latencies:
         requests = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)(rate_rps)
-        result = simulate(requests, Topology.disaggregated(sizes.prefill, sizes.decode), settings, model)
+        topology = (Topology.aggregated(sizes.decode) if sizes.prefill == 0  # an aggregated cluster's sizes
+                    else Topology.disaggregated(sizes.prefill, sizes.decode))
+        result = simulate(requests, topology, settings, model)
         ttft_p50, ttft_p90 = _p50_p90(result.ttft_s)
         tpot_p50, tpot_p90 = _p50_p90(result.tpot_s)
         return Latencies(ttft_p50_s=ttft_p50, ttft_p90_s=ttft_p90, tpot_p50_s=tpot_p50, tpot_p90_s=tpot_p90)

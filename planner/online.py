@@ -8,12 +8,19 @@ One tick:
    TPOT for the load observed this interval at the replicas that served it, against the observed
    ones; the correction it learns goes into `decide`. The numbers are published with the tick and
    as `pdserve_planner_*` gauges (`pdserve.metrics`);
+2c. with more than one topology allowed (`PlannerConfig.topologies`), or the current one not
+   allowed, plan each allowed kind at the predicted load and choose one
+   (`planner.topology_switch.choose_kind`: a switch must save a device or rescue the SLOs, and
+   waits out `topology_cooldown_s`); a new kind is published for every router
+   (`pdserve.keys.topology_key`) before the pools are resized for it. The current kind is the one
+   published, else `LoopSettings.topology` (what the cluster was started as);
 3. `planner.decision.decide` (pure; it runs the simulator-backed search in a thread). While the
    gate refuses the model (its recent error is beyond `ErrorConfig.max_error`, or too few intervals
    were judged), its plan is not followed: `decide` is given `keep_sizes` instead, so no pool moves
    on the model's word; what is observed still moves one (a p90 over its SLO: the reactive guard;
    no traffic at all: toward the minimum), and the bounds still apply. The tick's note says why;
-4. apply a changed target, one `actuator.scale(role, n)` per changed pool;
+4. apply a changed target, one `actuator.scale(role, n)` per changed pool, growing pools first
+   (make before break: a topology switch starts the new workers before it drains the old);
 5. publish the decision for observability:
        pdserve:{cluster}:planner:decision    JSON of the last tick (SET, expires after 10 intervals)
        pdserve:{cluster}:planner:decisions   the last 100 ticks, newest first (LPUSH + LTRIM)
@@ -30,7 +37,8 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 
 from redis.exceptions import RedisError
 
@@ -38,11 +46,14 @@ from pdserve import metrics
 from pdserve.keys import planner_decision_key, planner_decisions_key
 from pdserve.registry import Registry
 from planner.actuators.base import ROLES, Actuator
-from planner.decision import Decision, ObservedLoad, PlanFn, PlannerConfig, PredictFn, decide
+from pdserve.roles import TOPOLOGIES
+from pdserve.roles import Topology as TopologyKind
+from planner.decision import Decision, ObservedLoad, PlanFn, PlannerConfig, PredictFn, SloScale, decide, predict_rate
 from planner.live import (LiveLoad, merge_loads, observation_window_s, observed_latencies, observed_load,
                           read_router_loads, ready_sizes)
 from planner.model_error import ErrorConfig, LatencyFn, ModelErrorTracker, Verdict, may_act
 from planner.pool_sizes import PoolSizes
+from planner.topology_switch import KindChoice, choose_kind
 
 logger = logging.getLogger(__name__)
 HISTORY_LENGTH = 100
@@ -55,7 +66,8 @@ class LoopSettings:
     interval_s: float = 10.0
     fallback_prompt_tokens: float = 512.0  # lengths assumed before any request finished
     fallback_output_tokens: float = 128.0
-    dry_run: bool = False  # decide and publish, never call `actuator.scale`
+    dry_run: bool = False  # decide and publish, never call `actuator.scale` nor switch the topology
+    topology: TopologyKind = "disaggregated"  # what the cluster was started as (until one is published)
     model_error: ErrorConfig = ErrorConfig()  # the gate on the model's recent error (step 2b)
 
     def __post_init__(self) -> None:
@@ -75,6 +87,7 @@ class Oracle:
     predict: PredictFn | None = None
     fit: object | None = None
     latency: LatencyFn | None = None
+    plans: Mapping[TopologyKind, PlanFn] | None = None  # per topology kind (step 2c); None: `plan` for every kind
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,7 @@ class Tick:
     note: str = ""
     errors: tuple[str, ...] = field(default=())
     model: dict | None = None  # `ModelErrorTracker.as_dict()` after this interval; None: not judged
+    topology: TopologyKind | None = None  # the kind the pools were sized for; None: held before deciding
 
     def to_json(self) -> str:
         body = {"at_s": self.at_s, "applied": self.applied, "note": self.note, "errors": list(self.errors)}
@@ -102,6 +116,8 @@ class Tick:
                      "predicted_rate_rps": d.predicted_rate_rps, "reasons": list(d.reasons)}
         if self.model is not None:
             body["model"] = self.model
+        if self.topology is not None:
+            body["topology"] = self.topology
         return json.dumps(body)
 
 
@@ -119,6 +135,7 @@ class PlannerLoop:
         self._lengths = (settings.fallback_prompt_tokens, settings.fallback_output_tokens)
         self._ready_changed_s = -math.inf  # when the serving pools last changed (before the first tick: never)
         self.model = ModelErrorTracker(settings.model_error) if oracle.latency is not None else None
+        self._switched_s = -math.inf  # the last topology switch (before the first tick: never)
         self.ticks: deque[Tick] = deque(maxlen=HISTORY_LENGTH)  # the latest, for callers and tests
 
     @classmethod
@@ -152,22 +169,66 @@ class PlannerLoop:
         self._rates.append(live.arrival_rate_rps)
         verdict = await self._judge_model(live, observed, observation_window_s(loads))
         trusted = verdict is None or verdict.allowed
-        plan = self.oracle.plan if trusted else keep_sizes(current)
         predict, scale = (None, self.model.slo_scale()) if self.model is not None else (self.oracle.predict, None)
-        decision = await asyncio.to_thread(decide, observed, self.config, plan, predict, scale)
+        current_kind = await self._current_kind()
+        choice = await asyncio.to_thread(self._choose_kind, observed, current_kind, trusted, scale or SloScale())
+        plan = self._plan_of(choice.kind) if trusted else keep_sizes(current)
+        decision = await asyncio.to_thread(decide, observed, self.config, plan, predict, scale, choice.kind)
+        if choice.reason:
+            decision = replace(decision, reasons=(choice.reason, *decision.reasons))
         note = "" if trusted else f"{MODEL_NOT_TRUSTED}: {verdict.reason}"
         if note:
             logger.warning("planner: %s", note)
         if self.settings.dry_run:
             return await self._finish(self._tick(observed, decision, False, "; ".join(
-                filter(None, ("dry run: not applied", note)))))
+                filter(None, ("dry run: not applied", note))), kind=choice.kind))
+        if choice.kind != current_kind:
+            await self._switch(choice.kind, errors)
         applied = decision.changed and await self._apply(decision, errors)
-        return await self._finish(self._tick(observed, decision, applied, note, tuple(errors)))
+        return await self._finish(self._tick(observed, decision, applied, note, tuple(errors), choice.kind))
 
     def _tick(self, observed: ObservedLoad, decision: Decision, applied: bool, note: str = "",
-              errors: tuple[str, ...] = ()) -> Tick:
+              errors: tuple[str, ...] = (), kind: TopologyKind | None = None) -> Tick:
         model = None if self.model is None else self.model.as_dict()
-        return Tick(time.time(), observed, decision, applied, note, errors, model)
+        return Tick(time.time(), observed, decision, applied, note, errors, model, kind)
+
+    async def _current_kind(self) -> TopologyKind:
+        """The topology the routers place for: the one published for the cluster, else the one it was started as."""
+        published = await self.registry.topology()
+        return published if published in TOPOLOGIES else self.settings.topology  # type: ignore[return-value]
+
+    def _plan_of(self, kind: TopologyKind) -> PlanFn:
+        plans = self.oracle.plans
+        if plans is None:
+            return self.oracle.plan
+        if kind not in plans:
+            raise ValueError(f"the oracle has no plan for the {kind} topology; it plans {sorted(plans)}")
+        return plans[kind]
+
+    def _choose_kind(self, observed: ObservedLoad, current: TopologyKind, trusted: bool, scale: SloScale) -> KindChoice:
+        """Step 2c. Each allowed kind is planned only when a switch is possible (several kinds, or
+        the current one not allowed) and the model is trusted (an untrusted model moves no pool)."""
+        allowed = self.config.topologies
+        if allowed == (current,):
+            return KindChoice(current, "")
+        plans: dict[TopologyKind, PoolSizes | None] = {}
+        if trusted:
+            rate = predict_rate(observed.rate_history_rps + (observed.arrival_rate_rps,), self.config.predictor,
+                                self.config.window)
+            if rate > 0:
+                plans = {kind: self._plan_of(kind)(rate, observed.mean_prompt_tokens, observed.mean_output_tokens,
+                                                   scale) for kind in allowed}
+        return choose_kind(current, plans, allowed, self.clock() - self._switched_s, self.config.topology_cooldown_s)
+
+    async def _switch(self, kind: TopologyKind, errors: list[str]) -> None:
+        """Publishes `kind` for every router (before any pool moves for it)."""
+        try:
+            await self.registry.set_topology(kind)
+            self._switched_s = self.clock()
+            logger.info("planner: topology switched to %s", kind)
+        except (RedisError, OSError) as error:
+            errors.append(f"publish topology {kind}: {error}")
+            logger.error("planner: %s", errors[-1])
 
     async def _judge_model(self, live: LiveLoad, observed: ObservedLoad, window_s: float) -> Verdict | None:
         """Step 2b: records this interval's predicted against observed latency and returns the gate's
@@ -205,7 +266,8 @@ class PlannerLoop:
 
     async def _apply(self, decision: Decision, errors: list[str]) -> bool:
         applied = False
-        for role in ROLES:
+        growing_first = sorted(ROLES, key=lambda role: decision.target.of(role) <= decision.current.of(role))
+        for role in growing_first:
             if decision.target.of(role) == decision.current.of(role):
                 continue
             try:

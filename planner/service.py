@@ -4,10 +4,12 @@ the loop (`planner.online.PlannerLoop`) asks. `pdserve planner` calls these.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.metrics import SLO
+from pdserve.roles import Topology as TopologyKind
 from planner.evaluate import make_latency_fn, make_plan_fn, make_predict_fn
 from planner.online import Oracle
 from planner.perf_model import fit_perf_model
@@ -34,10 +36,11 @@ class PlanModelSpec:
             raise ValueError(f"sim_requests must be >= 20 for a meaningful attainment, got {self.sim_requests}")
 
 
-def build_oracle(spec: PlanModelSpec, max_devices: int) -> Oracle:
-    """The plan (fewest pool sizes meeting the SLOs in simulation), predict (simulated p90s at
-    given sizes) and latency (simulated p50s and p90s, what the loop's error tracker compares with
-    the observed) functions of the profile's fitted model, and the fit itself."""
+def build_oracle(spec: PlanModelSpec, max_devices: int, kinds: Sequence[TopologyKind] = ("disaggregated",)) -> Oracle:
+    """The plan (fewest pool sizes meeting the SLOs in simulation; one per topology kind in
+    `kinds`, the first also as `plan`), predict (simulated p90s at given sizes) and latency
+    (simulated p50s and p90s, what the loop's error tracker compares with the observed) functions
+    of the profile's fitted model, and the fit itself."""
     from planner.profiles.example import EXAMPLE_PROFILE_PATH
 
     profile = load_profile(spec.profile_path or EXAMPLE_PROFILE_PATH)
@@ -45,7 +48,8 @@ def build_oracle(spec: PlanModelSpec, max_devices: int) -> Oracle:
     settings = SimSettings.from_profile(profile, spec.transport)
     slo = SLO(ttft_s=spec.ttft_slo_s, tpot_s=spec.tpot_slo_s)
     search = SearchSettings(target_attainment=spec.target_attainment)
-    return Oracle(plan=make_plan_fn(settings, fit.model, slo, max_devices, search, num_requests=spec.sim_requests),
+    plans = {kind: make_plan_fn(settings, fit.model, slo, max_devices, search, num_requests=spec.sim_requests, kind=kind)
+             for kind in kinds}
+    return Oracle(plan=plans[kinds[0]], plans=plans,
                   predict=make_predict_fn(settings, fit.model, num_requests=spec.sim_requests),
                   latency=make_latency_fn(settings, fit.model, num_requests=spec.sim_requests), fit=fit)
-

@@ -6,6 +6,10 @@ simulator with each profile's fitted model. Errors per metric:
 - latencies (p50/p90 TTFT and TPOT): relative, (simulated - measured) / measured;
 - SLO attainment: the difference in percentage points (a relative error of a share near 0 says
   little), reported in the same "%" column.
+Per workload shape and topology (`Verdict`): the latency errors averaged over the rates up to the
+measured knee (where the planner must be right; past it latencies grow without bound and a
+relative error there says little), and the goodput each side puts where its attainment curve
+crosses the target on the same grid of rates.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+
+from loadgen.comparison.goodput import format_goodput
+from loadgen.sweep import goodput_on_grid
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("median_ttft_ms", "TTFT p50"), ("p90_ttft_ms", "TTFT p90"),
@@ -45,6 +52,78 @@ def mean_abs_errors(comparisons: Sequence[Comparison], model: str) -> dict[str, 
     """Mean |error| per metric over the rates, for one model."""
     rows = [c for c in comparisons if c.model == model]
     return {key: sum(abs(c.error(key)) for c in rows) / len(rows) for key, _ in METRICS} if rows else {}
+
+
+LATENCY_KEYS = tuple(key for key, _ in METRICS if key != "slo_attainment")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One workload shape on one topology, one model: how far the simulation was from the cluster."""
+
+    shape: str
+    topology: str
+    model: str
+    rates_to_knee: tuple[float, ...]  # the rates the latency errors are averaged over
+    errors_to_knee: dict[str, float]  # latency key -> mean |relative error| over those rates
+    measured_goodput: tuple[float, bool]  # (req/s, bracketed by the grid), `goodput_on_grid`
+    simulated_goodput: tuple[float, bool]
+
+    @property
+    def goodput_error(self) -> float | None:
+        """(simulated - measured) / measured goodput; None when either is not bracketed by the grid
+        (a bound: the cluster or the simulation met the target at no rate, or at every rate)."""
+        (measured, measured_bracketed), (simulated, simulated_bracketed) = self.measured_goodput, self.simulated_goodput
+        if not (measured_bracketed and simulated_bracketed) or measured <= 0:
+            return None
+        return (simulated - measured) / measured
+
+
+def verdict(comparisons: Sequence[Comparison], shape: str, topology: str, model: str,
+            target: float = 0.9) -> Verdict:
+    """The verdict on `model`'s comparisons of one shape and topology. The rates up to the knee are
+    those at or below the last rate whose measured attainment met `target` before any missed it
+    (the lowest rate alone when none did). ValueError when `model` has no comparison."""
+    rows = sorted((c for c in comparisons if c.model == model), key=lambda c: c.rate_rps)
+    if not rows:
+        raise ValueError(f"no comparison for model {model!r}")
+    to_knee = []
+    for c in rows:
+        if c.measured["slo_attainment"] < target:
+            break
+        to_knee.append(c)
+    to_knee = to_knee or rows[:1]
+    errors = {key: sum(abs(c.error(key)) for c in to_knee) / len(to_knee) for key in LATENCY_KEYS}
+    return Verdict(shape, topology, model, tuple(c.rate_rps for c in to_knee), errors,
+                   goodput_on_grid([(c.rate_rps, c.measured["slo_attainment"]) for c in rows], target),
+                   goodput_on_grid([(c.rate_rps, c.simulated["slo_attainment"]) for c in rows], target))
+
+
+def verdict_table(verdicts: Sequence[Verdict], rates_by_run: dict[tuple[str, str], Sequence[float]]) -> Table:
+    """Shape x topology rows: the mean |error| of each latency up to the knee, the goodputs and their error."""
+    table = Table(title="per shape and topology: mean |error| up to the measured knee, goodput measured vs simulated")
+    for name in ("shape", "topology", "model", "rates to knee"):
+        table.add_column(name)
+    for key, label in METRICS:
+        if key in LATENCY_KEYS:
+            table.add_column(label, justify="right")
+    for name in ("goodput real / sim req/s", "goodput err"):
+        table.add_column(name, justify="right")
+    for v in verdicts:
+        rates = rates_by_run.get((v.shape, v.topology), ())
+        error = "-" if v.goodput_error is None else f"{v.goodput_error:+.0%}"
+        table.add_row(v.shape, v.topology, v.model, ",".join(f"{r:g}" for r in v.rates_to_knee),
+                      *(f"{v.errors_to_knee[key]:.0%}" for key in LATENCY_KEYS),
+                      f"{format_goodput(v.measured_goodput, rates)} / {format_goodput(v.simulated_goodput, rates)}", error)
+    return table
+
+
+def verdicts_to_json(verdicts: Sequence[Verdict]) -> list[dict[str, Any]]:
+    return [{"shape": v.shape, "topology": v.topology, "model": v.model, "rates_to_knee": list(v.rates_to_knee),
+             "mean_abs_error_to_knee": v.errors_to_knee,
+             "goodput_rps": {"measured": v.measured_goodput[0], "measured_bracketed": v.measured_goodput[1],
+                             "simulated": v.simulated_goodput[0], "simulated_bracketed": v.simulated_goodput[1]},
+             "goodput_error": v.goodput_error} for v in verdicts]
 
 
 def error_table(comparisons: Sequence[Comparison], title: str) -> Table:
@@ -99,6 +178,44 @@ def plot_validation(comparisons: Sequence[Comparison], path: Path, title: str) -
         ax.set_ylabel("share of requests" if key == "slo_attainment" else "ms")
         ax.set_title(label)
     axes[0].legend(fontsize=8)
+    return _save(fig, path, title)
+
+
+def plot_verdicts(verdicts: Sequence[Verdict], path: Path, title: str) -> Path:
+    """Measured and simulated goodput side by side for each shape on each topology (one model:
+    the first), and each latency's mean |error| up to the knee."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    first = verdicts[0].model
+    rows = [v for v in verdicts if v.model == first]
+    names = [f"{v.shape}\n{v.topology}" for v in rows]
+    x = np.arange(len(rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(rows)) * 2, 4.6))
+    left.bar(x - 0.2, [v.measured_goodput[0] for v in rows], 0.4, label="measured", color="black")
+    left.bar(x + 0.2, [v.simulated_goodput[0] for v in rows], 0.4, label=f"simulated: {first}", color="tab:blue")
+    left.set_ylabel("goodput (req/s at 90% attainment)")
+    left.set_title("goodput (a bar at the grid's end is a bound)")
+    width = 0.8 / len(LATENCY_KEYS)
+    for i, key in enumerate(LATENCY_KEYS):
+        label = dict(METRICS)[key]
+        right.bar(x - 0.4 + (i + 0.5) * width, [100 * v.errors_to_knee[key] for v in rows], width, label=label)
+    right.axhline(10, color="gray", linestyle="--", linewidth=1, label="10% aim")
+    right.set_ylabel("mean |error| up to the knee, %")
+    right.set_title("latency error up to the measured knee")
+    for ax in (left, right):
+        ax.set_xticks(x, names, fontsize=8)
+        ax.legend(fontsize=8)
+    return _save(fig, path, title)
+
+
+def _save(fig, path: Path, title: str) -> Path:
+    """Titles, lays out, writes and closes a figure; returns `path`."""
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,9 +21,12 @@ from planner.evaluate import make_attainment_fn
 from planner.perf_model import fit_perf_model
 from planner.profile import Profile, load_profile
 from planner.profiler.serving_probe import host_cpu_seconds
+from planner import router_config
+from planner.router_config import router_files, write_router_config
 from planner.search import SearchSettings, max_rate
-from planner.simulator import SimSettings, Topology, simulate
+from planner.simulator import RouterSettings, SimSettings, Topology, cost_model_from, simulate
 from planner.validation import Comparison, plot_validation, to_json
+from router.policies.placement import CostModel, PlacementConfig
 
 AUTO_RATE_SHARES = (0.3, 0.6, 0.9, 1.2)  # of the first profile's simulated goodput
 
@@ -47,21 +50,46 @@ class ValidationSetup:
     slo: SLO
     workload: dict[str, Any]
     transport: str
+    topology: Topology = Topology.disaggregated(1, 1)
+    router: RouterSettings | None = None  # what the real router placed with; None: the simulator's default
+
+
+def planned_router(profile: Profile, transport: str, topology: Topology, sample: Sequence[RequestSpec]) -> RouterSettings:
+    """The router a validation runs, real and simulated alike: the placement policy of `topology`
+    (its local prefill cap) and the profile's cost model at the mean lengths of `sample`, fixed
+    for every rate (the real router reads its cost model once, at start; the simulator would
+    otherwise derive one per request list). No SLOs: nothing is refused on either side."""
+    settings = SimSettings.from_profile(profile, transport)
+    cost = cost_model_from(fit_perf_model(profile).model, settings, sum(r.prompt_tokens for r in sample) / len(sample),
+                           sum(r.output_tokens for r in sample) / len(sample))
+    return RouterSettings(placement=settings.router.placement_for(topology), cost=cost, admission=False)
+
+
+def router_flags_for(router: RouterSettings, directory: Path) -> list[str]:
+    """Writes `router`'s policy and cost files into `directory`; the `pdserve router` flags that load them."""
+    write_router_config(directory, router.placement, router.cost)
+    return router_config.router_flags(directory, SLO())
 
 
 def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str, duration_s: float,
-               min_requests: int) -> list[float]:
-    """`AUTO_RATE_SHARES` of the simulated 1P+1D goodput, for the same run length the real runs
-    get (a fixed request count would arrive all at once at high rates and never show the
+               min_requests: int, topology: Topology = Topology.disaggregated(1, 1),
+               router: RouterSettings | None = None) -> list[float]:
+    """`AUTO_RATE_SHARES` of the simulated goodput of `topology`, for the same run length the real
+    runs get (a fixed request count would arrive all at once at high rates and never show the
     overload). Raises SystemExit when the profile meets the SLOs at no rate."""
     fit = fit_perf_model(profile)
+    settings = _with_router(SimSettings.from_profile(profile, transport), router)
     attainment = make_attainment_fn(
         lambda rate: workload.build(rate_rps=rate, num_requests=max(min_requests, round(rate * duration_s))),
-        SimSettings.from_profile(profile, transport), fit.model, slo)
-    goodput, _, _ = max_rate(lambda rate: attainment(Topology.disaggregated(1, 1), rate), SearchSettings())
+        settings, fit.model, slo)
+    goodput, _, _ = max_rate(lambda rate: attainment(topology, rate), SearchSettings())
     if goodput <= 0:
-        raise SystemExit("the first profile meets the SLOs at no rate; give --rates or looser SLOs")
+        raise SystemExit(f"the first profile meets the SLOs at no rate on {topology.label}; give --rates or looser SLOs")
     return [round(goodput * share, 3) for share in AUTO_RATE_SHARES]
+
+
+def _with_router(settings: SimSettings, router: RouterSettings | None) -> SimSettings:
+    return settings if router is None else replace(settings, router=router)
 
 
 def as_sent(specs: list[RequestSpec], records) -> list[RequestSpec]:
@@ -80,15 +108,16 @@ def cluster_cpu_s(cluster) -> float:
     return host_cpu_seconds(cluster.router.pid) + cpu_seconds(workers)
 
 
-def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: str, slo: SLO) -> list[Comparison]:
-    """Each run against each profile's simulation of its very requests through 1P+1D; a profile's
-    model is named by its file's stem."""
+def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: str, slo: SLO,
+            topology: Topology = Topology.disaggregated(1, 1), router: RouterSettings | None = None) -> list[Comparison]:
+    """Each run against each profile's simulation of its very requests through `topology`, whose
+    router places as `router` (the real router's settings); a profile's model is named by its file's stem."""
     models = {}
     for path in profile_paths:
         profile = load_profile(path)
-        models[path.stem] = (SimSettings.from_profile(profile, transport), fit_perf_model(profile).model)
-    return [Comparison(run.rate_rps, name, run.measured,
-                       simulate(run.requests, Topology.disaggregated(1, 1), settings, model).summary(slo))
+        models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport), router),
+                             fit_perf_model(profile).model)
+    return [Comparison(run.rate_rps, name, run.measured, simulate(run.requests, topology, settings, model).summary(slo))
             for run in runs for name, (settings, model) in models.items()]
 
 
@@ -99,8 +128,14 @@ def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, l
     if "requests" not in earlier:
         raise SystemExit(f"{path} holds no requests (written before they were kept)")
     slo_ms = earlier["slo_ms"]
+    router = None  # written before the router was kept: the simulator's default, as then
+    if "router" in earlier:
+        files = earlier["router"]
+        router = RouterSettings(placement=PlacementConfig.from_dict(files[router_config.PLACEMENT_FILE]),
+                                cost=CostModel(**files[router_config.COST_FILE]), admission=False)
     setup = ValidationSetup(earlier["model"], SLO(ttft_s=slo_ms["ttft"] / 1e3, tpot_s=slo_ms["tpot"] / 1e3),
-                            earlier["workload"], earlier.get("transport", default_transport))
+                            earlier["workload"], earlier.get("transport", default_transport),
+                            Topology.from_label(earlier.get("topology", "1P+1D")), router)
     measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
     cpu_cores = earlier.get("cluster_cpu_cores", {})
     runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows], measured[float(rate)], cpu_cores.get(rate))
@@ -117,13 +152,14 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
     json_path = out_dir / "validation.json"
     json_path.write_text(json.dumps(
         {"model": setup.model_name, "profiles": [str(p) for p in profile_paths], "slo_ms": slo.as_ms(),
-         "workload": setup.workload, "transport": setup.transport,
+         "workload": setup.workload, "transport": setup.transport, "topology": setup.topology.label,
+         **({"router": router_files(setup.router.placement, setup.router.cost)} if setup.router else {}),
          **({"resimulated": str(resimulated)} if resimulated else {}),
          **to_json(comparisons),
          "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},
          "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
                                           for r in run.requests] for run in runs}}, indent=1))
     png = plot_validation(comparisons, out_dir / "validation.png",
-                          f"{setup.model_name} 1P+1D: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
+                          f"{setup.model_name} {setup.topology.label}: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
                           f"TPOT<={slo.tpot_s * 1e3:g} ms)")
     return json_path, png

@@ -14,6 +14,7 @@ import time
 from kv_transfer.consumer import release_transfer
 from kv_transfer.handle import KVHandle, producer_params
 from kv_transfer.wire import TransferError
+from pdserve.logprobs import rows_from_vllm
 from pdserve.worker.server import engine_queued_s
 from pdserve.worker_api import PrefillRequest, PrefillResult
 
@@ -51,6 +52,8 @@ class PrefillHandler:
             num_cached_tokens=final.num_cached_tokens or 0,
             queued_s=engine_queued_s(final),
             stop_reason=completion.stop_reason,
+            first_logprobs=next(iter(rows_from_vllm(completion.logprobs, sampling.logprobs)), None),
+            prompt_logprobs=rows_from_vllm(final.prompt_logprobs, sampling.prompt_logprobs),
         )
 
     def _release_after_reply(self, transfer_id: str) -> None:

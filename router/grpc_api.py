@@ -4,15 +4,21 @@ Every Generate call is counted once in `pdserve_requests_total` (`router.outcome
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from dataclasses import dataclass
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
 
 from pdserve.errors import InvalidRequest, ServeError, grpc_code, grpc_trailing_metadata
-from pdserve.sampling import Sampling
+from pdserve.logprobs import positions_to_proto
+from pdserve.sampling import DEFAULT_MAX_TOKENS, Sampling
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from router.lifecycle import Lifecycle
+from router.openai_prompt import PromptRules, text_prompt_ids, token_prompt_ids
 from router.outcomes import CANCELLED, DUPLICATE_ID, INTERNAL, OK, count, outcome_of
 from pdserve.generation import GenerationChunk
 from router.types import GenerationRequest
@@ -72,17 +78,79 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
                             num_decode_workers=len(pool.workers("decode")))
 
     def _prompt_ids(self, request: pb.GenerateRequest) -> list[int]:
+        """The prompt's ids; with `truncate_prompt_tokens`, truncated as vLLM's server truncates
+        them (`router.openai_prompt`: from the left, special tokens added to a text)."""
         which = request.WhichOneof("prompt")
+        if which not in ("text", "token_ids"):
+            raise InvalidRequest("the request has no prompt: set text or token_ids", field="prompt")
+        tokenizer = self.lifecycle.tokenizer
+        if not request.HasField("truncate_prompt_tokens"):
+            return tokenizer.encode(request.text) if which == "text" else list(request.token_ids.ids)
+        sampling = request.sampling
+        rules = PromptRules(self.lifecycle.config.max_model_len,
+                            sampling.max_tokens if sampling.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
+                            truncate_prompt_tokens=request.truncate_prompt_tokens)
         if which == "text":
-            return self.lifecycle.tokenizer.encode(request.text)
-        if which == "token_ids":
-            return list(request.token_ids.ids)
-        raise InvalidRequest("the request has no prompt: set text or token_ids", field="prompt")
+            return text_prompt_ids(tokenizer.hf, request.text, rules)
+        return token_prompt_ids(tokenizer.hf, list(request.token_ids.ids), rules)
+
+
+def add_generation_service(service: GenerationService, server) -> None:
+    """Registers `service` on `server` as the generated `add_GenerationServicer_to_server` does (the
+    methods and types read from the proto's descriptor), except that a request message that does
+    not parse is the client's INVALID_ARGUMENT, never gRPC's UNKNOWN (issue 18 item 6)."""
+    descriptor = pb.DESCRIPTOR.services_by_name["Generation"]
+    handlers = {}
+    for method in descriptor.methods:
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            _refusing_undecodable(getattr(service, method.name), method.name, method.server_streaming),
+            request_deserializer=_parse_or_keep_error(message_factory.GetMessageClass(method.input_type)),
+            response_serializer=message_factory.GetMessageClass(method.output_type).SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(descriptor.full_name, handlers),))
+
+
+@dataclass(frozen=True)
+class _Undecodable:
+    """A request message that did not parse, handed on so that its handler refuses it."""
+    reason: str
+
+
+def _parse_or_keep_error(message_type):
+    def parse(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except DecodeError as error:
+            return _Undecodable(f"the request is not a valid {message_type.DESCRIPTOR.full_name}: {error}")
+    return parse
+
+
+def _refusing_undecodable(behavior, name: str, streaming: bool):
+    async def refuse(request: _Undecodable, context) -> None:
+        if name == "Generate":  # counted once, as Generate counts every call it sees
+            count("grpc", outcome_of(InvalidRequest(request.reason)))
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+
+    async def unary(request, context):
+        if isinstance(request, _Undecodable):
+            await refuse(request, context)
+        return await behavior(request, context)
+
+    async def stream(request, context):
+        if isinstance(request, _Undecodable):
+            await refuse(request, context)
+        async with contextlib.aclosing(behavior(request, context)) as responses:
+            async for response in responses:
+                yield response
+
+    return stream if streaming else unary
 
 
 def chunk_to_proto(chunk: GenerationChunk) -> pb.GenerateResponse:
     message = pb.GenerateResponse(request_id=chunk.request_id, token_ids=chunk.token_ids, text=chunk.text,
-                                  finished=chunk.finished, finish_reason=chunk.finish_reason)
+                                  finished=chunk.finished, finish_reason=chunk.finish_reason,
+                                  logprobs=positions_to_proto(chunk.logprobs),
+                                  prompt_logprobs=positions_to_proto(chunk.prompt_logprobs or ()))
     if chunk.timings is not None:
         message.timings.CopyFrom(pb.PhaseTimings(**chunk.timings.to_dict()))
     return message

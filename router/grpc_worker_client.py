@@ -14,8 +14,10 @@ from typing import AsyncIterator
 
 import grpc
 
+from pdserve import tracing
 from pdserve.errors import InvalidRequest
 from pdserve.rpc_auth_grpc import client_interceptors
+from pdserve.rpc_keepalive import client_options
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 from pdserve.worker_api import DecodeChunk, DecodeRequest, PrefillRequest, PrefillResult
 from pdserve.worker_proto import (decode_chunk_from_proto, decode_request_to_proto, prefill_request_to_proto,
@@ -29,7 +31,9 @@ class GrpcWorkerClient:
     def __init__(self, address: str, release_timeout_s: float = RELEASE_TIMEOUT_S, secret: bytes | None = None):
         self.address = address
         self.release_timeout_s = release_timeout_s
-        self._channel = grpc.aio.insecure_channel(address, interceptors=client_interceptors(secret, address))
+        self._channel = grpc.aio.insecure_channel(address, options=client_options(),   # a vanished worker: UNAVAILABLE
+                                                  interceptors=[*client_interceptors(secret, address),
+                                                                *tracing.client_interceptors()])
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
     async def prefill(self, request: PrefillRequest, timeout_s: float) -> PrefillResult:

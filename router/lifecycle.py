@@ -27,7 +27,9 @@ import secrets
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from pdserve import metrics
+import grpc
+
+from pdserve import metrics, tracing
 from pdserve.errors import InvalidRequest, NoHealthyWorker, Overloaded, from_grpc_code
 from pdserve.generation import GenerationChunk
 from pdserve.registry import WorkerRecord
@@ -35,6 +37,7 @@ from pdserve.sampling import Sampling
 from pdserve.timings import Timings
 from pdserve.worker_api import DecodeChunk, PrefillRequest, PrefillResult
 from router.failures import verdict_for
+from router.outcomes import outcome_of
 from router.output_text import OutputText, TextStep
 from router.policies.placement import Disaggregated
 from router.pool import WorkerPool
@@ -53,6 +56,7 @@ class RouterConfig:
     max_inflight: int = 256
     max_attempts: int = 3          # per phase
     request_timeout_s: float = 600.0
+    enable_prompt_tokens_details: bool = False  # vLLM's flag: usage.prompt_tokens_details.cached_tokens
     scheduler: SchedulerConfig = SchedulerConfig()
 
 
@@ -77,6 +81,8 @@ class Lifecycle:
             raise InvalidRequest("the prompt is empty", field="prompt")
         self.tokenizer.check_ids(request.prompt_token_ids)
         request.sampling.check()
+        request.sampling.check_for_model(self.tokenizer.vocab_size)
+        self.tokenizer.check_bad_words(request.sampling)
         if num_prompt + request.sampling.max_tokens > self.config.max_model_len:
             raise InvalidRequest(
                 f"prompt ({num_prompt} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds the model's "
@@ -100,17 +106,25 @@ class Lifecycle:
         if not admitted:
             self.admit(request)
         self.inflight += 1
+        trace = tracing.request_trace(request.request_id, len(request.prompt_token_ids))
+        ended_by, timings = None, None
         try:
-            async with contextlib.aclosing(self._walk(request)) as walk:  # closing us closes the walk now
+            async with contextlib.aclosing(self._walk(request, trace)) as walk:  # closing us closes the walk now
                 sent_s = None  # when the last chunk with tokens was handed on (ITL)
                 async for chunk in walk:
                     if chunk.token_ids:
                         sent_s = metrics.observe_tokens_sent(sent_s)
+                    timings = chunk.timings
                     yield chunk
+        except BaseException as error:
+            ended_by = error
+            raise
         finally:
             self.inflight -= 1
+            ended = outcome_of(ended_by)
+            trace.end(ended.outcome, ended.code, timings)
 
-    async def _walk(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def _walk(self, request: GenerationRequest, trace=tracing.NO_TRACE) -> AsyncIterator[GenerationChunk]:
         started = time.perf_counter()
         timings = Timings(prompt_tokens=len(request.prompt_token_ids))
         ticket = await self.scheduler.dispatch(request)
@@ -123,8 +137,9 @@ class Lifecycle:
         try:
             prefilled = None
             path = ticket.placement.path
+            trace.placed("disaggregated" if isinstance(path, Disaggregated) else "local")
             if isinstance(path, Disaggregated):
-                prefilled = await self._prefill(request, timings, path.prefill_id)  # None: decode computes it
+                prefilled = await self._prefill(request, timings, path.prefill_id, trace)  # None: decode computes it
                 timings.queued_s += router_queued_s
             if prefilled is not None:
                 result = prefilled.result
@@ -134,7 +149,8 @@ class Lifecycle:
                 timings.ttft_s = time.perf_counter() - started
                 if not result.finished:
                     lease = KVLease(prefilled.worker, prefilled.transfer_id, result.kv_handle)
-                step = output.add([result.first_token_id], result.finished, result.finish_reason, result.stop_reason)
+                step = output.add([result.first_token_id], result.finished, result.finish_reason, result.stop_reason,
+                                  (result.first_logprobs,) if result.first_logprobs else (), result.prompt_logprobs)
                 if step.finished:
                     timings.output_tokens = 1
                     completed = True
@@ -144,7 +160,7 @@ class Lifecycle:
                     return
                 yield self._chunk(request, step, None, started)
             decode = self._decode(request, lease, generated, timings, output, started, ticket,
-                                  path.decode_id, 0.0 if prefilled else router_queued_s)
+                                  path.decode_id, 0.0 if prefilled else router_queued_s, trace)
             async with contextlib.aclosing(decode):
                 async for chunk in decode:
                     yield chunk
@@ -170,9 +186,11 @@ class Lifecycle:
             timings.e2e_s = time.perf_counter() - started
             metrics.observe_finished(timings)
         return GenerationChunk(request.request_id, list(step.token_ids), step.text, step.finished, step.finish_reason,
-                               timings, step.stop_reason)
+                               timings, step.stop_reason, list(step.logprobs),
+                               None if step.prompt_logprobs is None else list(step.prompt_logprobs))
 
-    async def _prefill(self, request: GenerationRequest, timings: Timings, preferred: str) -> _Prefilled | None:
+    async def _prefill(self, request: GenerationRequest, timings: Timings, preferred: str,
+                       trace=tracing.NO_TRACE) -> _Prefilled | None:
         """The prompt on the `preferred` prefill worker (the placement's), then on others if it fails."""
         transfer_id = secrets.token_hex(16)   # unguessable (128 bits); the KV plane binds it to its first consumer
         message = PrefillRequest(request.request_id, tuple(request.prompt_token_ids), request.sampling, transfer_id)
@@ -184,7 +202,7 @@ class Lifecycle:
             tried.add(worker.worker_id)
             sent = time.perf_counter()
             try:
-                with self.pool.track(worker):
+                with self.pool.track(worker), trace.phase("prefill", worker.worker_id):
                     result = await self.pool.client(worker).prefill(message, timeout_s=self.config.request_timeout_s)
             except asyncio.CancelledError:
                 # The engine may have finished (and leased the KV) just as the client left: the
@@ -197,6 +215,7 @@ class Lifecycle:
             timings.queued_s = result.queued_s
             timings.prefill_s = max(0.0, time.perf_counter() - sent - result.queued_s)
             timings.prefill_worker = worker.worker_id
+            timings.cached_prompt_tokens = result.num_cached_tokens
             timings.disaggregated = True
             return _Prefilled(worker, transfer_id, result)
         logger.warning("no prefill worker could take %s (tried %d): decode computes the prompt",
@@ -209,7 +228,8 @@ class Lifecycle:
         return record if record is not None and record.role == role else self.pool.pick(role, frozenset(tried))
 
     async def _decode(self, request, lease: KVLease | None, generated: list[int], timings, output: OutputText,
-                      started, ticket: Ticket, preferred: str, router_queued_s: float) -> AsyncIterator[GenerationChunk]:
+                      started, ticket: Ticket, preferred: str, router_queued_s: float,
+                      trace=tracing.NO_TRACE) -> AsyncIterator[GenerationChunk]:
         """Streams decode output; `generated` (the tokens already sent) grows as tokens arrive.
         A stop string found in the whole output (`router.output_text`) ends the request here: the
         stream is closed, which aborts the decode on its worker.
@@ -232,11 +252,12 @@ class Lifecycle:
             tried.add(worker.worker_id)
             sent = time.perf_counter()
             try:
-                with self.pool.track(worker):
+                with self.pool.track(worker), trace.phase("decode", worker.worker_id):
                     stream = self.pool.client(worker).decode(plan, timeout_s=self.config.request_timeout_s)
                     async with contextlib.aclosing(stream):
                         async for reply in stream:
-                            step = output.add(reply.token_ids, reply.finished, reply.finish_reason, reply.stop_reason)
+                            step = output.add(reply.token_ids, reply.finished, reply.finish_reason, reply.stop_reason,
+                                              reply.logprobs, reply.prompt_logprobs)
                             generated.extend(step.token_ids)
                             if not timings.ttft_s and reply.token_ids:
                                 timings.ttft_s = time.perf_counter() - started
@@ -250,12 +271,15 @@ class Lifecycle:
                             yield self._chunk(request, step, timings if step.finished else None, started)
                             if step.finished:
                                 return
+                # A stream that ends without its final chunk (a worker that closed it early) is that
+                # worker's failure, resumed from the tokens sent like a broken one.
+                raise WorkerError(grpc.StatusCode.UNAVAILABLE,
+                                  f"decode worker {worker.worker_id} ended the stream without finishing")
             except WorkerError as error:
                 self._on_worker_error(worker, error)
                 if lease is not None:
                     self._abandon(lease, request.request_id)  # the producer's KV is no longer wanted
                 continue
-            raise NoHealthyWorker(f"decode worker {worker.worker_id} ended the stream without finishing")
         raise NoHealthyWorker(f"no decode worker could take the request (tried {len(tried)})")
 
     @staticmethod
@@ -265,6 +289,7 @@ class Lifecycle:
         if not timings.disaggregated:  # decode-only: the decode engine's queue is the request's
             timings.queued_s = reply.queued_s
             timings.decode_s = max(0.0, timings.decode_s - reply.queued_s)
+            timings.cached_prompt_tokens = reply.num_cached_tokens
         timings.decode_worker = worker.worker_id
         timings.kv_transfer_bytes = reply.kv_transfer_bytes
         timings.kv_transfer_s = reply.kv_transfer_s

@@ -43,12 +43,20 @@ class LiveView:
     def __init__(self, pool: WorkerPool, topology: Topology, placement: PlacementConfig,
                  prefix_capacity_blocks: int = 65536):
         self.pool = pool
-        self.rule = LocalPrefillRule(topology, placement.local_prefill_max_tokens)
+        self.configured_topology = topology  # the router's --topology; a published one overrides it
+        self._local_prefill_max_tokens = placement.local_prefill_max_tokens
         self.queued_prefill_tokens: Counter[str] = Counter()
         self.queued_prefill_prompts: Counter[str] = Counter()  # the prompts those tokens are in
         self.assigned_decodes: Counter[str] = Counter()   # decode worker -> requests placed there, not yet over
         self._prefix_capacity_blocks = prefix_capacity_blocks
         self._prefix: PrefixIndex | None = None
+
+    @property
+    def rule(self) -> LocalPrefillRule:
+        """The Local-path rule of the topology in force: the one the planner published for the
+        cluster (read with the registry), else the router's own."""
+        return LocalPrefillRule(self.pool.published_topology or self.configured_topology,
+                                self._local_prefill_max_tokens)
 
     def prefix(self, block_size: int) -> PrefixIndex:
         """The prefix index, keyed by the workers' block size (made at the first request)."""

@@ -14,13 +14,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from kv_transfer.auth import load_secret
+from pdserve import metrics
 from pdserve.registry import Registry
-from pdserve.v1 import generation_pb2_grpc
-from router.grpc_api import GenerationService
+from router.grpc_api import GenerationService, add_generation_service
 from router.grpc_worker_client import GrpcWorkerClient
 from router.http_api import create_app
 from router.lifecycle import Lifecycle, RouterConfig
 from router.live_stats import start_load_publisher
+from router.public_auth import PublicApiConfig, grpc_interceptors, http_app, warn_if_exposed
+from router.public_tls import add_port
 from router.pool import WorkerPool
 from router.tokenizer import RouterTokenizer
 
@@ -38,10 +40,14 @@ class RouterProcessConfig:
     router: RouterConfig = RouterConfig(max_model_len=2048)
     drain_timeout_s: float = 30.0   # SIGTERM -> streams in flight may run this long, then are cancelled
     cluster_secret_file: str = ""   # proves the router to the workers (pdserve.rpc_auth); "" = unsigned calls
+    public: PublicApiConfig = PublicApiConfig()   # TLS and API keys of both public ports (router.public_auth)
 
     def __post_init__(self) -> None:
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0 seconds, got {self.drain_timeout_s}")
+        problem = self.public.problem_at(self.host)
+        if problem:
+            raise ValueError(problem)
 
 
 async def run_router(config: RouterProcessConfig, ready_file: str | None = None) -> None:
@@ -50,29 +56,34 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     registry = Registry(config.redis_url, config.cluster)
     pool = WorkerPool(registry, connect=lambda address: GrpcWorkerClient(address, secret=secret))
     await pool.start()
+    metrics.ROUTER_WORKER_LOAD.source = pool.load_rows
     lifecycle = Lifecycle(config.router, pool, RouterTokenizer(config.model))
     load_publisher = start_load_publisher(config.redis_url, config.cluster, lambda: lifecycle.inflight)
 
-    server = grpc.aio.server()
-    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationService(lifecycle, model_name), server)
+    server = grpc.aio.server(interceptors=grpc_interceptors(config.public))
+    add_generation_service(GenerationService(lifecycle, model_name), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    grpc_port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    grpc_port = add_port(server, f"{config.host}:{config.grpc_port}", config.public.tls)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
 
-    http = uvicorn.Server(uvicorn.Config(create_app(lifecycle, model_name), host=config.host,
+    http = uvicorn.Server(uvicorn.Config(http_app(create_app(lifecycle, model_name, config.model), config.public), host=config.host,
                                          port=config.http_port, log_level="warning", access_log=False,
-                                         timeout_graceful_shutdown=config.drain_timeout_s))
+                                         timeout_graceful_shutdown=config.drain_timeout_s,
+                                         **config.public.tls.uvicorn_options()))
     http.install_signal_handlers = lambda: None
     http_task = asyncio.create_task(http.serve())
     while not http.started and not http_task.done():
         await asyncio.sleep(0.02)
     http_port = http.servers[0].sockets[0].getsockname()[1] if http.started else config.http_port
-    logger.info("router: gRPC %s:%d, HTTP %s:%d", config.host, grpc_port, config.host, http_port)
+    scheme = config.public.tls.http_scheme
+    logger.info("router: gRPC %s:%d, HTTP %s:%d (%s, API keys: %d)", config.host, grpc_port, config.host, http_port,
+                "TLS" if scheme == "https" else "plaintext", len(config.public.api_keys))
+    warn_if_exposed(config.host, config.public)
     if ready_file:
         with open(ready_file, "w") as ready:
-            ready.write(f"{config.host}:{grpc_port} http://{config.host}:{http_port}")
+            ready.write(f"{config.host}:{grpc_port} {scheme}://{config.host}:{http_port}")
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,25 +1,71 @@
 """OpenAI-compatible request bodies, with vLLM's fields and meanings (vLLM's
-`entrypoints/openai/*/protocol.py` is the spec). Unknown fields are refused (HTTP 400 naming the field)."""
+`entrypoints/openai/*/protocol.py` is the spec). A field vLLM does not know is ignored, as vLLM
+ignores it; one vLLM knows that pdserve does not serve is refused, 400 naming it
+(`router.openai_fields`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import replace
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, model_validator
 
 from pdserve.errors import InvalidRequest, NotFound
 from pdserve.sampling import Sampling
+from router.openai_fields import Body, served_fields_only
+from router.openai_messages import SERVED_EXTRAS, ChatMessage
+from router.openai_prompt import PromptRules
+from router.openai_structured import check_structured_output_fields, structured_outputs_json
+
+
+
+
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # vLLM's bounds of `priority` and `truncate_prompt_tokens`
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = SERVED_EXTRAS
     include_usage: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_s_unknown_fields(cls, data):
+        return served_fields_only(data, set(cls.model_fields), "stream_options")
 
-class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+
+class _Body(BaseModel):
+    """What every body shares: vLLM's rule for fields pdserve does not read (`vllm_body` names
+    vLLM's model of the body), text that is Unicode, vLLM's model check."""
+    model_config = SERVED_EXTRAS   # what `_vllm_s_unknown_fields` lets through is read
+    vllm_body: ClassVar[Body]
 
     model: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_s_unknown_fields(cls, data):
+        return served_fields_only(data, set(cls.model_fields), cls.vllm_body)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_unicode(cls, data):
+        """JSON may carry an unpaired surrogate ("\\ud800"), which no tokenizer, protobuf string or
+        UTF-8 encoder takes: refused before any field is read, naming where (found by fuzzing)."""
+        where = unpaired_surrogate_at(data)
+        if where is not None:
+            raise InvalidRequest(f"{where or 'the body'}: text with an unpaired surrogate is not valid Unicode",
+                                 field=where or None)
+        return data
+
+    def check_model(self, served: str) -> None:
+        """vLLM's rule: no model, or the served name; anything else is 404 with vLLM's message."""
+        if self.model and self.model != served:
+            raise NotFound(f"The model `{self.model}` does not exist. Valid aliases: {served}.", field="model")
+
+
+class SamplingFields(_Body):
+    default_max_tokens: ClassVar[int | None] = None   # vLLM's when none is asked (None: the rest of the context)
+    add_special_tokens: bool   # each body's own default (vLLM's): a completion's true, a chat's false
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     temperature: float | None = None
@@ -37,71 +83,231 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, description="only 1 is supported")
+    n: int = Field(default=1, description="samples of each prompt, each an independent walk (with a seed, "
+                                          "sample i has seed + i, as vLLM seeds them)")
+    logit_bias: dict[str, float] | None = None
+    return_tokens_as_token_ids: bool | None = None
+    min_p: float | None = None
+    allowed_token_ids: list[int] | None = None
+    response_format: dict[str, Any] | None = None     # vLLM's: text, json_object, json_schema, structural_tag
+    structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams fields
+    bad_words: list[str] = Field(default_factory=list)
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    return_token_ids: bool | None = None   # vLLM's `prompt_token_ids` and `token_ids` in the answer
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX,
+                          description="vLLM's; its default (first come, first served) scheduler takes any "
+                                      "value and ignores it, as pdserve does")
     user: str | None = None
     request_id: str | None = None
     slo_class: str = Field(default="", description="pdserve: the request's SLO class (interactive goes before "
                                                    "batch in the router's queue)")
 
-    def check_model(self, served: str) -> None:
-        """vLLM's rule: no model, or the served name; anything else is 404 with vLLM's message."""
-        if self.model and self.model != served:
-            raise NotFound(f"The model `{self.model}` does not exist. Valid aliases: {served}.", field="model")
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, data):
+        """vLLM's check (`validate_stream_options`), with its message."""
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise InvalidRequest("Stream options can only be defined when `stream=True`.", field="stream_options")
+        return data
 
-    def sampling(self) -> Sampling:
-        if self.n != 1:
-            raise InvalidRequest("only n=1 is supported", field="n")
+    @model_validator(mode="before")
+    @classmethod
+    def _structured_output_checks(cls, data):
+        check_structured_output_fields(data)
+        return data
+
+    def prompt_rules(self, max_model_len: int) -> PromptRules:
+        """How this body's prompts are tokenized and checked (vLLM's `build_tok_params`)."""
+        asked, param = self.asked_output_tokens()
+        return PromptRules(max_model_len, asked or 0, param, self.truncate_prompt_tokens, self.truncation_side,
+                           self.add_special_tokens)
+
+    def asked_output_tokens(self) -> tuple[int | None, str]:
+        """The output length the request asks for, and the field that asks it (vLLM's)."""
+        return (self.max_tokens if self.max_tokens is not None else self.default_max_tokens), "max_tokens"
+
+    def constraint_json(self) -> str | None:
+        """The structured-output constraint the workers get (`router.openai_structured`), or None."""
+        return structured_outputs_json(self.response_format, self.structured_outputs)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """vLLM's `SamplingParams.logprobs` for this request (each API spells it its own way)."""
+        return None
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        return None
+
+    def sampling(self, index: int = 0, room: int | None = None) -> Sampling:
+        """The sampling of sample `index` (0-based) of a prompt's `n`. vLLM runs each sample as its
+        own request (`v1/engine/parallel_sampling.py`), with seed + index when seeded. `room`, the
+        prompt's room in the context (`context_room`), caps `max_tokens` as vLLM caps it; without
+        one (a check before the prompt is known) a chat's missing `max_tokens` is pdserve's 16."""
+        sampling = self._sampling(room)
+        sampling.check(self.n)
+        if index and sampling.seed is not None:
+            sampling = replace(sampling, seed=sampling.seed + index)
+            sampling.check()
+        return sampling
+
+    def _sampling(self, room: int | None) -> Sampling:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return Sampling.validated(max_tokens=self.max_completion_tokens if self.max_tokens is None else self.max_tokens,
+        max_tokens = self.max_completion_tokens if self.max_tokens is None else self.max_tokens
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens
+        if room is not None:   # vLLM's `get_max_tokens`: the asked (or default) count, at most the room
+            max_tokens = room if max_tokens is None else min(max_tokens, room)
+        return Sampling.validated(max_tokens=max_tokens,
                                   temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
                                   stop=stop or None, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
                                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                                   repetition_penalty=self.repetition_penalty,
                                   stop_token_ids=tuple(self.stop_token_ids or ()) or None,
                                   include_stop_str_in_output=self.include_stop_str_in_output,
-                                  skip_special_tokens=self.skip_special_tokens)
+                                  skip_special_tokens=self.skip_special_tokens, logprobs=self.num_logprobs,
+                                  prompt_logprobs=self.num_prompt_logprobs, logit_bias=logit_bias(self.logit_bias),
+                                  structured_outputs_json=self.constraint_json(), min_p=self.min_p,
+                                  allowed_token_ids=None if self.allowed_token_ids is None
+                                  else tuple(self.allowed_token_ids), bad_words=tuple(self.bad_words) or None,
+                                  spaces_between_special_tokens=self.spaces_between_special_tokens)
 
 
-class CompletionRequest(_SamplingFields):
-    prompt: str | list[int]
-    echo: Literal[False] = False
-    logprobs: None = None
+def context_room(num_prompt_tokens: int, max_model_len: int) -> int:
+    """The tokens a prompt leaves for output in the context; a prompt longer than the context is
+    refused with vLLM's message and param (a prompt that fills it leaves 0, which `max_tokens`
+    then refuses, as in vLLM)."""
+    if num_prompt_tokens > max_model_len:
+        raise InvalidRequest(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+                             f"contains {num_prompt_tokens} input tokens, which exceeds this limit even without any "
+                             f"output tokens. Please reduce the length of the input prompt.", field="input_tokens")
+    return max_model_len - num_prompt_tokens
 
 
-TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})  # vLLM's parts that carry `text`
+def logit_bias(biases: dict[str, float] | None) -> tuple[tuple[int, float], ...] | None:
+    """vLLM's reading of `logit_bias` (`SamplingParams.from_optional`): keys are token ids as
+    strings, biases clamped to [-100, 100]; a key that is no integer is refused with vLLM's message."""
+    if not biases:
+        return None
+    invalid, converted = [], {}
+    for key, bias in biases.items():
+        try:
+            converted[int(key)] = min(100.0, max(-100.0, bias))
+        except (ValueError, TypeError):
+            invalid.append(key)
+    if invalid:
+        raise InvalidRequest(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid!r}",
+                             field="logit_bias")
+    return tuple(sorted(converted.items()))
 
 
-class ContentPart(BaseModel):
-    """One part of a message's content; only text parts are served (a text-only model)."""
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
+MAX_COMPLETION_PROMPTS = 1024  # vLLM's VLLM_MAX_COMPLETION_PROMPTS default
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[ContentPart]
-    name: str | None = None
+class CompletionRequest(SamplingFields):
+    vllm_body = "completion"
+    default_max_tokens = 16   # vLLM's CompletionRequest default (a chat's is the rest of the context)
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    add_special_tokens: bool = True
 
-    def rendered(self, index: int) -> dict:
-        """The message as the chat template gets it: content parts joined by newlines, as vLLM joins
-        them for a template that takes string content (`renderers/chat_utils.py`); a text part
-        without text is skipped, as vLLM skips it. A part that is not text is refused, naming it."""
-        if isinstance(self.content, str):
-            content = self.content
-        else:
-            for position, part in enumerate(self.content):
-                if part.type not in TEXT_PART_TYPES:
-                    field = f"messages.{index}.content.{position}.type"
-                    raise InvalidRequest(f"{field}: content parts of type {part.type!r} are not supported: this "
-                                         f"model takes text parts only (type 'text')", field=field)
-            content = "\n".join(part.text for part in self.content if part.text is not None)
-        return {"role": self.role, "content": content} | ({"name": self.name} if self.name is not None else {})
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_checks(cls, data):
+        """vLLM's `check_logprobs`, `validate_prompt_and_prompt_embeds` and
+        `validate_prompt_list_length`, with its messages."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("prompt") in (None, ""):
+            raise InvalidRequest("Either prompt or prompt_embeds must be provided and non-empty.", field="prompt")
+        for field in ("prompt_logprobs", "logprobs"):
+            value = data.get(field)
+            if value is not None and not isinstance(value, (int, float)):
+                raise InvalidRequest(f"`{field}` must be an integer.", field=field)
+        prompt_logprobs = data.get("prompt_logprobs")
+        if prompt_logprobs is not None:
+            if data.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
+                raise InvalidRequest("`prompt_logprobs` are not available when `stream=True`.",
+                                     field="prompt_logprobs")
+            if prompt_logprobs < 0 and prompt_logprobs != -1:
+                raise InvalidRequest("`prompt_logprobs` must be a positive value or -1.", field="prompt_logprobs")
+        logprobs = data.get("logprobs")
+        if logprobs is not None and logprobs < 0 and logprobs != -1:
+            raise InvalidRequest("`logprobs` must be a positive value or -1.", field="logprobs")
+        prompt = data.get("prompt")
+        if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt) \
+                and len(prompt) > MAX_COMPLETION_PROMPTS:
+            raise InvalidRequest(f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
+                                 f"{MAX_COMPLETION_PROMPTS}. To increase this limit, set the "
+                                 f"VLLM_MAX_COMPLETION_PROMPTS environment variable.", field="prompt")
+        return data
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one per entry of a batch (a string or token ids alone is a batch of one)."""
+        if isinstance(self.prompt, str) or all(isinstance(p, int) for p in self.prompt):
+            return [self.prompt]
+        return list(self.prompt)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """vLLM's rule: `prompt_logprobs`, else with `echo` the `logprobs` (echoed prompt tokens get them)."""
+        return self.logprobs if self.prompt_logprobs is None and self.echo else self.prompt_logprobs
 
 
-class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+def unpaired_surrogate_at(value, path: str = "") -> str | None:
+    """The dotted path of the first string (or key) in JSON `value` that is not valid Unicode,
+    "" for `value` itself, None when every one is."""
+    if isinstance(value, str):
+        return None if value.isascii() or _encodes(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and not _encodes(key):
+            return where
+        found = unpaired_surrogate_at(item, where)
+        if found is not None:
+            return found
+    return None
 
-    def conversation(self) -> list[dict]:
-        return [message.rendered(index) for index, message in enumerate(self.messages)]
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class TokenizeRequest(_Body):
+    """vLLM's `/tokenize` body: a completion's `prompt` or a chat's `messages` (its
+    TokenizeCompletionRequest | TokenizeChatRequest), special tokens added by default to a prompt
+    only (a chat template adds its own)."""
+    vllm_body = "tokenize"
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool | None = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequest("give exactly one of prompt or messages", field="prompt")
+        if self.messages is not None and self.continue_final_message and self.add_generation_prompt:
+            raise InvalidRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                                 field="continue_final_message")
+        return self
+
+
+class DetokenizeRequest(_Body):
+    vllm_body = "detokenize"
+    tokens: list[int]

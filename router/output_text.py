@@ -12,14 +12,20 @@ The router checks stop strings itself, over the whole output, because no engine 
 a disaggregated walk: the decode engine's output starts after the prefill's first token (and a
 resumed decode's after every token already sent), so a stop string that spans that boundary is
 found here only. The engines still check their part, which ends a request early on the worker.
+
+The logprobs of the tokens the client gets are made alongside (`router.output_logprobs`): a stop
+string that drops tokens drops their logprobs, as vLLM trims both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
+from pdserve.logprobs import PositionLogprobs, SampledLogprobs
 from pdserve.sampling import Sampling
 from pdserve.worker_api import StopReason
+from router.output_logprobs import OutputLogprobs
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,8 @@ class TextStep:
     finished: bool
     finish_reason: str
     stop_reason: StopReason     # when finish_reason is "stop": the stop string, stop token id or None (EOS)
+    logprobs: tuple[PositionLogprobs, ...] = ()   # one per token_ids when sampling.logprobs is set
+    prompt_logprobs: tuple[PositionLogprobs, ...] | None = None  # the prompt's, once, when asked for
 
 
 class OutputText:
@@ -46,6 +54,8 @@ class OutputText:
                                     sampling_params=sampling.to_vllm(), pooling_params=None, arrival_time=0.0,
                                     lora_request=None, cache_salt=None, data_parallel_rank=None)
         self._detokenizer = IncrementalDetokenizer.from_new_request(hf_tokenizer, request)
+        self._logprobs = OutputLogprobs(hf_tokenizer, request)
+        self._prompt_rows: list[SampledLogprobs] | None = [] if self._logprobs.prompt_wanted else None
         self.finished = False
 
     @property
@@ -53,10 +63,12 @@ class OutputText:
         """Every output token the client has been given."""
         return list(self._detokenizer.output_token_ids)
 
-    def add(self, token_ids, finished: bool = False, finish_reason: str = "",
-            stop_reason: StopReason = None) -> TextStep:
+    def add(self, token_ids, finished: bool = False, finish_reason: str = "", stop_reason: StopReason = None,
+            logprobs: Sequence[SampledLogprobs] = (), prompt_logprobs: Sequence[SampledLogprobs] = ()) -> TextStep:
         """`token_ids` are the engine's next tokens; `finished`, `finish_reason` and `stop_reason`
-        its word on them (vLLM's). A stop string found here finishes the request with "stop"."""
+        its word on them (vLLM's); `logprobs` their rows, `prompt_logprobs` rows of the prompt's
+        (the step with the first tokens carries them all). A stop string found here finishes the
+        request with "stop"."""
         if self.finished:
             raise RuntimeError("the output is finished: no tokens may follow")
         stopped_on_token = finished and finish_reason == "stop" and not isinstance(stop_reason, str)
@@ -67,5 +79,11 @@ class OutputText:
         self.finished = finished
         kept = tuple(self._detokenizer.output_token_ids[before:])
         text = self._detokenizer.get_next_output_text(finished, delta=True)
+        prompt = None
+        if self._prompt_rows is not None:
+            self._prompt_rows.extend(prompt_logprobs)
+            if kept or finished:
+                prompt, self._prompt_rows = self._logprobs.add_prompt(self._prompt_rows), None
         return TextStep(kept, text, finished, finish_reason if finished else "",
-                        stop_reason if finished and finish_reason == "stop" else None)
+                        stop_reason if finished and finish_reason == "stop" else None,
+                        self._logprobs.add(logprobs[:len(kept)]), prompt)

@@ -1,6 +1,8 @@
 """The router's view of the workers: the registry, refreshed in the background, plus local state.
 
-Routing never waits on Redis: `refresh()` runs every `refresh_s` and replaces the snapshot.
+Routing never waits on Redis: `refresh()` runs every `refresh_s` and replaces the snapshot, and
+reads the topology the online planner published for the cluster (`published_topology`: None
+while none is, or when what is there is not a topology, which is logged once).
 A worker that fails an RPC is quarantined for `quarantine_s` (its registry lease may not have
 lapsed yet), so retries go elsewhere at once. `client(worker)` hands out one `WorkerClient` per
 worker address, made by `connect(address)` (gRPC by default: one channel per address, reused by
@@ -19,6 +21,7 @@ from typing import Callable
 from redis.exceptions import RedisError
 
 from pdserve.registry import Registry, WorkerRecord
+from pdserve.roles import TOPOLOGIES, Topology
 from router.grpc_worker_client import GrpcWorkerClient
 from router.policies.least_loaded import Candidate, pick_least_loaded
 from router.worker_client import WorkerClient
@@ -28,16 +31,20 @@ logger = logging.getLogger(__name__)
 
 class WorkerPool:
     def __init__(self, registry: Registry, refresh_s: float = 0.25, quarantine_s: float = 5.0,
-                 connect: Callable[[str], WorkerClient] = GrpcWorkerClient):
+                 connect: Callable[[str], WorkerClient] = GrpcWorkerClient, recovery_s: float = 3.0):
         self.registry = registry
         self.connect = connect
         self.refresh_s = refresh_s
         self.quarantine_s = quarantine_s
+        self.recovery_s = recovery_s   # after a registry outage: how long unlisted workers are kept (>= a worker's TTL)
+        self._recovering_until_s = float("-inf")
         self._workers: dict[str, WorkerRecord] = {}
         self._inflight: Counter[str] = Counter()
         self._quarantined: dict[str, float] = {}
         self._clients: dict[str, WorkerClient] = {}   # grpc address -> its client
         self._task: asyncio.Task | None = None
+        self.published_topology: Topology | None = None
+        self._refused_topology: str | None = None
 
     async def start(self) -> None:
         await self.refresh()
@@ -54,7 +61,19 @@ class WorkerPool:
 
     async def refresh(self) -> None:
         records = await self.registry.workers()
-        self._workers = {r.worker_id: r for r in records if not r.draining}
+        now_s = time.monotonic()
+        if not records and self._workers and self._recovering_until_s < now_s - self.recovery_s:
+            self._recovering_until_s = now_s + self.recovery_s   # every worker gone at once: a Redis reset
+        self._workers = refreshed_snapshot(self._workers, records, keep_missing=now_s < self._recovering_until_s)
+        self.published_topology = self._checked_topology(await self.registry.topology())
+
+    def _checked_topology(self, value: str | None) -> Topology | None:
+        if value is None or value in TOPOLOGIES:
+            return value  # type: ignore[return-value]
+        if value != self._refused_topology:
+            logger.warning("ignoring the published topology %r: not one of %s", value, ", ".join(TOPOLOGIES))
+            self._refused_topology = value
+        return None
 
     async def _refresh_loop(self) -> None:
         """Refreshes until cancelled. While Redis is away the last snapshot stays (the workers in it
@@ -71,6 +90,9 @@ class WorkerPool:
                 failing = True
             else:
                 if failing:
+                    # Redis is back, maybe empty (restarted): until every worker's next heartbeat,
+                    # a worker of the last snapshot the registry does not list yet is kept.
+                    self._recovering_until_s = time.monotonic() + self.recovery_s
                     logger.info("registry reachable again: %d workers", len(self._workers))
                 failing = False
 
@@ -105,6 +127,13 @@ class WorkerPool:
         """Calls this router has in flight at `worker_id` (exact, current)."""
         return self._inflight[worker_id]
 
+    def load_rows(self) -> list[tuple[str, str, int, int, float, int]]:
+        """(worker_id, role, num_running, num_waiting, kv usage, this router's calls in flight) of
+        every registered worker, quarantined ones included: `pdserve.metrics.WorkerLoadCollector`'s rows."""
+        return [(w.worker_id, w.role, w.num_running, w.num_waiting,
+                 w.kv_blocks_used / w.kv_blocks_total if w.kv_blocks_total else 0.0, self._inflight[w.worker_id])
+                for w in self._workers.values()]
+
     @contextlib.contextmanager
     def track(self, worker: WorkerRecord):
         self._inflight[worker.worker_id] += 1
@@ -124,3 +153,17 @@ class WorkerPool:
         if client is None:
             client = self._clients[worker.grpc_address] = self.connect(worker.grpc_address)
         return client
+
+
+def refreshed_snapshot(previous: dict[str, WorkerRecord], records: list[WorkerRecord],
+                       keep_missing: bool) -> dict[str, WorkerRecord]:
+    """The pool's workers after a registry read: the registry's, draining ones left out. While
+    `keep_missing` (the registry is recovering from an outage or a reset, and workers re-register
+    at their next heartbeat), a worker of `previous` the registry does not list yet is kept; one
+    it lists as draining is not. A kept worker that is in fact dead fails its first RPC and is
+    quarantined, as any other."""
+    current = {record.worker_id: record for record in records if not record.draining}
+    if keep_missing:
+        listed = {record.worker_id for record in records}
+        current.update((worker_id, record) for worker_id, record in previous.items() if worker_id not in listed)
+    return current

@@ -3,7 +3,9 @@
 - `resume_plan`: what a decode attempt asks for. Whatever happened before (a prefill that sampled
   the first token, or decode workers that died mid-stream), the client has received `generated`;
   the attempt continues exactly there: prompt = original prompt + `generated`, the budgets
-  (max_tokens, min_tokens) reduced by `len(generated)`, so the client's totals are what it asked for.
+  (max_tokens, min_tokens) reduced by `len(generated)`, so the client's totals are what it asked for;
+  `num_generated` tells the decode worker which prompt tokens were output, so a seeded stream and
+  the penalties go on as on one engine.
 - `KVLease`: the prefill worker's hold on the prompt's KV, as the router sees it. The handle goes to
   the first decode attempt only; once abandoned (a decode attempt failed, or the walk ended before
   a decode finished) later attempts compute the prompt themselves, and the producer is told to
@@ -30,9 +32,12 @@ def attempt_request_id(request_id: str, attempt: int) -> str:
 
 def remaining_sampling(sampling: Sampling, num_generated: int) -> Sampling:
     """The client's sampling with `num_generated` tokens already sent: max_tokens and min_tokens
-    both reduced by them (min_tokens never below 0). Precondition: num_generated < max_tokens."""
+    both reduced by them (min_tokens never below 0). The prompt's logprobs are asked of the engine
+    that computes the prompt first only: once a token was sent, they were sent with it (and a
+    continuation's "prompt" holds output tokens). Precondition: num_generated < max_tokens."""
     return replace(sampling, max_tokens=sampling.max_tokens - num_generated,
-                   min_tokens=max(0, sampling.min_tokens - num_generated))
+                   min_tokens=max(0, sampling.min_tokens - num_generated),
+                   prompt_logprobs=sampling.prompt_logprobs if num_generated == 0 else None)
 
 
 def resume_plan(request: GenerationRequest, generated: Sequence[int], attempt: int,
@@ -47,6 +52,7 @@ def resume_plan(request: GenerationRequest, generated: Sequence[int], attempt: i
         prompt_token_ids=tuple(request.prompt_token_ids) + tuple(generated),
         sampling=remaining_sampling(request.sampling, len(generated)),
         kv_handle=kv_handle,
+        num_generated=len(generated),
     )
 
 

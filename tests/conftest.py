@@ -1,12 +1,33 @@
-"""Fixtures every test directory may use: the repository root, the tiny model, a private Redis."""
+"""Fixtures every test directory may use: the repository root, the tiny model, a private Redis, the
+reference prompts and one colocated vLLM engine's greedy answers to them."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The order of a run: the unit tests, then the tests marked `judges_latency` (an SLO's
+    attainment, a 50 ms refusal), then every other test, each group in its collected order. The
+    session-scoped clusters and reference engines the integration modules start stay up to the
+    end, and on a 2-core host their processes are load: the unit tests ran at half speed beside
+    them, and a clean-clone run failed the latency tests under that load (they passed alone)."""
+    items.sort(key=run_order)   # stable: the collected order within each group
+
+
+def run_order(item) -> int:
+    """0: a unit test; 1: a test that judges latency; 2: the rest (clusters, engines, chaos)."""
+    if "/tests/unit/" in str(item.path):
+        return 0
+    return 1 if item.get_closest_marker("judges_latency") is not None else 2
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +50,24 @@ def redis_server():
     server = start_redis()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_model) -> list[dict]:
+    import cluster_helpers
+
+    vocab_size = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+    return cluster_helpers.make_prompts(vocab_size)
+
+
+@pytest.fixture(scope="session")
+def reference_outputs(tiny_model, prompts, tmp_path_factory) -> list[list[int]]:
+    import cluster_helpers
+
+    folder = tmp_path_factory.mktemp("reference")
+    (folder / "settings.json").write_text(json.dumps(asdict(cluster_helpers.engine_settings(tiny_model))))
+    (folder / "prompts.json").write_text(json.dumps(prompts))
+    subprocess.run([sys.executable, str(cluster_helpers.HERE / "colocated_reference.py"), str(folder / "settings.json"),
+                    str(folder / "prompts.json"), str(folder / "out.json")], check=True, timeout=600,
+                   stdout=subprocess.DEVNULL)
+    return json.loads((folder / "out.json").read_text())

@@ -16,6 +16,8 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transport", choices=["tcp", "torch", "shm", "auto"], default="auto",
                         help="KV transport: tcp, torch (gloo/nccl), shm (one-sided, same host) or auto (shm on one "
                              "host, else tcp) (default: %(default)s)")
+    parser.add_argument("--kv-encryption", choices=["off", "auto", "on"], default="auto",
+                        help="encrypt KV bytes between workers (AES-256-GCM, keys from the cluster secret): auto, on links between hosts; on, always (a worker set to off is refused); off, never (default: %(default)s)")
     parser.add_argument("--grpc-port", type=int, default=50051, help="router gRPC port (0: any free port)")
     parser.add_argument("--http-port", type=int, default=8000, help="router HTTP port (0: any free port)")
     parser.add_argument("--prefill-cores", default=None, help="CPU cores for prefill engines (default: first half)")
@@ -48,6 +50,6 @@ def cluster_spec(args: argparse.Namespace):
         cores["decode"] = args.decode_cores
     probe_cores = cores.get("prefill") or cores.get("decode") or ""  # one worker's share of the cores
     return ClusterSpec(engine=engine_settings(args, probe_cores=probe_cores), num_prefill=num_prefill, num_decode=args.decode,
-                       transport=args.transport, grpc_port=args.grpc_port, http_port=args.http_port,
+                       transport=args.transport, kv_encryption=args.kv_encryption, grpc_port=args.grpc_port, http_port=args.http_port,
                        cpu_cores=cores, local_prefill_max_tokens=args.local_prefill_max_tokens, log_dir=args.log_dir,
                        topology=args.topology, router_flags=tuple(router_flags(args)))

@@ -88,7 +88,15 @@ def _common_options() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", help="Hugging Face tokenizer id or directory for text prompts (default: --model)")
     g.add_argument("--vllm-extensions", action=argparse.BooleanOptionalAction, default=True,
                    help="send vLLM's min_tokens and ignore_eos for exact output lengths (default: on)")
-    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
+    g.add_argument("--api-key", default=os.environ.get("PDSERVE_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token, for both backends (default $PDSERVE_API_KEY, else $OPENAI_API_KEY; prefer those "
+                        "or --api-key-file: a command line is readable by every user of the host)")
+    g.add_argument("--api-key-file", default=None, help="a file whose first key line is the bearer token (# comments "
+                   "skipped; pdserve's --api-key-file format)")
+    g.add_argument("--tls", action="store_true", help="pdserve gRPC over TLS, trusting the system's CAs "
+                   "(an OpenAI --target says https:// instead)")
+    g.add_argument("--tls-ca-file", default=None, help="PEM certificates to trust (a self-signed router's): "
+                   "gRPC over TLS, or https:// verified against them")
     g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=["random", "trace", "shared-prefix"], default="random",
@@ -183,14 +191,29 @@ def _job_inputs(args: argparse.Namespace) -> dict:
         slo = SLO(*(None if ms is None else ms / 1000 for ms in (args.ttft_slo_ms, args.tpot_slo_ms, args.e2el_slo_ms)))
         shape = _request_shape(args, backend)
         prompts = _prompts(args, shape)
-        make_target(protocol, args.target, args.model, args.temperature, args.api_key, shape)  # validates the address
-    except ValueError as bad:
+        api_key = _api_key(args)
+        connection = {"tls": args.tls, "ca_file": args.tls_ca_file}
+        make_target(protocol, args.target, args.model, args.temperature, api_key, shape, **connection)  # validates
+    except (ValueError, OSError) as bad:
         raise SystemExit(f"pdserve load: {bad}") from bad
     return {
-        "make": lambda: make_target(protocol, args.target, args.model, args.temperature, args.api_key, shape),
+        "make": lambda: make_target(protocol, args.target, args.model, args.temperature, api_key, shape, **connection),
         "workload": workload, "run_config": run_config, "slo": slo, "prompts": prompts,
         "output": OutputConfig(args.output_dir, args.label or backend, show_progress=not args.no_progress),
     }
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key-file's first key, else --api-key (or its environment default)."""
+    if not args.api_key_file:
+        return args.api_key
+    from router.public_access import parse_api_keys
+
+    with open(args.api_key_file, encoding="utf-8") as file:
+        keys = parse_api_keys(file.read(), args.api_key_file)
+    if not keys:
+        raise ValueError(f"--api-key-file {args.api_key_file} holds no key")
+    return keys[0]
 
 
 def _request_shape(args: argparse.Namespace, backend: str):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cli.commands.credential_options import add_cluster_secret_option, add_redis_password_option, redis_connection_url
 from cli.commands.engine_options import add_engine_options
+from pdserve.roles import TOPOLOGIES
 from planner.model_error import ErrorConfig
 
 DESCRIPTION = """\
@@ -87,6 +88,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "adds a replica whatever the model says (default 10: the p90 of 3 requests is their "
                         "slowest)")
     g.add_argument("--predictor", choices=["last", "moving_average", "trend"], default="trend")
+    g.add_argument("--topology", choices=TOPOLOGIES, default="disaggregated",
+                   help="what the cluster was started as (`pdserve up --topology`; default disaggregated), "
+                        "until the planner publishes another")
+    g.add_argument("--topologies", type=_kinds, metavar="KIND,KIND",
+                   help="topologies the planner may switch among, preferred first, e.g. "
+                        "disaggregated,aggregated: it switches when another needs fewer devices at the predicted "
+                        "load, or the current one meets the SLOs at no size (default: --topology only, never switch)")
+    g.add_argument("--topology-cooldown-s", type=float, default=300.0,
+                   help="no topology switch within this long of the last one (default 300)")
     g.add_argument("--once", action="store_true", help="one decision, print it, exit")
     g.add_argument("--dry-run", action="store_true", help="decide and publish, never scale")
     g.add_argument("--metrics-port", type=int, default=0,
@@ -96,6 +106,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_local_arguments(p)
     _add_remote_arguments(p)
     p.set_defaults(func=run)
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    from planner.topology_switch import check_kinds
+
+    try:
+        return check_kinds([kind.strip() for kind in text.split(",") if kind.strip()])
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def _add_local_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,6 +149,9 @@ def _add_remote_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", "auto"),
                    help="the Ray cluster given to `pdserve up --ray` (default: env RAY_ADDRESS, else auto)")
     g.add_argument("--ray-cluster", default="default", help="the --cluster given to `pdserve up --ray`")
+    g.add_argument("--ray-auth-token-file", metavar="FILE", default="",
+                   help="a file holding the Ray cluster's token (Ray's token authentication is on by default); "
+                        "default: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token")
 
 
 def _actuator(args: argparse.Namespace, unmanaged):
@@ -216,19 +238,28 @@ async def _main(args: argparse.Namespace) -> int:
     unmanaged = ready_sizes(await registry.workers()) if args.actuator == "local" else PoolSizes(0, 0)
     await registry.close()
     minimum = PoolSizes(max(args.min_prefill, unmanaged.prefill), max(args.min_decode, unmanaged.decode))
+    topologies = args.topologies or (args.topology,)
+    if "aggregated" in topologies and unmanaged.prefill:
+        raise SystemExit(f"--topologies {','.join(topologies)}: an aggregated cluster has no prefill pool, and "
+                         f"{unmanaged.prefill} prefill worker(s) here were started outside the planner, which the "
+                         "local actuator never removes: start the cluster with `pdserve up --prefill 0` and let the "
+                         "planner start its prefill workers (--min-prefill)")
     config = PlannerConfig(
         ttft_slo_s=args.ttft_slo_s, tpot_slo_s=args.tpot_slo_s, min_sizes=minimum,
         max_sizes=PoolSizes(max(args.max_prefill, minimum.prefill), max(args.max_decode, minimum.decode)),
         scale_up_cooldown_s=args.scale_up_cooldown_s, scale_down_cooldown_s=args.scale_down_cooldown_s,
         max_step_up=args.max_step_up, max_step_down=args.max_step_down,
         scale_down_headroom=args.scale_down_headroom, predictor=args.predictor,
-        min_requests_for_guard=args.min_requests_for_guard)
+        min_requests_for_guard=args.min_requests_for_guard, topologies=topologies,
+        topology_cooldown_s=args.topology_cooldown_s)
     oracle = build_oracle(PlanModelSpec(args.profile, args.ttft_slo_s, args.tpot_slo_s, args.attainment_target,
-                                        args.transport, args.sim_requests), config.max_sizes.total)
+                                        args.transport, args.sim_requests), config.max_sizes.total,
+                          tuple(dict.fromkeys((*topologies, args.topology))))
     for line in oracle.fit.lines():
         console.print("  " + line, markup=False)
     actuator, cleanup = _actuator(args, unmanaged)
-    settings = LoopSettings(args.cluster, args.interval_s, dry_run=args.dry_run, model_error=model_error)
+    settings = LoopSettings(args.cluster, args.interval_s, dry_run=args.dry_run, model_error=model_error,
+                            topology=args.topology)
     if args.metrics_port:
         start_metrics_server(args.metrics_host, args.metrics_port)
     loop = PlannerLoop.connect(redis_url, settings, config, oracle, actuator)

@@ -59,8 +59,12 @@ def ray_cluster_spec(args: argparse.Namespace):
     base = cluster_spec(args)
     # actors do not start in this directory: relative paths are made absolute here
     engine = replace(base.engine, model=_absolute(base.engine.model))
+    from cli.commands.public_api_options import public_api_argv
+
+    # the router's TLS and key files: paths the router's node sees (its actor adds --host NODE_IP)
     base = replace(base, engine=engine, cpu_cores=cores, cluster=args.cluster,
-                   log_dir=os.path.abspath(base.log_dir) if base.log_dir else "")
+                   log_dir=os.path.abspath(base.log_dir) if base.log_dir else "",
+                   router_flags=(*base.router_flags, *public_api_argv(args, with_host=False)))
     pools = {role: RoleResources(num_cpus=_or(getattr(args, f"{role}_cpus"), args.worker_cpus),
                                  num_gpus=_or(getattr(args, f"{role}_gpus"), args.gpus_per_worker))
              for role in ("prefill", "decode")}

@@ -7,6 +7,7 @@ import signal
 import threading
 
 from launch.supervisor import ChildExited
+from cli.commands.public_api_options import check_ray_exposure, how_to_connect
 from cli.commands.ray_options import ray_cluster_spec
 
 
@@ -22,6 +23,7 @@ def run_on_ray(args: argparse.Namespace) -> int:
         console.print(f"[red]--ray needs Ray ({missing}): pip install 'pdserve[ray]'[/]")
         return 2
     try:
+        check_ray_exposure(args)
         spec = ray_cluster_spec(args)
         with console.status(f"starting pdserve on Ray at {spec.address}: redis, router and workers "
                             "(vLLM engines take ~20 s)..."):
@@ -36,14 +38,16 @@ def run_on_ray(args: argparse.Namespace) -> int:
     try:
         console.print(f"[bold green]pdserve is up on Ray[/] ({spec.cluster.topology}: {spec.cluster.num_prefill} prefill, "
                       f"{spec.cluster.num_decode} decode, {args.transport}; Ray namespace {spec.namespace})")
-        console.print(f"  gRPC   {cluster.grpc_target}   (pdserve.client.Client)")
-        console.print(f"  HTTP   {cluster.http_url}/v1/completions   (OpenAI-compatible)")
+        for line in how_to_connect(args, cluster.grpc_target, cluster.http_url):
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
         for line in _credential_lines(cluster, spec.cluster.log_dir):
             console.print(line, soft_wrap=True, markup=False, highlight=False)
         console.print("  members (actor: status, address; log file on its node):")
         for member in cluster.members():
             console.print(f"    {member.member_id:<10} {member.status:<8} {member.address}", soft_wrap=True)
             console.print(f"    {'':<10} {member.node_ip}:{member.log_path}", soft_wrap=True, style="dim")
+            if member.metrics_url:
+                console.print(f"    {'':<10} metrics {member.metrics_url}", soft_wrap=True, markup=False)
         console.print("Resize: planner.actuators.ray.RayActuator, or from Python "
                       f"RayCluster.attach({spec.address!r}, {spec.cluster.cluster!r}).scale('decode', 2).", soft_wrap=True)
         console.print("Ctrl-C to stop.")

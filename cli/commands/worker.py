@@ -9,6 +9,7 @@ import os
 
 from cli.commands.credential_options import add_cluster_secret_option, add_redis_password_option, redis_connection_url
 from cli.commands.engine_options import add_engine_options, engine_settings
+from cli.commands.tracing_options import add_tracing_option, start_tracing
 
 HELP = """\
 Runs one vLLM engine as a pdserve worker: serves the Worker gRPC API (and grpc.health.v1),
@@ -39,6 +40,11 @@ def register(subparsers) -> None:
                         help="CPU hosts: cores this worker runs on, e.g. 0 or 0-1: its processes and the engine's "
                              "compute threads are bound there (default: no binding)")
     parser.add_argument("--lease-s", type=float, default=30.0, help="prefill: how long KV waits for its consumer")
+    parser.add_argument("--kv-pull-timeout-s", type=float, default=30.0,
+                        help="every wait inside a KV pull (decode) or serving one (prefill); a pull that times out "
+                             "costs a recompute of the prompt (default: %(default)s)")
+    parser.add_argument("--kv-encryption", choices=["off", "auto", "on"], default="auto",
+                        help="encrypt KV bytes between workers (AES-256-GCM, keys from the cluster secret): auto, on links between hosts; on, always (a worker set to off is refused); off, never (default: %(default)s)")
     parser.add_argument("--ttl-s", type=float, default=3.0, help="registry lease; a dead worker vanishes after it")
     parser.add_argument("--heartbeat-s", type=float, default=1.0, help="registry refresh interval")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
@@ -49,6 +55,7 @@ def register(subparsers) -> None:
     add_redis_password_option(parser)
     parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
     parser.add_argument("--ready-file", default=None, help="write the gRPC address here once serving")
+    add_tracing_option(parser)
     add_engine_options(parser)
     parser.set_defaults(func=run)
 
@@ -67,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         role=args.role, engine=engine_settings(args, args.cpu_cores), redis_url=redis_connection_url(args, "worker"),
         cluster=args.cluster, bind_host=args.host, advertise_host=args.advertise_host or args.host,
         grpc_port=args.grpc_port, kv_port=args.kv_port, transport=args.transport, lease_s=args.lease_s,
-        heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, drain_timeout_s=args.drain_timeout_s,
-        cluster_secret_file=args.cluster_secret_file, **extra,
+        kv_pull_timeout_s=args.kv_pull_timeout_s, heartbeat_s=args.heartbeat_s, ttl_s=args.ttl_s, drain_timeout_s=args.drain_timeout_s,
+        cluster_secret_file=args.cluster_secret_file, kv_encryption=args.kv_encryption, **extra,
     )
+    start_tracing(args, "worker", f"pdserve-{config.role}", config.worker_id)
     return asyncio.run(serve(config, ready_file=args.ready_file, metrics_port=args.metrics_port))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import secrets
 import socket
 import threading
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from kv_transfer.auth import Credentials, process_credentials
 from kv_transfer.consumer import PullClient
 from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
@@ -45,10 +47,23 @@ _STARTUP_S = 120.0
 _PULLED = ("tcp", "torch", "shm")  # the pdserve transports, each a "pdserve <name>" method
 
 
-def method_names(geometry: BlockGeometry) -> tuple[str, ...]:
-    """Every way the consumer receives blocks, in the order they run in a round."""
+UNCHECKED = ", checksums off"   # the suffix of a pdserve method that does not verify block checksums
+# The security variants of `pdserve tcp` (`secured`), pulled from a producer with a cluster secret:
+# method -> (the consumer's kv_encryption, or None for no secret; a new connection for every pull).
+SECURED: dict[str, tuple[str | None, bool]] = {
+    "pdserve tcp, authenticated": ("auto", False), "pdserve tcp, encrypted": ("on", False),
+    "pdserve tcp, new connection": (None, True), "pdserve tcp, authenticated, new connection": ("auto", True),
+    "pdserve tcp, encrypted, new connection": ("on", True)}
+
+
+def method_names(geometry: BlockGeometry, unchecked: bool = False, secured: bool = False) -> tuple[str, ...]:
+    """Every way the consumer receives blocks, in the order they run in a round. With `unchecked`,
+    each pdserve transport also runs without verifying block checksums (`PullClient`'s
+    `verify_checksums=False`), right after its checked run: the checksums' cost, side by side.
+    With `secured`, the `SECURED` variants of `pdserve tcp` follow the pdserve transports."""
     layers = geometry.num_layers
-    return (*(f"pdserve {name}" for name in _PULLED), "raw socket", f"raw socket x{layers}",
+    pulled = [f"pdserve {name}{suffix}" for name in _PULLED for suffix in (("", UNCHECKED) if unchecked else ("",))]
+    return (*pulled, *(SECURED if secured else ()), "raw socket", f"raw socket x{layers}",
             "raw socket, host defaults", "raw gloo", f"raw gloo x{layers}", "memcpy")
 
 
@@ -74,36 +89,44 @@ def pinned(core: int | None) -> Iterator[None]:
 
 
 def transfer_server(geometry: BlockGeometry, num_blocks: int, leases: LeaseTable,
-                    segment: Segment | None = None) -> TransferServer:
+                    segment: Segment | None = None, credentials: Credentials | None = None) -> TransferServer:
     """A server over a fresh seeded cache: in ordinary memory serving `tcp` and `torch`, or in
     `segment` (`geometry.cache_bytes(num_blocks)` bytes) serving what a producer configured for
-    `shm` serves."""
+    `shm` serves. `credentials`: with a cluster secret (default: the process's, none)."""
     memory = None if segment is None else segment.tensor
     caches = geometry.caches(num_blocks, seed=PRODUCER_SEED, memory=memory)
     layout = KVLayout(caches, num_blocks)
     shared = None if segment is None else SharedCache.of(segment, caches, num_blocks)
     transports = ("tcp", "torch") if segment is None else SERVED["shm"]
     return TransferServer(layout, layout.compat("throughput", geometry.block_size), leases, "127.0.0.1", 0,
-                          transports=transports, shared_cache=shared)
+                          transports=transports, shared_cache=shared, credentials=credentials)
 
 
-def producer_main(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, core: int | None) -> None:
+def secured_credentials(secret: bytes, encryption: str = "auto") -> Credentials:
+    """The secured ways' credentials: this process's identity (the lease table binds every transfer
+    to the one identity that pulls it first, so all the ways pull as one consumer), the secret."""
+    return Credentials(process_credentials().identity, secret, encryption)
+
+
+def producer_main(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, core: int | None,
+                  secret: bytes = b"") -> None:
     """The producer process: sends its endpoints, grants a lease per `(transfer_id, num_blocks)`
     received, and returns after `None` and the consumer's gloo stop request. Its segment is
     unlinked when this returns or raises."""
     pin(core)
     segment = Segment(geometry.cache_bytes(num_blocks))
     try:
-        _produce(geometry, num_blocks, max_bytes, conn, segment)
+        _produce(geometry, num_blocks, max_bytes, conn, segment, secret)
     finally:
         segment.close()
 
 
-def _produce(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, segment: Segment) -> None:
+def _produce(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, segment: Segment, secret: bytes) -> None:
     leases = LeaseTable()
     leases.attach_board(LeaseBoard(segment.board_area()))   # as a prefill worker's: shm consumers read it
     server = transfer_server(geometry, num_blocks, leases)
     shm_server = transfer_server(geometry, num_blocks, leases, segment)
+    secured = [transfer_server(geometry, num_blocks, leases, credentials=secured_credentials(secret))] if secret else []
     source = reference.payload(max_bytes)
     listeners = {name: socket.create_server(("127.0.0.1", 0)) for name in _RAW_LISTENERS}
     for name, listener in listeners.items():
@@ -114,6 +137,7 @@ def _produce(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, seg
     gloo = threading.Thread(target=reference.serve_raw_gloo, args=(store, source))
     gloo.start()
     conn.send({"kv": f"127.0.0.1:{server.start()}", "kv_shm": f"127.0.0.1:{shm_server.start()}",
+               **{"kv_secured": f"127.0.0.1:{one.start()}" for one in secured},
                "segment": str(segment.path), "store": store.port,
                **{name: listener.getsockname()[1] for name, listener in listeners.items()}})
     for transfer_id, count in iter(conn.recv, None):
@@ -121,8 +145,8 @@ def _produce(geometry: BlockGeometry, num_blocks: int, max_bytes: int, conn, seg
                            time.monotonic() + LEASE_S))
         conn.send("granted")
     gloo.join()
-    server.stop()
-    shm_server.stop()
+    for one in (server, shm_server, *secured):
+        one.stop()
 
 
 class Consumer:
@@ -131,13 +155,20 @@ class Consumer:
     memcpy write `raw_target`."""
 
     def __init__(self, geometry: BlockGeometry, num_blocks: int, max_bytes: int, endpoints: dict, control,
-                 eviction_bytes: int):
-        self.geometry = geometry
+                 eviction_bytes: int, unchecked: bool = False, secret: bytes = b""):
+        self.geometry, self.unchecked, self.secured = geometry, unchecked, bool(secret)
         self._control = control
         self.layout = KVLayout(geometry.caches(num_blocks, seed=CONSUMER_SEED), num_blocks)
         compat = self.layout.compat("throughput", geometry.block_size)
         self.kv_addresses = {"tcp": endpoints["kv"], "torch": endpoints["kv"], "shm": endpoints["kv_shm"]}
         self.pull_clients = {name: PullClient(self.layout, compat, name) for name in _PULLED}
+        if unchecked:
+            self.pull_clients |= {name + UNCHECKED: PullClient(self.layout, compat, name, verify_checksums=False)
+                                  for name in _PULLED}
+        for method, (encryption, _) in SECURED.items() if secret else ():
+            self.kv_addresses[method] = endpoints["kv_secured" if encryption else "kv"]
+            self.pull_clients[method] = PullClient(self.layout, compat, "tcp", credentials=None if encryption is None
+                                                   else secured_credentials(secret, encryption))
         self.raw_socks = {tuned: reference.tune_raw(socket.create_connection(("127.0.0.1", endpoints[name])), tuned)
                           for name, tuned in _RAW_LISTENERS.items()}
         self.raw_target = torch.zeros(max_bytes, dtype=torch.uint8)
@@ -162,18 +193,24 @@ class Consumer:
         """`method_names(geometry)` -> a callable moving `num_blocks` blocks' bytes, returning seconds."""
         remote, local = list(range(num_blocks)), list(range(num_blocks, 2 * num_blocks))
         nbytes, layers = num_blocks * self.geometry.bytes_per_block, self.geometry.num_layers
-        ways = [*(lambda name=name: self._pull(name, transfer_id, remote, local) for name in _PULLED),
+        pulled = [name + suffix for name in _PULLED for suffix in (("", UNCHECKED) if self.unchecked else ("",))]
+        pulled += list(SECURED) if self.secured else []
+        ways = [*(lambda name=name: self._pull(name, transfer_id, remote, local) for name in pulled),
                 lambda: reference.receive_raw_socket(self.raw_socks[True], self.raw_target, nbytes, 1),
                 lambda: reference.receive_raw_socket(self.raw_socks[True], self.raw_target, nbytes, layers),
                 lambda: reference.receive_raw_socket(self.raw_socks[False], self.raw_target, nbytes, 1),
                 lambda: reference.receive_raw_gloo(self.gloo, self.raw_target, nbytes, 1),
                 lambda: reference.receive_raw_gloo(self.gloo, self.raw_target, nbytes, layers),
                 lambda: reference.memcpy(self.raw_target, self.memcpy_source, nbytes)]
-        return dict(zip(method_names(self.geometry), ways, strict=True))
+        return dict(zip(method_names(self.geometry, self.unchecked, self.secured), ways, strict=True))
 
-    def _pull(self, transport: str, transfer_id: str, remote: list[int], local: list[int]) -> float:
-        """One pull as a decode worker runs it, minus the release (the lease serves every repeat)."""
-        return self.pull_clients[transport].pull(self.kv_addresses[transport], transfer_id, remote, local).seconds
+    def _pull(self, method: str, transfer_id: str, remote: list[int], local: list[int]) -> float:
+        """One pull as a decode worker runs it, minus the release (the lease serves every repeat); a
+        "new connection" way closes its connection first, so the pull opens one (handshake timed)."""
+        if SECURED.get(method, (None, False))[1]:
+            self.pull_clients[method].close()
+        address = self.kv_addresses[method.removesuffix(UNCHECKED)]
+        return self.pull_clients[method].pull(address, transfer_id, remote, local).seconds
 
     def close(self) -> None:
         reference.stop_raw_gloo(self.gloo)
@@ -194,22 +231,24 @@ def _wait_started(control, producer: mp.process.BaseProcess) -> None:
 
 @contextmanager
 def open_pair(geometry: BlockGeometry, num_blocks: int, max_bytes: int, *, eviction_bytes: int,
-              cores: tuple[int, int] | None) -> Iterator[Consumer]:
+              cores: tuple[int, int] | None, unchecked: bool = False, secured: bool = False) -> Iterator[Consumer]:
     """Starts the producer process (on `cores[0]`), connects a consumer in this process (pinned to
     `cores[1]` while the pair is open; None: no pinning), and stops both on exit, also on error;
-    the producer's segment is gone after (it unlinks it; this makes sure once it is stopped)."""
+    the producer's segment is gone after (it unlinks it; this makes sure once it is stopped).
+    `secured`: the producer also runs a server with a fresh cluster secret for the `SECURED` ways."""
     context = mp.get_context("spawn")
     control, child = context.Pipe()
     producer_core, consumer_core = cores if cores is not None else (None, None)
-    producer = context.Process(target=producer_main, args=(geometry, num_blocks, max_bytes, child, producer_core),
-                               daemon=True)
+    secret = secrets.token_bytes(32) if secured else b""
+    producer = context.Process(target=producer_main, daemon=True,
+                               args=(geometry, num_blocks, max_bytes, child, producer_core, secret))
     producer.start()
     endpoints: dict = {}
     try:
         with pinned(consumer_core):
             _wait_started(control, producer)
             endpoints = control.recv()
-            consumer = Consumer(geometry, num_blocks, max_bytes, endpoints, control, eviction_bytes)
+            consumer = Consumer(geometry, num_blocks, max_bytes, endpoints, control, eviction_bytes, unchecked, secret)
             try:
                 yield consumer
             finally:

@@ -10,6 +10,7 @@ piece, or `parts` equal pieces spread over the buffer as a prompt's layers are o
 from __future__ import annotations
 
 import ctypes
+import logging
 import socket
 import struct
 import time
@@ -20,6 +21,8 @@ import torch.distributed as dist
 
 from kv_transfer.sockets import recv_into_exactly, recvmsg_into_all, sendmsg_all, tune_bulk
 from kv_transfer.wire import TransferError
+
+logger = logging.getLogger(__name__)
 
 PAYLOAD_SEED = 3
 _REQUEST = struct.Struct("!QQ")  # (nbytes, parts)
@@ -80,11 +83,15 @@ def serve_raw_socket(listener: socket.socket, source: torch.Tensor, tuned: bool)
 
 def serve_raw_gloo(store: dist.Store, source: torch.Tensor) -> None:
     """Answers (nbytes, messages) requests with `messages` sends splitting nbytes, posted at once,
-    until a request for 0 bytes."""
+    until a request for 0 bytes, or until none came for the group's timeout (a run whose methods
+    include no raw gloo way: `stop_raw_gloo` then finds nobody, which it tolerates)."""
     group = gloo_group(store, rank=0)
     request = torch.zeros(2, dtype=torch.int64)
     while True:
-        group.recv([request], 1, 0).wait()
+        try:
+            group.recv([request], 1, 0).wait()
+        except RuntimeError:   # gloo's timeout: nobody asked for that long
+            return
         nbytes, messages = (int(v) for v in request)
         if nbytes == 0:
             return
@@ -113,7 +120,11 @@ def receive_raw_gloo(group: dist.ProcessGroup, target: torch.Tensor, nbytes: int
 
 
 def stop_raw_gloo(group: dist.ProcessGroup) -> None:
-    group.send([torch.zeros(2, dtype=torch.int64)], 0, 0).wait()
+    """Ends `serve_raw_gloo`, unless it ended on its own (then its side of the pair is closed)."""
+    try:
+        group.send([torch.zeros(2, dtype=torch.int64)], 0, 0).wait()
+    except RuntimeError as error:
+        logger.info("the raw gloo server had stopped already: %s", str(error)[:200])
 
 
 def memcpy(target: torch.Tensor, source: torch.Tensor, nbytes: int) -> float:

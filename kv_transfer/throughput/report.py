@@ -26,6 +26,21 @@ def markdown_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(rows: Sequence[Row], pairs: Sequence[tuple[str, str]]) -> str:
+    """A line per `(method, reference)` pair measured: the ratio of their medians per prompt length
+    (above 1: `method` is slower; 1.02 is a 2% cost), "-" where either was not measured."""
+    sizes = sorted({r.prompt_tokens for r in rows})
+    lines = ["| method | reference | " + " | ".join(f"{s}-token median ratio" for s in sizes) + " |",
+             "|---|---|" + "---:|" * len(sizes)]
+    for method, reference in pairs:
+        ratios = [speedup(rows, row, method) for s in sizes for row in rows
+                  if row.prompt_tokens == s and row.method == reference]
+        if ratios:
+            lines.append(f"| {method} | {reference} | "
+                         + " | ".join("-" if r is None else f"{r:.3f}" for r in ratios) + " |")
+    return "\n".join(lines)
+
+
 def rows_json(rows: Sequence[Row]) -> str:
     return json.dumps([asdict(r) for r in rows], indent=1)
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Protocol, Sequence
 
 import torch
 
 if TYPE_CHECKING:
+    from kv_transfer.faults import FaultInjector
     from kv_transfer.layout import KVLayout
 
 RangeKind = Literal["buffers", "tensors", "mapped"]
@@ -35,6 +36,7 @@ RangeKind = Literal["buffers", "tensors", "mapped"]
 
 class DataChannel(ABC):
     kind: RangeKind = "tensors"
+    faults: "FaultInjector | None" = None   # tests and chaos runs only (kv_transfer.faults)
     # A mapped channel whose consumer copies before the producer's answer (`kv_transfer.wire`'s one
     # round trip); set on both ends when the producer offered it at handshake.
     one_round_trip: bool = False
@@ -45,8 +47,16 @@ class DataChannel(ABC):
         when the local side is done with the ranges (the blocks may be freed after that)."""
 
     @abstractmethod
-    def recv(self, ranges: Sequence) -> None:
-        """Fills `ranges`, in order, with the bytes the peer sends. Returns when they are written."""
+    def recv(self, ranges: Sequence, on_received: Callable[[int], None] | None = None) -> None:
+        """Fills `ranges`, in order, with the bytes the peer sends. Returns when they are written.
+        `on_received(n)`, if given, may be called as the first `n` bytes of the ranges are written
+        (n grows; never after a fault was injected): the consumer sums what just landed
+        (`kv_transfer.checksum.ReceivedSums`). A channel may also never call it."""
+
+    def begin_transfer(self, sock: socket.socket) -> None:
+        """Producer of a one-sided channel, on a COPIED, before it looks at the lease: the point where
+        a producer-side fault strikes (the channel's `send` is that point for a PULL)."""
+        return None
 
     def stale(self) -> bool:
         """True when the channel can no longer serve (a one-sided channel whose producer is gone)."""
@@ -64,11 +74,15 @@ class ConsumerOffer(Protocol):
 
 class Transport(ABC):
     name: str
+    # Whether a sealed connection (kv_transfer.sealed_socket) covers the KV bytes: they ride the
+    # control socket (tcp) or never leave the host (shm, cuda_ipc). Not so over gloo/NCCL (torch).
+    sealable: bool = True
 
-    def __init__(self, timeout_s: float = 30.0):
+    def __init__(self, timeout_s: float = 30.0, faults: "FaultInjector | None" = None):
         if timeout_s <= 0:
             raise ValueError(f"a transport timeout must be positive seconds, not {timeout_s}")
         self.timeout_s = timeout_s
+        self.faults = faults   # handed to every channel this transport opens
 
     @abstractmethod
     def consumer_offer(self, sock: socket.socket, device: torch.device) -> ConsumerOffer:
@@ -117,7 +131,7 @@ def served(name: str, device_type: str = "cpu") -> tuple[str, ...]:
 
 
 def get_transport(name: str, timeout_s: float = 30.0, cache=None, local: "KVLayout | None" = None,
-                  device: torch.device | None = None) -> Transport:
+                  device: torch.device | None = None, faults: "FaultInjector | None" = None) -> Transport:
     """`tcp`, `torch` (torch.distributed p2p: gloo for CPU caches, nccl for CUDA caches), `shm`
     (one-sided reads of the producer's cache) or `auto` (one-sided on one node, else tcp on CPU and
     torch on CUDA); every wait inside the transport gives up after `timeout_s`.
@@ -125,22 +139,23 @@ def get_transport(name: str, timeout_s: float = 30.0, cache=None, local: "KVLayo
     `shm` and `auto` pick their implementation by the cache's `device` (default: `local`'s, else
     the CPU): a segment on CPU (`kv_transfer.transports.shm`), CUDA IPC handles on CUDA
     (`kv_transfer.transports.cuda_ipc`). A producer passes its `cache` (`SharedCache` on CPU,
-    `CudaCache` on CUDA, or None) and its device, a consumer its `local` layout."""
+    `CudaCache` on CUDA, or None) and its device, a consumer its `local` layout. `faults`: an
+    injector for tests and chaos runs, which every transport acts on."""
     device_type = (device or (local.device if local is not None else torch.device("cpu"))).type
     if name in ("shm", "auto") and device_type == "cuda":
         from kv_transfer.transports.cuda_ipc import CudaIpcTransport
 
-        return CudaIpcTransport(timeout_s, cache=cache, local=local, fallback_torch=name == "auto")
+        return CudaIpcTransport(timeout_s, cache=cache, local=local, fallback_torch=name == "auto", faults=faults)
     if name in ("shm", "auto"):
         from kv_transfer.transports.shm import ShmTransport
 
-        return ShmTransport(timeout_s, cache=cache, local=local, fallback_tcp=name == "auto")
+        return ShmTransport(timeout_s, cache=cache, local=local, fallback_tcp=name == "auto", faults=faults)
     if name == "tcp":
         from kv_transfer.transports.tcp import TcpTransport
 
-        return TcpTransport(timeout_s)
+        return TcpTransport(timeout_s, faults)
     if name == "torch":
         from kv_transfer.transports.torch_dist import TorchDistTransport
 
-        return TorchDistTransport(timeout_s)
+        return TorchDistTransport(timeout_s, faults)
     raise ValueError(f"unknown KV transport {name!r}: choose one of {', '.join(TRANSPORTS)}")

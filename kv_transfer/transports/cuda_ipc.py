@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from kv_transfer.faults import FaultInjector
 from kv_transfer.layout import KVLayout
 from kv_transfer.shm_segment import boot_id
 from kv_transfer.sockets import peer_closed
+from kv_transfer.transports import faulty
 from kv_transfer.transports.base import ConsumerOffer, DataChannel, Transport
 from kv_transfer.transports.choice import CUDA_NOT_EXPORTED, ChannelChoice, choose_channel, same_boot
 from kv_transfer.transports.cuda_ipc_backend import IpcBackend, TorchCudaIpcBackend
@@ -56,9 +59,11 @@ class CudaIpcConsumerChannel(DataChannel):
 
     kind = "mapped"
 
-    def __init__(self, sock: socket.socket, opened: OpenedCache, local: KVLayout, backend: IpcBackend):
+    def __init__(self, sock: socket.socket, opened: OpenedCache, local: KVLayout, backend: IpcBackend,
+                 faults: FaultInjector | None = None):
         self._sock, self._opened, self._local, self._backend = sock, opened, local, backend
         self._stream = backend.new_stream(opened.remote.device, local.device)
+        self.faults = faults   # tests and chaos runs only (kv_transfer.faults)
 
     @property
     def proof(self) -> str:
@@ -67,7 +72,7 @@ class CudaIpcConsumerChannel(DataChannel):
     def send(self, header: bytes, ranges: Sequence) -> None:
         raise TransferError("a consumer's CUDA IPC channel sends nothing")
 
-    def recv(self, ranges: Sequence) -> None:
+    def recv(self, ranges: Sequence, on_received=None) -> None:
         raise TransferError("a CUDA IPC channel copies by block ids: call copy()")
 
     def copy(self, local_block_ids: Sequence[int], remote_block_ids: Sequence[int]) -> int:
@@ -77,11 +82,24 @@ class CudaIpcConsumerChannel(DataChannel):
         if self._opened is None:
             raise TransferError("the CUDA IPC channel is closed")
         pairs = plan_copies(self._local, self._opened.remote, local_block_ids, remote_block_ids)
+        fault = self.faults.next_fault() if self.faults is not None else None
+        if fault is not None and fault.kind == "stall_reader":
+            cut = max(1, int(len(pairs) * fault.fraction))
+            self._copy(pairs[:cut])
+            logger.warning("fault injected: the KV consumer stops copying for %.1f s", fault.stall_s)
+            time.sleep(fault.stall_s)
+            self._copy(pairs[cut:])
+        else:
+            self._copy(pairs)
+            if fault is not None and fault.kind == "flip_bytes":   # before the caller's checksum
+                faulty.flip_tensors([target for target, _ in pairs], fault.fraction)
+        return sum(target.numel() for target, _ in pairs)
+
+    def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         try:
             self._backend.copy(pairs, self._stream)
         finally:
             self._backend.synchronize(self._stream)  # nothing in flight may outlive the pin
-        return sum(target.numel() for target, _ in pairs)
 
     def stale(self) -> bool:
         """True once the producer closed the control connection (it stopped or died)."""
@@ -141,12 +159,14 @@ class CudaIpcTransport(Transport):
     to copy into. `backend` is every CUDA call (default: PyTorch's)."""
 
     def __init__(self, timeout_s: float = 30.0, cache: CudaCache | None = None, local: KVLayout | None = None,
-                 fallback_torch: bool = False, backend: IpcBackend | None = None):
-        super().__init__(timeout_s)
+                 fallback_torch: bool = False, backend: IpcBackend | None = None,
+                 faults: FaultInjector | None = None):
+        super().__init__(timeout_s, faults)
         self.cache, self.local, self.fallback_torch = cache, local, fallback_torch
         self.name = "auto" if fallback_torch else "shm"
+        self.sealable = not fallback_torch   # its fallback moves KV bytes over NCCL, in clear
         self.backend = backend if backend is not None else TorchCudaIpcBackend()
-        self.torch = TorchDistTransport(timeout_s)
+        self.torch = TorchDistTransport(timeout_s, faults)
 
     # ---- consumer ----
     def consumer_offer(self, sock: socket.socket, device: torch.device) -> ConsumerOffer:
@@ -156,7 +176,7 @@ class CudaIpcTransport(Transport):
         if self.local is None:
             raise TransferError("no local KV layout to copy into")
         opened = open_cache(self.backend, require_field(welcome, "cuda_ipc", dict), self.local)
-        return CudaIpcConsumerChannel(sock, opened, self.local, self.backend)
+        return CudaIpcConsumerChannel(sock, opened, self.local, self.backend, self.faults)
 
     # ---- producer ----
     def choice(self, hello: dict) -> ChannelChoice:
@@ -190,7 +210,7 @@ class CudaIpcTransport(Transport):
         if reply.get("kind") == "cuda_ipc":
             if (welcome or {}).get("channel") == "cuda_ipc" and reply.get("proof") == proof(self.cache.token):
                 send_message(sock, {"op": "CHANNEL_OK", "kind": "cuda_ipc"})
-                return ShmProducerChannel(sock)
+                return ShmProducerChannel(sock, self.timeout_s, self.faults)
             if not self.fallback_torch:
                 send_message(sock, {"op": "CHANNEL_OK", "kind": "none"})
                 raise TransferError("the consumer's CUDA IPC proof does not match our cache: it opened other memory")

@@ -27,14 +27,18 @@ import ctypes
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from kv_transfer.checksum import block_checksums, copy_with_checksums
+from kv_transfer.faults import FaultInjector
 from kv_transfer.layout import KVLayout, paired_runs
 from kv_transfer.lease_board import BoardReader
 from kv_transfer.shm_segment import MappedSegment, Segment, SegmentError, boot_id, map_segment, proof
+from kv_transfer.transports import faulty
 from kv_transfer.transports.base import ConsumerOffer, DataChannel, Transport
 from kv_transfer.transports.choice import choose_channel, same_boot
 from kv_transfer.transports.tcp import TcpChannel
@@ -94,23 +98,33 @@ class ShmProducerChannel(DataChannel):
     kind = "mapped"
     one_round_trip = True
 
-    def __init__(self, sock: socket.socket):
-        self._sock = sock
+    def __init__(self, sock: socket.socket, timeout_s: float = 30.0, faults: FaultInjector | None = None):
+        self._sock, self._timeout_s = sock, timeout_s
+        self.faults = faults
 
     def send(self, header: bytes, ranges: Sequence) -> None:
+        self.begin_transfer(self._sock)
         self._sock.sendall(header)
 
-    def recv(self, ranges: Sequence) -> None:
+    def begin_transfer(self, sock: socket.socket) -> None:
+        fault = self.faults.next_fault() if self.faults is not None else None
+        if fault is not None:
+            faulty.producer_answer(sock, b"", fault, self._timeout_s)
+
+    def recv(self, ranges: Sequence, on_received=None) -> None:
         raise TransferError("a producer's shm channel receives nothing")
 
 
 class ShmConsumerChannel(DataChannel):
-    """The consumer's end: copies blocks from the producer's mapped cache into its own."""
+    """The consumer's end: copies blocks from the producer's mapped cache into its own, taking the
+    checksum of every block as it copies it (`kv_transfer.checksum`: one pass over the bytes)."""
 
     kind = "mapped"
 
-    def __init__(self, mapped: MappedSegment, remote: KVLayout, local: KVLayout):
+    def __init__(self, mapped: MappedSegment, remote: KVLayout, local: KVLayout, faults: FaultInjector | None = None):
         self._mapped, self._remote, self._local = mapped, remote, local
+        self.faults = faults
+        self.checksums = True   # take each block's checksum as it is copied (the consumer verifies them)
         self.board = BoardReader.open(mapped.board_area())   # None: ask the producer after each copy
         # By address when both caches are CPU planes of adjacent blocks of the same sizes (the usual
         # case): a pull then makes no tensor, one memmove per plane and run.
@@ -118,16 +132,67 @@ class ShmConsumerChannel(DataChannel):
         same = (remote_planes is not None and local_planes is not None and len(remote_planes) == len(local_planes)
                 and all(r[1] == l[1] for r, l in zip(remote_planes, local_planes)))
         self._planes = list(zip(local_planes, remote_planes)) if same else None
+        self._arrays = (list(zip(local.plane_arrays(), remote.plane_arrays(), local.plane_block_bytes()))
+                        if same else None)
 
     def send(self, header: bytes, ranges: Sequence) -> None:
         raise TransferError("a consumer's shm channel sends nothing")
 
-    def recv(self, ranges: Sequence) -> None:
+    def recv(self, ranges: Sequence, on_received=None) -> None:
         raise TransferError("an shm channel copies by block ids: call copy()")
 
-    def copy(self, local_block_ids: Sequence[int], remote_block_ids: Sequence[int]) -> int:
-        """Copies the producer's `remote_block_ids` into our `local_block_ids` (the same order),
-        run by run, with the GIL released (ctypes). Returns the bytes copied."""
+    def copy(self, local_block_ids: Sequence[int], remote_block_ids: Sequence[int]) -> list[int] | None:
+        """Copies the producer's `remote_block_ids` into our `local_block_ids` (the same order), run
+        by run, with the GIL released (numba or ctypes). Returns the checksum of each block as
+        copied (`kv_transfer.checksum`), or None when `checksums` is off (a benchmark's baseline)."""
+        fault = self.faults.next_fault() if self.faults is not None else None
+        if fault is not None:
+            return self._copy_with_fault(local_block_ids, remote_block_ids, fault)
+        if not self.checksums:
+            self._copy_bytes(local_block_ids, remote_block_ids)
+            return None
+        if self._arrays is None:
+            self._copy_bytes(local_block_ids, remote_block_ids)
+            return block_checksums(self._local, local_block_ids)
+        targets, sources, sizes, firsts = self._pieces(local_block_ids, remote_block_ids)
+        return copy_with_checksums(targets, sources, sizes, firsts, len(local_block_ids))
+
+    def _pieces(self, local_block_ids: Sequence[int], remote_block_ids: Sequence[int]):
+        """The (target, source) slices of every plane and run, plane by plane (the canonical order)."""
+        self._remote.check_ids(remote_block_ids)
+        self._local.check_ids(local_block_ids)
+        runs, firsts, position = paired_runs(local_block_ids, remote_block_ids), [], 0
+        for _, _, count in runs:
+            firsts.append(position)
+            position += count
+        targets, sources, sizes, starts = [], [], [], []
+        for local_plane, remote_plane, size in self._arrays:
+            for (local_start, remote_start, count), first in zip(runs, firsts):
+                targets.append(local_plane[local_start * size: (local_start + count) * size])
+                sources.append(remote_plane[remote_start * size: (remote_start + count) * size])
+                sizes.append(size)
+                starts.append(first)
+        return targets, sources, sizes, starts
+
+    def _copy_with_fault(self, local_block_ids, remote_block_ids, fault) -> list[int]:
+        """The consumer's side of an injected fault: a stall halfway through the copy, or a byte of
+        the copy flipped before its checksum is taken. Always the slow path (tests only)."""
+        if fault.kind == "stall_reader":
+            half = max(1, int(len(local_block_ids) * fault.fraction))
+            self._copy_bytes(local_block_ids[:half], remote_block_ids[:half])
+            logger.warning("fault injected: the KV consumer stops copying for %.1f s", fault.stall_s)
+            time.sleep(fault.stall_s)
+            self._copy_bytes(local_block_ids[half:], remote_block_ids[half:])
+        else:
+            self._copy_bytes(local_block_ids, remote_block_ids)
+            if fault.kind == "flip_bytes":
+                faulty.flip(self._local.buffers(local_block_ids), fault.fraction)
+        return block_checksums(self._local, local_block_ids)
+
+    def _copy_bytes(self, local_block_ids: Sequence[int], remote_block_ids: Sequence[int]) -> int:
+        """The copy alone (no checksum). Returns the bytes copied."""
+        if not local_block_ids:
+            return 0
         if self._planes is not None:
             self._remote.check_ids(remote_block_ids)
             self._local.check_ids(local_block_ids)
@@ -151,7 +216,7 @@ class ShmConsumerChannel(DataChannel):
         return not os.path.exists(self._mapped.path)
 
     def close(self) -> None:
-        self._planes = None  # addresses inside the map: never used after it is gone
+        self._planes = self._arrays = None  # addresses inside the map: never used after it is gone
         self.board = None
         self._remote = None  # the views over the map go first, then the map
         self._mapped.close()
@@ -165,6 +230,7 @@ class _ShmOffer:
     timeout_s: float
     fallback_tcp: bool
     fields: dict
+    faults: FaultInjector | None = None
 
     def connect(self, sock: socket.socket, welcome: dict) -> DataChannel:
         """Opens the channel WELCOME offers, or tcp under `auto`; CHANNEL says which (with the
@@ -192,7 +258,7 @@ class _ShmOffer:
             channel.close()
         if accepted == "tcp" and self.fallback_tcp:
             logger.info("KV over tcp: the producer did not accept our map of its segment")
-            return TcpChannel(sock, self.timeout_s)
+            return TcpChannel(sock, self.timeout_s, self.faults)
         raise TransferError(f"the producer accepted no usable channel ({accepted!r})")
 
     def _map(self, welcome: dict) -> ShmConsumerChannel:
@@ -201,7 +267,7 @@ class _ShmOffer:
         description = require_field(welcome, "segment", dict)
         mapped = map_segment(require_field(description, "path", str), require_field(description, "size", int))
         try:
-            return ShmConsumerChannel(mapped, remote_layout(mapped, description), self.local)
+            return ShmConsumerChannel(mapped, remote_layout(mapped, description), self.local, self.faults)
         except BaseException:
             mapped.close()
             raise
@@ -212,15 +278,15 @@ class ShmTransport(Transport):
     not in shared memory); a consumer passes its own `local` layout to copy into."""
 
     def __init__(self, timeout_s: float = 30.0, cache: SharedCache | None = None, local: KVLayout | None = None,
-                 fallback_tcp: bool = False):
-        super().__init__(timeout_s)
+                 fallback_tcp: bool = False, faults: FaultInjector | None = None):
+        super().__init__(timeout_s, faults)
         self.cache, self.local, self.fallback_tcp = cache, local, fallback_tcp
         self.name = "auto" if fallback_tcp else "shm"
 
     # ---- consumer ----
     def consumer_offer(self, sock: socket.socket, device: torch.device) -> ConsumerOffer:
         _require_cpu(device)
-        return _ShmOffer(self.local, self.timeout_s, self.fallback_tcp, {"boot_id": boot_id()})
+        return _ShmOffer(self.local, self.timeout_s, self.fallback_tcp, {"boot_id": boot_id()}, self.faults)
 
     # ---- producer ----
     def refusal(self, hello: dict) -> str:
@@ -241,10 +307,10 @@ class ShmTransport(Transport):
         offered_shm = (welcome or {}).get("channel") == "shm"
         if kind == "shm" and offered_shm and reply.get("proof") == proof(self.cache.segment.token):
             send_message(sock, {"op": "CHANNEL_OK", "kind": "shm"})
-            return ShmProducerChannel(sock)
+            return ShmProducerChannel(sock, self.timeout_s, self.faults)
         if self.fallback_tcp and kind in ("shm", "tcp"):  # a wrong proof: it mapped something else
             send_message(sock, {"op": "CHANNEL_OK", "kind": "tcp"})
-            return TcpChannel(sock, self.timeout_s)
+            return TcpChannel(sock, self.timeout_s, self.faults)
         send_message(sock, {"op": "CHANNEL_OK", "kind": "none"})
         raise TransferError(f"the consumer could not open a {self.name} channel ({kind}; "
                             f"{'proof mismatch' if kind == 'shm' else 'no segment'})")

@@ -40,6 +40,7 @@ class _MemberActor:
     def __init__(self, launch: Launch):
         self.launch = launch
         self.node_ip = ray.util.get_node_ip_address()
+        self.metrics_url = ""
         folder = Path(launch.log_dir) if launch.log_dir else Path(tempfile.mkdtemp(prefix="pdserve-ray-"))
         folder.mkdir(parents=True, exist_ok=True)
         self.child = self._child(folder).start()
@@ -51,8 +52,12 @@ class _MemberActor:
         advertise = ["--advertise-host", self.node_ip] if self.launch.kind in ROLES else []
         credentials = (write_member_files(self.launch.credentials, folder, self.launch.member_id)
                        if self.launch.credentials else [])
-        return pdserve_child([*self.launch.pdserve_args, "--host", self.node_ip, *advertise, *credentials], folder,
-                             self.launch.member_id, on_exit=self._on_child_exit)
+        metrics = []
+        if self.launch.kind in ROLES:   # every worker serves vllm:* and pdserve_worker_* (as under `pdserve up`)
+            port = free_port(self.node_ip)
+            metrics, self.metrics_url = ["--metrics-port", str(port)], f"http://{self.node_ip}:{port}/metrics"
+        return pdserve_child([*self.launch.pdserve_args, "--host", self.node_ip, *advertise, *credentials, *metrics],
+                             folder, self.launch.member_id, on_exit=self._on_child_exit)
 
     def _redis_child(self, folder: Path) -> ChildProcess:
         binary = shutil.which("redis-server")
@@ -91,7 +96,13 @@ class _MemberActor:
             status, detail = "failed", f"exited with {self.child.returncode}:\n{self.child.log_tail(10)}"
         return MemberState(member_id=self.launch.member_id, kind=self.launch.kind, status=status,
                            address=self.child.address or "", node_ip=self.node_ip, actor_pid=os.getpid(),
-                           child_pid=self.child.pid, log_path=str(self.child.log_path), detail=detail)
+                           child_pid=self.child.pid, log_path=str(self.child.log_path), detail=detail,
+                           metrics_url=self._metrics_url())
+
+    def _metrics_url(self) -> str:
+        if self.launch.kind == "router" and self.child.address:   # "GRPC_TARGET HTTP_URL"
+            return f"{self.child.address.split()[-1]}/metrics"
+        return self.metrics_url
 
     def stop(self, timeout_s: float) -> int:
         """Graceful: SIGTERM (a worker deregisters and drains), SIGKILL after `timeout_s`."""

@@ -124,6 +124,7 @@ class MemberState:
     child_pid: int = -1
     log_path: str = ""
     detail: str = ""                   # why failed / unreachable
+    metrics_url: str = ""              # Prometheus endpoint: a worker's --metrics-port, the router's HTTP /metrics
 
 
 def namespace_for(cluster: str) -> str:

@@ -16,6 +16,7 @@ What a request body holds is `RequestShape`'s choice, and nothing else:
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
@@ -63,7 +64,7 @@ class OpenAITarget:
 
     def __init__(self, base_url: str, model: str | None = None, temperature: float = 0.0,
                  api_key: str | None = None, connect_timeout_s: float = 10.0,
-                 shape: RequestShape = RequestShape()) -> None:
+                 shape: RequestShape = RequestShape(), ca_file: str | None = None) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"target URL must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
@@ -73,12 +74,14 @@ class OpenAITarget:
         self.name = shape.backend
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._connect_timeout_s = connect_timeout_s
+        self._verify = ssl.create_default_context(cafile=ca_file) if ca_file else True   # https: whom to trust
         self._client: httpx.AsyncClient | None = None
 
     async def open(self) -> None:
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             headers=self._headers,
+            verify=self._verify,
             timeout=httpx.Timeout(None, connect=self._connect_timeout_s),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from pdserve.client import AsyncClient, GenerationChunk
-from pdserve.errors import Overloaded, ServeError
+from pdserve.errors import NoHealthyWorker, Overloaded, ServeError
 from pdserve.timings import Timings
 
 from loadgen.prompts import Prompt
@@ -21,28 +21,33 @@ from loadgen.targets.base import Delta, PhaseTimings, Refused, TargetError
 
 class PdserveGrpcTarget:
     """`address` is the router's gRPC address, e.g. 127.0.0.1:50051. `open` asks the router for
-    its model (so an unreachable router fails the run at once, as `TargetError("unreachable")`)."""
+    its model (so an unreachable router fails the run at once, as `TargetError("unreachable")`, and
+    a refused key as `TargetError("invalid_request_error")`). `api_key`, `tls`, `root_certificates`
+    go to `pdserve.client.AsyncClient` as they are."""
 
     name = "pdserve"
 
-    def __init__(self, address: str, temperature: float = 0.0) -> None:
+    def __init__(self, address: str, temperature: float = 0.0, api_key: str | None = None, tls: bool = False,
+                 root_certificates: bytes | None = None) -> None:
         if "://" in address:
             raise ValueError(f"a gRPC address is host:port without a scheme, got {address!r}")
         self.address = address
         self.temperature = temperature
+        self._connection = {"api_key": api_key, "tls": tls, "root_certificates": root_certificates}
         self.model: str | None = None
         self._client: AsyncClient | None = None
 
     async def open(self) -> None:
-        import grpc
-
-        self._client = AsyncClient(self.address)
+        self._client = AsyncClient(self.address, **self._connection)
         try:
             self.model = (await self._client.model_info()).model
-        except grpc.aio.AioRpcError as unreachable:
+        except NoHealthyWorker as unreachable:  # UNAVAILABLE: nothing answers there
             await self.close()
-            raise TargetError("unreachable", f"{self.address}: {unreachable.code().name} "
-                                             f"({unreachable.details()}); is the router up?") from unreachable
+            raise TargetError("unreachable", f"{self.address}: UNAVAILABLE ({unreachable.message}); "
+                                             "is the router up?") from unreachable
+        except ServeError as refused:
+            await self.close()
+            raise TargetError(refused.kind, f"{self.address}: {refused.message}") from refused
 
     async def close(self) -> None:
         if self._client is not None:

@@ -19,8 +19,18 @@ class PrefillRequest(_message.Message):
     transfer_id: str
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., transfer_id: _Optional[str] = ...) -> None: ...
 
+class SampledLogprobs(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "rank")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    rank: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., rank: _Optional[int] = ...) -> None: ...
+
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "finished", "finish_reason", "kv_transfer_params_json", "engine_s", "num_cached_tokens", "queued_s", "stop_token_id", "stop_string")
+    __slots__ = ("first_token_id", "finished", "finish_reason", "kv_transfer_params_json", "engine_s", "num_cached_tokens", "queued_s", "stop_token_id", "stop_string", "first_logprobs", "prompt_logprobs")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +40,8 @@ class PrefillResponse(_message.Message):
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     STOP_STRING_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     finished: bool
     finish_reason: str
@@ -39,22 +51,26 @@ class PrefillResponse(_message.Message):
     queued_s: float
     stop_token_id: int
     stop_string: str
-    def __init__(self, first_token_id: _Optional[int] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_params_json: _Optional[str] = ..., engine_s: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ..., stop_token_id: _Optional[int] = ..., stop_string: _Optional[str] = ...) -> None: ...
+    first_logprobs: SampledLogprobs
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[SampledLogprobs]
+    def __init__(self, first_token_id: _Optional[int] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_params_json: _Optional[str] = ..., engine_s: _Optional[float] = ..., num_cached_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ..., stop_token_id: _Optional[int] = ..., stop_string: _Optional[str] = ..., first_logprobs: _Optional[_Union[SampledLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[SampledLogprobs, _Mapping]]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "kv_transfer_params_json")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "kv_transfer_params_json", "num_generated")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    NUM_GENERATED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _generation_pb2.SamplingParams
     kv_transfer_params_json: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ...) -> None: ...
+    num_generated: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., kv_transfer_params_json: _Optional[str] = ..., num_generated: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("token_ids", "finished", "finish_reason", "kv_transfer_bytes", "kv_transfer_s", "kv_transfer_blocks", "num_cached_tokens", "kv_load_error", "kv_loaded_tokens", "queued_s", "stop_token_id", "stop_string")
+    __slots__ = ("token_ids", "finished", "finish_reason", "kv_transfer_bytes", "kv_transfer_s", "kv_transfer_blocks", "num_cached_tokens", "kv_load_error", "kv_loaded_tokens", "queued_s", "stop_token_id", "stop_string", "logprobs", "prompt_logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +83,8 @@ class DecodeResponse(_message.Message):
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     STOP_STRING_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
     finish_reason: str
@@ -79,7 +97,9 @@ class DecodeResponse(_message.Message):
     queued_s: float
     stop_token_id: int
     stop_string: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_s: _Optional[float] = ..., kv_transfer_blocks: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., kv_load_error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ..., stop_token_id: _Optional[int] = ..., stop_string: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[SampledLogprobs]
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[SampledLogprobs]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., finish_reason: _Optional[str] = ..., kv_transfer_bytes: _Optional[int] = ..., kv_transfer_s: _Optional[float] = ..., kv_transfer_blocks: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., kv_load_error: _Optional[str] = ..., kv_loaded_tokens: _Optional[int] = ..., queued_s: _Optional[float] = ..., stop_token_id: _Optional[int] = ..., stop_string: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[SampledLogprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[SampledLogprobs, _Mapping]]] = ...) -> None: ...
 
 class WorkerAbortRequest(_message.Message):
     __slots__ = ("request_id", "transfer_id")

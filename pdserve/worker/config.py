@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 
+from kv_transfer.encryption import DEFAULT_ENCRYPTION, EncryptionMode, setting_problem
 from kv_transfer.transports.base import TransportName
 from pdserve.engine import EngineSettings
 from pdserve.roles import Role, check_role
@@ -26,13 +27,17 @@ class WorkerConfig:
     kv_port: int = 0                    # prefill: KV transfer server port; 0: a free port picked at start
     transport: TransportName = "auto"
     lease_s: float = 30.0
+    kv_pull_timeout_s: float = 30.0     # every wait of a KV pull or of serving one (kv_transfer's pull_timeout_s)
     heartbeat_s: float = 1.0
     ttl_s: float = 3.0
     drain_timeout_s: float = 30.0       # SIGTERM -> in-flight requests done (prefill: and KV pulled); see drain.py
     cluster_secret_file: str = ""       # worker gRPC's and the KV plane's cluster secret; "" = unauthenticated
+    kv_encryption: EncryptionMode = DEFAULT_ENCRYPTION   # KV bytes encrypted: off / auto (between hosts) / on
 
     def __post_init__(self) -> None:
         check_role(self.role)
+        if why := setting_problem(self.kv_encryption, self.transport, bool(self.cluster_secret_file)):
+            raise ValueError(why)
         if self.ttl_s <= self.heartbeat_s:
             raise ValueError(f"ttl_s ({self.ttl_s}) must exceed heartbeat_s ({self.heartbeat_s}) or the lease lapses")
         if self.drain_timeout_s < 0:

@@ -21,6 +21,7 @@ from pdserve.engine import engine_args
 from pdserve.metrics import start_metrics_server
 from pdserve.registry import Registry
 from pdserve.rpc_auth_grpc import server_interceptors
+from pdserve.rpc_keepalive import server_options
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.config import WorkerConfig, free_port
 from pdserve.worker.drain import drain
@@ -39,8 +40,10 @@ def _start_engine(config: WorkerConfig, load: EngineLoad) -> tuple[object, str]:
     kv_port = config.kv_port or free_port(config.bind_host)
     connector = ConnectorConfig(transport=config.transport, host=config.advertise_host, bind_host=config.bind_host,
                                 port=kv_port, model=_model_name(config), lease_s=config.lease_s,
+                                pull_timeout_s=config.kv_pull_timeout_s,
                                 grant_token=secrets.token_hex(16),  # the engine's early lease grants (kv_transfer.grants)
-                                cluster_secret_file=config.cluster_secret_file, worker_id=config.worker_id)
+                                cluster_secret_file=config.cluster_secret_file, worker_id=config.worker_id,
+                                kv_encryption=config.kv_encryption)
     args = engine_args(config.engine, config.role, connector, engine_id=config.worker_id)
     engine = AsyncLLM.from_engine_args(args, stat_loggers=engine_stat_loggers(load))
     return engine, f"{config.advertise_host}:{kv_port}"
@@ -63,7 +66,7 @@ async def run_worker(config: WorkerConfig, make_handler: HandlerFactory, ready_f
     # The cluster secret guards both planes: this process's KV releases (the router's aborts)
     # authenticate as the worker, and its gRPC serves only callers proving it. A bad file fails here.
     secret = load_secret(config.cluster_secret_file) if config.cluster_secret_file else None
-    set_process_credentials(Credentials(config.worker_id, secret))
+    set_process_credentials(Credentials(config.worker_id, secret, config.kv_encryption))
     load = EngineLoad()
     engine, kv_address = _start_engine(config, load)
     runtime = WorkerRuntime(config, engine, load, kv_address=kv_address)
@@ -94,7 +97,7 @@ def create_server(config: WorkerConfig, servicer: worker_pb2_grpc.WorkerServicer
     `secret`, `Worker` calls need proof of it (`pdserve.rpc_auth`) made for the address the worker
     advertises; health checks do not."""
     interceptors = server_interceptors(secret)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *server_options()], interceptors=interceptors)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from pdserve import tracing
 from pdserve.errors import InvalidRequest, ServeError, grpc_code
 from pdserve.sampling import engine_error_field, is_engine_input_error
 from pdserve.worker.config import WorkerConfig
@@ -63,7 +64,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                 f"this is a {self.runtime.config.role} worker: send Prefill to a prefill worker")
         self.runtime.inflight[request.request_id] = request.transfer_id
         try:
-            return prefill_result_to_proto(await self.handler.prefill(prefill_request_from_proto(request)))
+            with tracing.worker_span("prefill", context, request.request_id):
+                return prefill_result_to_proto(await self.handler.prefill(prefill_request_from_proto(request)))
         except Exception as error:
             await self._fail(context, error)
         finally:
@@ -75,8 +77,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                 f"this is a {self.runtime.config.role} worker: send Decode to a decode worker")
         self.runtime.inflight[request.request_id] = ""
         try:
-            async for chunk in self.handler.decode(decode_request_from_proto(request)):
-                yield decode_chunk_to_proto(chunk)
+            with tracing.worker_span("decode", context, request.request_id) as span:
+                async for chunk in self.handler.decode(decode_request_from_proto(request)):
+                    if chunk.finished:
+                        span.decoded(chunk)
+                    yield decode_chunk_to_proto(chunk)
         except Exception as error:
             await self._fail(context, error)
         finally:

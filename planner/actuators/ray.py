@@ -35,6 +35,7 @@ class RayActuatorConfig:
     address: str = "auto"          # as in `pdserve up --ray ADDRESS`
     cluster: str = "default"       # as in `pdserve up --cluster NAME`
     attach_timeout_s: float = 0.0  # wait this long for the cluster to serve (it may be starting)
+    auth_token_file: str = ""      # the Ray cluster's token, as `pdserve up --ray-auth-token-file` ("": Ray's places)
 
     def __post_init__(self) -> None:
         if not self.address:
@@ -54,7 +55,8 @@ class RayActuator:
     @classmethod
     def connect(cls, config: RayActuatorConfig) -> RayActuator:
         try:
-            return cls(RayCluster.attach(config.address, config.cluster, config.attach_timeout_s))
+            return cls(RayCluster.attach(config.address, config.cluster, config.attach_timeout_s,
+                                         config.auth_token_file))
         except RayClusterError as error:
             raise RayScaleError(str(error)) from error
 
@@ -82,7 +84,13 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS", "auto"),
                        help="the Ray cluster given to `pdserve up --ray` (default: env RAY_ADDRESS, else auto)")
     group.add_argument("--ray-cluster", default="default", help="the --cluster given to `pdserve up --ray`")
+    group.add_argument("--ray-auth-token-file", metavar="FILE", default="", help=RAY_TOKEN_HELP)
+
+
+RAY_TOKEN_HELP = ("a file holding the Ray cluster's token (Ray's token authentication is on by default); "
+                  "default: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token")
 
 
 def config_from_cli_args(args: argparse.Namespace) -> RayActuatorConfig:
-    return RayActuatorConfig(address=args.ray_address, cluster=args.ray_cluster)
+    return RayActuatorConfig(address=args.ray_address, cluster=args.ray_cluster,
+                             auth_token_file=args.ray_auth_token_file)

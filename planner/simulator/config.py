@@ -4,6 +4,7 @@ engine settings (token budget, batch cap, KV capacity, transport) and the router
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -14,6 +15,7 @@ from router.policies.placement import CostModel, PlacementConfig
 from router.scheduler import SloTargets
 
 DecodePick = Literal["handoff", "arrival"]
+_LABEL = re.compile(r"(?P<colocated>\d+)C|(?P<prefill>\d+)P\+(?P<decode>\d+)(?P<kind>[DH])(?:/(?P<cap>\d+))?")
 
 
 class SimulationError(ValueError):
@@ -69,6 +71,22 @@ class Topology:
         return cls(num_colocated=num_instances, kind="aggregated")
 
     colocated = aggregated  # the planner's older name: K colocated instances
+
+    @classmethod
+    def from_label(cls, label: str) -> Topology:
+        """The topology `label` names ("2C", "1P+1D", "1P+1H", "1P+1H/512"); SimulationError otherwise."""
+        match = _LABEL.fullmatch(label.strip())
+        if match is None:
+            raise SimulationError(f"not a topology label: {label!r}; say KC (K aggregated workers), NP+MD "
+                                  "(disaggregated) or NP+MH[/CAP] (hybrid, local prefills up to CAP tokens)")
+        if match["colocated"]:
+            return cls.aggregated(int(match["colocated"]))
+        prefill, decode = int(match["prefill"]), int(match["decode"])
+        if match["kind"] == "D":
+            if match["cap"]:
+                raise SimulationError(f"{label!r}: only a hybrid topology (NP+MH) has a local prefill cap")
+            return cls.disaggregated(prefill, decode)
+        return cls.hybrid(prefill, decode, int(match["cap"] or 0))
 
     @property
     def is_colocated(self) -> bool:

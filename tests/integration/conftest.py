@@ -2,30 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from dataclasses import asdict
-
 import pytest
 
-from cluster_helpers import HERE, engine_settings, make_prompts, start_cluster
-
-@pytest.fixture(scope="session")
-def prompts(tiny_model) -> list[dict]:
-    vocab_size = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
-    return make_prompts(vocab_size)
-
-
-@pytest.fixture(scope="session")
-def reference_outputs(tiny_model, prompts, tmp_path_factory) -> list[list[int]]:
-    folder = tmp_path_factory.mktemp("reference")
-    (folder / "settings.json").write_text(json.dumps(asdict(engine_settings(tiny_model))))
-    (folder / "prompts.json").write_text(json.dumps(prompts))
-    subprocess.run([sys.executable, str(HERE / "colocated_reference.py"), str(folder / "settings.json"),
-                    str(folder / "prompts.json"), str(folder / "out.json")], check=True, timeout=600,
-                   stdout=subprocess.DEVNULL)
-    return json.loads((folder / "out.json").read_text())
+from cluster_helpers import engine_settings, start_cluster
+from openai_reference import reference_engine
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +36,23 @@ def shm_cluster(tiny_model, tmp_path_factory):
 def cluster(request):
     """Each transport's cluster in turn."""
     return request.getfixturevalue(f"{request.param}_cluster")
+
+
+@pytest.fixture(scope="session")
+def vllm_openai_server(tiny_model, tmp_path_factory):
+    """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`) with the clusters'
+    engine settings, serving the model as "tiny" (the name pdserve serves it under, its directory's):
+    one for the session, shared by the compatibility suite and the load generator's tests."""
+    from loadgen.vllm_server import VllmOpenAIServer
+
+    log = tmp_path_factory.mktemp("vllm-openai-server") / "server.log"   # vLLM logs here; never parsed
+    with VllmOpenAIServer(engine_settings(tiny_model), log_path=log, served_model_name=tiny_model.name) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model, tmp_path_factory):
+    """One colocated vLLM engine with the clusters' engine settings (reference_engine.py): what the
+    OpenAI API tests compare the cluster's answers with."""
+    with reference_engine(engine_settings(tiny_model), tmp_path_factory.mktemp("reference-engine")) as engine:
+        yield engine

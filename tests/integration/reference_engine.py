@@ -4,7 +4,9 @@ cluster's answers are compared with, its text and stop handling vLLM's own.
     python reference_engine.py SETTINGS_JSON
 Reads one JSON request a line from stdin, {"token_ids": [...], "sampling": {SamplingParams
 fields}}, and answers each with a line `RESULT {"token_ids", "text", "finish_reason",
-"stop_reason"}` on stdout (vLLM logs there too: read only the RESULT lines). Ends at end of input.
+"stop_reason", "logprobs", "prompt_logprobs"}` on stdout (vLLM logs there too: read only the RESULT
+lines). Logprobs are vLLM's positions in its dicts' order, each entry [token_id, logprob, rank,
+decoded_token] (a prompt's first position: null); null when not asked for. Ends at end of input.
 """
 
 import asyncio
@@ -18,6 +20,7 @@ PREFIX = "RESULT "
 
 async def main(settings_path: str) -> None:
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
     from vllm.inputs import TokensPrompt
 
     settings = EngineSettings(**json.load(open(settings_path)))
@@ -27,6 +30,10 @@ async def main(settings_path: str) -> None:
     print(PREFIX + json.dumps({"ready": True}), flush=True)
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         entry = json.loads(line)
+        if "logit_bias" in entry["sampling"]:  # JSON keys are strings; vLLM's are token ids
+            entry["sampling"]["logit_bias"] = {int(k): v for k, v in entry["sampling"]["logit_bias"].items()}
+        if "structured_outputs" in entry["sampling"]:
+            entry["sampling"]["structured_outputs"] = StructuredOutputsParams(**entry["sampling"]["structured_outputs"])
         final = None
         async for output in engine.generate(TokensPrompt(prompt_token_ids=entry["token_ids"]),
                                             SamplingParams(**entry["sampling"]), f"ref-{index}"):
@@ -35,8 +42,17 @@ async def main(settings_path: str) -> None:
         completion = final.outputs[0]
         print(PREFIX + json.dumps({"token_ids": list(completion.token_ids), "text": completion.text,
                                    "finish_reason": completion.finish_reason,
-                                   "stop_reason": completion.stop_reason}), flush=True)
+                                   "stop_reason": completion.stop_reason,
+                                   "logprobs": _positions(completion.logprobs),
+                                   "prompt_logprobs": _positions(final.prompt_logprobs)}), flush=True)
     engine.shutdown()
+
+
+def _positions(positions):
+    if positions is None:
+        return None
+    return [None if position is None else [[token_id, logprob.logprob, logprob.rank, logprob.decoded_token]
+                                           for token_id, logprob in position.items()] for position in positions]
 
 
 if __name__ == "__main__":

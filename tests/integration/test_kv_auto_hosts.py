@@ -3,7 +3,8 @@
 A second "host" is a network namespace joined to this one by a veth link, with its own /dev/shm
 (a private mount namespace and tmpfs), as another machine has. The consumer there reaches the
 producer over the link, is offered the segment (the kernel's boot id is the same: one kernel),
-cannot open it, and takes tcp; the same consumer sharing our /dev/shm takes shm. Skipped where
+cannot open it, and takes tcp; the same consumer sharing our /dev/shm takes shm. With the cluster
+secret, `kv_encryption=auto` (the default) encrypts the link to the other host. Skipped where
 namespaces cannot be made (not root, no `ip`/`unshare`).
 """
 
@@ -21,6 +22,7 @@ import time
 import pytest
 import torch
 
+from kv_transfer.auth import Credentials
 from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
@@ -50,6 +52,27 @@ connection = next(iter(client._connections.values()))
 digest = hashlib.sha256(b"".join(t[[0, 1]].contiguous().view(torch.uint8).numpy().tobytes()
                                  for _, t in sorted(caches.items()))).hexdigest()
 print(json.dumps({{"channel": connection.channel.kind, "digest": digest}}))
+client.close()
+"""
+
+
+SEALED_CONSUMER = """
+import hashlib, json, os, sys
+import torch
+from kv_transfer.auth import Credentials
+from kv_transfer.consumer import PullClient
+from kv_transfer.geometry import BlockGeometry
+from kv_transfer.layout import KVLayout
+geometry = BlockGeometry(**json.loads(sys.argv[1]))
+caches = geometry.caches({num_blocks})
+layout = KVLayout(caches, {num_blocks})
+credentials = Credentials("decode-far", bytes.fromhex(os.environ["PDSERVE_TEST_KV_SECRET"]), "auto")
+client = PullClient(layout, layout.compat("m", 32), "tcp", timeout_s=10, credentials=credentials)
+client.pull(sys.argv[2], sys.argv[3], [2, 3], [0, 1], release=True)
+connection = next(iter(client._connections.values()))
+digest = hashlib.sha256(b"".join(t[[0, 1]].contiguous().view(torch.uint8).numpy().tobytes()
+                                 for _, t in sorted(caches.items()))).hexdigest()
+print(json.dumps({{"socket": type(connection.sock).__name__, "digest": digest}}))
 client.close()
 """
 
@@ -101,14 +124,15 @@ def producer():
     segment.close()
 
 
-def _pull_from(prefix: list[str], producer, transfer_id: str) -> dict:
+def _pull_from(prefix: list[str], producer, transfer_id: str, script: str = CONSUMER, env: dict | None = None) -> dict:
     leases, server, _ = producer
     leases.grant(Lease(transfer_id, f"r-{transfer_id}", (2, 3), 64, time.monotonic() + 30))
     geometry = json.dumps({"num_layers": GEOMETRY.num_layers, "num_kv_heads": GEOMETRY.num_kv_heads,
                            "head_dim": GEOMETRY.head_dim, "block_size": GEOMETRY.block_size, "dtype": GEOMETRY.dtype})
-    code = CONSUMER.format(num_blocks=NUM_BLOCKS)
+    code = script.format(num_blocks=NUM_BLOCKS)
     run = subprocess.run([*prefix, sys.executable, "-c", code, geometry, f"{HOST_ADDRESS}:{server.port}", transfer_id],
-                         capture_output=True, text=True, timeout=120, env=os.environ | {"PYTHONPATH": os.getcwd()})
+                         capture_output=True, text=True, timeout=120,
+                         env=os.environ | {"PYTHONPATH": os.getcwd(), **(env or {})})
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -126,3 +150,26 @@ def test_a_consumer_in_another_network_namespace_of_this_host_reads_shared_memor
     result = _pull_from(peer_host, producer, "near")
     assert result == {"channel": "mapped", "digest": producer[2]}
     assert producer[1].stats.mapped_channels == 1
+
+
+def test_a_link_to_another_host_is_encrypted_by_default_and_delivers_the_same_bytes(peer_host):
+    secret = secrets.token_bytes(32)
+    caches = GEOMETRY.caches(NUM_BLOCKS, seed=3)
+    layout = KVLayout(caches, NUM_BLOCKS)
+    leases = LeaseTable()
+    server = TransferServer(layout, layout.compat("m", 32), leases, HOST_ADDRESS, 0, grant_wait_s=2,
+                            transports=("tcp",), credentials=Credentials("prefill-near", secret))
+    server.start()
+    expected = hashlib.sha256(b"".join(t[[2, 3]].contiguous().view(torch.uint8).numpy().tobytes()
+                                       for _, t in sorted(caches.items()))).hexdigest()
+    try:
+        result = _pull_from(peer_host, (leases, server, expected), "sealed", SEALED_CONSUMER,
+                            {"PDSERVE_TEST_KV_SECRET": secret.hex()})
+        assert result == {"socket": "SealedSocket", "digest": expected}
+        assert (server.stats.data_channels, server.stats.sealed_channels) == (1, 1)
+        deadline = time.monotonic() + 5
+        while leases.num_held and time.monotonic() < deadline:   # the release rides the consumer's DONE
+            time.sleep(0.01)
+        assert (server.stats.transfers, leases.num_held) == (1, 0)
+    finally:
+        server.stop()

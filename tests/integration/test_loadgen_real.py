@@ -14,14 +14,13 @@ import asyncio
 
 import pytest
 
-from cluster_helpers import engine_settings, start_cluster
+from cluster_helpers import engine_settings
 from loadgen.metrics import summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig, RunResult, run
 from loadgen.targets.openai_http import OpenAITarget, RequestShape
 from loadgen.text_prompts import load_tokenizer
 from loadgen.targets.pdserve_grpc import PdserveGrpcTarget
-from loadgen.vllm_server import VllmOpenAIServer
 from loadgen.workload import RequestSpec, combine, poisson, uniform_lengths
 
 pytestmark = pytest.mark.integration
@@ -68,19 +67,6 @@ def check_accounting(make_target, max_model_len: int) -> RunResult:
     return result
 
 
-@pytest.fixture
-def vllm_server(tiny_model, tmp_path):
-    with VllmOpenAIServer(engine_settings(tiny_model), log_path=tmp_path / "vllm.log") as server:
-        yield server
-
-
-@pytest.fixture
-def pdserve_cluster(tiny_model, tmp_path):
-    cluster = start_cluster(tiny_model, tmp_path, "tcp")
-    yield cluster
-    cluster.stop()
-
-
 def check_text_and_chat(url: str, tiny_model) -> None:
     """Text completions without vLLM's fields (accepted; outputs may stop early at EOS), then chat
     with them: exact output lengths, one content chunk per token after the role-only opening chunk."""
@@ -99,16 +85,18 @@ def check_text_and_chat(url: str, tiny_model) -> None:
     assert [len(r.chunk_times_s) for r in chat.records] == [6, 4, 8]
 
 
-def test_vllm_openai_server_run_accounts_for_every_request(vllm_server, tiny_model):
-    result = check_accounting(lambda: OpenAITarget(vllm_server.url),
+def test_vllm_openai_server_run_accounts_for_every_request(vllm_openai_server, tiny_model):
+    result = check_accounting(lambda: OpenAITarget(vllm_openai_server.url),
                               engine_settings(tiny_model).max_model_len)
     assert result.records[TOO_LONG_INDEX].error.startswith("TargetError: HTTP 400")
     assert all(r.phases is None for r in result.records)  # vLLM reports no phases
-    check_text_and_chat(vllm_server.url, tiny_model)
+    check_text_and_chat(vllm_openai_server.url, tiny_model)
 
 
-def test_pdserve_run_accounts_for_every_request_and_carries_phase_timings(pdserve_cluster, tiny_model):
-    result = check_accounting(lambda: PdserveGrpcTarget(pdserve_cluster.grpc_target),
+def test_pdserve_run_accounts_for_every_request_and_carries_phase_timings(tcp_cluster, tiny_model):
+    """On the session's tcp cluster: this module's prompts (PROMPTS' seed) are its own, so none is
+    a prefix another module's requests left cached."""
+    result = check_accounting(lambda: PdserveGrpcTarget(tcp_cluster.grpc_target),
                               engine_settings(tiny_model).max_model_len)
     error = result.records[TOO_LONG_INDEX].error
     assert error.startswith("TargetError: invalid_request_error:") and "2058" in error

@@ -4,7 +4,9 @@ each request once by outcome and status code with its latencies, and each worker
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +17,8 @@ from pdserve.client import Client
 pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 6
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "pdserve-dashboard.json"
+DASHBOARD_VLLM_SERIES = sorted(set(re.findall(r"vllm:[a-z_:]+", DASHBOARD.read_text())))
 
 
 def scrape(url: str) -> dict[str, dict[frozenset, float]]:
@@ -44,7 +48,7 @@ def test_router_and_workers_count_real_traffic_by_outcome_code_and_phase(tcp_clu
 
     body = {"prompt": "Metrics count what happened.", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
     served = httpx.post(f"{cluster.http_url}/v1/completions", json=body, timeout=60)
-    bad = httpx.post(f"{cluster.http_url}/v1/completions", json=body | {"max_tokens": 100_000}, timeout=60)
+    bad = httpx.post(f"{cluster.http_url}/v1/completions", json=body | {"temperature": -1.0}, timeout=60)  # vLLM: >= 0
     with Client(cluster.grpc_target) as client:
         chunks = list(client.generate("And over gRPC.", max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
 
@@ -64,6 +68,10 @@ def test_router_and_workers_count_real_traffic_by_outcome_code_and_phase(tcp_clu
     assert grew("pdserve_itl_seconds_count") >= 2  # at least one gap per served stream of 6 tokens
     for phase in ("queue", "prefill", "decode"):
         assert grew("pdserve_request_phase_seconds_count", phase=phase) == 2, phase
+    for worker_id in cluster.workers:   # the router's view of each worker's load, one series per worker
+        labels = {"worker": worker_id, "role": worker_id.split("-")[0]}
+        assert frozenset(labels.items()) in router["pdserve_router_worker_kv_usage_ratio"], worker_id
+        assert value(router, "pdserve_router_worker_inflight", **labels) == 0   # nothing in flight now
 
     for worker_id, url in cluster.metrics_urls.items():
         after, before = scrape(url), workers_before[worker_id]
@@ -72,3 +80,4 @@ def test_router_and_workers_count_real_traffic_by_outcome_code_and_phase(tcp_clu
         # each served request ran on both workers (prefill: its first token; decode: the rest), the 400 on none
         finished = total(after, "vllm:request_success_total") - total(before, "vllm:request_success_total")
         assert finished == 2, worker_id
+        assert set(DASHBOARD_VLLM_SERIES) <= set(after), f"{worker_id} lacks series the Grafana dashboard queries"

@@ -7,75 +7,13 @@ the first token (which the prefill engine samples) and the second (the decode en
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from dataclasses import asdict
-
-import httpx
 import pytest
 
-from cluster_helpers import HERE, engine_settings
+from openai_reference import served
 
 pytestmark = pytest.mark.integration
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 24}
-
-
-class Reference:
-    """reference_engine.py in a child process, asked one request at a time."""
-
-    def __init__(self, process: subprocess.Popen):
-        self.process = process
-        self._read()  # ready
-
-    def _read(self) -> dict:
-        while line := self.process.stdout.readline():
-            if line.startswith("RESULT "):
-                return json.loads(line[len("RESULT "):])
-        raise RuntimeError(f"the reference engine exited ({self.process.wait()})")
-
-    def ask(self, token_ids: list[int], **sampling) -> dict:
-        self.process.stdin.write(json.dumps({"token_ids": token_ids, "sampling": sampling}) + "\n")
-        self.process.stdin.flush()
-        answer = self._read()
-        return {"text": answer["text"], "num_tokens": len(answer["token_ids"]),
-                "finish_reason": answer["finish_reason"], "stop_reason": answer["stop_reason"],
-                "token_ids": answer["token_ids"]}
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model, tmp_path_factory):
-    settings = tmp_path_factory.mktemp("reference-engine") / "settings.json"
-    settings.write_text(json.dumps(asdict(engine_settings(tiny_model))))
-    process = subprocess.Popen([sys.executable, str(HERE / "reference_engine.py"), str(settings)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        yield Reference(process)
-    finally:
-        process.stdin.close()
-        process.wait(timeout=120)
-
-
-def served(cluster, token_ids: list[int], stream: bool, **sampling) -> dict:
-    """The cluster's answer over HTTP, in the reference's terms."""
-    body = {"prompt": token_ids, "stream": stream, **sampling}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    reply = httpx.post(f"{cluster.http_url}/v1/completions", json=body, timeout=120)
-    assert reply.status_code == 200, reply.text
-    if not stream:
-        answer = reply.json()
-        choice, usage = answer["choices"][0], answer["usage"]
-        text = choice["text"]
-    else:
-        events = [json.loads(line[len("data: "):]) for line in reply.text.splitlines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
-        usage = events[-1]["usage"]
-        choices = [event["choices"][0] for event in events if event["choices"]]
-        text, choice = "".join(c["text"] for c in choices), choices[-1]
-    return {"text": text, "num_tokens": usage["completion_tokens"], "finish_reason": choice["finish_reason"],
-            "stop_reason": choice["stop_reason"]}
 
 
 def _without_tokens(answer: dict) -> dict:
@@ -128,7 +66,7 @@ def test_stop_token_ids_and_min_tokens_end_the_text_as_vllm_does(tcp_cluster, re
 
 def test_repetition_penalty_gives_vllm_s_tokens(tcp_cluster, reference):
     """It weighs the prompt and the output alike, so it is exact though the decode engine sees the
-    first token as part of its prompt (presence and frequency penalties are not: see README)."""
+    first token as part of its prompt."""
     token_ids = list(range(300, 340))  # the tiny model's greedy output comes back to a prompt token
     plain = reference.ask(token_ids, **GREEDY)
     penalized = reference.ask(token_ids, **GREEDY | {"repetition_penalty": 2.0})
@@ -136,3 +74,39 @@ def test_repetition_penalty_gives_vllm_s_tokens(tcp_cluster, reference):
     for stream in (False, True):
         assert served(tcp_cluster, token_ids, stream, **GREEDY | {"repetition_penalty": 2.0}) == \
             _without_tokens(penalized)
+
+
+def test_presence_and_frequency_penalties_count_the_first_token_as_vllm_does(tcp_cluster, reference):
+    """They weigh output tokens only; the decode engine sees the prefill's first token as prompt,
+    so it is handed to its sampler as a prior output (pdserve.sampler_stream)."""
+    greedy = GREEDY | {"max_tokens": 48}
+    # a prompt whose greedy output repeats its first token early, so the penalties weigh the first
+    # token: the case is what it claims. Which prompt does depends on the host's dtype (bf16 on
+    # AMX and AVX512-BF16, float32 on AVX2), so the first of a few that does is taken.
+    candidates = [list(range(start, start + 40)) for start in range(100, 2000, 200)]   # 2,048 ids
+    candidates += [[token] * 40 for token in range(50, 2000, 150)] + [[7, 8, 9] * 13, [300, 301] * 20]
+    for token_ids in candidates:
+        plain = reference.ask(token_ids, **greedy)["token_ids"]
+        if plain[0] in plain[1:40]:
+            break
+    else:
+        pytest.fail(f"none of {len(candidates)} prompts' greedy output repeats its first token on this host")
+    for penalties in ({"presence_penalty": 1.5}, {"frequency_penalty": 1.0, "presence_penalty": 0.5}):
+        penalized = reference.ask(token_ids, **greedy | penalties)
+        assert penalized["token_ids"] != plain, penalties
+        for stream in (False, True):
+            assert served(tcp_cluster, token_ids, stream, **greedy | penalties) == _without_tokens(penalized), \
+                f"{penalties}, stream={stream}"
+
+
+def test_a_seeded_sample_is_vllm_s_past_the_first_token(tcp_cluster, reference, cases):
+    """The prefill engine samples token 0 with draw 0 of the seed's stream; the decode engine skips
+    that draw (pdserve.sampler_stream), so every later token uses the draw one engine would."""
+    for token_ids in cases:
+        for seed in (7, 1234):
+            sampling = {"temperature": 1.0, "top_p": 0.9, "seed": seed, "ignore_eos": True, "max_tokens": 24}
+            expected = _without_tokens(reference.ask(token_ids, **sampling))
+            other_seed = _without_tokens(reference.ask(token_ids, **sampling | {"seed": seed + 1}))
+            assert other_seed["text"] != expected["text"]  # the seed decides this text
+            for stream in (False, True):
+                assert served(tcp_cluster, token_ids, stream, **sampling) == expected, f"seed={seed}, stream={stream}"

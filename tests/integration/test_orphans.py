@@ -1,7 +1,7 @@
 """No process pdserve starts outlives its parent, even when the parent is SIGKILLed.
 
 Both parents are the real commands, run as subprocesses, and killed once everything they started
-serves; every descendant (found through /proc, recursively) must then be gone within 10 s:
+serves; every descendant (found through /proc, recursively) must then be gone within 30 s:
 
 - `pdserve up`: it starts its redis-server, router and workers from its main thread;
 - `pdserve planner --actuator local`: it starts a decode worker from a worker thread of its event
@@ -9,8 +9,9 @@ serves; every descendant (found through /proc, recursively) must then be gone wi
   asked for by a `preexec_fn` in that thread (the old `launch.orphans.die_with_parent`, which gave
   up off the main thread) left such a worker and its vLLM engine running after the planner died.
 
-Start-up (~15-30 s per engine on 2 cores) is waited for with a generous deadline; only the death
-is held to 10 s.
+Start-up (~15-30 s per engine on 2 cores) is waited for with a generous deadline; the death is
+held to 30 s: a worker's death signal is SIGTERM, so it drains and gives vLLM its 5 s shutdown
+grace, which a loaded 2-core host stretched past 10 s in a clean-clone run (the processes did go).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from router.live_stats import LoadSummary
 pytestmark = pytest.mark.integration
 
 START_TIMEOUT_S = 300.0
-DEATH_TIMEOUT_S = 10.0
+DEATH_TIMEOUT_S = 30.0
 
 
 def descendants(pid: int) -> list[int]:
@@ -87,7 +88,7 @@ def start_parent(argv: list[str], log: Path) -> subprocess.Popen:
 
 
 def kill_and_assert_descendants_die(parent: subprocess.Popen, started: list[int]) -> None:
-    """SIGKILL `parent` (no cleanup runs in it); every pid of `started` must stop within 10 s."""
+    """SIGKILL `parent` (no cleanup runs in it); every pid of `started` must stop within DEATH_TIMEOUT_S."""
     parent.kill()
     parent.wait()
     killed_at = time.monotonic()

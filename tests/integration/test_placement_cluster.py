@@ -16,7 +16,7 @@ from cluster_helpers import engine_settings, wait_until_idle, worker_load
 from launch.local import ClusterSpec, LocalCluster
 from pdserve.client import Client, Overloaded
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.judges_latency]
 
 COST = {"per_token_s": 0.001}          # the router's prior: 1 ms per prompt token (1,000 tokens ~ 1 s)
 LOCAL_CAP_TOKENS = 256                 # hybrid: a decode worker computes prompts up to this long
@@ -119,19 +119,20 @@ def test_a_request_predicted_to_miss_its_ttft_is_refused_at_once_and_costs_no_en
     too_long = _prompt(500, 2000)   # ~2 s predicted against a 1 s SLO refused beyond 1.5 s
     before = {w: worker_load(aggregated_cluster, w).prompt_tokens_computed for w in aggregated_cluster.workers}
     http_s, grpc_s = [], []
-    for _ in range(3):
-        started = time.perf_counter()
-        reply = httpx.post(f"{aggregated_cluster.http_url}/v1/completions",
-                           json={"model": "tiny", "prompt": too_long, "max_tokens": 4}, timeout=10)
-        http_s.append(time.perf_counter() - started)
-        assert reply.status_code == 429 and int(reply.headers["retry-after"]) >= 1
-        assert reply.json()["error"]["type"] == "overloaded"
-        with Client(aggregated_cluster.grpc_target) as client:
+    with httpx.Client(timeout=10) as http, Client(aggregated_cluster.grpc_target) as client:
+        client.model_info()  # a connected channel: what is timed is the router's answer, not a handshake
+        for _ in range(3):
+            started = time.perf_counter()
+            reply = http.post(f"{aggregated_cluster.http_url}/v1/completions",
+                              json={"model": "tiny", "prompt": too_long, "max_tokens": 4})
+            http_s.append(time.perf_counter() - started)
+            assert reply.status_code == 429 and int(reply.headers["retry-after"]) >= 1
+            assert reply.json()["error"]["type"] == "overloaded"
             started = time.perf_counter()
             with pytest.raises(Overloaded) as refused:
                 list(client.generate(token_ids=too_long, max_tokens=4))
             grpc_s.append(time.perf_counter() - started)
-        assert refused.value.retry_after_s >= 1.0
+            assert refused.value.retry_after_s >= 1.0
     assert min(http_s) < 0.05 and min(grpc_s) < 0.05, (http_s, grpc_s)
     with grpc.insecure_channel(aggregated_cluster.grpc_target) as channel:  # the raw status, as any client sees it
         from pdserve.v1 import generation_pb2, generation_pb2_grpc

@@ -12,6 +12,7 @@ import pytest
 from planner.perf_model import fit_perf_model
 from pdserve.engine import native_dtype
 from planner.profile import DTYPE_BYTES, load_profile
+from planner.profiler.plan import make_plan
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,12 @@ def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_prof
     # to the ends of the ranges the planner is asked about: the longest prompt (max_model_len 2048 less
     # the one token to generate), max_num_seqs, the longest context (where the 64 MiB KV cache holds it)
     assert [r.prompt_tokens for r in profile.prefill] == [32, 256, 1024, 2047]
-    assert sorted({r.batch_size for r in profile.decode}) == [1, 4, 16, 64] and len(profile.decode) == 14
+    # every decode point of the plan the KV cache holds: which contexts fit depends on the dtype
+    # (float32 on AVX2-only hosts halves the tokens 64 MiB holds)
+    plan = make_plan(2048, 64, profile.engine.kv_cache_memory_bytes // profile.model.kv_bytes_per_token,
+                     profile.model.block_size, quick=True)
+    assert sorted({r.batch_size for r in profile.decode}) == [1, 4, 16, 64]
+    assert len(profile.decode) == len(plan.decode_points) >= 12
     assert max(r.context_tokens / r.batch_size for r in profile.decode) > 2000
     # the shortest context is the serving probe's prompts, 16 tokens + the steps' mean output
     assert min(r.context_tokens / r.batch_size for r in profile.decode) < 32

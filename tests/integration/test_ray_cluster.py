@@ -1,27 +1,37 @@
-"""`pdserve up --ray ADDRESS` on a real local Ray cluster: real engines, Redis, actors and restarts.
+"""`pdserve up --ray HOST:PORT` on a Ray head started as users start one, with token authentication:
+real engines, Redis, actors, restarts and the planner's Ray actuator.
 
-One Ray cluster (started here with `ray.init`) and one `pdserve up --ray` process (as a user runs
-it) serve the whole module; the planner's Ray actuator attaches from this process, as a planner
-running elsewhere would. Engines: the tiny model, 64 MiB of KV, prefill on core 0, decode on core 1;
-Ray reserves 0.5 CPU per prefill worker and 0.25 per decode worker (of the 2 `ray.init` offers).
+The head is `ray start --head --port <free>` in a subprocess (tests/ray_head.py: its own HOME,
+RAY_TMPDIR and ports). Ray's token authentication is at its default: on, because the head's
+HOME holds a token (`ray get-auth-token --generate`). `pdserve up` runs as if on another machine:
+its HOME holds no token, so it is given the head's with --ray-auth-token-file; without it, or
+with another token, it must say so at once. One `pdserve up` serves the whole module; the
+planner's Ray actuator attaches from this process with the same token file, as a planner running
+elsewhere would. Engines: the tiny model, 64 MiB of KV, prefill on core 0, decode on core 1; Ray
+reserves 0.5 CPU per prefill worker and 0.25 per decode worker (of the head's 4).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
 
+from launch.local import ClusterSpec
 from pdserve.client import Client
 from pdserve.engine import EngineSettings
-from launch.local import ClusterSpec
 from pdserve.keys import worker_key
+from ray_head import RAY, free_ray_port, isolating_flags, private_dir, ray_env, session_processes, start_head, stop_session
 
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
@@ -31,11 +41,21 @@ from launch.ray.spec import RayClusterSpec  # noqa: E402
 from planner.actuators.ray import RayActuator, RayActuatorConfig  # noqa: E402
 
 CLUSTER = "raytest"
-ADDED = "decode-2"        # the decode member the actuator adds (member ids carry creation order)
-START_TIMEOUT_S = 900.0   # engines start in ~20 s on an idle machine; this one is shared
-PROMPTS = [0, 4, 8, 12]   # indices into the shared prompts: 1, 33, 96 and 200 tokens
-RAY_CPUS = 2
+ADDED = "decode-2"          # the decode member the actuator adds (member ids carry creation order)
+HEAD_CPUS = 4
 PREFILL_CPUS, DECODE_CPUS = 0.5, 0.25   # what each pool's members ask Ray for (router and redis: 0)
+START_TIMEOUT_S = 900.0     # engines start in ~20 s on an idle machine; this one is shared
+REFUSAL_TIMEOUT_S = 60.0    # a refusal takes seconds (ray.init would retry `InvalidAuthToken` for a minute)
+PROMPTS = [0, 4, 8, 12]     # indices into the shared prompts: 1, 33, 96 and 200 tokens
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+
+
+@dataclass(frozen=True)
+class Head:
+    address: str      # the GCS, as `ray start` prints it for others to join
+    session: int      # the session of every process of this head
+    token_file: Path  # the head's ~/.ray/auth_token
+    folder: Path      # its HOME and RAY_TMPDIR live here
 
 
 def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
@@ -49,36 +69,86 @@ def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
 
 
 def process_gone(pid: int) -> bool:
+    """Not running: gone, or a zombie."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] == "Z"   # a zombie: no longer runs
-    except FileNotFoundError:  # reaped between the two looks
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
         return True
 
 
 @pytest.fixture(scope="module")
-def ray_address():
-    context = ray.init(num_cpus=RAY_CPUS, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    yield context.address_info["gcs_address"]
-    ray.shutdown()
+def head():
+    folder = private_dir("pdray-")
+    home = folder / "head-home"
+    home.mkdir()
+    env = ray_env(home, folder)
+    log, session = folder / "ray-start.log", None
+    try:
+        subprocess.run([str(RAY), "get-auth-token", "--generate"], env=env, check=True, capture_output=True,
+                       timeout=120)
+        session = start_head(f"{RAY} start --head --port {free_ray_port()} --num-cpus {HEAD_CPUS} --include-dashboard false "
+                             f"--disable-usage-stats {' '.join(isolating_flags())}", env, log)
+        output = log.read_text()
+        assert "Token authentication is enabled for this Ray cluster" in output, output[-3000:]
+        address = re.search(r"ray start --address='([^']+)'", output).group(1)
+        yield Head(address, session, home / ".ray" / "auth_token", folder)
+    finally:
+        if session is not None:
+            stop_session(session)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def pdserve_up_argv(head: Head, model: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "cli.main", "up", "--ray", head.address, "--cluster", CLUSTER, "--model", str(model),
+            "--kv-cache-mb", "64", "--max-num-seqs", "16", "--grpc-port", "0", "--http-port", "0",
+            "--prefill-cores", "0", "--decode-cores", "1", "--router-cpus", "0", "--prefill-cpus", str(PREFILL_CPUS),
+            "--decode-cpus", str(DECODE_CPUS), "--insecure", *extra]
+
+
+def tokenless_env(head: Head) -> dict[str, str]:
+    """Another machine's environment, as far as Ray's token goes: a HOME without one."""
+    home = head.folder / "driver-home"
+    home.mkdir(exist_ok=True)
+    return ray_env(home, head.folder)
+
+
+def run_refused_up(head: Head, model: Path, *extra: str) -> tuple[str, float]:
+    started = time.monotonic()
+    result = subprocess.run(pdserve_up_argv(head, model, *extra), env=tokenless_env(head), capture_output=True,
+                            text=True, timeout=REFUSAL_TIMEOUT_S)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    return output, time.monotonic() - started
+
+
+def test_without_a_token_pdserve_up_says_what_is_missing_instead_of_retrying(head, tiny_model):
+    output, took_s = run_refused_up(head, tiny_model)
+    assert f"the Ray cluster at {head.address} uses token authentication and pdserve found no token (looked at " \
+           "--ray-auth-token-file, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)." in " ".join(output.split())
+    assert "InvalidAuthToken" not in output and "Traceback" not in output
+    assert took_s < REFUSAL_TIMEOUT_S
+
+
+def test_with_another_token_pdserve_up_names_the_token_it_sent(head, tiny_model, tmp_path):
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("0" * 32)
+    output, _ = run_refused_up(head, tiny_model, "--ray-auth-token-file", str(wrong))
+    assert (f"the Ray cluster at {head.address} refused the token from --ray-auth-token-file {wrong}: the cluster was "
+            "started with another token.") in " ".join(output.split())
+    assert "InvalidAuthToken" not in output and "Traceback" not in output
 
 
 @pytest.fixture(scope="module")
-def up(ray_address, tiny_model, tmp_path_factory, reference_outputs):
-    """`pdserve up --ray ADDRESS` in its own process, as a user runs it (after the reference run,
+def up(head, tiny_model, reference_outputs):
+    """`pdserve up --ray` with the head's token file, in its own process (after the reference run,
     so the engines do not share the cores with it)."""
-    folder = tmp_path_factory.mktemp("ray-cluster")
-    argv = [sys.executable, "-m", "cli.main", "up", "--ray", ray_address, "--cluster", CLUSTER,
-            "--model", str(tiny_model), "--kv-cache-mb", "64", "--max-num-seqs", "16", "--grpc-port", "0",
-            "--http-port", "0", "--prefill-cores", "0", "--decode-cores", "1", "--router-cpus", "0",
-            "--prefill-cpus", str(PREFILL_CPUS), "--decode-cpus", str(DECODE_CPUS), "--log-dir", str(folder / "members")]
-    with open(folder / "up.log", "wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    process.log_path = folder / "up.log"
+    argv = pdserve_up_argv(head, tiny_model, "--ray-auth-token-file", str(head.token_file),
+                           "--log-dir", str(head.folder / "members"))
+    log_path = head.folder / "up.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=tokenless_env(head),
+                                   start_new_session=True)
+    process.log_path = log_path
     yield process
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
@@ -90,16 +160,24 @@ def up(ray_address, tiny_model, tmp_path_factory, reference_outputs):
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_address, up):
-    """The cluster `up` started, attached from this process once it serves."""
-    return wait_for(lambda: _attach_unless_exited(up, ray_address), START_TIMEOUT_S, "pdserve up --ray serving", 1.0)
+def cluster(head, up):
+    """The cluster `up` started, attached from this process with the same token file. The
+    variables Ray's and pdserve's token handling set here are put back afterwards."""
+    assert not ray.is_initialized(), "this process is still connected to another Ray cluster"
+    with pytest.MonkeyPatch.context() as environment:
+        for name in AUTH_VARS:
+            environment.delenv(name, raising=False)
+        try:
+            yield wait_for(lambda: _attach_unless_exited(up, head), START_TIMEOUT_S, "pdserve up --ray serving", 1.0)
+        finally:
+            ray.shutdown()
 
 
-def _attach_unless_exited(up: subprocess.Popen, ray_address: str) -> RayCluster | None:
+def _attach_unless_exited(up: subprocess.Popen, head: Head) -> RayCluster | None:
     if up.poll() is not None:
         raise RuntimeError(f"pdserve up --ray exited with {up.returncode}:\n{up.log_path.read_text()[-3000:]}")
     try:
-        return RayCluster.attach(ray_address, CLUSTER)
+        return RayCluster.attach(head.address, CLUSTER, auth_token_file=str(head.token_file))
     except RayClusterError:
         return None
 
@@ -119,34 +197,41 @@ def generate(target: str, prompt: dict, max_tokens: int = 0) -> tuple[list[int],
 
 
 def workers_seen_by_router(cluster: RayCluster) -> tuple[int, int]:
-    """(prefill, decode) workers the router routes to."""
     with Client(cluster.grpc_target) as client:
         info = client.model_info()
     return info.num_prefill_workers, info.num_decode_workers
 
 
-def test_requests_through_the_ray_router_give_colocated_vllm_tokens(cluster, registry, prompts, reference_outputs):
-    node_ip = cluster.member("router").node_ip
-    assert {m.member_id: m.status for m in cluster.members()} == {
+def test_requests_give_colocated_vllm_tokens_from_members_on_the_address_ray_gives_the_node(
+        head, cluster, registry, prompts, reference_outputs):
+    (node_ip,) = [node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]]
+    members = cluster.members()
+    assert {m.member_id: m.status for m in members} == {
         "redis": "ready", "router": "ready", "prefill-0": "ready", "decode-1": "ready"}
+    assert {m.node_ip for m in members} == {node_ip}
+    assert cluster.grpc_target.startswith(f"{node_ip}:") and cluster.redis_url.startswith(f"redis://{node_ip}:")
+    for worker in ("prefill-0", "decode-1"):
+        assert registry.hget(worker_key(CLUSTER, worker), "grpc_address") == cluster.worker_address(worker)
+        assert cluster.worker_address(worker).startswith(f"{node_ip}:")
+    assert registry.hget(worker_key(CLUSTER, "decode-1"), "role") == "decode"
     for index in PROMPTS:
         tokens, timings = generate(cluster.grpc_target, prompts[index])
         assert tokens == reference_outputs[index], f"prompt {index} ({len(prompts[index]['token_ids'])} tokens)"
         assert (timings.disaggregated, timings.prefill_worker, timings.decode_worker) == (True, "prefill-0", "decode-1")
-    # the workers registered themselves in Redis, reachable at their Ray node's address
-    record = registry.hgetall(worker_key(CLUSTER, "decode-1"))
-    assert record["role"] == "decode" and record["grpc_address"] == cluster.worker_address("decode-1")
-    assert record["grpc_address"].startswith(f"{node_ip}:")
-    # each pool asked Ray for its own CPUs: what is left is the cluster's minus one of each
-    wait_for(lambda: ray.available_resources().get("CPU") == RAY_CPUS - PREFILL_CPUS - DECODE_CPUS, 10,
+    # each pool asked Ray for its own CPUs: what is left is the head's minus one of each
+    wait_for(lambda: ray.available_resources().get("CPU") == HEAD_CPUS - PREFILL_CPUS - DECODE_CPUS, 10,
              f"Ray accounting {PREFILL_CPUS} CPU to prefill-0 and {DECODE_CPUS} to decode-1")
 
 
-def test_the_ray_actuator_scales_decode_to_two_and_both_give_colocated_vllm_tokens(ray_address, cluster, prompts,
-                                                                                 reference_outputs):
-    actuator = RayActuator.connect(RayActuatorConfig(address=ray_address, cluster=CLUSTER))
-    assert actuator.current() == {"prefill": 1, "decode": 1}
+def _actuator(head: Head) -> RayActuator:
+    return RayActuator.connect(RayActuatorConfig(address=head.address, cluster=CLUSTER,
+                                                 auth_token_file=str(head.token_file)))
 
+
+def test_the_ray_actuator_scales_decode_to_two_and_both_give_colocated_vllm_tokens(head, cluster, prompts,
+                                                                                 reference_outputs):
+    actuator = _actuator(head)
+    assert actuator.current() == {"prefill": 1, "decode": 1}
     actuator.scale("decode", 2)
     assert actuator.current() == {"prefill": 1, "decode": 2}
     assert cluster.worker_ids("decode") == ["decode-1", ADDED]
@@ -156,8 +241,7 @@ def test_the_ray_actuator_scales_decode_to_two_and_both_give_colocated_vllm_toke
         results = list(pool.map(lambda i: generate(cluster.grpc_target, prompts[i], 48), range(6)))
     assert {timings.decode_worker for _, timings in results} == {"decode-1", ADDED}
     for index, (tokens, timings) in enumerate(results):
-        # greedy: the first tokens of a longer answer are the colocated reference's answer
-        reference = reference_outputs[index]
+        reference = reference_outputs[index]  # greedy: a longer answer starts with the reference's
         assert tokens[:len(reference)] == reference, f"prompt {index} on {timings.decode_worker}"
         assert len(tokens) == 48
 
@@ -183,30 +267,30 @@ def test_while_a_killed_decode_actor_restarts_requests_succeed_on_the_survivor(c
     wait_for(lambda: workers_seen_by_router(cluster) == (1, 2), 30, "the router seeing the restarted worker")
 
 
-def test_the_ray_actuator_scales_decode_back_to_one_removing_the_newest(ray_address, cluster, registry, prompts,
+def test_the_ray_actuator_scales_decode_back_to_one_draining_the_newest(head, cluster, registry, prompts,
                                                                        reference_outputs):
-    actuator = RayActuator.connect(RayActuatorConfig(address=ray_address, cluster=CLUSTER))
+    actuator = _actuator(head)
     assert actuator.current() == {"prefill": 1, "decode": 2}
     removed_pid = cluster.member(ADDED).child_pid
     actuator.scale("decode", 1)
     assert actuator.current() == {"prefill": 1, "decode": 1}
-    assert cluster.worker_ids("decode") == ["decode-1"]          # the newest one went
+    assert cluster.worker_ids("decode") == ["decode-1"]          # the newest one went, drained
     assert process_gone(removed_pid) and not registry.exists(worker_key(CLUSTER, ADDED))
     wait_for(lambda: workers_seen_by_router(cluster) == (1, 1), 30, "the router dropping the removed worker")
     tokens, timings = generate(cluster.grpc_target, prompts[PROMPTS[1]])
     assert (tokens, timings.decode_worker) == (reference_outputs[PROMPTS[1]], "decode-1")
 
 
-def test_a_second_cluster_with_the_same_name_is_refused(ray_address, cluster, tiny_model):
+def test_a_second_cluster_with_the_same_name_is_refused(head, cluster, tiny_model):
     spec = RayClusterSpec(ClusterSpec(engine=EngineSettings(model=str(tiny_model)), cluster=CLUSTER),
-                          address=ray_address)
+                          address=head.address, auth_token_file=str(head.token_file))
     with pytest.raises(RayClusterError, match="already runs on this Ray cluster"):
         RayCluster(spec).start()
 
 
-def test_attaching_to_a_cluster_that_does_not_exist_says_how_to_start_one(ray_address):
-    with pytest.raises(RayClusterError, match=f"start one with `pdserve up --ray {ray_address} --cluster nosuch"):
-        RayCluster.attach(ray_address, "nosuch")
+def test_attaching_to_a_cluster_that_does_not_exist_says_how_to_start_one(head, cluster):
+    with pytest.raises(RayClusterError, match=f"start one with `pdserve up --ray {head.address} --cluster nosuch"):
+        RayCluster.attach(head.address, "nosuch", auth_token_file=str(head.token_file))
 
 
 @pytest.mark.chaos
@@ -230,11 +314,14 @@ def _restarted(cluster: RayCluster, old):
     return new if new.status == "ready" and new.actor_pid != old.actor_pid and new.child_pid != old.child_pid else None
 
 
-def test_ctrl_c_on_pdserve_up_stops_every_process_of_the_cluster(ray_address, up, cluster):
-    """Last in this module: it stops the cluster the other tests share."""
-    pids = [pid for member in cluster.members() for pid in (member.actor_pid, member.child_pid)]
+def test_ctrl_c_stops_pdserve_and_the_head_then_stops_with_nothing_left(head, up, cluster):
+    """Last in this module: it stops what the others share."""
+    pids = {pid for member in cluster.members() for pid in (member.actor_pid, member.child_pid)}
     up.send_signal(signal.SIGINT)
     assert up.wait(timeout=120) == 0
     wait_for(lambda: all(process_gone(pid) for pid in pids), 30, "every actor and its process exiting")
     with pytest.raises(RayClusterError, match="no pdserve cluster named"):
-        RayCluster.attach(ray_address, CLUSTER)
+        RayCluster.attach(head.address, CLUSTER)
+    ray.shutdown()
+    assert stop_session(head.session) == set(), "Ray processes had to be killed"
+    assert session_processes(head.session) == {}

@@ -52,9 +52,7 @@ def test_router_service_exposes_grpc_and_http(k8s, overlay):
     service = k8s.by_kind(objects, "Service")["pdserve-router"]
 
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ROUTER_PORTS
-    assert {p["name"]: p["appProtocol"] for p in service["spec"]["ports"]} == {
-        "grpc": "kubernetes.io/h2c", "http": "http",
-    }
+    assert {p["name"]: p["appProtocol"] for p in service["spec"]["ports"]} == {"grpc": "https", "http": "https"}
 
 
 def _probe_port(probe, ports: dict[str, int]) -> int:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 import torch
 
+from kv_transfer.faults import FaultPlan, injector
 from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
 from kv_transfer.shm_segment import boot_id
@@ -85,12 +87,13 @@ def pair(gpu_stand_in):
     cache = CudaCache.of(source, NUM_BLOCKS, gpu_stand_in(driver))
     target = GEOMETRY.caches(NUM_BLOCKS)
 
-    def make(name="auto", uuids=("GPU-consumer", "GPU-producer")):
-        auto = name == "auto"
-        producer = CudaIpcTransport(5.0, cache=cache, fallback_torch=auto, backend=gpu_stand_in(driver))
+    def make(name="auto", uuids=("GPU-consumer", "GPU-producer"), faults=""):
+        auto, plan = name == "auto", FaultPlan.parse(faults) if faults else None
+        producer = CudaIpcTransport(5.0, cache=cache, fallback_torch=auto, backend=gpu_stand_in(driver),
+                                    faults=injector(plan, "producer"))
         consumer_backend = gpu_stand_in(driver, uuids)
         consumer = CudaIpcTransport(5.0, local=KVLayout(target, NUM_BLOCKS), fallback_torch=auto,
-                                    backend=consumer_backend)
+                                    backend=consumer_backend, faults=injector(plan, "consumer"))
         return producer, consumer, consumer_backend
 
     return source, target, cache, make, driver
@@ -112,6 +115,36 @@ def test_a_consumer_that_sees_the_gpu_copies_exactly_the_leased_blocks_itself(pa
     assert backend.copied == [2 * block, block, block] * 3 and backend.synchronized == 1
     for sock in socks:
         sock.close()
+
+
+def test_an_injected_flip_changes_one_copied_byte_and_a_stall_delays_the_copy_but_not_its_bytes(pair):
+    """The fault hook (kv_transfer.faults) at the consumer's copy: the flipped byte is in the
+    target before the caller takes its checksums, so the pull reports that block invalid."""
+    source, target, _, make, _ = pair
+    _, channel, socks = _handshake(*make("shm", faults="flip_bytes@1,stall_reader@2,stall_s=0.5")[:2])
+    channel.copy([1, 2, 9, 10], [5, 6, 7, 20])
+    differing = sum(int((source[n][[5, 6, 7, 20]].view(torch.uint8) != target[n][[1, 2, 9, 10]].view(torch.uint8))
+                        .sum()) for n in source)
+    assert differing == 1
+    started = time.monotonic()
+    channel.copy([1, 2, 9, 10], [5, 6, 7, 20])
+    assert time.monotonic() - started >= 0.5
+    assert all(_same_bytes(source[n][[5, 6, 7, 20]], target[n][[1, 2, 9, 10]]) for n in source)
+    for sock in socks:
+        sock.close()
+
+
+def test_an_injected_silent_producer_answers_nothing_and_raises_once_the_consumer_leaves(pair):
+    _, _, _, make, _ = pair
+    producer_channel, _, (producer_sock, consumer_sock) = _handshake(*make("shm", faults="producer_silent@1")[:2])
+    with ThreadPoolExecutor(1) as pool:
+        sending = pool.submit(producer_channel.send, encode({"op": "SENDING", "num_bytes": 12}), [])
+        with pytest.raises(FutureTimeout):   # still silent after 0.2 s
+            sending.result(timeout=0.2)
+        consumer_sock.close()   # the consumer gives up
+        with pytest.raises(TransferError, match="never answered"):
+            sending.result(timeout=10)
+    producer_sock.close()
 
 
 def test_the_producer_end_sends_the_sending_header_and_no_kv_byte(pair):

@@ -15,7 +15,7 @@ from kv_transfer.shm_segment import PREFIX, SEGMENT_DIR
 from kv_transfer.throughput import reference
 from kv_transfer.throughput.measure import measure
 from kv_transfer.throughput.pair import PRODUCER_SEED, method_names, open_pair
-from kv_transfer.throughput.report import markdown_table
+from kv_transfer.throughput.report import cost_table, markdown_table
 from kv_transfer.throughput.summary import Row, quartiles, speedup, summarize
 
 BENCH = BlockGeometry(num_layers=12, num_kv_heads=4, head_dim=64, block_size=32, dtype="bfloat16")
@@ -89,6 +89,16 @@ def test_the_table_shows_ms_spread_rates_and_dashes_for_missing_references():
         "| 1024 | 12 MiB | raw socket | 2.00 | 2.00-2.00 | 6.00 | 1.00 | - | - |"]
 
 
+def test_the_cost_table_gives_each_pairs_median_ratio_per_prompt_length():
+    rows = [Row(n, 1, method, median, 1.0, [median]) for n, scale in ((1024, 1), (8192, 8))
+            for method, median in (("pdserve tcp", 0.004 * scale), ("pdserve tcp, encrypted", 0.005 * scale))]
+    assert cost_table(rows, [("pdserve tcp, encrypted", "pdserve tcp"), ("not measured", "pdserve tcp")]).splitlines() == [
+        "| method | reference | 1024-token median ratio | 8192-token median ratio |",
+        "|---|---|---:|---:|",
+        "| pdserve tcp, encrypted | pdserve tcp | 1.250 | 1.250 |",
+        "| not measured | pdserve tcp | - | - |"]
+
+
 # ---- the pair, for real -------------------------------------------------------------------------
 def test_every_method_delivers_the_producers_exact_bytes():
     num_blocks, count = 4, 2
@@ -117,6 +127,23 @@ def test_every_method_delivers_the_producers_exact_bytes():
 
 def _our_segments() -> set[Path]:
     return set(SEGMENT_DIR.glob(f"{PREFIX}{os.getuid()}-*"))
+
+
+def test_the_secured_ways_deliver_the_producers_exact_bytes_on_kept_and_new_connections():
+    num_blocks, count = 4, 2
+    expected = KVLayout(SMALL.caches(num_blocks, seed=PRODUCER_SEED), num_blocks).views([0, 1])
+    secured = ["pdserve tcp, authenticated", "pdserve tcp, encrypted", "pdserve tcp, new connection",
+               "pdserve tcp, authenticated, new connection", "pdserve tcp, encrypted, new connection"]
+    assert list(method_names(SMALL, secured=True))[3:8] == secured
+    with open_pair(SMALL, num_blocks, count * SMALL.bytes_per_block, eviction_bytes=0, cores=None,
+                   secured=True) as consumer:
+        consumer.grant("t", count)
+        ways = consumer.methods("t", count)
+        for method in secured * 2:
+            for view in consumer.layout.views([2, 3]):
+                view.zero_()
+            assert ways[method]() > 0, method
+            assert all(torch.equal(g, w) for g, w in zip(consumer.layout.views([2, 3]), expected, strict=True)), method
 
 
 def test_pdserve_shm_copies_the_producers_exact_bytes_and_the_pair_unlinks_its_segment():

@@ -18,6 +18,9 @@ def test_server_argv_carries_every_engine_setting():
         "--kv-cache-memory-bytes": str(512 << 20), "--max-num-seqs": "8", "--seed": "7", "--max-num-batched-tokens": "1024"}
     assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
     assert "--no-enable-prefix-caching" not in server_argv(EngineSettings(model="m"), 1)
+    assert "--served-model-name" not in argv
+    named = server_argv(settings, 8123, served_model_name="tiny")
+    assert named[named.index("--served-model-name") + 1] == "tiny"
 
 
 def test_free_port_is_a_usable_port_number():

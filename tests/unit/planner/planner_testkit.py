@@ -23,3 +23,18 @@ def round_settings(**overrides) -> SimSettings:
 
 def spec(arrival_s: float, prompt_tokens: int, output_tokens: int) -> RequestSpec:
     return RequestSpec(arrival_s=arrival_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+
+
+class RecordingActuator:
+    """An actuator that records its `scale` calls and answers `current` from them."""
+
+    def __init__(self, prefill: int, decode: int) -> None:
+        self.sizes = {"prefill": prefill, "decode": decode}
+        self.calls: list[tuple[str, int]] = []
+
+    def current(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+    def scale(self, role: str, replicas: int) -> None:
+        self.calls.append((role, replicas))
+        self.sizes[role] = replicas

@@ -23,6 +23,7 @@ from planner.decision import PlannerConfig, SloScale
 from planner.model_error import ErrorConfig, Latencies
 from planner.online import MODEL_NOT_TRUSTED, LoopSettings, Oracle, PlannerLoop
 from planner.pool_sizes import PoolSizes
+from planner_testkit import RecordingActuator
 from router.live_stats import LoadSummary
 
 OBSERVED = Latencies(ttft_p50_s=0.2, ttft_p90_s=0.4, tpot_p50_s=0.03, tpot_p90_s=0.05)  # what `publish` says
@@ -45,19 +46,6 @@ def model_off_by(ttft: float, tpot: float = 1.0):
 
     latency.calls = calls
     return latency
-
-
-class RecordingActuator:
-    def __init__(self, prefill: int, decode: int) -> None:
-        self.sizes = {"prefill": prefill, "decode": decode}
-        self.calls: list[tuple[str, int]] = []
-
-    def current(self) -> dict[str, int]:
-        return dict(self.sizes)
-
-    def scale(self, role: str, replicas: int) -> None:
-        self.calls.append((role, replicas))
-        self.sizes[role] = replicas
 
 
 class Clock:

@@ -150,3 +150,24 @@ def test_the_total_objective_picks_the_highest_goodput_within_the_budget():
     assert total.best_of("disaggregated").topology == Topology.disaggregated(1, 2)   # 2.0 > 1P+1D's and 2P+1D's
     with pytest.raises(ValueError, match="objective must be one of"):
         search_splits(synthetic_attainment, 2, objective="most")
+
+
+def test_plan_fns_of_each_topology_kind_size_their_own_pools():
+    from loadgen.metrics import SLO
+    from planner.evaluate import make_latency_fn, make_plan_fn
+    from planner.perf_model import fit_perf_model
+    from planner.pool_sizes import PoolSizes
+    from planner.profiles.example import build_example_profile
+    from planner.simulator import SimSettings
+
+    profile = build_example_profile()
+    settings, model = SimSettings.from_profile(profile), fit_perf_model(profile).model
+    plans = {kind: make_plan_fn(settings, model, SLO(ttft_s=1.0, tpot_s=0.05), max_devices=6, num_requests=200,
+                                kind=kind) for kind in ("disaggregated", "hybrid", "aggregated")}
+    aggregated, hybrid = plans["aggregated"](3.0, 512, 128), plans["hybrid"](3.0, 512, 128)
+    assert aggregated is not None and aggregated.prefill == 0 and aggregated.decode >= 1
+    assert hybrid is not None and hybrid.prefill >= 1 and hybrid.decode >= 1
+    assert plans["aggregated"](100.0, 512, 128) is None
+    # an aggregated cluster's sizes are simulated as one (no prefill pool to wait for)
+    latency = make_latency_fn(settings, model, num_requests=200)
+    assert latency(PoolSizes(0, 2), 1.0, 512, 128).ttft_p90_s > 0

@@ -124,3 +124,15 @@ def test_cost_model_from_refuses_an_unmeasured_transport():
 def test_topology_refuses_a_shape_its_kind_cannot_have(kwargs, message):
     with pytest.raises(SimulationError, match=message):
         Topology(**kwargs)
+
+
+@pytest.mark.parametrize("topology", [Topology.aggregated(2), Topology.disaggregated(1, 3), Topology.hybrid(2, 1),
+                                      Topology.hybrid(1, 2, 512)])
+def test_a_label_names_its_topology_back(topology):
+    assert Topology.from_label(topology.label) == topology
+
+
+@pytest.mark.parametrize("label", ["", "2", "1P", "1P+1X", "0C", "1P+0D", "1P+1D/512", "P+1D", "1p+1d"])
+def test_what_is_not_a_topology_label_is_refused(label):
+    with pytest.raises(SimulationError):
+        Topology.from_label(label)

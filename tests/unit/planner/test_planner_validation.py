@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from planner import validation_runs
-from planner.validation import Comparison, error_table, mean_abs_errors, plot_validation, to_json
+from planner.validation import (Comparison, error_table, mean_abs_errors, plot_validation, to_json, verdict,
+                               verdict_table, verdicts_to_json)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -105,3 +106,58 @@ def test_the_cluster_cpu_counts_the_router_the_client_and_every_worker_with_its_
                               workers={"prefill-0": SimpleNamespace(pid=10),
                                        "decode-1": SimpleNamespace(pid=20)})
     assert validation_runs.cluster_cpu_s(cluster) == 500.0 + 31.0
+
+
+CURVE = [  # measured attainment 1.0, 0.95, 0.7, 0.95 (passes again past the knee: ignored); simulated 1, 1, 0.9, 0.5
+    Comparison(1.0, "m", summary(100, 200, 10, 20, 1.0), summary(110, 180, 10, 20, 1.0)),
+    Comparison(2.0, "m", summary(100, 200, 10, 20, 0.95), summary(130, 200, 12, 20, 1.0)),
+    Comparison(3.0, "m", summary(400, 900, 30, 60, 0.70), summary(100, 100, 10, 10, 0.9)),
+    Comparison(4.0, "m", summary(100, 200, 10, 20, 0.95), summary(100, 100, 10, 10, 0.5)),
+]
+
+
+def test_a_verdict_averages_latency_errors_up_to_the_measured_knee_and_compares_goodputs_on_the_grid():
+    v = verdict(list(reversed(CURVE)), "long-short", "1P+1D", "m")
+    assert v.rates_to_knee == (1.0, 2.0)  # 3 misses the target: it and everything past it are left out
+    assert v.errors_to_knee["median_ttft_ms"] == pytest.approx((0.1 + 0.3) / 2)
+    assert v.errors_to_knee["p90_ttft_ms"] == pytest.approx(0.05)
+    assert v.errors_to_knee["median_tpot_ms"] == pytest.approx(0.1)
+    # measured: 0.95 at 2, 0.70 at 3 -> crosses 0.9 at 2.2; simulated: 0.9 at 3 passes, 0.5 at 4 -> 3.0
+    assert v.measured_goodput == (pytest.approx(2.2), True) and v.simulated_goodput == (pytest.approx(3.0), True)
+    assert v.goodput_error == pytest.approx(0.8 / 2.2)
+
+
+def test_a_cluster_that_meets_the_target_nowhere_has_its_lowest_rate_judged_and_no_goodput_error():
+    missing = [Comparison(1.0, "m", summary(100, 200, 10, 20, 0.5), summary(100, 200, 10, 20, 0.95)),
+               Comparison(2.0, "m", summary(100, 200, 10, 20, 0.2), summary(100, 200, 10, 20, 0.8))]
+    v = verdict(missing, "bursty", "2C", "m")
+    assert v.rates_to_knee == (1.0,) and v.measured_goodput == (0.0, False) and v.goodput_error is None
+    row = verdicts_to_json([v])[0]
+    assert row["goodput_error"] is None and row["goodput_rps"]["simulated_bracketed"] is True
+    with pytest.raises(ValueError, match="no comparison"):
+        verdict(missing, "bursty", "2C", "other")
+    Console(width=250, record=True).print(verdict_table([v], {("bursty", "2C"): (1.0, 2.0)}))
+
+
+def test_a_validation_keeps_its_topology_and_router_so_a_resimulation_places_as_the_real_router_did(tmp_path):
+    from loadgen.metrics import SLO
+    from loadgen.workload import RequestSpec
+    from planner.profile import load_profile
+    from planner.simulator import Topology
+
+    profile_path = REPO / "planner" / "profiles" / "tiny_2cpu_served.json"
+    topology = Topology.hybrid(1, 1, 512)
+    sample = [RequestSpec(0.1 * i, 300 + 10 * i, 20) for i in range(10)]
+    router = validation_runs.planned_router(load_profile(profile_path), "tcp", topology, sample)
+    assert router.placement.local_prefill_max_tokens == 512 and not router.admission
+    assert router.cost is not None and router.cost.per_token_s > 0
+    setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "long-short"}, "tcp",
+                                            topology, router)
+    runs = [validation_runs.RateRun(1.0, sample, summary(20, 30, 4, 5, 1.0), None)]
+    comparisons = validation_runs.compare(runs, [profile_path], "tcp", setup.slo, topology, router)
+    validation_runs.write_validation(tmp_path, setup, [profile_path], runs, comparisons)
+
+    again, _ = validation_runs.load_earlier(tmp_path / "validation.json", default_transport="torch")
+    assert again.topology == topology and again.router == router and again.workload == {"shape": "long-short"}
+    flags = validation_runs.router_flags_for(router, tmp_path / "router")
+    assert flags[0] == "--cost-model" and flags[2] == "--placement-config" and "--slo-ttft-ms" not in flags

@@ -1,5 +1,5 @@
 """The planner's Ray actuator: its configuration and CLI flags, and what it refuses before calling Ray.
-(It is exercised against a real Ray cluster in tests/integration/test_ray_cluster.py.)"""
+(It is exercised against a real Ray cluster in tests/integration/test_ray_cluster.py, with the head's token file.)"""
 
 from __future__ import annotations
 
@@ -35,8 +35,20 @@ def test_cli_flags_name_the_cluster_pdserve_up_started(monkeypatch):
     parser = argparse.ArgumentParser()
     add_cli_arguments(parser)
     assert config_from_cli_args(parser.parse_args([])) == RayActuatorConfig(address="auto", cluster="default")
-    args = parser.parse_args(["--ray-address", "10.0.0.1:6379", "--ray-cluster", "c1"])
-    assert config_from_cli_args(args) == RayActuatorConfig(address="10.0.0.1:6379", cluster="c1")
+    args = parser.parse_args(["--ray-address", "10.0.0.1:6379", "--ray-cluster", "c1", "--ray-auth-token-file", "t"])
+    assert config_from_cli_args(args) == RayActuatorConfig(address="10.0.0.1:6379", cluster="c1", auth_token_file="t")
+
+
+def test_pdserve_planner_declares_the_actuators_flags_as_the_actuator_reads_them():
+    """`pdserve planner` declares the Ray flags itself (so its --help does not import Ray): the same
+    flags, with the same defaults, as the actuator's own parser."""
+    from cli.main import build_parser
+
+    ours = argparse.ArgumentParser()
+    add_cli_arguments(ours)
+    flags = ["--ray-address", "10.0.0.1:6379", "--ray-cluster", "c1", "--ray-auth-token-file", "t"]
+    planner = build_parser().parse_args(["planner", "--redis-url", "redis://h:1/0", "--actuator", "ray", *flags])
+    assert config_from_cli_args(planner) == config_from_cli_args(ours.parse_args(flags))
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -1,5 +1,5 @@
 """Which Ray authentication token `pdserve up --ray` sends, and what it says when the head refuses it.
-(Against a real `ray start` head with token authentication: tests/integration/test_ray_head_token.py.)"""
+(Against a real `ray start` head with token authentication: tests/integration/test_ray_cluster.py.)"""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ def make_spec(**overrides) -> RayClusterSpec:
 def test_worker_runs_the_local_launchers_worker_command_with_the_clusters_settings():
     assert make_spec().cluster.worker_argv("decode", "decode-3", "redis://10.0.0.5:6379/0") == [
         "worker", "--role", "decode", "--worker-id", "decode-3", "--redis-url", "redis://10.0.0.5:6379/0",
-        "--cluster", "c1", "--transport", "torch", "--cpu-cores", "1", "--lease-s", "20.0", "--ttl-s", "4.0",
+        "--cluster", "c1", "--transport", "torch", "--cpu-cores", "1", "--lease-s", "20.0",
+        "--kv-pull-timeout-s", "30.0", "--kv-encryption", "auto", "--ttl-s", "4.0",
         "--model", "/models/tiny", "--dtype", native_dtype(), "--block-size", "32", "--max-model-len", "1024",
         "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7", "--vllm-spin-ms", "50", "--preload", "tcmalloc"]
 

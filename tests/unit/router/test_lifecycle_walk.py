@@ -45,14 +45,59 @@ async def test_a_decode_that_dies_mid_stream_resumes_elsewhere_and_the_client_se
         assert chunks[-1].finish_reason == "length" and chunks[-1].timings.output_tokens == 5
         assert dying.decodes == [DecodeRequest("req-1", (101, 102, 103, 7),
                                                Sampling(max_tokens=4, min_tokens=4, temperature=0.0, ignore_eos=True),
-                                               HANDLE)]
+                                               HANDLE, num_generated=1)]
         assert healthy.decodes == [DecodeRequest("req-1-retry1", (101, 102, 103, 7, 8, 9),
                                                  Sampling(max_tokens=2, min_tokens=2, temperature=0.0,
-                                                          ignore_eos=True), None)]
+                                                          ignore_eos=True), None, num_generated=3)]
         assert [w.worker_id for w in pool.workers("decode")] == ["decode-b"]  # decode-a is quarantined
         transfer_id = prefill.prefills[0].transfer_id
         assert prefill.releases == [(transfer_id, "req-1")]  # released exactly once
         assert (healthy.releases, dying.releases) == ([], [])
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_decode_stream_that_ends_without_finishing_is_resumed_elsewhere(redis_server, tokenizer):
+    prefill = ScriptedWorker(prefill=PrefillResult(first_token_id=7, finished=False, kv_handle=HANDLE))
+    closing = ScriptedWorker(decode=[DecodeChunk((8,))])    # its stream ends here, no final chunk
+    healthy = ScriptedWorker(decode=[DecodeChunk((9, 10), finished=True, finish_reason="length")])
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                               {"prefill-a": prefill, "decode-a": closing, "decode-b": healthy})
+    try:
+        tokens, chunks = await _tokens(lifecycle, GenerationRequest("req-3", PROMPT, Sampling(
+            max_tokens=4, temperature=0.0, ignore_eos=True)))
+        await lifecycle.wait_for_releases()
+        assert tokens == [7, 8, 9, 10] and chunks[-1].finish_reason == "length"
+        assert healthy.decodes == [DecodeRequest("req-3-retry1", (101, 102, 103, 7, 8),
+                                                 Sampling(max_tokens=2, temperature=0.0, ignore_eos=True), None,
+                                                 num_generated=2)]
+        assert prefill.releases == [(prefill.prefills[0].transfer_id, "req-3")]   # the lease is given up once
+    finally:
+        await pool.close()
+        await registry.close()
+
+
+async def test_a_stop_string_spanning_the_break_ends_the_resumed_stream_with_vllm_s_text(redis_server, tokenizer):
+    """The text is made by the router over every token sent, whichever worker sampled it: a stop
+    string whose first half came from a dead worker and its second from the resumed one is found."""
+    ids = tokenizer.encode(" alpha beta gamma delta epsilon")
+    assert len(ids) >= 5
+    before = tokenizer.output_text(PROMPT, Sampling(max_tokens=8)).add(ids[:3], False, "", None).text
+    after = tokenizer.output_text(PROMPT, Sampling(max_tokens=8)).add(ids[:4], False, "", None).text
+    stop = before[-2:] + after[len(before):len(before) + 2]      # two characters each side of the break
+    prefill = ScriptedWorker(prefill=PrefillResult(first_token_id=ids[0], finished=False, kv_handle=HANDLE))
+    dying = ScriptedWorker(decode=[DecodeChunk(tuple(ids[1:3])), WorkerError(grpc.StatusCode.UNAVAILABLE, "gone")])
+    resumed = ScriptedWorker(decode=[DecodeChunk(tuple(ids[3:5])),
+                                     DecodeChunk((ids[5 % len(ids)],), finished=True, finish_reason="length")])
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                               {"prefill-a": prefill, "decode-a": dying, "decode-b": resumed})
+    try:
+        sampling = Sampling(max_tokens=8, temperature=0.0, ignore_eos=True, stop=(stop,))
+        chunks = [chunk async for chunk in lifecycle.generate(GenerationRequest("req-5", PROMPT, sampling))]
+        text = "".join(chunk.text for chunk in chunks)
+        assert (chunks[-1].finish_reason, text) == ("stop", before[:-2])   # cut before the stop string
+        assert resumed.decodes[0].num_generated == 3
     finally:
         await pool.close()
         await registry.close()

@@ -17,6 +17,9 @@ class Registry:
     async def workers(self):
         return list(self.records)
 
+    async def topology(self):
+        return None
+
 
 def _record(worker_id, kv_blocks_total=0):
     return WorkerRecord(worker_id=worker_id, role="decode", model="m", grpc_address="127.0.0.1:1", block_size=4,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import grpc
 import httpx
@@ -15,6 +16,7 @@ from pdserve.errors import retry_after_header
 from pdserve.v1 import generation_pb2_grpc
 from router.grpc_api import GenerationService
 from router.http_api import create_app
+from router.lifecycle import RouterConfig
 
 
 class RefusingLifecycle:
@@ -23,6 +25,8 @@ class RefusingLifecycle:
     def __init__(self, retry_after_s: float | None):
         self.retry_after_s = retry_after_s
         self.inflight = 0
+        self.config = RouterConfig(max_model_len=256)   # what the HTTP API reads: the context, for max_tokens
+        self.tokenizer = SimpleNamespace(hf=None)   # a token-id prompt reads a tokenizer only to truncate it
 
     def admit(self, request) -> None:
         raise Overloaded("predicted TTFT 4.2 s misses the 1.5 s SLO", retry_after_s=self.retry_after_s)

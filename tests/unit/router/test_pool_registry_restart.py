@@ -7,7 +7,7 @@ import time
 
 from launch.redis_server import start_redis
 from pdserve.registry import Registry, WorkerRecord
-from router.pool import WorkerPool
+from router.pool import WorkerPool, refreshed_snapshot
 
 
 async def wait_for(predicate, timeout_s: float, what: str) -> None:
@@ -43,3 +43,12 @@ async def test_refresh_keeps_the_last_snapshot_while_redis_is_down_and_resumes_a
         await pool.close()
         await registry.close()
         server.stop()
+
+
+def test_while_the_registry_recovers_unlisted_workers_are_kept_and_draining_ones_dropped():
+    a, b, c = (WorkerRecord(f"decode-{x}", "decode", "tiny", f"10.0.0.{i}:1") for i, x in enumerate("abc"))
+    previous = {w.worker_id: w for w in (a, b, c)}
+    b_draining = WorkerRecord("decode-b", "decode", "tiny", "10.0.0.1:1", draining=True)
+    assert refreshed_snapshot(previous, [a, b_draining], keep_missing=True) == {"decode-a": a, "decode-c": c}
+    assert refreshed_snapshot(previous, [a], keep_missing=False) == {"decode-a": a}   # steady state: gone is gone
+    assert refreshed_snapshot(previous, [], keep_missing=True) == previous

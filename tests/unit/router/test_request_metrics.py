@@ -85,8 +85,8 @@ async def test_http_counts_served_bad_and_failed_requests_once_each_with_their_l
             before = _counts()
             served = await client.post("/v1/completions", json=body)
             streamed = await client.post("/v1/completions", json=body | {"stream": True})
-            unknown_field = await client.post("/v1/completions", json=body | {"bogus": 1})
-            too_long = await client.post("/v1/completions", json=body | {"max_tokens": 100_000})
+            unknown_field = await client.post("/v1/completions", json=body | {"suffix": "x"})  # vLLM's, not served
+            too_long = await client.post("/v1/completions", json=body | {"prompt": [101] * 100_000})  # past the context
             after_good = _counts()
             decode.decode_script = [WorkerError(grpc.StatusCode.UNAVAILABLE, "gone")]  # every decode worker fails
             unavailable = await client.post("/v1/completions", json=body)
@@ -105,3 +105,24 @@ async def test_http_counts_served_bad_and_failed_requests_once_each_with_their_l
     }
     # no decode worker could finish it after its prefill ran: failed/503; no served request's latency
     assert _delta(after_good, after_all) == {"failed/503": 1, "router_queue": 1}
+
+
+async def test_the_router_exports_each_workers_load_by_worker_and_role_at_scrape_time(redis_server, tokenizer):
+    from pdserve import metrics
+
+    lifecycle, pool, registry = await scripted_cluster(
+        redis_server, tokenizer, {"prefill-a": ScriptedWorker(), "decode-a": ScriptedWorker()},
+        records={"decode-a": {"num_running": 3, "num_waiting": 2, "kv_blocks_used": 16, "kv_blocks_total": 64}})
+    metrics.ROUTER_WORKER_LOAD.source = pool.load_rows
+    try:
+        with pool.track(pool.get("decode-a")):
+            loads = {name: (_sample(name, worker="decode-a", role="decode"), _sample(name, worker="prefill-a", role="prefill"))
+                     for name in metrics.WorkerLoadCollector.GAUGES}
+    finally:
+        metrics.ROUTER_WORKER_LOAD.source = None
+        await pool.close()
+        await registry.close()
+
+    assert loads == {"pdserve_router_worker_running": (3, 0), "pdserve_router_worker_waiting": (2, 0),
+                     "pdserve_router_worker_kv_usage_ratio": (0.25, 0), "pdserve_router_worker_inflight": (1, 0)}
+    assert REGISTRY.get_sample_value("pdserve_router_worker_running", {"worker": "decode-a", "role": "decode"}) is None

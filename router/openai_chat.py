@@ -1,0 +1,89 @@
+"""The chat completion body (vLLM's `chat_completion/protocol.py` is the spec): its messages, its
+logprobs and echo, and how its prompt is rendered (`router.openai_prompt`: the template's
+arguments, the answer's role)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import model_validator
+
+from pdserve.errors import InvalidRequest
+from router.openai_messages import ChatMessage
+from router.openai_prompt import answer_role, check_no_request_template, template_kwargs
+from router.openai_schema import SamplingFields
+
+
+class ChatCompletionRequest(SamplingFields):
+    vllm_body = "chat"
+    messages: list[ChatMessage]
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    echo: bool = False   # vLLM's: the last message's content first when it is the answering role's
+    add_special_tokens: bool = False   # vLLM's: the template writes them
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None   # vLLM's; refused as vLLM refuses it without --trust-request-chat-template
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None   # vLLM's: given to a template that reads `documents`
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_checks(cls, data):
+        """vLLM's `check_logprobs`, `check_generation_prompt` (both fields sent true) and its
+        refusal of an empty conversation, with its messages."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("messages") == []:
+            raise InvalidRequest("Cannot apply chat template to an empty conversation. Provide at least one message.",
+                                 field="messages")
+        top_logprobs = data.get("top_logprobs")
+        if top_logprobs is not None and not isinstance(top_logprobs, (int, float)):
+            raise InvalidRequest("`top_logprobs` must be an integer.", field="top_logprobs")
+        if top_logprobs is not None:
+            if top_logprobs < 0 and top_logprobs != -1:
+                raise InvalidRequest("`top_logprobs` must be a positive value or -1.", field="top_logprobs")
+            if (top_logprobs == -1 or top_logprobs > 0) and not data.get("logprobs"):
+                raise InvalidRequest("when using `top_logprobs`, `logprobs` must be set to true.",
+                                     field="top_logprobs")
+        if data.get("continue_final_message") and data.get("add_generation_prompt"):
+            raise InvalidRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return data
+
+    def asked_output_tokens(self) -> tuple[int | None, str]:
+        """vLLM's: `max_completion_tokens` when sent, else `max_tokens` (none: the rest of the context)."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """vLLM's rule: with `echo`, the prompt's logprobs (`top_logprobs` of them) come too."""
+        return (self.top_logprobs or 0) if self.echo else None
+
+    @property
+    def role(self) -> str:
+        """The answer's role (`router.openai_prompt.answer_role`)."""
+        return answer_role(self.add_generation_prompt, self.messages[-1].role)
+
+    def echo_text(self) -> str | None:
+        """With `echo`: the last message's content when it is the answering role's, else "" (vLLM's);
+        None without `echo`."""
+        if not self.echo:
+            return None
+        last = self.conversation()[-1]
+        return last["content"] if last["role"] == self.role else ""
+
+    def conversation(self) -> list[dict]:
+        return [message.rendered(index) for index, message in enumerate(self.messages)]
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's arguments, as vLLM's server gives them; a template sent with the
+        request is refused, as vLLM refuses it by default."""
+        check_no_request_template(self.chat_template, self.chat_template_kwargs)
+        return template_kwargs(self.chat_template_kwargs, self.add_generation_prompt, self.continue_final_message,
+                               self.documents)

@@ -1,0 +1,189 @@
+"""The requests the compatibility suite sends to vLLM's own OpenAI server and to pdserve
+(test_openai_vllm_server.py): one table, each case a path and a body, sent as it is and, where
+the API streams, again with `"stream": true`.
+
+Some bodies are built from vLLM's own greedy answer to the base prompt (`Greedy`), so a stop
+string or stop token is one the output really meets rather than one the suite hopes it meets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODEL = "tiny"   # the name both servers serve (pdserve: the model directory's name)
+PROMPT = "The history of the city begins with"
+CHAT = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Tell me about rivers."}]
+GREEDY = {"model": MODEL, "temperature": 0.0, "max_tokens": 12}
+SEEDED = {"model": MODEL, "temperature": 1.0, "seed": 1234, "max_tokens": 12}
+REPEATING = list(range(300, 340))   # token ids whose greedy output comes back to a prompt token
+JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
+               "required": ["name"], "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    path: str
+    body: dict | None = None                  # None: a GET
+    streams: bool = True                      # also sent with "stream": true
+    stream_extra: dict = field(default_factory=dict)   # what the streamed variant adds besides "stream"
+
+    @property
+    def method(self) -> str:
+        return "GET" if self.body is None else "POST"
+
+    def variants(self) -> list[tuple[str, dict | None]]:
+        """(variant name, body): the case as it is, then streamed where it streams."""
+        plain = [(self.name, self.body)]
+        if not self.streams or self.body is None:
+            return plain
+        return plain + [(f"{self.name}[stream]", self.body | {"stream": True} | self.stream_extra)]
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the cases are built from, asked of vLLM's server first: its greedy answer to `PROMPT`
+    with `GREEDY` (text and token ids), `PROMPT`'s token ids, and a user message whose chat
+    prompt is `LONG_CHAT_TOKENS` long."""
+    text: str
+    token_ids: list[int]
+    prompt_ids: list[int]
+    long_message: str
+
+    def words(self) -> list[str]:
+        """The greedy text's first words: bad words the output really meets."""
+        return self.text.split()[:2]
+
+    def stop_string(self) -> str:
+        """Three characters first met in the second half of the text: a stop after a few tokens."""
+        half = len(self.text) // 2
+        return next(self.text[i:i + 3] for i in range(half, len(self.text) - 2)
+                    if self.text[i:i + 3].strip() and self.text.find(self.text[i:i + 3]) == i)
+
+
+CONTEXT_TOKENS = 2048   # the engines' max_model_len (cluster_helpers.engine_settings)
+LONG_CHAT_TOKENS = CONTEXT_TOKENS - 6
+
+
+def cases(known: Known) -> list[Case]:
+    completions, chat = "/v1/completions", "/v1/chat/completions"
+    greedy, prompt_ids = known, known.prompt_ids
+    near_context = (prompt_ids * CONTEXT_TOKENS)[:CONTEXT_TOKENS - 5]
+    return [
+        Case("completion_greedy", completions, GREEDY | {"prompt": PROMPT}),
+        Case("completion_usage_in_stream", completions, GREEDY | {"prompt": PROMPT},
+             stream_extra={"stream_options": {"include_usage": True}}),
+        Case("completion_stop_string", completions, GREEDY | {"prompt": PROMPT, "stop": [greedy.stop_string()]}),
+        Case("completion_stop_string_kept", completions, GREEDY | {"prompt": PROMPT, "stop": greedy.stop_string(),
+                                                                   "include_stop_str_in_output": True}),
+        Case("completion_stop_token_ids", completions, GREEDY | {"prompt": PROMPT,
+                                                                 "stop_token_ids": [greedy.token_ids[4]]}),
+        Case("completion_min_tokens", completions, GREEDY | {"prompt": PROMPT, "min_tokens": 6,
+                                                             "stop_token_ids": [greedy.token_ids[2]]}),
+        Case("completion_ignore_eos", completions, GREEDY | {"prompt": PROMPT, "ignore_eos": True}),
+        Case("completion_seeded", completions, SEEDED | {"prompt": PROMPT, "top_p": 0.9, "top_k": 50}),
+        Case("completion_repeating", completions, GREEDY | {"prompt": REPEATING, "max_tokens": 24}),
+        Case("completion_penalties", completions, GREEDY | {"prompt": REPEATING, "max_tokens": 24,
+                                                            "presence_penalty": 1.5, "frequency_penalty": 1.0,
+                                                            "repetition_penalty": 2.0}),
+        Case("completion_n2_seeded", completions, SEEDED | {"prompt": PROMPT, "n": 2}),
+        Case("completion_logprobs", completions, GREEDY | {"prompt": PROMPT, "logprobs": 3}),
+        Case("completion_echo", completions, GREEDY | {"prompt": PROMPT, "echo": True, "max_tokens": 4},
+             streams=False),
+        Case("completion_token_ids", completions, GREEDY | {"prompt": prompt_ids}),
+        Case("completion_prompt_list", completions, GREEDY | {"prompt": [PROMPT, "Rivers run"], "max_tokens": 6}),
+        Case("completion_json_schema", completions,
+             GREEDY | {"prompt": PROMPT, "max_tokens": 24,
+                       "response_format": {"type": "json_schema",
+                                           "json_schema": {"name": "person", "schema": JSON_SCHEMA}}}),
+        Case("chat_greedy", chat, GREEDY | {"messages": CHAT}),
+        Case("chat_usage_in_stream", chat, GREEDY | {"messages": CHAT},
+             stream_extra={"stream_options": {"include_usage": True}}),
+        Case("chat_text_parts", chat, GREEDY | {"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Tell me"}, {"type": "text", "text": "about rivers."}]}]}),
+        Case("chat_seeded", chat, SEEDED | {"messages": CHAT}),
+        Case("chat_logprobs", chat, GREEDY | {"messages": CHAT, "logprobs": True, "top_logprobs": 2}),
+        Case("chat_structured_outputs", chat, GREEDY | {"messages": CHAT, "max_tokens": 24,
+                                                        "structured_outputs": {"json": JSON_SCHEMA}}),
+        Case("chat_max_completion_tokens", chat, {"model": MODEL, "temperature": 0.0, "messages": CHAT,
+                                                  "max_completion_tokens": 5}),
+        Case("completion_default_max_tokens", completions, {"model": MODEL, "prompt": PROMPT, "temperature": 0.0}),
+        Case("completion_max_tokens_past_context", completions, GREEDY | {"prompt": near_context, "max_tokens": 50}),
+        Case("chat_default_max_tokens", chat, {"model": MODEL, "temperature": 0.0,
+                                               "messages": [{"role": "user", "content": known.long_message}]}),
+        Case("completion_greedy_n2", completions, GREEDY | {"prompt": PROMPT, "n": 2}, streams=False),
+        Case("completion_best_of", completions, GREEDY | {"prompt": PROMPT, "best_of": 2}, streams=False),
+        Case("completion_truncate_prompt_tokens", completions,
+             GREEDY | {"prompt": PROMPT, "truncate_prompt_tokens": 4}),
+        Case("completion_truncate_right", completions, GREEDY | {"prompt": PROMPT, "truncate_prompt_tokens": 4,
+                                                                 "truncation_side": "right"}, streams=False),
+        Case("completion_truncate_token_ids", completions, GREEDY | {"prompt": prompt_ids, "truncate_prompt_tokens": 3,
+                                                                     "echo": True, "max_tokens": 4}, streams=False),
+        Case("completion_truncate_to_context", completions,
+             GREEDY | {"prompt": (prompt_ids * CONTEXT_TOKENS)[:CONTEXT_TOKENS + 10], "truncate_prompt_tokens": -1,
+                       "max_tokens": 5}, streams=False),
+        Case("completion_no_special_tokens", completions, GREEDY | {"prompt": PROMPT, "add_special_tokens": False}),
+        Case("completion_bad_words", completions, GREEDY | {"prompt": PROMPT, "bad_words": greedy.words()}),
+        Case("completion_special_tokens_unspaced", completions,
+             GREEDY | {"prompt": PROMPT, "max_tokens": 6, "allowed_token_ids": [2, 3, 300],
+                       "skip_special_tokens": False, "spaces_between_special_tokens": False}),
+        Case("completion_return_token_ids", completions, GREEDY | {"prompt": [PROMPT, "Rivers run"], "max_tokens": 6,
+                                                                   "return_token_ids": True}),
+        Case("completion_return_token_ids_echo", completions, GREEDY | {"prompt": PROMPT, "return_token_ids": True,
+                                                                        "echo": True, "max_tokens": 4}, streams=False),
+        Case("completion_priority", completions, GREEDY | {"prompt": PROMPT, "priority": 5}, streams=False),
+        Case("chat_no_generation_prompt", chat, GREEDY | {"messages": CHAT, "add_generation_prompt": False}),
+        Case("chat_continue_final_message", chat,
+             GREEDY | {"messages": CHAT + [{"role": "assistant", "content": "Rivers are"}], "echo": True,
+                       "continue_final_message": True, "add_generation_prompt": False}),
+        Case("chat_template_kwargs", chat, GREEDY | {"messages": CHAT, "chat_template_kwargs": {
+            "bos_token": "Hello", "add_generation_prompt": False, "not_in_template": 1}}),
+        Case("chat_add_special_tokens", chat, GREEDY | {"messages": CHAT, "add_special_tokens": True}, streams=False),
+        Case("chat_bad_words", chat, GREEDY | {"messages": CHAT, "bad_words": ["the", "river"]}),
+        Case("chat_return_token_ids", chat, GREEDY | {"messages": CHAT, "return_token_ids": True}),
+        Case("chat_truncate_prompt_tokens", chat, GREEDY | {"messages": CHAT, "truncate_prompt_tokens": 10,
+                                                           "truncation_side": "left"}, streams=False),
+        Case("completion_logprobs_too_many", completions, GREEDY | {"prompt": PROMPT, "logprobs": 21}, streams=False),
+        Case("stream_options_unknown_key", completions, GREEDY | {"prompt": PROMPT, "stream": True,
+                                                                  "stream_options": {"no_such_option": 1}},
+             streams=False),
+        Case("chat_message_unknown_key", chat, GREEDY | {"messages": [{"role": "user", "content": "Hi", "mood": 1}]},
+             streams=False),
+        Case("prompt_at_context", completions, GREEDY | {"prompt": (prompt_ids * CONTEXT_TOKENS)[:CONTEXT_TOKENS],
+                                                         "max_tokens": 5}, streams=False),
+        Case("models", "/v1/models"),
+        Case("tokenize_prompt", "/tokenize", {"model": MODEL, "prompt": PROMPT}, streams=False),
+        Case("tokenize_chat", "/tokenize", {"model": MODEL, "messages": CHAT}, streams=False),
+        Case("detokenize", "/detokenize", {"model": MODEL, "tokens": prompt_ids}, streams=False),
+        # refusals: status and error body
+        Case("unknown_model", completions, GREEDY | {"prompt": PROMPT, "model": "nonexistent"}),
+        Case("unknown_model_chat", chat, GREEDY | {"messages": CHAT, "model": "nonexistent"}, streams=False),
+        Case("temperature_negative", completions, GREEDY | {"prompt": PROMPT, "temperature": -1}, streams=False),
+        Case("max_tokens_zero", completions, GREEDY | {"prompt": PROMPT, "max_tokens": 0}, streams=False),
+        Case("n_zero", completions, GREEDY | {"prompt": PROMPT, "n": 0}, streams=False),
+        Case("top_p_zero", completions, GREEDY | {"prompt": PROMPT, "top_p": 0}, streams=False),
+        Case("logprobs_wrong_type", completions, GREEDY | {"prompt": PROMPT, "logprobs": "many"}, streams=False),
+        Case("top_logprobs_without_logprobs", chat, GREEDY | {"messages": CHAT, "top_logprobs": 2}, streams=False),
+        Case("prompt_missing", completions, GREEDY, streams=False),
+        Case("messages_empty", chat, GREEDY | {"messages": []}, streams=False),
+        Case("wrong_type", completions, GREEDY | {"prompt": PROMPT, "max_tokens": "ten"}, streams=False),
+        Case("prompt_too_long", completions, GREEDY | {"prompt": prompt_ids * 400}, streams=False),
+        Case("truncate_past_context", completions, GREEDY | {"prompt": PROMPT, "truncate_prompt_tokens": 5000},
+             streams=False),
+        Case("truncate_below_minus_one", completions, GREEDY | {"prompt": PROMPT, "truncate_prompt_tokens": -2},
+             streams=False),
+        Case("truncation_side_unknown", completions, GREEDY | {"prompt": PROMPT, "truncate_prompt_tokens": 2,
+                                                               "truncation_side": "middle"}, streams=False),
+        Case("max_tokens_past_context", completions, GREEDY | {"prompt": PROMPT, "max_tokens": 5000}, streams=False),
+        Case("bad_words_empty_word", completions, GREEDY | {"prompt": PROMPT, "bad_words": [""]}, streams=False),
+        Case("continue_with_generation_prompt", chat, GREEDY | {"messages": CHAT, "continue_final_message": True,
+                                                                "add_generation_prompt": True}, streams=False),
+        Case("continue_final_message_alone", chat, GREEDY | {"messages": CHAT, "continue_final_message": True},
+             streams=False),
+        Case("chat_template_untrusted", chat, GREEDY | {"messages": CHAT, "chat_template": "{{ messages }}"},
+             streams=False),
+        Case("stream_options_without_stream", completions, GREEDY | {"prompt": PROMPT, "stream_options":
+                                                                     {"include_usage": True}}, streams=False),
+        Case("unknown_field", completions, GREEDY | {"prompt": PROMPT, "no_such_field": 1}),
+        Case("unknown_route", "/v1/nothing", {"model": MODEL}, streams=False),
+    ]

@@ -1,0 +1,64 @@
+"""The compatibility suite's comparison (tests/openai_compat.py) on plain values: what it reports,
+by JSON path, and what it lets pass."""
+
+from openai_compat import ABSENT, Answer, Difference, Intended, compare, differences, stream_view, unexplained
+
+
+def _completion(text: str, logprob: float = -1.25, **extra) -> dict:
+    return {"id": "cmpl-1", "created": 1, "model": "tiny", "object": "text_completion",
+            "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": {"token_logprobs": [logprob]}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}, **extra}
+
+
+def test_a_different_text_status_and_count_are_each_reported_at_their_json_path():
+    expected = Answer(200, _completion("abc"))
+    actual = Answer(400, _completion("abd") | {"usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 4}})
+    assert compare(expected, actual) == [Difference("status", 200, 400), Difference("body.choices.0.text", "abc", "abd"),
+                                         Difference("body.usage.completion_tokens", 1, 2)]
+
+
+def test_ids_timestamps_null_for_absent_and_floats_within_tolerance_are_no_difference():
+    expected = _completion("abc", -1.25, kv_transfer_params=None)
+    actual = _completion("abc", -1.2504) | {"id": "cmpl-2", "created": 2}
+    assert differences(expected, actual, "body") == []
+    assert differences(_completion("abc", -1.25), _completion("abc", -1.26), "body") == [
+        Difference("body.choices.0.logprobs.token_logprobs.0", -1.25, -1.26)]
+
+
+def test_a_missing_id_a_missing_field_and_a_changed_type_are_differences():
+    expected = _completion("abc")
+    actual = {k: v for k, v in _completion("abc").items() if k not in ("id", "model")} | {"usage": {
+        "prompt_tokens": 3.0, "completion_tokens": 1, "total_tokens": 4}}
+    assert differences(expected, actual, "body") == [Difference("body.id", "cmpl-1", ABSENT),
+                                                     Difference("body.model", "tiny", ABSENT),
+                                                     Difference("body.usage.prompt_tokens", 3, 3.0)]
+
+
+def test_error_messages_are_compared_by_shape_and_the_rest_of_the_error_exactly():
+    vllm = {"error": {"message": "n must be at least 1", "type": "BadRequestError", "param": None, "code": 400}}
+    pdserve = {"error": {"message": "other words", "type": "invalid_request_error", "param": None, "code": 400}}
+    assert differences(vllm, pdserve, "body") == [Difference("body.error.type", "BadRequestError",
+                                                             "invalid_request_error")]
+
+
+def test_streams_are_compared_choice_by_choice_whatever_the_interleaving():
+    def event(index, text):
+        return {"id": "x", "created": 1, "choices": [{"index": index, "text": text}]}
+    usage = {"id": "x", "created": 1, "choices": [], "usage": {"completion_tokens": 2}}
+    vllm = [event(0, "a"), event(1, "b"), event(0, "c"), usage]
+    pdserve = [event(1, "b"), event(0, "a"), event(0, "c"), usage]
+    assert compare(Answer(200, vllm, True), Answer(200, pdserve, True)) == []
+    assert stream_view(pdserve)["choice 0"] == [event(0, "a"), event(0, "c")]
+    shorter = [event(0, "a"), event(1, "b"), usage]
+    assert compare(Answer(200, vllm, True), Answer(200, shorter, True)) == [
+        Difference("events.choice 0.length", 2, 1)]
+
+
+def test_only_an_intended_entry_s_path_case_and_vllm_value_excuse_a_difference():
+    named = Difference("body.error.param", None, "n")
+    renamed = Difference("body.error.param", "input_tokens", "prompt")
+    entry = Intended("*error.param", "pdserve names the field", vllm_value=None)
+    assert unexplained("n_zero", [named, renamed], (entry,)) == [renamed]
+    only_here = Intended("*", "a gap", case="one_case")
+    assert unexplained("one_case", [renamed], (only_here,)) == []
+    assert unexplained("other_case", [renamed], (only_here,)) == [renamed]
