@@ -40,7 +40,7 @@ demo: $(TINY_MODEL)/config.json
 	$(VENV)/bin/pdserve demo --model $(TINY_MODEL) --kv-cache-mb 128
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS) tests
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests/unit

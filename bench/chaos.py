@@ -19,7 +19,7 @@ from pathlib import Path
 from kv_transfer.faults import FAULTS_ENV
 from launch.commands import ClusterSpec
 from launch.local import LocalCluster
-from loadgen.chaos import ACTIONS, ChaosEvent, ChaosReport, chaos_schedule
+from loadgen.chaos import ACTIONS, ChaosEvent, ChaosReport, chaos_schedule, pick_victim
 from loadgen.harness import SweepOutcome, WorkloadConfig, make_target, run_sweep
 from loadgen.metrics import SLO
 from loadgen.prompts import PromptSynthesizer
@@ -39,7 +39,8 @@ cluster of the same shape with no chaos and no faults, a goodput sweep (`pdserve
 search, --knee-probe-s per probed rate) finds the highest rate at which 90% of requests meet
 --ttft-slo-ms and --tpot-slo-ms; that cluster is stopped and the chaos run starts on a new one.
 Every --every-s one of: SIGKILL a decode worker, SIGTERM one, SIGKILL the prefill worker (each
-replaced by a new worker, as a supervisor would), SIGKILL the router
+replaced by a new worker, as a supervisor would; a kill that would leave its pool fewer than
+--min-serving serving workers waits for the replacement to serve first), SIGKILL the router
 (restarted on its ports after --down-s), SIGKILL Redis (restarted empty after --down-s); and KV
 transfers break with --faults (kv_transfer.faults' text form). The SDK retries what the router
 never answered for --client-retry-budget-s.
@@ -79,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "%(default)s s; jittered waits of 0.25 s doubling to 2 s)")
     parser.add_argument("--client-retries", type=int, default=None,
                         help="a count limit on those retries as well (default: none, the budget alone)")
+    parser.add_argument("--min-serving", type=int, default=1,
+                        help="the disruption budget: a kill that would leave a pool fewer serving workers "
+                             "waits for its replacement to serve first (default %(default)s; 0: kill at once)")
     parser.add_argument("--kv-cache-mb", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results/chaos"))
@@ -88,40 +92,68 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Supervisor:
     """Carries out the chaos events on a LocalCluster and puts back what they broke.
 
-    A killed worker's replacement starts at once and is not waited for (a supervisor restarts a
-    crashed process and moves on): on a loaded 2-core host an engine takes minutes to start, and
-    waiting would push every later event out of the schedule. A victim is a serving worker of its
-    pool; when none serves (all are still starting), the event is skipped and said so."""
+    Worker kills keep a disruption budget (`loadgen.chaos.pick_victim`): a pool keeps at least
+    `min_serving` serving workers. A victim whose loss would break that goes only once its
+    replacement serves (a surge, in a thread of its own so the schedule goes on); any other victim
+    goes at once and its replacement starts without being waited for (a supervisor restarts a
+    crashed process and moves on: on a loaded 2-core host an engine takes minutes to start). An
+    event with no candidate (every serving worker already doomed) is skipped and said so."""
 
-    def __init__(self, cluster: LocalCluster, down_s: float):
-        self.cluster, self.down_s = cluster, down_s
+    def __init__(self, cluster: LocalCluster, down_s: float, min_serving: int, rng: random.Random):
+        self.cluster, self.down_s, self.min_serving, self.rng = cluster, down_s, min_serving, rng
         self.router_killed_at: list[float] = []
         self.skipped: list[str] = []
+        self.surged: list[str] = []
+        self._doomed: set[str] = set()
+        self._lock = threading.Lock()
 
     def act(self, event: ChaosEvent) -> None:
         cluster = self.cluster
         if event.action in ("sigkill_decode", "sigterm_decode", "sigkill_prefill"):
             role = "prefill" if event.action == "sigkill_prefill" else "decode"
-            serving = [w for w in cluster.worker_ids(role) if cluster.workers[w].is_ready()]
-            if not serving:
+            with self._lock:
+                serving = [w for w, child in list(cluster.workers.items()) if w.startswith(role) and child.is_ready()]
+                victim = pick_victim(serving, self._doomed, self.min_serving, self.rng)
+                if victim is not None:
+                    self._doomed.add(victim.worker_id)
+            if victim is None:
                 self.skipped.append(event.action)
-                print(f"  skipped {event.action}: no {role} worker serves yet (replacements are starting)", flush=True)
+                print(f"  skipped {event.action}: every serving {role} worker is already going", flush=True)
                 return
-            victim = random.choice(serving)
-            if event.action == "sigterm_decode":
-                threading.Thread(target=cluster.remove_worker, args=(victim,), daemon=True).start()  # drains, exits
+            if victim.surge:
+                self.surged.append(event.action)
+                print(f"  {event.action}: {victim.worker_id} goes once its replacement serves", flush=True)
+                threading.Thread(target=self._surge_then_take, args=(event.action, role, victim.worker_id),
+                                 daemon=True).start()
             else:
-                cluster.kill_worker(victim)
-            cluster.add_worker(role, wait=False)        # the supervisor's replacement
+                self._take(event.action, victim.worker_id)
+                cluster.add_worker(role, wait=False)        # the supervisor's replacement
         elif event.action == "kill_router":
             self.router_killed_at.append(time.monotonic())
             cluster.kill_router()
             time.sleep(self.down_s)
-            cluster.start_router()
+            cluster.start_router(wait_routed=False)         # replacements may still be starting
         elif event.action == "kill_redis":
             cluster.kill_redis()
             time.sleep(self.down_s)
             cluster.restart_redis()
+
+    def _surge_then_take(self, action: str, role: str, worker_id: str) -> None:
+        try:
+            self.cluster.add_worker(role, wait=True, timeout_s=600.0)
+        except (TimeoutError, RuntimeError) as error:
+            print(f"  the surge replacement for {worker_id} did not serve: {str(error).splitlines()[0]}", flush=True)
+        self._take(action, worker_id)
+
+    def _take(self, action: str, worker_id: str) -> None:
+        try:
+            if action == "sigterm_decode":   # drains, exits
+                threading.Thread(target=self.cluster.remove_worker, args=(worker_id,), daemon=True).start()
+            else:
+                self.cluster.kill_worker(worker_id)
+        finally:
+            with self._lock:
+                self._doomed.discard(worker_id)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos: {num_requests} requests over {args.duration_s:.0f} s, {len(events)} events; logs in {log_dir}",
           flush=True)
     cluster = LocalCluster(spec).start()
-    supervisor = Supervisor(cluster, args.down_s)
+    supervisor = Supervisor(cluster, args.down_s, args.min_serving, random.Random(args.seed + 1))
     results: list[dict] = [{} for _ in range(num_requests)]
     start = time.monotonic()
 
@@ -213,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.stop()
     kills_s = [at - start for at in supervisor.router_killed_at]
-    report.skipped = supervisor.skipped
+    report.skipped, report.surged = supervisor.skipped, supervisor.surged
     for entry in results:
         report.record(entry.get("outcome", "hung"))
         report.in_flight_on_router_kill += entry.get("outcome") == "failed_clean" and any(
@@ -309,7 +341,7 @@ def _write(args, report: ChaosReport, results: list[dict], knee: SweepOutcome | 
                "completed_share": report.completed_share, "checked": report.checked, "wrong": report.wrong,
                "leaked_kv_blocks": report.leaked_kv_blocks, "held_leases": report.held_leases,
                "workers_missing": report.workers_missing, "events": [asdict(e) for e in report.events],
-               "events_skipped": report.skipped, "settle_error": report.settle_error,
+               "events_skipped": report.skipped, "events_surged": report.surged, "min_serving": args.min_serving, "settle_error": report.settle_error,
                "shortfalls": report.shortfalls(),
                "errors": Counter(e["error"].split(":")[0] + ":" + e["error"].split(":", 1)[1][:80]
                                  for e in results if "error" in e).most_common()}

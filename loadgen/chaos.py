@@ -44,6 +44,26 @@ def chaos_schedule(duration_s: float, every_s: float, seed: int = 0,
     return events
 
 
+@dataclass(frozen=True)
+class Victim:
+    worker_id: str
+    surge: bool      # start its replacement and wait for it to serve before the victim goes
+
+
+def pick_victim(serving: list[str], doomed: set[str], min_serving: int, rng: random.Random) -> Victim | None:
+    """Which serving worker of a pool an event takes, under a disruption budget of `min_serving`.
+
+    `doomed` are victims already chosen whose replacements are still starting: they are not chosen
+    twice, and they do not count towards the budget. When taking one more would leave fewer than
+    `min_serving` serving, the victim goes only once its replacement serves (a surge, as a
+    Kubernetes rollout with maxUnavailable 0 or a PodDisruptionBudget keeps a pool). None: no
+    candidate (every serving worker is already doomed), so the event is skipped."""
+    candidates = sorted(w for w in serving if w not in doomed)
+    if not candidates:
+        return None
+    return Victim(rng.choice(candidates), surge=len(candidates) - 1 < min_serving)
+
+
 @dataclass
 class ChaosReport:
     """What a run adds up to. `in_flight_on_router_kill` requests are excluded from the completion
@@ -57,7 +77,8 @@ class ChaosReport:
     held_leases: int = 0             # KV held for a consumer once the run is idle
     workers_missing: int = 0         # not back in the registry at the end
     events: list[ChaosEvent] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)   # events with no victim (its pool was all starting)
+    skipped: list[str] = field(default_factory=list)   # events with no victim (every serving worker was going)
+    surged: list[str] = field(default_factory=list)    # events whose victim went once its replacement served
     settle_error: str = ""           # why what was left could not be counted ("": it was)
 
     def record(self, outcome: Outcome) -> None:

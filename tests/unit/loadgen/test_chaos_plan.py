@@ -1,10 +1,11 @@
 """A chaos run's schedule and its report: plain values."""
 
+import random
 from collections import Counter
 
 import pytest
 
-from loadgen.chaos import ACTIONS, ChaosReport, chaos_schedule
+from loadgen.chaos import ACTIONS, ChaosReport, Victim, chaos_schedule, pick_victim
 
 
 def test_events_come_every_period_take_every_action_and_leave_a_quiet_tail():
@@ -35,3 +36,22 @@ def test_the_report_names_every_missed_aim_and_excludes_requests_on_a_killed_rou
                                    "4 KV blocks and 0 leases left"]
     report.settle_error = "TimeoutError: decode-7 not ready within 600 s"
     assert report.shortfalls()[-1] == "what was left could not be counted: TimeoutError: decode-7 not ready within 600 s"
+
+
+def test_a_kill_that_would_leave_a_pool_under_its_budget_waits_for_the_replacement():
+    rng = random.Random(0)
+    # two serve: taking one leaves one, within a budget of one: at once
+    victim = pick_victim(["decode-1", "decode-2"], set(), min_serving=1, rng=rng)
+    assert victim in (Victim("decode-1", surge=False), Victim("decode-2", surge=False))
+    # the last one serving (the other's replacement still starting): only after a surge
+    assert pick_victim(["decode-2"], set(), min_serving=1, rng=rng) == Victim("decode-2", surge=True)
+    assert pick_victim(["prefill-0"], set(), min_serving=1, rng=rng) == Victim("prefill-0", surge=True)
+    # a budget of 0 takes even the last at once
+    assert pick_victim(["prefill-0"], set(), min_serving=0, rng=rng) == Victim("prefill-0", surge=False)
+
+
+def test_a_doomed_worker_is_not_chosen_again_nor_counted_as_serving():
+    rng = random.Random(0)
+    assert pick_victim(["decode-1", "decode-2"], {"decode-1"}, min_serving=1, rng=rng) == Victim("decode-2", surge=True)
+    assert pick_victim(["decode-1"], {"decode-1"}, min_serving=1, rng=rng) is None
+    assert pick_victim([], set(), min_serving=1, rng=rng) is None
