@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from kv_transfer.metadata import PullReport
 from pdserve.grammar_stream import GRAMMAR_PREFIX_ARG
+from pdserve.engine import tokens_prompt
 from pdserve.logprobs import rows_from_vllm
 from pdserve.sampler_stream import PRIOR_OUTPUTS_ARG, SKIP_DRAWS_ARG, prior_outputs_needed, skip_draws_needed
 from pdserve.worker.server import engine_queued_s
@@ -25,12 +26,11 @@ class DecodeHandler:
 
     async def decode(self, request: DecodeRequest):
         """`request` was validated at the edge (sampling, the KV handle if any)."""
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params = request.sampling.to_vllm(extra_args=continuation_args(request) or None,
                                           output_kind=RequestOutputKind.DELTA)
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        prompt = tokens_prompt(request.prompt_token_ids, request.cache_salt)
         sampling = request.sampling
         async for output in self.runtime.engine.generate(prompt, params, request.request_id):
             completion = output.outputs[0]

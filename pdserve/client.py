@@ -79,9 +79,10 @@ class ModelInfo:
 
 
 def build_request(prompt: str | None, token_ids: Sequence[int] | None, request_id: str, slo_class: str,
-                  truncate_prompt_tokens: int | None = None, **sampling) -> pb.GenerateRequest:
+                  truncate_prompt_tokens: int | None = None, cache_salt: str = "", **sampling) -> pb.GenerateRequest:
     """`bad_words` is a list of words (vLLM's); `truncate_prompt_tokens` keeps the prompt's last
-    tokens (-1: as many as the context holds), as vLLM's server truncates a prompt."""
+    tokens (-1: as many as the context holds), as vLLM's server truncates a prompt; `cache_salt`
+    (non-empty) salts the prefix cache, so only requests with the same salt share cached blocks."""
     if (prompt is None) == (token_ids is None):
         raise InvalidRequest("give exactly one of prompt (text) or token_ids", field="prompt")
     stop = sampling.pop("stop", None)
@@ -89,7 +90,7 @@ def build_request(prompt: str | None, token_ids: Sequence[int] | None, request_i
     params = pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None})
     params.stop.extend([stop] if isinstance(stop, str) else list(stop or ()))
     params.bad_words.extend([bad_words] if isinstance(bad_words, str) else list(bad_words or ()))
-    request = pb.GenerateRequest(sampling=params, request_id=request_id, slo_class=slo_class)
+    request = pb.GenerateRequest(sampling=params, request_id=request_id, slo_class=slo_class, cache_salt=cache_salt)
     if truncate_prompt_tokens is not None:
         request.truncate_prompt_tokens = truncate_prompt_tokens
     if prompt is not None:
@@ -183,8 +184,9 @@ class AsyncClient:
                        presence_penalty: float | None = None, frequency_penalty: float | None = None,
                        repetition_penalty: float | None = None, bad_words: Sequence[str] | None = None,
                        truncate_prompt_tokens: int | None = None, request_id: str = "",
-                       slo_class: str = "", timeout_s: float | None = None) -> AsyncIterator[GenerationChunk]:
-        request = build_request(prompt, token_ids, request_id, slo_class, truncate_prompt_tokens,
+                       slo_class: str = "", timeout_s: float | None = None,
+                       cache_salt: str = "") -> AsyncIterator[GenerationChunk]:
+        request = build_request(prompt, token_ids, request_id, slo_class, truncate_prompt_tokens, cache_salt,
                                 **_sampling_kwargs(max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, min_tokens,
                                                   dict(presence_penalty=presence_penalty,
                                                        frequency_penalty=frequency_penalty,
@@ -253,8 +255,8 @@ class Client:
                  presence_penalty: float | None = None, frequency_penalty: float | None = None,
                  repetition_penalty: float | None = None, bad_words: Sequence[str] | None = None,
                  truncate_prompt_tokens: int | None = None, request_id: str = "",
-                 slo_class: str = "", timeout_s: float | None = None) -> Iterator[GenerationChunk]:
-        request = build_request(prompt, token_ids, request_id, slo_class, truncate_prompt_tokens,
+                 slo_class: str = "", timeout_s: float | None = None, cache_salt: str = "") -> Iterator[GenerationChunk]:
+        request = build_request(prompt, token_ids, request_id, slo_class, truncate_prompt_tokens, cache_salt,
                                 **_sampling_kwargs(max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos, min_tokens,
                                                   dict(presence_penalty=presence_penalty,
                                                        frequency_penalty=frequency_penalty,

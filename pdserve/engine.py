@@ -173,3 +173,15 @@ def start_engine(settings: EngineSettings, role: EngineRole, connector: Connecto
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM.from_engine_args(engine_args(settings, role, connector, engine_id))
+
+
+def tokens_prompt(prompt_token_ids, cache_salt: str = ""):
+    """vLLM's prompt for these token ids; `cache_salt` (non-empty) salts its prefix cache, so the
+    request shares cached blocks only with requests of the same salt (vLLM folds the salt into
+    the first block's hash)."""
+    from vllm.inputs import TokensPrompt
+
+    prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+    if cache_salt:
+        prompt["cache_salt"] = cache_salt
+    return prompt

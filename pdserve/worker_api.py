@@ -26,6 +26,7 @@ class PrefillRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: Sampling          # the client's; the prefill worker runs it with max_tokens 1
     transfer_id: str            # pdserve's key for the KV handoff (never vLLM's request id)
+    cache_salt: str = ""        # vLLM's prefix-cache salt ("": none)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class DecodeRequest:
     sampling: Sampling                  # max_tokens/min_tokens already reduced by those tokens
     kv_handle: KVHandle | None = None   # None: the decode worker computes the prompt itself
     num_generated: int = 0              # trailing prompt tokens that were output
+    cache_salt: str = ""                # vLLM's prefix-cache salt ("": none)
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_generated < max(1, len(self.prompt_token_ids)):

@@ -32,14 +32,15 @@ def _encode_handle(handle: KVHandle | None) -> str:
 
 def prefill_request_to_proto(request: PrefillRequest) -> worker_pb2.PrefillRequest:
     return worker_pb2.PrefillRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-                                     sampling=request.sampling.to_proto(), transfer_id=request.transfer_id)
+                                     sampling=request.sampling.to_proto(), transfer_id=request.transfer_id,
+                                     cache_salt=request.cache_salt)
 
 
 def prefill_request_from_proto(message: worker_pb2.PrefillRequest) -> PrefillRequest:
     if not message.transfer_id:
         raise InvalidRequest("transfer_id is required for a prefill", field="transfer_id")
     return PrefillRequest(message.request_id, tuple(message.prompt_token_ids), Sampling.from_proto(message.sampling),
-                          message.transfer_id)
+                          message.transfer_id, message.cache_salt)
 
 
 def prefill_result_to_proto(result: PrefillResult) -> worker_pb2.PrefillResponse:
@@ -64,12 +65,13 @@ def decode_request_to_proto(request: DecodeRequest) -> worker_pb2.DecodeRequest:
     return worker_pb2.DecodeRequest(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
                                     sampling=request.sampling.to_proto(),
                                     kv_transfer_params_json=_encode_handle(request.kv_handle),
-                                    num_generated=request.num_generated)
+                                    num_generated=request.num_generated, cache_salt=request.cache_salt)
 
 
 def decode_request_from_proto(message: worker_pb2.DecodeRequest) -> DecodeRequest:
     return DecodeRequest(message.request_id, tuple(message.prompt_token_ids), Sampling.from_proto(message.sampling),
-                         decode_handle(message.kv_transfer_params_json), num_generated=message.num_generated)
+                         decode_handle(message.kv_transfer_params_json), num_generated=message.num_generated,
+                         cache_salt=message.cache_salt)
 
 
 def decode_chunk_to_proto(chunk: DecodeChunk) -> worker_pb2.DecodeResponse:

@@ -14,6 +14,7 @@ import time
 from kv_transfer.consumer import release_transfer
 from kv_transfer.handle import KVHandle, producer_params
 from kv_transfer.wire import TransferError
+from pdserve.engine import tokens_prompt
 from pdserve.logprobs import rows_from_vllm
 from pdserve.worker.server import engine_queued_s
 from pdserve.worker_api import PrefillRequest, PrefillResult
@@ -26,15 +27,13 @@ class PrefillHandler:
 
     async def prefill(self, request: PrefillRequest) -> PrefillResult:
         """`request` was validated at the edge (sampling, a non-empty transfer_id)."""
-        from vllm.inputs import TokensPrompt
-
         sampling = request.sampling
         kv_params = producer_params(request.transfer_id)
         params = sampling.with_max_tokens(1).to_vllm(extra_args={"kv_transfer_params": kv_params})
         started = time.perf_counter()
         final = None
         async for output in self.runtime.engine.generate(
-            TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)), params, request.request_id
+            tokens_prompt(request.prompt_token_ids, request.cache_salt), params, request.request_id
         ):
             final = output
         completion = final.outputs[0]

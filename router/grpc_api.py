@@ -40,7 +40,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         ended = INTERNAL  # until known otherwise: what escapes below is a bug (UNKNOWN to the client)
         try:
             internal = GenerationRequest(request_id, self._prompt_ids(request), Sampling.from_proto(request.sampling),
-                                         request.slo_class)
+                                         request.slo_class, request.cache_salt)
             async for chunk in self.lifecycle.generate(internal):
                 yield chunk_to_proto(chunk)
             ended = OK

@@ -198,7 +198,8 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
         for sample in range(body.n):
             index = prompt_index * body.n + sample
             walk_id = request_id if num_choices == 1 else f"{request_id}-{index}"
-            requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class))
+            requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class,
+                                              body.cache_salt or ""))
             states.append(ChoiceState(index, echoes[prompt_index] if echoes else None,
                                       prompt_token_ids=prompt_ids if body.return_token_ids else None))
     for request in requests:

@@ -37,6 +37,7 @@ from pdserve.sampling import Sampling
 from pdserve.timings import Timings
 from pdserve.worker_api import DecodeChunk, PrefillRequest, PrefillResult
 from router.failures import verdict_for
+from router.openai_prompt import check_cache_salt
 from router.outcomes import outcome_of
 from router.output_text import OutputText, TextStep
 from router.policies.placement import Disaggregated
@@ -82,6 +83,8 @@ class Lifecycle:
         self.tokenizer.check_ids(request.prompt_token_ids)
         request.sampling.check()
         request.sampling.check_for_model(self.tokenizer.vocab_size)
+        if request.cache_salt:
+            check_cache_salt(request.cache_salt)
         self.tokenizer.check_bad_words(request.sampling)
         if num_prompt + request.sampling.max_tokens > self.config.max_model_len:
             raise InvalidRequest(
@@ -169,7 +172,7 @@ class Lifecycle:
             if lease is not None and not completed:
                 self._abandon(lease, request.request_id)
             self.scheduler.finish(ticket, self._held_prefixes(request, timings, generated) if completed else (),
-                                  served=timings if completed else None)
+                                  served=timings if completed else None, cache_salt=request.cache_salt)
 
     @staticmethod
     def _held_prefixes(request: GenerationRequest, timings: Timings, generated: list[int]) -> list:
@@ -193,7 +196,8 @@ class Lifecycle:
                        trace=tracing.NO_TRACE) -> _Prefilled | None:
         """The prompt on the `preferred` prefill worker (the placement's), then on others if it fails."""
         transfer_id = secrets.token_hex(16)   # unguessable (128 bits); the KV plane binds it to its first consumer
-        message = PrefillRequest(request.request_id, tuple(request.prompt_token_ids), request.sampling, transfer_id)
+        message = PrefillRequest(request.request_id, tuple(request.prompt_token_ids), request.sampling, transfer_id,
+                                 request.cache_salt)
         tried: set[str] = set()
         for attempt in range(self.config.max_attempts):
             worker = self._choose("prefill", preferred if attempt == 0 else None, tried)

@@ -65,7 +65,7 @@ class LiveView:
         return self._prefix
 
     def views(self, prompt_token_ids: Sequence[int], extra_queued_tokens: int = 0,
-              extra_queued_prompts: int = 0) -> list[WorkerView]:
+              extra_queued_prompts: int = 0, cache_salt: str = "") -> list[WorkerView]:
         """Every live worker as the policy sees it for this prompt. `extra_queued_tokens` in
         `extra_queued_prompts` prompts are added to every worker's queue (the router's own queue
         ahead of this request, spread over them)."""
@@ -73,7 +73,7 @@ class LiveView:
         accepts_local = self.rule.accepts(bool(prefill))
         block_size = next((w.block_size for w in prefill + decode if w.block_size), DEFAULT_BLOCK_SIZE)
         index = self._fresh_prefix(block_size, prefill + decode)
-        cached = index.match_all(prompt_token_ids)  # one hash of the prompt, no LRU touch
+        cached = index.match_all(prompt_token_ids, cache_salt)  # one hash of the prompt, no LRU touch
         views = []
         for record in prefill + decode:
             kv_free = record.kv_blocks_total - record.kv_blocks_used if record.kv_blocks_total else 1 << 30

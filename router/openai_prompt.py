@@ -15,6 +15,9 @@ Chat templating: the template's keyword arguments are vLLM's merge (`template_kw
 as vLLM filters them (`resolve_chat_template_kwargs`); a template sent with the request is refused
 as vLLM refuses it without `--trust-request-chat-template` (`check_no_request_template`); the
 answer's role is the last message's when no generation prompt is added (`answer_role`).
+
+A prompt's `cache_salt` is checked by vLLM's own `validate_cache_salt` (`check_cache_salt`), on
+both public APIs.
 """
 
 from __future__ import annotations
@@ -115,3 +118,16 @@ def answer_role(add_generation_prompt: bool, last_message_role: str) -> str:
     """The role of the answer's message (vLLM's `get_chat_request_role`): the assistant's after a
     generation prompt, else the role of the message being continued."""
     return ASSISTANT if add_generation_prompt else last_message_role
+
+
+def check_cache_salt(cache_salt: object) -> None:
+    """vLLM's check of a prompt's prefix-cache salt (None: no salt), its refusal as InvalidRequest
+    with vLLM's message and `param`."""
+    from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+
+    try:
+        validate_cache_salt(cache_salt)
+    except Exception as error:  # vLLM's VLLMValidationError
+        if not is_engine_input_error(error):
+            raise
+        raise InvalidRequest(str(error), field="cache_salt") from error

@@ -14,7 +14,7 @@ from pdserve.errors import InvalidRequest, NotFound
 from pdserve.sampling import Sampling
 from router.openai_fields import Body, served_fields_only
 from router.openai_messages import SERVED_EXTRAS, ChatMessage
-from router.openai_prompt import PromptRules
+from router.openai_prompt import PromptRules, check_cache_salt
 from router.openai_structured import check_structured_output_fields, structured_outputs_json
 
 
@@ -96,6 +96,8 @@ class SamplingFields(_Body):
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     return_token_ids: bool | None = None   # vLLM's `prompt_token_ids` and `token_ids` in the answer
+    cache_salt: str | None = Field(default=None, description="vLLM's: salts the prefix cache, so only requests "
+                                                             "with the same salt share cached prompt blocks")
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX,
                           description="vLLM's; its default (first come, first served) scheduler takes any "
                                       "value and ignores it, as pdserve does")
@@ -110,6 +112,14 @@ class SamplingFields(_Body):
         """vLLM's check (`validate_stream_options`), with its message."""
         if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
             raise InvalidRequest("Stream options can only be defined when `stream=True`.", field="stream_options")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cache_salt_check(cls, data):
+        """vLLM's check (`check_cache_salt_support`), before the field's type, with its message."""
+        if isinstance(data, dict):
+            check_cache_salt(data.get("cache_salt"))
         return data
 
     @model_validator(mode="before")

@@ -53,6 +53,7 @@ def resume_plan(request: GenerationRequest, generated: Sequence[int], attempt: i
         sampling=remaining_sampling(request.sampling, len(generated)),
         kv_handle=kv_handle,
         num_generated=len(generated),
+        cache_salt=request.cache_salt,
     )
 
 

@@ -118,7 +118,8 @@ class Scheduler:
         worker id). The router's queue ahead of the request, (prompt tokens, prompts), is spread over
         the workers that compute prompts. With no prefill worker alive, a decode worker is the only
         way: no local cap then."""
-        views = self.live.views(request.prompt_token_ids, *queue_share(*queued_ahead, self.live.computing_workers()))
+        views = self.live.views(request.prompt_token_ids, *queue_share(*queued_ahead, self.live.computing_workers()),
+                                cache_salt=request.cache_salt)
         placement = self.config.placement
         if not any(view.role == "prefill" for view in views):
             placement = replace(placement, local_prefill_max_tokens=0)
@@ -264,14 +265,15 @@ class Scheduler:
                 self.queue.cost = self.cost
 
     def finish(self, ticket: Ticket, workers_holding: Sequence[tuple[str, Sequence[int]]] = (),
-               served: Timings | None = None) -> None:
+               served: Timings | None = None, cache_salt: str = "") -> None:
         """The request is over (served, failed or cancelled). `workers_holding`: (worker id, tokens)
-        whose KV that worker now holds in its prefix cache, recorded in the prefix index. `served`:
+        whose KV that worker now holds in its prefix cache (under `cache_salt`, the request's),
+        recorded in the prefix index. `served`:
         a served request's timings, which the calibration compares with admission's prediction."""
         self._close(ticket)
         for worker_id, token_ids in workers_holding:
             if token_ids:
-                self.live.prefix(self._block_size()).record(worker_id, token_ids)
+                self.live.prefix(self._block_size()).record(worker_id, token_ids, cache_salt)
         if served is not None and ticket.expected is not None:
             self._calibrate(ticket.expected, served)
 

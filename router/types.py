@@ -16,3 +16,4 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     sampling: Sampling
     slo_class: str = ""
+    cache_salt: str = ""     # vLLM's prefix-cache salt ("": none), given to every engine of the walk

@@ -5,13 +5,8 @@ from __future__ import annotations
 import json
 import math
 import random
-import subprocess
-import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
-
-import pytest
 
 from pdserve.engine import EngineSettings, native_dtype
 from planner.profile import DTYPE_BYTES

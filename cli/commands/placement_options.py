@@ -37,7 +37,6 @@ def add_placement_options(parser: argparse.ArgumentParser) -> None:
 def scheduler_config(args: argparse.Namespace):
     """The router's placement, admission and cost settings from its flags and files."""
     import dataclasses
-    import json
 
     from router.policies.placement import PlacementConfig
     from router.scheduler import DEFAULT_COST, SchedulerConfig, SloTargets

@@ -86,20 +86,22 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "token_ids", "sampling", "request_id", "slo_class", "truncate_prompt_tokens")
+    __slots__ = ("text", "token_ids", "sampling", "request_id", "slo_class", "truncate_prompt_tokens", "cache_salt")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
     sampling: SamplingParams
     request_id: str
     slo_class: str
     truncate_prompt_tokens: int
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., slo_class: _Optional[str] = ..., truncate_prompt_tokens: _Optional[int] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., slo_class: _Optional[str] = ..., truncate_prompt_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class PhaseTimings(_message.Message):
     __slots__ = ("queued_s", "prefill_s", "kv_transfer_bytes", "kv_transfer_s", "kv_transfer_blocks", "decode_s", "ttft_s", "e2e_s", "prefill_worker", "decode_worker", "prompt_tokens", "output_tokens", "decode_computed_prompt_tokens", "disaggregated", "cached_prompt_tokens")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdserve.v1 import generation_pb2 as pdserve_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/worker.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\"\x81\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x13\n\x0btransfer_id\x18\x04 \x01(\t\"D\n\x0fSampledLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\x05\"\xdc\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1f\n\x17kv_transfer_params_json\x18\x04 \x01(\t\x12\x10\n\x08\x65ngine_s\x18\x05 \x01(\x01\x12\x19\n\x11num_cached_tokens\x18\x06 \x01(\x05\x12\x10\n\x08queued_s\x18\x07 \x01(\x01\x12\x17\n\rstop_token_id\x18\x08 \x01(\x05H\x00\x12\x15\n\x0bstop_string\x18\t \x01(\tH\x00\x12\x33\n\x0e\x66irst_logprobs\x18\n \x01(\x0b\x32\x1b.pdserve.v1.SampledLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x0b \x03(\x0b\x32\x1b.pdserve.v1.SampledLogprobsB\r\n\x0bstop_reason\"\xa3\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x1f\n\x17kv_transfer_params_json\x18\x04 \x01(\t\x12\x15\n\rnum_generated\x18\x05 \x01(\x05\"\x9c\x03\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x19\n\x11kv_transfer_bytes\x18\x04 \x01(\x03\x12\x15\n\rkv_transfer_s\x18\x05 \x01(\x01\x12\x1a\n\x12kv_transfer_blocks\x18\x06 \x01(\x05\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\x05\x12\x15\n\rkv_load_error\x18\x08 \x01(\t\x12\x18\n\x10kv_loaded_tokens\x18\t \x01(\x05\x12\x10\n\x08queued_s\x18\n \x01(\x01\x12\x17\n\rstop_token_id\x18\x0b \x01(\x05H\x00\x12\x15\n\x0bstop_string\x18\x0c \x01(\tH\x00\x12-\n\x08logprobs\x18\r \x03(\x0b\x32\x1b.pdserve.v1.SampledLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x0e \x03(\x0b\x32\x1b.pdserve.v1.SampledLogprobsB\r\n\x0bstop_reason\"=\n\x12WorkerAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\"$\n\x13WorkerAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"\xdd\x02\n\x04Load\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x16\n\x0ekv_blocks_used\x18\x04 \x01(\x05\x12\x17\n\x0fkv_blocks_total\x18\x05 \x01(\x05\x12\x19\n\x11pending_transfers\x18\x06 \x01(\x05\x12\x15\n\rrecent_ttft_s\x18\x07 \x01(\x01\x12\x15\n\rrecent_tpot_s\x18\x08 \x01(\x01\x12\x14\n\x0cnum_inflight\x18\t \x01(\x05\x12\x1e\n\x16prompt_tokens_computed\x18\n \x01(\x03\x12\x1e\n\x16prompt_tokens_external\x18\x0b \x01(\x03\x12\x1f\n\x17prompt_tokens_local_hit\x18\x0c \x01(\x03\x12\x11\n\tworker_id\x18\r \x01(\t\x12\x19\n\x11generation_tokens\x18\x0e \x01(\x03\x32\x92\x02\n\x06Worker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12\x41\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1a.pdserve.v1.DecodeResponse0\x01\x12H\n\x05\x41\x62ort\x12\x1e.pdserve.v1.WorkerAbortRequest\x1a\x1f.pdserve.v1.WorkerAbortResponse\x12\x37\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x10.pdserve.v1.Loadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/worker.proto\x12\npdserve.v1\x1a\x1bpdserve/v1/generation.proto\"\x95\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x13\n\x0btransfer_id\x18\x04 \x01(\t\x12\x12\n\ncache_salt\x18\x05 \x01(\t\"D\n\x0fSampledLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\x05\"\xdc\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1f\n\x17kv_transfer_params_json\x18\x04 \x01(\t\x12\x10\n\x08\x65ngine_s\x18\x05 \x01(\x01\x12\x19\n\x11num_cached_tokens\x18\x06 \x01(\x05\x12\x10\n\x08queued_s\x18\x07 \x01(\x01\x12\x17\n\rstop_token_id\x18\x08 \x01(\x05H\x00\x12\x15\n\x0bstop_string\x18\t \x01(\tH\x00\x12\x33\n\x0e\x66irst_logprobs\x18\n \x01(\x0b\x32\x1b.pdserve.v1.SampledLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x0b \x03(\x0b\x32\x1b.pdserve.v1.SampledLogprobsB\r\n\x0bstop_reason\"\xb7\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x1f\n\x17kv_transfer_params_json\x18\x04 \x01(\t\x12\x15\n\rnum_generated\x18\x05 \x01(\x05\x12\x12\n\ncache_salt\x18\x06 \x01(\t\"\x9c\x03\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x19\n\x11kv_transfer_bytes\x18\x04 \x01(\x03\x12\x15\n\rkv_transfer_s\x18\x05 \x01(\x01\x12\x1a\n\x12kv_transfer_blocks\x18\x06 \x01(\x05\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\x05\x12\x15\n\rkv_load_error\x18\x08 \x01(\t\x12\x18\n\x10kv_loaded_tokens\x18\t \x01(\x05\x12\x10\n\x08queued_s\x18\n \x01(\x01\x12\x17\n\rstop_token_id\x18\x0b \x01(\x05H\x00\x12\x15\n\x0bstop_string\x18\x0c \x01(\tH\x00\x12-\n\x08logprobs\x18\r \x03(\x0b\x32\x1b.pdserve.v1.SampledLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x0e \x03(\x0b\x32\x1b.pdserve.v1.SampledLogprobsB\r\n\x0bstop_reason\"=\n\x12WorkerAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\"$\n\x13WorkerAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"\xdd\x02\n\x04Load\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x16\n\x0ekv_blocks_used\x18\x04 \x01(\x05\x12\x17\n\x0fkv_blocks_total\x18\x05 \x01(\x05\x12\x19\n\x11pending_transfers\x18\x06 \x01(\x05\x12\x15\n\rrecent_ttft_s\x18\x07 \x01(\x01\x12\x15\n\rrecent_tpot_s\x18\x08 \x01(\x01\x12\x14\n\x0cnum_inflight\x18\t \x01(\x05\x12\x1e\n\x16prompt_tokens_computed\x18\n \x01(\x03\x12\x1e\n\x16prompt_tokens_external\x18\x0b \x01(\x03\x12\x1f\n\x17prompt_tokens_local_hit\x18\x0c \x01(\x03\x12\x11\n\tworker_id\x18\r \x01(\t\x12\x19\n\x11generation_tokens\x18\x0e \x01(\x03\x32\x92\x02\n\x06Worker\x12\x42\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x1b.pdserve.v1.PrefillResponse\x12\x41\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x1a.pdserve.v1.DecodeResponse0\x01\x12H\n\x05\x41\x62ort\x12\x1e.pdserve.v1.WorkerAbortRequest\x1a\x1f.pdserve.v1.WorkerAbortResponse\x12\x37\n\x07GetLoad\x12\x1a.pdserve.v1.GetLoadRequest\x1a\x10.pdserve.v1.Loadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,23 +33,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdserve.v1.worker_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREFILLREQUEST']._serialized_start=69
-  _globals['_PREFILLREQUEST']._serialized_end=198
-  _globals['_SAMPLEDLOGPROBS']._serialized_start=200
-  _globals['_SAMPLEDLOGPROBS']._serialized_end=268
-  _globals['_PREFILLRESPONSE']._serialized_start=271
-  _globals['_PREFILLRESPONSE']._serialized_end=619
-  _globals['_DECODEREQUEST']._serialized_start=622
-  _globals['_DECODEREQUEST']._serialized_end=785
-  _globals['_DECODERESPONSE']._serialized_start=788
-  _globals['_DECODERESPONSE']._serialized_end=1200
-  _globals['_WORKERABORTREQUEST']._serialized_start=1202
-  _globals['_WORKERABORTREQUEST']._serialized_end=1263
-  _globals['_WORKERABORTRESPONSE']._serialized_start=1265
-  _globals['_WORKERABORTRESPONSE']._serialized_end=1301
-  _globals['_GETLOADREQUEST']._serialized_start=1303
-  _globals['_GETLOADREQUEST']._serialized_end=1319
-  _globals['_LOAD']._serialized_start=1322
-  _globals['_LOAD']._serialized_end=1671
-  _globals['_WORKER']._serialized_start=1674
-  _globals['_WORKER']._serialized_end=1948
+  _globals['_PREFILLREQUEST']._serialized_end=218
+  _globals['_SAMPLEDLOGPROBS']._serialized_start=220
+  _globals['_SAMPLEDLOGPROBS']._serialized_end=288
+  _globals['_PREFILLRESPONSE']._serialized_start=291
+  _globals['_PREFILLRESPONSE']._serialized_end=639
+  _globals['_DECODEREQUEST']._serialized_start=642
+  _globals['_DECODEREQUEST']._serialized_end=825
+  _globals['_DECODERESPONSE']._serialized_start=828
+  _globals['_DECODERESPONSE']._serialized_end=1240
+  _globals['_WORKERABORTREQUEST']._serialized_start=1242
+  _globals['_WORKERABORTREQUEST']._serialized_end=1303
+  _globals['_WORKERABORTRESPONSE']._serialized_start=1305
+  _globals['_WORKERABORTRESPONSE']._serialized_end=1341
+  _globals['_GETLOADREQUEST']._serialized_start=1343
+  _globals['_GETLOADREQUEST']._serialized_end=1359
+  _globals['_LOAD']._serialized_start=1362
+  _globals['_LOAD']._serialized_end=1711
+  _globals['_WORKER']._serialized_start=1714
+  _globals['_WORKER']._serialized_end=1988
 # @@protoc_insertion_point(module_scope)

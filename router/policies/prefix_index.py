@@ -28,11 +28,13 @@ def python_hash_block(parent: Hashable, tokens: tuple[int, ...]) -> Hashable:
     return hash((0 if parent is None else parent, tokens))
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, hash_block: HashBlock = python_hash_block) -> list:
-    """The chained hashes of every full block of `token_ids`, first block first (the first
-    block's parent is None)."""
+def block_hashes(token_ids: Sequence[int], block_size: int, hash_block: HashBlock = python_hash_block,
+                 salt: str = "") -> list:
+    """The chained hashes of every full block of `token_ids`, first block first. The first
+    block's parent is the prompt's cache salt, or None without one: as in vLLM, which folds the
+    salt into the first block's hash, a salted prompt shares no block with another salt's."""
     hashes: list = []
-    parent: Hashable = None
+    parent: Hashable = salt or None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash_block(parent, tuple(token_ids[start:start + block_size]))
         hashes.append(parent)
@@ -68,11 +70,12 @@ class PrefixIndex:
         self._capacity[worker_id] = blocks
         self._trim(worker_id)
 
-    def record(self, worker_id: str, token_ids: Sequence[int]) -> None:
-        """`worker_id` now caches every full block of `token_ids`; over capacity, its least recently
-        used blocks go (possibly some of this prompt's own tail when it alone exceeds capacity)."""
+    def record(self, worker_id: str, token_ids: Sequence[int], salt: str = "") -> None:
+        """`worker_id` now caches every full block of `token_ids` (under the prompt's cache `salt`);
+        over capacity, its least recently used blocks go (possibly some of this prompt's own tail
+        when it alone exceeds capacity)."""
         lru = self._blocks.setdefault(worker_id, OrderedDict())
-        for block in reversed(block_hashes(token_ids, self.block_size, self.hash_block)):
+        for block in reversed(block_hashes(token_ids, self.block_size, self.hash_block, salt)):
             lru[block] = None
             lru.move_to_end(block)
         self._trim(worker_id)
@@ -82,21 +85,21 @@ class PrefixIndex:
         while lru is not None and len(lru) > capacity:
             lru.popitem(last=False)
 
-    def longest_prefix_tokens(self, worker_id: str, token_ids: Sequence[int]) -> int:
+    def longest_prefix_tokens(self, worker_id: str, token_ids: Sequence[int], salt: str = "") -> int:
         """Tokens (a multiple of block_size) of the longest prefix of `token_ids` whose blocks the
         worker holds, in chain order. Touches the matched blocks (a match is a use)."""
         lru = self._blocks.get(worker_id)
         if not lru:
             return 0
-        matched = self._match(lru, block_hashes(token_ids, self.block_size, self.hash_block))
+        matched = self._match(lru, block_hashes(token_ids, self.block_size, self.hash_block, salt))
         for block in reversed(matched):
             lru.move_to_end(block)
         return len(matched) * self.block_size
 
-    def match_all(self, token_ids: Sequence[int]) -> dict[str, int]:
+    def match_all(self, token_ids: Sequence[int], salt: str = "") -> dict[str, int]:
         """Matched tokens per worker, for the workers with a match (> 0). Hashes once; touches
         nothing (a placement query; `record` touches the worker the request goes to)."""
-        hashes = block_hashes(token_ids, self.block_size, self.hash_block)
+        hashes = block_hashes(token_ids, self.block_size, self.hash_block, salt)
         matches = {worker: len(self._match(lru, hashes)) * self.block_size for worker, lru in self._blocks.items()}
         return {worker: tokens for worker, tokens in sorted(matches.items()) if tokens}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import grpc
@@ -249,3 +248,25 @@ def _thread_affinities(pid: int) -> dict[int, set[int]]:
         except ProcessLookupError:
             continue
     return affinities
+
+
+def test_a_cache_salt_keeps_cached_prompt_blocks_to_requests_of_the_same_salt(tcp_cluster):
+    """vLLM's cache_salt through both engines: the same prompt is served from the prefix cache only
+    to a request with the salt that cached it; the tokens are the same whatever the salt."""
+    prompt = [1777] + [10 + (k * 37) % 1700 for k in range(99)]   # 100 tokens no other test sends
+
+    def served(salt: str) -> tuple[list[int], int]:
+        with Client(tcp_cluster.grpc_target) as client:
+            chunks = list(client.generate(token_ids=prompt, max_tokens=4, temperature=0, ignore_eos=True,
+                                          cache_salt=salt))
+        return [t for c in chunks for t in c.token_ids], chunks[-1].timings.cached_prompt_tokens
+
+    first, cold = served("tenant-a")
+    again, warm = served("tenant-a")
+    other, other_cached = served("tenant-b")
+    unsalted, unsalted_cached = served("")
+    assert (cold, other_cached, unsalted_cached) == (0, 0, 0)
+    assert warm >= 64                                   # whole 32-token blocks of the 100-token prompt
+    assert first == again == other == unsalted
+    with Client(tcp_cluster.grpc_target) as client, pytest.raises(InvalidRequest, match="cache_salt"):
+        list(client.generate(token_ids=prompt, max_tokens=2, cache_salt="a/b"))

@@ -94,10 +94,10 @@ def test_worker_messages_cross_the_proto_edge_unchanged():
                                       prefill_result_from_proto, prefill_result_to_proto)
 
     sampling = Sampling(max_tokens=4, temperature=0.0, min_tokens=2, seed=7, stop=("\n",))
-    prefill = PrefillRequest("r", (1, 2, 3), sampling, "x1")
+    prefill = PrefillRequest("r", (1, 2, 3), sampling, "x1", cache_salt="tenant-a")
     result = PrefillResult(first_token_id=9, finished=False, finish_reason="", kv_handle=HANDLE, engine_s=0.5,
                            num_cached_tokens=32, queued_s=0.25)
-    decode = DecodeRequest("r", (1, 2, 3, 9), sampling, HANDLE)
+    decode = DecodeRequest("r", (1, 2, 3, 9), sampling, HANDLE, num_generated=1, cache_salt="tenant-a")
     chunk = DecodeChunk((10, 11), True, "length", 3072, 0.125, 3, 64, "", 69, 0.5)
     assert prefill_request_from_proto(prefill_request_to_proto(prefill)) == prefill
     assert prefill_result_from_proto(prefill_result_to_proto(result)) == result

@@ -164,3 +164,26 @@ async def test_a_client_leaving_mid_decode_closes_the_stream_and_releases_the_le
     finally:
         await pool.close()
         await registry.close()
+
+
+async def test_a_salted_request_carries_its_salt_to_every_worker_and_a_bad_salt_is_refused_first(
+        redis_server, tokenizer):
+    """The gRPC API's path: the router checks a salt with vLLM's rule before any worker sees it,
+    and a resumed decode keeps the salt (its engine must hash the prompt as the first one did)."""
+    prefill = ScriptedWorker(prefill=PrefillResult(first_token_id=7, finished=False, kv_handle=HANDLE))
+    dying = ScriptedWorker(decode=[DecodeChunk((8,)), WorkerError(grpc.StatusCode.UNAVAILABLE, "gone")])
+    healthy = ScriptedWorker(decode=[DecodeChunk((9,), finished=True, finish_reason="length")])
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": dying, "decode-b": healthy})
+    sampling = Sampling(max_tokens=3, temperature=0.0, ignore_eos=True)
+    try:
+        with pytest.raises(InvalidRequest, match="Parameter 'cache_salt' must be at most 128 characters"):
+            await _tokens(lifecycle, GenerationRequest("req-6", PROMPT, sampling, cache_salt="a@b"))
+        assert prefill.prefills == []
+        tokens, _ = await _tokens(lifecycle, GenerationRequest("req-7", PROMPT, sampling, cache_salt="tenant-a"))
+        await lifecycle.wait_for_releases()
+        assert tokens == [7, 8, 9]
+        assert [r.cache_salt for r in prefill.prefills + dying.decodes + healthy.decodes] == ["tenant-a"] * 3
+    finally:
+        await pool.close()
+        await registry.close()

@@ -182,3 +182,19 @@ async def test_a_penalty_out_of_vllm_s_range_is_400_naming_it(redis_server, toke
     reply = await cluster.post(redis_server, tokenizer, "/v1/completions", _body(**{field: value}))
     assert (reply.status_code, reply.json()["error"]["param"]) == (400, field)
     assert cluster.prefill.prefills == []
+
+
+async def test_a_cache_salt_reaches_both_phases(redis_server, tokenizer):
+    cluster = Cluster()
+    reply = await cluster.post(redis_server, tokenizer, "/v1/completions", _body(cache_salt="tenant-a"))
+    assert reply.status_code == 200
+    assert cluster.prefill.prefills[0].cache_salt == cluster.decode.decodes[0].cache_salt == "tenant-a"
+
+
+@pytest.mark.parametrize("salt", ["", "a/b", "x" * 129, 7])
+async def test_a_cache_salt_vllm_refuses_is_400_with_its_message(redis_server, tokenizer, salt):
+    cluster = Cluster()
+    reply = await cluster.post(redis_server, tokenizer, "/v1/completions", _body(cache_salt=salt))
+    assert (reply.status_code, reply.json()["error"]["param"]) == (400, "cache_salt")
+    assert reply.json()["error"]["message"].startswith("Parameter 'cache_salt' must")   # vLLM's words
+    assert cluster.prefill.prefills == []

@@ -31,6 +31,11 @@ def test_a_resumed_decode_sends_prompt_plus_every_token_sent_and_reduces_both_bu
                                  Sampling(max_tokens=4, min_tokens=2, temperature=0.0), None, num_generated=4)
 
 
+def test_a_resumed_decode_keeps_the_requests_cache_salt():
+    salted = GenerationRequest("req-1", [101, 102, 103], Sampling(max_tokens=8), cache_salt="tenant-a")
+    assert resume_plan(salted, [7, 8], attempt=1, kv_handle=None).cache_salt == "tenant-a"
+
+
 def test_min_tokens_already_met_becomes_zero():
     assert remaining_sampling(Sampling(max_tokens=8, min_tokens=2), 5) == Sampling(max_tokens=3, min_tokens=0)
 

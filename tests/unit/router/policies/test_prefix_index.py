@@ -16,6 +16,19 @@ def test_longest_match_counts_whole_blocks_in_chain_order():
     assert index.longest_prefix_tokens("elsewhere", PROMPT) == 0
 
 
+def test_a_salted_prompt_matches_only_blocks_recorded_under_the_same_salt():
+    """vLLM folds a request's cache_salt into its first block's hash: the index does the same."""
+    index = PrefixIndex(block_size=4, capacity_blocks_per_worker=100)
+    index.record("d0", PROMPT, salt="tenant-a")
+    assert index.longest_prefix_tokens("d0", PROMPT, salt="tenant-a") == 12
+    assert index.longest_prefix_tokens("d0", PROMPT, salt="tenant-b") == 0
+    assert index.match_all(PROMPT) == {}                                   # unsalted: no match either
+    index.record("d1", PROMPT)
+    assert index.match_all(PROMPT, salt="tenant-a") == {"d0": 12}
+    assert block_hashes(PROMPT, 4, salt="") == block_hashes(PROMPT, 4)    # "" is no salt
+    assert block_hashes(PROMPT, 4, salt="a")[1:] != block_hashes(PROMPT, 4)[1:]   # the whole chain moves
+
+
 def test_a_partial_last_block_is_never_recorded():
     index = PrefixIndex(block_size=4, capacity_blocks_per_worker=100)
     index.record("d0", PROMPT[:10])
