@@ -224,6 +224,8 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     add_special_tokens: bool = True
+    suffix: str | None = Field(default=None, description="vLLM's: text after the completion, for models whose "
+                                                         "renderer does fill-in-the-middle; refused otherwise")
 
     @model_validator(mode="before")
     @classmethod
@@ -255,6 +257,22 @@ class CompletionRequest(SamplingFields):
                                  f"{MAX_COMPLETION_PROMPTS}. To increase this limit, set the "
                                  f"VLLM_MAX_COMPLETION_PROMPTS environment variable.", field="prompt")
         return data
+
+    @model_validator(mode="after")
+    def _suffix_checks(self):
+        """vLLM's checks of `suffix` (`OnlineRenderer`), in its order, with its messages. The router
+        renders prompts as vLLM's `hf` renderer, which has no fill-in-the-middle form
+        (`render_completion_suffix` is None), so a suffix with a text prompt is refused as vLLM
+        refuses it for such a model."""
+        if self.suffix is None:
+            return self
+        if self.echo:
+            raise InvalidRequest("Echo is unsupported with suffix.", field="suffix")
+        if self.truncate_prompt_tokens is not None:
+            raise InvalidRequest("suffix is not supported with truncate_prompt_tokens", field="suffix")
+        if isinstance(self.prompt, str) or all(isinstance(p, str) for p in self.prompt):
+            raise InvalidRequest("suffix is only supported for models with FIM completion rendering", field="suffix")
+        raise InvalidRequest("suffix requires text prompt input for FIM completion rendering", field="suffix")
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one per entry of a batch (a string or token ids alone is a batch of one)."""

@@ -198,3 +198,17 @@ async def test_a_cache_salt_vllm_refuses_is_400_with_its_message(redis_server, t
     assert (reply.status_code, reply.json()["error"]["param"]) == (400, "cache_salt")
     assert reply.json()["error"]["message"].startswith("Parameter 'cache_salt' must")   # vLLM's words
     assert cluster.prefill.prefills == []
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"suffix": "x", "prompt": "Once upon a time"}, "suffix is only supported for models with FIM completion rendering"),
+    ({"suffix": "x"}, "suffix requires text prompt input for FIM completion rendering"),   # token ids
+    ({"suffix": "x", "echo": True}, "Echo is unsupported with suffix."),
+    ({"suffix": "x", "truncate_prompt_tokens": 2}, "suffix is not supported with truncate_prompt_tokens"),
+])
+async def test_a_suffix_is_refused_as_vllm_refuses_it_without_fim_rendering(redis_server, tokenizer, fields, message):
+    cluster = Cluster()
+    reply = await cluster.post(redis_server, tokenizer, "/v1/completions", _body(**fields))
+    assert (reply.status_code, reply.json()["error"]["param"], reply.json()["error"]["message"]) == (
+        400, "suffix", message)
+    assert cluster.prefill.prefills == []
