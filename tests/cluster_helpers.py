@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -85,3 +86,17 @@ def wait_until_idle(cluster: LocalCluster, timeout_s: float = 15.0) -> dict[str,
         if idle or time.monotonic() > deadline:
             return loads
         time.sleep(0.2)
+
+
+def kv_segments_of(cluster: LocalCluster, worker_id: str) -> set[str]:
+    """The shared-memory KV segments the worker's processes map (other clusters' own theirs)."""
+    from loadgen.proc_cpu import process_tree
+
+    found = set()
+    for pid in process_tree(cluster.workers[worker_id].pid):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                found |= {line.split()[-1] for line in maps if f"/dev/shm/pdserve-kv-{os.getuid()}-" in line}
+        except FileNotFoundError:
+            continue   # the process exited meanwhile
+    return found

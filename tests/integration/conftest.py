@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from cluster_helpers import engine_settings, start_cluster
+from cluster_helpers import engine_settings, kv_segments_of, start_cluster
 from openai_reference import reference_engine
 
 
@@ -26,10 +28,13 @@ def torch_cluster(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def shm_cluster(tiny_model, tmp_path_factory):
-    """The same cluster over the one-sided shared-memory transport."""
+    """The same cluster over the one-sided shared-memory transport. When it stops, no KV segment
+    its workers mapped outlives it (the producers unlink theirs, whatever killed workers left is swept)."""
     cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-shm"), "shm")
     yield cluster
+    segments = set().union(*(kv_segments_of(cluster, worker_id) for worker_id in list(cluster.workers)))
     cluster.stop()
+    assert segments and not any(os.path.exists(path) for path in segments), "KV segments outlived the cluster"
 
 
 @pytest.fixture(params=["tcp", "torch", "shm"])

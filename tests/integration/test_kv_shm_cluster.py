@@ -7,21 +7,11 @@ import time
 
 import pytest
 
-from loadgen.proc_cpu import process_tree
 from pdserve.client import Client
 
-from cluster_helpers import start_cluster, wait_until_idle
+from cluster_helpers import kv_segments_of, wait_until_idle
 
 pytestmark = pytest.mark.integration
-
-
-def _segments_of(cluster, worker_id: str) -> set[str]:
-    """The KV segments the worker's processes map (other tests' clusters may own segments too)."""
-    found = set()
-    for pid in process_tree(cluster.workers[worker_id].pid):
-        with open(f"/proc/{pid}/maps") as maps:
-            found |= {line.split()[-1] for line in maps if f"/dev/shm/pdserve-kv-{os.getuid()}-" in line}
-    return found
 
 
 def _served(cluster, first_token: int) -> list[int]:
@@ -34,38 +24,34 @@ def _served(cluster, first_token: int) -> list[int]:
     return [sum(len(c.token_ids) for c in chunks), timings.kv_transfer_blocks, timings.decode_computed_prompt_tokens]
 
 
-def test_a_killed_producers_segment_is_freed_at_once_and_none_outlives_the_cluster(tiny_model, tmp_path):
+def test_a_killed_producers_segment_is_freed_at_once(shm_cluster):
     """SIGKILL leaves the engine no chance to unlink its cache: the supervisor that saw it die
     sweeps once its processes are gone (best effort: they may still be exiting), and the next
-    producer's start sweeps for certain."""
-    cluster = start_cluster(tiny_model, tmp_path, "shm")
-    try:
-        first = _segments_of(cluster, cluster.worker_ids("prefill")[0])
-        assert len(first) == 1  # the prefill engine's cache lives in shared memory
-        decode_maps = _segments_of(cluster, cluster.worker_ids("decode")[0])
-        assert _served(cluster, 200) == [4, 4, 1]  # 100 prompt tokens: 4 blocks read from the segment
-        assert _segments_of(cluster, cluster.worker_ids("decode")[0]) - decode_maps == first  # mapped to read
-        cluster.kill_worker(cluster.worker_ids("prefill")[0])  # SIGKILL: the engine unlinks nothing
-        second = _segments_of(cluster, cluster.add_worker("prefill"))  # its start sweeps dead owners' segments
-        assert len(second) == 1 and not second & first
-        assert not any(os.path.exists(path) for path in first)
-        for first_token in range(300, 400):  # the router drops the dead worker within its registry lease
-            try:
-                assert _served(cluster, first_token) == [4, 4, 1]
-                break
-            except AssertionError:
-                if first_token == 399:
-                    raise
-                time.sleep(0.3)
-        decode_id = cluster.worker_ids("decode")[0]
-        deadline = time.monotonic() + 10  # the consumer lets go of the dead producer's map
-        while _segments_of(cluster, decode_id) & first and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _segments_of(cluster, decode_id) & first
-        wait_until_idle(cluster)
-    finally:
-        cluster.stop()
-    assert not any(os.path.exists(path) for path in first | second)
+    producer's start sweeps for certain. (That none outlives the cluster: the shm_cluster
+    fixture asserts it when the session's cluster stops.)"""
+    cluster = shm_cluster
+    first = kv_segments_of(cluster, cluster.worker_ids("prefill")[0])
+    assert len(first) == 1  # the prefill engine's cache lives in shared memory
+    assert _served(cluster, 200) == [4, 4, 1]  # 100 prompt tokens: 4 blocks read from the segment
+    assert first <= kv_segments_of(cluster, cluster.worker_ids("decode")[0])  # mapped to read
+    cluster.kill_worker(cluster.worker_ids("prefill")[0])  # SIGKILL: the engine unlinks nothing
+    second = kv_segments_of(cluster, cluster.add_worker("prefill"))  # its start sweeps dead owners' segments
+    assert len(second) == 1 and not second & first
+    assert not any(os.path.exists(path) for path in first)
+    for first_token in range(300, 400):  # the router drops the dead worker within its registry lease
+        try:
+            assert _served(cluster, first_token) == [4, 4, 1]
+            break
+        except AssertionError:
+            if first_token == 399:
+                raise
+            time.sleep(0.3)
+    decode_id = cluster.worker_ids("decode")[0]
+    deadline = time.monotonic() + 10  # the consumer lets go of the dead producer's map
+    while kv_segments_of(cluster, decode_id) & first and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not kv_segments_of(cluster, decode_id) & first
+    wait_until_idle(cluster)
 
 
 def test_a_pull_does_not_wait_for_the_producers_next_prefill(shm_cluster):
