@@ -95,7 +95,32 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         return token_prompt_ids(tokenizer.hf, list(request.token_ids.ids), rules)
 
 
-def add_generation_service(service: GenerationService, server) -> None:
+class StartingGenerationService:
+    """The Generation service of a router that is still starting: its port is bound at once, and
+    each call waits (within its own deadline) until `serve` hands over the real service, then goes
+    to it. A router restarted under load takes tens of seconds to import vLLM and build its
+    lifecycle; a client that reached the old one's port keeps its call instead of spending its
+    retry budget on refused connections. Construct it inside the router's event loop."""
+
+    def __init__(self) -> None:
+        self._service: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def serve(self, service: GenerationService) -> None:
+        self._service.set_result(service)
+
+    async def Generate(self, request, context):
+        service = await self._service
+        async for message in service.Generate(request, context):
+            yield message
+
+    async def Abort(self, request, context):
+        return await (await self._service).Abort(request, context)
+
+    async def GetModelInfo(self, request, context):
+        return await (await self._service).GetModelInfo(request, context)
+
+
+def add_generation_service(service: GenerationService | StartingGenerationService, server) -> None:
     """Registers `service` on `server` as the generated `add_GenerationServicer_to_server` does (the
     methods and types read from the proto's descriptor), except that a request message that does
     not parse is the client's INVALID_ARGUMENT, never gRPC's UNKNOWN (issue 18 item 6)."""

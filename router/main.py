@@ -16,7 +16,7 @@ from grpc_health.v1._async import HealthServicer
 from kv_transfer.auth import load_secret
 from pdserve import metrics
 from pdserve.registry import Registry
-from router.grpc_api import GenerationService, add_generation_service
+from router.grpc_api import GenerationService, StartingGenerationService, add_generation_service
 from router.grpc_worker_client import GrpcWorkerClient
 from router.http_api import create_app
 from router.lifecycle import Lifecycle, RouterConfig
@@ -51,21 +51,29 @@ class RouterProcessConfig:
 
 
 async def run_router(config: RouterProcessConfig, ready_file: str | None = None) -> None:
+    """Serves until SIGTERM/SIGINT, then drains. The gRPC port is bound first and holds calls
+    while the rest starts (`StartingGenerationService`; health says NOT_SERVING until then); the
+    HTTP port and `ready_file` come once requests can be served."""
     model_name = os.path.basename(os.path.normpath(config.model))
+    server = grpc.aio.server(interceptors=grpc_interceptors(config.public))
+    starting = StartingGenerationService()
+    add_generation_service(starting, server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    grpc_port = add_port(server, f"{config.host}:{config.grpc_port}", config.public.tls)
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+
     secret = load_secret(config.cluster_secret_file) if config.cluster_secret_file else None
     registry = Registry(config.redis_url, config.cluster)
     pool = WorkerPool(registry, connect=lambda address: GrpcWorkerClient(address, secret=secret))
     await pool.start()
     metrics.ROUTER_WORKER_LOAD.source = pool.load_rows
-    lifecycle = Lifecycle(config.router, pool, RouterTokenizer(config.model))
+    # vLLM's validation and the tokenizer: seconds to a minute on a loaded host, off the event loop
+    # so the held calls' connections are kept alive meanwhile
+    lifecycle = await asyncio.to_thread(lambda: Lifecycle(config.router, pool, RouterTokenizer(config.model)))
     load_publisher = start_load_publisher(config.redis_url, config.cluster, lambda: lifecycle.inflight)
-
-    server = grpc.aio.server(interceptors=grpc_interceptors(config.public))
-    add_generation_service(GenerationService(lifecycle, model_name), server)
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    grpc_port = add_port(server, f"{config.host}:{config.grpc_port}", config.public.tls)
-    await server.start()
+    starting.serve(GenerationService(lifecycle, model_name))
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
 
     http = uvicorn.Server(uvicorn.Config(http_app(create_app(lifecycle, model_name, config.model), config.public), host=config.host,

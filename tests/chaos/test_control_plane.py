@@ -6,18 +6,23 @@
   the registry within its heartbeat, and the router sees them;
 - the router SIGKILLed mid-stream: the client's stream ends at once with a clean UNAVAILABLE (no
   hang); the KV the prefill worker held for requests the dead router will never pull is freed by
-  its lease; a call made while the router is down is retried by the SDK (its default budget) and
-  served once the router is back on its ports.
+  its lease; a call made while the router is down is retried by the SDK and served once the
+  router is back on its ports;
+- a router restarting binds its gRPC port before it imports vLLM and holds the calls that reach it
+  until it serves: such a call succeeds with no SDK retry at all.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.client import Client, NoHealthyWorker
 from pdserve.keys import worker_key
@@ -127,3 +132,30 @@ def test_a_killed_router_ends_streams_cleanly_frees_their_kv_and_a_restarted_one
         cluster.start_router()                       # the call above was made while the router was down
         chunks = retried.result(timeout=60)
     assert sum(len(c.token_ids) for c in chunks) == 4 and chunks[-1].finish_reason == "length"
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def test_a_restarting_router_holds_calls_that_reach_it_before_it_serves(cluster):
+    cluster.kill_router()
+    port = int(cluster.grpc_target.rsplit(":", 1)[1])
+    _wait_for(lambda: not _accepts(port), 10, "the dead router's port to close")
+    restart = threading.Thread(target=cluster.start_router, daemon=True)   # returns once it serves and routes
+    restart.start()
+    _wait_for(lambda: _accepts(port), 120, "the restarting router to bind its gRPC port")
+    with grpc.insecure_channel(cluster.grpc_target) as channel:   # health needs no key (K8s probes)
+        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+    with Client(cluster.grpc_target, retries=0) as client:   # a refused connection would fail the call
+        chunks = list(client.generate("held while the router starts", max_tokens=3, temperature=0,
+                                      ignore_eos=True, timeout_s=180))
+    restart.join(timeout=180)
+    # the port was bound while the router could not serve yet (it says so), and the call made then
+    # was held and served
+    assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert sum(len(c.token_ids) for c in chunks) == 3 and chunks[-1].finish_reason == "length"
