@@ -63,6 +63,7 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     grpc_port = add_port(server, f"{config.host}:{config.grpc_port}", config.public.tls)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    logger.info("router: gRPC %s:%d bound; calls wait there until the router serves", config.host, grpc_port)
 
     secret = load_secret(config.cluster_secret_file) if config.cluster_secret_file else None
     registry = Registry(config.redis_url, config.cluster)
