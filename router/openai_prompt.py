@@ -123,6 +123,8 @@ def answer_role(add_generation_prompt: bool, last_message_role: str) -> str:
 def check_cache_salt(cache_salt: object) -> None:
     """vLLM's check of a prompt's prefix-cache salt (None: no salt), its refusal as InvalidRequest
     with vLLM's message and `param`."""
+    if cache_salt is None:   # every HTTP body without one: nothing to check
+        return
     from vllm.entrypoints.generate.base.protocol import validate_cache_salt
 
     try:
