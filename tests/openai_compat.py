@@ -28,7 +28,8 @@ from typing import Any
 FLOAT_TOLERANCE = 1e-3
 # Paths within one response object (a body, or one event of a stream), `*` one segment.
 VARIES = ("id", "created", "data.*.created", "data.*.permission.*.id",
-          "data.*.permission.*.created")
+          "data.*.permission.*.created", "choices.*.message.tool_calls.*.id",   # a tool call's id is random
+          "choices.*.delta.tool_calls.*.id")
 FREE_TEXT = ("error.message",)
 ABSENT = object()   # a field one side does not send
 
