@@ -34,6 +34,17 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None                  # a tool's answer names the call it answers
     reasoning: str | None = None                     # an assistant's reasoning, for templates that interleave it
     reasoning_content: str | None = None             # vLLM's deprecated name of `reasoning`
+    task: str | None = None                          # given to the template, as vLLM gives it
+    tools: list[dict[str, Any]] | None = None        # a developer message's tools, given to the template
+    # OpenAI's and gpt-oss's message fields that vLLM's chat path takes and does not give the template
+    # (its harmony path for gpt-oss reads some): taken and unused, as there
+    refusal: Any = None
+    function_call: Any = None
+    audio: Any = None
+    author: Any = None
+    channel: Any = None
+    recipient: Any = None
+    content_type: Any = None
 
     @model_validator(mode="before")
     @classmethod
@@ -64,6 +75,10 @@ class ChatMessage(BaseModel):
                 message["reasoning"] = message["reasoning_content"] = reasoning
         elif self.role == "tool" and self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.task is not None:
+            message["task"] = self.task
+        if self.role == "developer":
+            message["tools"] = self.tools
         return message | ({"name": self.name} if self.name is not None else {})
 
 

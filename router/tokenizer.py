@@ -52,11 +52,17 @@ class RouterTokenizer:
         (`safe_apply_chat_template`): `kwargs` (`router.openai_prompt.template_kwargs`) less those
         neither the template nor Hugging Face's `apply_chat_template` reads; the text, or token ids
         when `kwargs` asks `tokenize`. A template's refusal is the request's error, as vLLM's."""
-        from vllm.renderers.hf import _template_error_reason, resolve_chat_template_kwargs
+        from vllm.renderers.hf import (
+            _consolidate_system_messages, _convert_developer_to_system, _detect_developer_role_support,
+            _template_error_reason, resolve_chat_template_kwargs,
+        )
 
         template = self._hf.chat_template
         if not template:
             raise InvalidRequest("this model has no chat template: use /v1/completions", field="messages")
+        if any(message["role"] == "developer" for message in messages) and not _detect_developer_role_support(template):
+            # vLLM's: a template without the role reads a developer's message as the system's
+            messages = _consolidate_system_messages(_convert_developer_to_system(messages))
         kwargs = dict(template_kwargs(None, True, False) if kwargs is None else kwargs)
         tokenize = bool(kwargs.pop("tokenize", False))
         tools = kwargs.pop("tools", None)   # vLLM's `safe_apply_chat_template` takes them apart

@@ -166,6 +166,15 @@ def cases(known: Known) -> list[Case]:
                                                     "tool_choice": "required", "parallel_tool_calls": False,
                                                     "max_tokens": 48}, streams=False),
         Case("chat_tool_history", chat, GREEDY | {"messages": TOOL_HISTORY, "tools": [WEATHER_TOOL]}),
+        Case("chat_developer_role", chat, GREEDY | {"messages": [{"role": "developer", "content": "Be brief."}] + CHAT}),
+        Case("tokenize_developer_role", "/tokenize", {"model": MODEL, "messages": [
+            {"role": "user", "content": "Hi"}, {"role": "developer", "content": "Be brief."}]}, streams=False),
+        Case("chat_message_other_fields", chat, GREEDY | {"messages": [
+            {"role": "user", "content": "Hi", "refusal": None, "task": "greet"},
+            {"role": "assistant", "content": "Hello", "refusal": "no", "function_call": {"name": "f", "arguments": "{}"}},
+            {"role": "user", "content": "Rivers?"}]}, streams=False),
+        Case("chat_image_part", chat, GREEDY | {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, streams=False),
         Case("tools_empty", chat, GREEDY | {"messages": CHAT, "tools": []}, streams=False),
         Case("tool_choice_without_tools", chat, GREEDY | {"messages": CHAT, "tool_choice": "required"}, streams=False),
         Case("tool_choice_unknown_function", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": {
