@@ -9,9 +9,13 @@ from typing import Any
 from pydantic import model_validator
 
 from pdserve.errors import InvalidRequest
+from router.openai_fields import vllm_field_type
 from router.openai_messages import ChatMessage
 from router.openai_prompt import answer_role, check_no_request_template, template_kwargs
 from router.openai_schema import SamplingFields
+from router.openai_vllm_extras import reasoning_template_kwargs
+
+ReasoningEffort = vllm_field_type("chat", "reasoning_effort")   # vLLM's values
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -26,6 +30,9 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None   # vLLM's; refused as vLLM refuses it without --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None   # vLLM's: given to a template that reads `documents`
+    reasoning_effort: ReasoningEffort = None   # vLLM's: given to the template
+    include_reasoning: bool = True   # vLLM's: acts through a reasoning parser only, and none is configured
+    return_prompt_text: bool | None = None   # vLLM's: the rendered prompt as `prompt_text`
 
     @model_validator(mode="before")
     @classmethod
@@ -86,4 +93,5 @@ class ChatCompletionRequest(SamplingFields):
         request is refused, as vLLM refuses it by default."""
         check_no_request_template(self.chat_template, self.chat_template_kwargs)
         return template_kwargs(self.chat_template_kwargs, self.add_generation_prompt, self.continue_final_message,
-                               self.documents)
+                               self.documents, reasoning_template_kwargs(self.reasoning_effort,
+                                                                         self.chat_template_kwargs))
