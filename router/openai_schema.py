@@ -121,7 +121,8 @@ class SamplingFields(_Body):
                                   "events at once); ignored when not streamed")
     repetition_detection: RepetitionDetection = Field(
         default=None, description="vLLM's: the request ends (finish_reason \"repetition\") when its output ends "
-                                  "with an n-gram repeated min_count times; checked by the router over the whole output")
+                                  "with an n-gram repeated min_count times; checked by the router over the whole "
+                                  "output")
     slo_class: str = Field(default="", description="pdserve: the request's SLO class (interactive goes before "
                                                    "batch in the router's queue)")
 
