@@ -8,24 +8,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from pdserve.errors import InvalidRequest, NotFound
 from pdserve.sampling import Sampling
-from router.openai_fields import Body, served_fields_only, vllm_field_type
+from router.openai_extra_fields import VllmExtraFields
+from router.openai_fields import Body, served_fields_only
 from router.openai_messages import SERVED_EXTRAS, ChatMessage
 from router.openai_prompt import PromptRules, check_cache_salt
 from router.openai_structured import check_structured_output_fields, structured_outputs_json
-from router.openai_vllm_extras import check_vllm_xargs, thinking_budget_refusal, thinking_token_budget
 
 
 
 
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # vLLM's bounds of `priority` and `truncate_prompt_tokens`
-# vLLM's own types of its extra fields (with their constraints), so pydantic checks them as vLLM does
-VllmXargs = vllm_field_type("completion", "vllm_xargs")
-StreamIntervalField = vllm_field_type("completion", "stream_interval")
-RepetitionDetection = vllm_field_type("completion", "repetition_detection")
 
 
 class StreamOptions(BaseModel):
@@ -68,7 +64,7 @@ class _Body(BaseModel):
             raise NotFound(f"The model `{self.model}` does not exist. Valid aliases: {served}.", field="model")
 
 
-class SamplingFields(_Body):
+class SamplingFields(VllmExtraFields, _Body):   # vLLM's extra fields: `router.openai_extra_fields`
     default_max_tokens: ClassVar[int | None] = None   # vLLM's when none is asked (None: the rest of the context)
     add_special_tokens: bool   # each body's own default (vLLM's): a completion's true, a chat's false
     max_tokens: int | None = None
@@ -108,21 +104,6 @@ class SamplingFields(_Body):
                                       "value and ignores it, as pdserve does")
     user: str | None = None
     request_id: str | None = None
-    # vLLM's fields that change nothing on its server as shipped (`router.openai_vllm_extras`)
-    session_id: str | None = None
-    watermarking: bool | None = None
-    return_token_offsets: bool | None = False
-    vllm_xargs: VllmXargs = None
-    thinking_token_budget: int | None = Field(default=None, description="vLLM's; refused as vLLM's engine refuses "
-                                                                        "it without a reasoning config (-1: unset)")
-    # vLLM's fields the router serves
-    stream_interval: StreamIntervalField = Field(
-        default=None, description="vLLM's: a stream's tokens batched this many to an event (the first and last "
-                                  "events at once); ignored when not streamed")
-    repetition_detection: RepetitionDetection = Field(
-        default=None, description="vLLM's: the request ends (finish_reason \"repetition\") when its output ends "
-                                  "with an n-gram repeated min_count times; checked by the router over the whole "
-                                  "output")
     slo_class: str = Field(default="", description="pdserve: the request's SLO class (interactive goes before "
                                                    "batch in the router's queue)")
 
@@ -147,37 +128,6 @@ class SamplingFields(_Body):
     def _structured_output_checks(cls, data):
         check_structured_output_fields(data)
         return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _thinking_token_budget_check(cls, data):
-        """vLLM's reading of the field (its validator runs before the field's type, and -1 is unset)."""
-        if isinstance(data, dict) and data.get("thinking_token_budget") is not None:
-            data = data | {"thinking_token_budget": thinking_token_budget(data["thinking_token_budget"])}
-        return data
-
-    @field_validator("repetition_detection", mode="wrap")
-    @classmethod
-    def _repetition_detection_check(cls, value, handler):
-        """vLLM's type (a wrong type is the body's schema error), and its own check of the values
-        (`RepetitionDetectionParams.__post_init__`), whose refusal is the request's 400 with vLLM's
-        message."""
-        from vllm.exceptions import VLLMClientError
-
-        try:
-            return handler(value)
-        except VLLMClientError as error:
-            raise InvalidRequest(str(error), field=getattr(error, "parameter", None)) from error
-
-    @model_validator(mode="after")
-    def _vllm_xargs_check(self):
-        check_vllm_xargs(self.vllm_xargs)
-        return self
-
-    def engine_refusal(self) -> InvalidRequest | None:
-        """What vLLM's engine refuses when the request reaches it (after the body is read and the
-        prompt made): a stream gets it as its first event, a whole answer as its status."""
-        return thinking_budget_refusal(self.thinking_token_budget)
 
     def prompt_rules(self, max_model_len: int) -> PromptRules:
         """How this body's prompts are tokenized and checked (vLLM's `build_tok_params`)."""

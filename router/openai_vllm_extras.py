@@ -14,7 +14,8 @@ validators, then either served by the router (`stream_interval`, `repetition_det
 - `thinking_token_budget` is refused as vLLM's engine refuses any budget without a reasoning
   config (its default): only -1 or null, "unlimited", is served.
 
-Pure: values in, values (or InvalidRequest with vLLM's message) out.
+Pure: values in, values (or InvalidRequest with vLLM's message) out. The fields themselves, with
+vLLM's types, are `router.openai_extra_fields`.
 """
 
 from __future__ import annotations
