@@ -35,7 +35,9 @@ from pdserve.errors import (
 )
 from pdserve.generation import GenerationChunk
 from router.lifecycle import Lifecycle
-from router.openai_response import ChoiceState, Echo, LogprobsAsked, ResponseShape, merged, model_list, usage
+from router.openai_response import (
+    ChoiceState, Echo, LogprobsAsked, ResponseShape, StreamInterval, merged, model_list, usage,
+)
 from router.openai_chat import ChatCompletionRequest
 from router.openai_prompt import text_prompt_ids, token_prompt_ids
 from router.openai_schema import CompletionRequest, DetokenizeRequest, TokenizeRequest, context_room
@@ -166,8 +168,10 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
         ids = token_prompt_ids(hf, rendered, rules) if isinstance(rendered, list) else text_prompt_ids(hf, rendered,
                                                                                                          rules)
         echo = body.echo_text()
+        prompt_text = rendered if body.return_prompt_text and isinstance(rendered, str) else None
         return await _respond(lifecycle, model_name, body, [ids], chat=True,
-                              echoes=[None if echo is None else Echo(echo, [])], parsing=parsing)
+                              echoes=[None if echo is None else Echo(echo, [])], prompt_text=prompt_text,
+                              parsing=parsing)
 
     @app.post("/tokenize", responses=responses_for(TOKENIZE_ERRORS))
     async def tokenize(body: TokenizeRequest):
@@ -192,11 +196,19 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
 
 
 async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[list[int]], chat: bool,
-                   echoes: list[Echo | None] | None = None, parsing: RequestParsing | None = None):
+                   echoes: list[Echo | None] | None = None, prompt_text: str | None = None,
+                   parsing: RequestParsing | None = None):
     """Each prompt's `n` samples as walks of their own (choice index prompt * n + sample, vLLM's
-    numbering), every one admitted before any byte is sent, merged as they stream."""
+    numbering), every one admitted before any byte is sent, merged as they stream. What vLLM's
+    engine refuses (`engine_refusal`) is refused as vLLM's server refuses it: a stream in its one
+    event, a whole answer with its status."""
     request_id = body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     body.sampling()  # refuses what vLLM refuses (n < 1 too) before any walk is made
+    refusal = body.engine_refusal()
+    if refusal is not None:
+        if not body.stream:
+            raise refusal
+        return StreamingResponse(_refused_stream(refusal), media_type="text/event-stream")
     num_choices = len(prompts) * body.n
     requests, states = [], []
     for prompt_index, prompt_ids in enumerate(prompts):
@@ -205,7 +217,7 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
             index = prompt_index * body.n + sample
             walk_id = request_id if num_choices == 1 else f"{request_id}-{index}"
             requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class,
-                                              body.cache_salt or ""))
+                                              body.cache_salt or "", body.repetition_detection))
             states.append(ChoiceState(index, echoes[prompt_index] if echoes else None,
                                       prompt_token_ids=prompt_ids if body.return_token_ids else None,
                                       parser=parsing.choice(prompt_ids) if parsing is not None else None))
@@ -217,14 +229,15 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
     asked = LogprobsAsked(body.num_logprobs, bool(body.return_tokens_as_token_ids),
                           prompt=body.num_prompt_logprobs is not None if chat else body.prompt_logprobs is not None)
     shape = ResponseShape(request_id, model_name, chat, lifecycle.tokenizer.decode_one, asked,
-                          role=body.role if chat else "assistant", token_ids=bool(body.return_token_ids))
+                          role=body.role if chat else "assistant", token_ids=bool(body.return_token_ids),
+                          prompt_text=prompt_text)
     streams = [lifecycle.generate(request, admitted=True) for request in requests]
     num_prompt_tokens = sum(len(ids) for ids in prompts)
     details = lifecycle.config.enable_prompt_tokens_details
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(streams, states, shape, num_prompt_tokens, include_usage, details),
-                                 media_type="text/event-stream")
+        return StreamingResponse(_sse(streams, states, shape, num_prompt_tokens, include_usage, details,
+                                      body.stream_interval or 1), media_type="text/event-stream")
     chunks: list[list[GenerationChunk]] = [[] for _ in requests]
     async for index, chunk in _merge(streams):
         chunks[index].append(chunk)
@@ -289,10 +302,21 @@ async def _merge(streams: list[AsyncIterator[GenerationChunk]]) -> AsyncIterator
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _refused_stream(error: ServeError) -> AsyncIterator[str]:
+    """A stream refused before its first token, as vLLM's server streams its engine's refusal: the
+    error event alone. Counts the request once."""
+    count("http", outcome_of(error))
+    yield f"data: {json.dumps(error_body(error))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 async def _sse(streams: list[AsyncIterator[GenerationChunk]], states: list[ChoiceState], shape: ResponseShape,
-               num_prompt_tokens: int, include_usage: bool, details: bool) -> AsyncIterator[str]:
-    """The stream's events; an error ends it with an error event. Counts the request once."""
+               num_prompt_tokens: int, include_usage: bool, details: bool,
+               stream_interval: int = 1) -> AsyncIterator[str]:
+    """The stream's events, each choice's chunks batched by vLLM's `stream_interval`
+    (`StreamInterval`); an error ends it with an error event. Counts the request once."""
     num_completion_tokens, cached_tokens = 0, None
+    intervals = [StreamInterval(stream_interval) for _ in states]
     try:
         if shape.chat:
             for event in shape.opening_events(states):
@@ -302,8 +326,9 @@ async def _sse(streams: list[AsyncIterator[GenerationChunk]], states: list[Choic
                 num_completion_tokens += len(chunk.token_ids)
                 if chunk.finished and cached_tokens is None:
                     cached_tokens = _cached_tokens(chunk)
-                event = shape.event(states[index], chunk)
-                if event is not None:   # None: a parser holds the chunk's text back (vLLM sends nothing)
+                chunk = intervals[index].add(chunk)
+                event = None if chunk is None else shape.event(states[index], chunk)
+                if event is not None:   # None: held for the interval, or by a parser (vLLM sends nothing)
                     yield f"data: {json.dumps(event)}\n\n"
         if include_usage:
             body = _with_reasoning_tokens(shape.base(True) | {"choices": [], "usage": usage(

@@ -133,7 +133,7 @@ class Lifecycle:
         ticket = await self.scheduler.dispatch(request)
         router_queued_s = time.perf_counter() - started
         metrics.ROUTER_QUEUE.observe(router_queued_s)
-        output = self.tokenizer.output_text(request.prompt_token_ids, request.sampling)
+        output = self.tokenizer.output_text(request.prompt_token_ids, request.sampling, request.repetition_detection)
         generated: list[int] = []
         lease: KVLease | None = None
         completed = False

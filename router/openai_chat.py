@@ -9,10 +9,14 @@ from typing import Any
 from pydantic import model_validator
 
 from pdserve.errors import InvalidRequest
+from router.openai_fields import vllm_field_type
 from router.openai_messages import ChatMessage, conversation_of
 from router.openai_prompt import answer_role, check_no_request_template, template_kwargs
 from router.openai_schema import SamplingFields
 from router.openai_tools import ToolChoice, check_tool_fields, tool_dicts
+from router.openai_vllm_extras import reasoning_template_kwargs
+
+ReasoningEffort = vllm_field_type("chat", "reasoning_effort")   # vLLM's values
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -30,6 +34,9 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None      # vLLM's `ChatCompletionToolsParam`s (`router.openai_tools`)
     tool_choice: ToolChoice = "none"               # vLLM's default; "auto" when `tools` come without one
     parallel_tool_calls: bool | None = True        # false: only the first call is answered (vLLM's filter)
+    reasoning_effort: ReasoningEffort = None   # vLLM's: given to the template
+    include_reasoning: bool = True   # vLLM's: false drops the reasoning a --reasoning-parser splits off (router.openai_tools)
+    return_prompt_text: bool | None = None   # vLLM's: the rendered prompt as `prompt_text`
 
     @model_validator(mode="before")
     @classmethod
@@ -97,4 +104,6 @@ class ChatCompletionRequest(SamplingFields):
         request is refused, as vLLM refuses it by default."""
         check_no_request_template(self.chat_template, self.chat_template_kwargs)
         return template_kwargs(self.chat_template_kwargs, self.add_generation_prompt, self.continue_final_message,
-                               self.documents, tools=tool_dicts(self.tools))
+                               self.documents, reasoning_template_kwargs(self.reasoning_effort,
+                                                                         self.chat_template_kwargs),
+                               tools=tool_dicts(self.tools))

@@ -40,6 +40,13 @@ def vllm_fields(body: Body) -> frozenset[str]:
     return frozenset().union(*(_field_names(getattr(module, name)) for name in type_names))
 
 
+def vllm_field_type(body: Body, name: str):
+    """The type vLLM's model of `body` gives its field `name` (with its constraints), so pydantic
+    checks a value pdserve serves as vLLM checks it."""
+    module_name, type_names = VLLM_MODELS[body]
+    return getattr(import_module(module_name), type_names[0]).model_fields[name].annotation
+
+
 def _field_names(model) -> frozenset[str]:
     """The keys a pydantic model (names and aliases), a TypedDict or a union of them reads."""
     if hasattr(model, "model_fields"):

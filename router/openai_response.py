@@ -60,6 +60,7 @@ class ResponseShape:
     logprobs: LogprobsAsked = LogprobsAsked()
     role: str = "assistant"            # a chat answer's role (`router.openai_prompt.answer_role`)
     token_ids: bool = False            # vLLM's `return_token_ids`: each choice's `token_ids`, the prompt's ids
+    prompt_text: str | None = None     # vLLM's `return_prompt_text` (chat): the rendered prompt, sent as is
     created: int = field(default_factory=lambda: int(time.time()))
 
     def base(self, streaming: bool) -> dict:
@@ -121,7 +122,7 @@ class ResponseShape:
     def opening_events(self, states: list[ChoiceState]) -> list[dict]:
         """vLLM's first chat stream events: each choice's role, no content yet; then, with `echo`,
         each choice's echoed content alone."""
-        events = [self._delta_event(state.index, {"role": self.role, "content": ""}) | self._prompt_ids(state)
+        events = [self._delta_event(state.index, {"role": self.role, "content": ""}) | self._prompt_fields(state)
                   for state in states]
         for state in states:
             if state.echo is not None:
@@ -134,9 +135,11 @@ class ResponseShape:
         return self.base(True) | {"choices": [{"index": index, "delta": delta, "logprobs": None,
                                                "finish_reason": None}]}
 
-    def _prompt_ids(self, state: ChoiceState) -> dict:
-        """A chat's `prompt_token_ids` (a field of the whole answer, or of each role event)."""
-        return {"prompt_token_ids": state.prompt_token_ids} if self.token_ids else {}
+    def _prompt_fields(self, state: ChoiceState) -> dict:
+        """A chat's `prompt_token_ids` and `prompt_text`, when asked (fields of the whole answer,
+        or of each role event: vLLM's first chunk of each choice)."""
+        fields = {"prompt_token_ids": state.prompt_token_ids} if self.token_ids else {}
+        return fields | ({"prompt_text": self.prompt_text} if self.prompt_text is not None else {})
 
     def event(self, state: ChoiceState, chunk: GenerationChunk) -> dict | None:
         """The stream event of a choice's next chunk (None: no event, see `choice`)."""
@@ -158,7 +161,7 @@ class ResponseShape:
         if self.chat and self.logprobs.prompt:   # vLLM's chat answer carries its one prompt's logprobs
             body["prompt_logprobs"] = prompt_logprobs_body(answers[0][1].prompt_logprobs)
         if self.chat:
-            body |= self._prompt_ids(answers[0][0])
+            body |= self._prompt_fields(answers[0][0])
         return body
 
     def _logprobs(self, state: ChoiceState, token_ids: list[int], positions: list[PositionLogprobs]) -> dict | None:
@@ -171,6 +174,31 @@ class ResponseShape:
                                        asked.as_token_ids)
         state.next_text_offset = next_text_offset(logprobs, state.next_text_offset)
         return logprobs
+
+
+@dataclass
+class StreamInterval:
+    """vLLM's `stream_interval` for one choice's stream (`OutputProcessor`'s rule, in DELTA mode): a
+    chunk is sent when it finishes the choice, when nothing has been sent yet, or when the tokens
+    held reach `interval`; else it is held and sent merged with the next. An interval of 1 (vLLM's
+    default) sends every chunk as it comes. Invariant: the chunks sent, joined, are the chunks added."""
+
+    interval: int = 1
+    sent_tokens: int = 0
+    held: list[GenerationChunk] = field(default_factory=list)
+
+    def add(self, chunk: GenerationChunk) -> GenerationChunk | None:
+        """The chunk to send now (the held ones and `chunk`, merged), or None while holding."""
+        if self.interval <= 1:
+            return chunk
+        self.held.append(chunk)
+        held_tokens = sum(len(held.token_ids) for held in self.held)
+        if not (chunk.finished or self.sent_tokens == 0 or held_tokens >= self.interval):
+            return None
+        send = merged(self.held) if len(self.held) > 1 else chunk
+        self.sent_tokens += held_tokens
+        self.held = []
+        return send
 
 
 def merged(chunks: list[GenerationChunk]) -> GenerationChunk:

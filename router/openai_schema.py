@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from pdserve.errors import InvalidRequest, NotFound
 from pdserve.sampling import Sampling
+from router.openai_extra_fields import VllmExtraFields
 from router.openai_fields import Body, served_fields_only
 from router.openai_messages import SERVED_EXTRAS, ChatMessage, conversation_of
 from router.openai_prompt import PromptRules, check_cache_salt, check_no_request_template, template_kwargs
@@ -64,7 +65,7 @@ class _Body(BaseModel):
             raise NotFound(f"The model `{self.model}` does not exist. Valid aliases: {served}.", field="model")
 
 
-class SamplingFields(_Body):
+class SamplingFields(VllmExtraFields, _Body):   # vLLM's extra fields: `router.openai_extra_fields`
     default_max_tokens: ClassVar[int | None] = None   # vLLM's when none is asked (None: the rest of the context)
     add_special_tokens: bool   # each body's own default (vLLM's): a completion's true, a chat's false
     max_tokens: int | None = None

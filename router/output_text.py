@@ -13,6 +13,12 @@ a disaggregated walk: the decode engine's output starts after the prefill's firs
 resumed decode's after every token already sent), so a stop string that spans that boundary is
 found here only. The engines still check their part, which ends a request early on the worker.
 
+vLLM's `repetition_detection` is checked here for the same reason, with vLLM's own check over the
+whole output (`router.openai_vllm_extras.repetition_end`): the tokens after the one that completes
+the repeated pattern are dropped and the request finishes with "repetition", as vLLM's scheduler
+ends it; the engine's own end of the same token (a stop token, EOS, the length) goes first, as in
+vLLM's `check_stop`, and a stop string in the text still wins, as in vLLM's output processor.
+
 The logprobs of the tokens the client gets are made alongside (`router.output_logprobs`): a stop
 string that drops tokens drops their logprobs, as vLLM trims both.
 """
@@ -25,6 +31,7 @@ from typing import Sequence
 from pdserve.logprobs import PositionLogprobs, SampledLogprobs
 from pdserve.sampling import Sampling
 from pdserve.worker_api import StopReason
+from router.openai_vllm_extras import REPETITION_FINISH_REASON, REPETITION_STOP_REASON, repetition_end
 from router.output_logprobs import OutputLogprobs
 
 
@@ -46,7 +53,7 @@ class OutputText:
     """One request's output. Feed its tokens in order with `add`; after a step that is `finished`,
     feed nothing more."""
 
-    def __init__(self, hf_tokenizer, prompt_token_ids: list[int], sampling: Sampling):
+    def __init__(self, hf_tokenizer, prompt_token_ids: list[int], sampling: Sampling, repetition_detection=None):
         from vllm.v1.engine import EngineCoreRequest
         from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
@@ -56,6 +63,7 @@ class OutputText:
         self._detokenizer = IncrementalDetokenizer.from_new_request(hf_tokenizer, request)
         self._logprobs = OutputLogprobs(hf_tokenizer, request)
         self._prompt_rows: list[SampledLogprobs] | None = [] if self._logprobs.prompt_wanted else None
+        self._repetition, self._min_tokens = repetition_detection, sampling.min_tokens
         self.finished = False
 
     @property
@@ -71,9 +79,15 @@ class OutputText:
         request with "stop"."""
         if self.finished:
             raise RuntimeError("the output is finished: no tokens may follow")
+        token_ids = list(token_ids)
+        if self._repetition is not None:
+            kept = repetition_end(self._detokenizer.output_token_ids, token_ids, self._repetition, self._min_tokens)
+            if kept is not None and not (finished and kept == len(token_ids)):
+                token_ids, finished = token_ids[:kept], True
+                finish_reason, stop_reason = REPETITION_FINISH_REASON, REPETITION_STOP_REASON
         stopped_on_token = finished and finish_reason == "stop" and not isinstance(stop_reason, str)
         before = self._detokenizer.num_output_tokens()
-        stop_string = self._detokenizer.update(list(token_ids), stopped_on_token)
+        stop_string = self._detokenizer.update(token_ids, stopped_on_token)
         if stop_string is not None:
             finished, finish_reason, stop_reason = True, "stop", stop_string
         self.finished = finished
@@ -85,5 +99,5 @@ class OutputText:
             if kept or finished:
                 prompt, self._prompt_rows = self._logprobs.add_prompt(self._prompt_rows), None
         return TextStep(kept, text, finished, finish_reason if finished else "",
-                        stop_reason if finished and finish_reason == "stop" else None,
+                        stop_reason if finished and finish_reason in ("stop", REPETITION_FINISH_REASON) else None,
                         self._logprobs.add(logprobs[:len(kept)]), prompt)

@@ -108,6 +108,6 @@ class RouterTokenizer:
         if sampling.bad_words:
             vllm_checked(lambda: sampling.to_vllm().update_from_tokenizer(self._hf))
 
-    def output_text(self, prompt_token_ids: list[int], sampling: Sampling) -> OutputText:
+    def output_text(self, prompt_token_ids: list[int], sampling: Sampling, repetition_detection=None) -> OutputText:
         """The output text of one request, as vLLM makes it (`router.output_text`)."""
-        return OutputText(self._hf, prompt_token_ids, sampling)
+        return OutputText(self._hf, prompt_token_ids, sampling, repetition_detection)

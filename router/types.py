@@ -6,6 +6,7 @@ what it sends workers is `pdserve.worker_api`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pdserve.sampling import Sampling
 
@@ -17,3 +18,4 @@ class GenerationRequest:
     sampling: Sampling
     slo_class: str = ""
     cache_salt: str = ""     # vLLM's prefix-cache salt ("": none), given to every engine of the walk
+    repetition_detection: Any = None   # vLLM's RepetitionDetectionParams: checked by the router (`router.output_text`)

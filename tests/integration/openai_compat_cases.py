@@ -232,6 +232,69 @@ def cases(known: Known) -> list[Case]:
              streams=False),
         Case("stream_options_without_stream", completions, GREEDY | {"prompt": PROMPT, "stream_options":
                                                                      {"include_usage": True}}, streams=False),
+        *vllm_extra_field_cases(),
         Case("unknown_field", completions, GREEDY | {"prompt": PROMPT, "no_such_field": 1}),
         Case("unknown_route", "/v1/nothing", {"model": MODEL}, streams=False),
+    ]
+
+
+REPETITION = {"max_pattern_size": 4, "min_count": 2}   # any n-gram up to 4 tokens twice in a row ends it
+INERT = {"session_id": "session-1", "watermarking": True, "return_token_offsets": True,
+         "vllm_xargs": {"session_id": "session-2", "note": ["a", 1, 0.5]}, "thinking_token_budget": -1}
+
+
+def vllm_extra_field_cases() -> list[Case]:
+    """vLLM's extra fields (router/openai_vllm_extras.py): served ones, the ones that change
+    nothing on vLLM's server as shipped, and vLLM's refusals of their bad values."""
+    completions, chat = "/v1/completions", "/v1/chat/completions"
+    return [
+        Case("completion_stream_interval", completions, GREEDY | {"prompt": PROMPT, "stream_interval": 4}),
+        Case("completion_stream_interval_logprobs", completions,
+             GREEDY | {"prompt": PROMPT, "stream_interval": 5, "logprobs": 2},
+             stream_extra={"stream_options": {"include_usage": True}}),
+        Case("chat_stream_interval_n2", chat, SEEDED | {"messages": CHAT, "n": 2, "stream_interval": 3,
+                                                         "logprobs": True, "top_logprobs": 1}),
+        # one token allowed: it repeats from the first, so the third (the decode engine's second) ends it
+        Case("completion_repetition_detection", completions,
+             GREEDY | {"prompt": PROMPT, "allowed_token_ids": [300],
+                       "repetition_detection": {"max_pattern_size": 2, "min_count": 3}}),
+        # three tokens allowed: a pattern of up to 4 of them twice in a row, not before the 6th token
+        Case("chat_repetition_detection", chat, GREEDY | {"messages": CHAT, "max_tokens": 40,
+                                                          "allowed_token_ids": [300, 301, 302], "min_tokens": 6,
+                                                          "repetition_detection": REPETITION}),
+        Case("completion_repetition_not_met", completions, GREEDY | {"prompt": PROMPT,
+                                                                     "repetition_detection": REPETITION}),
+        Case("chat_return_prompt_text", chat, GREEDY | {"messages": CHAT, "return_prompt_text": True}),
+        Case("chat_reasoning_effort", chat, GREEDY | {"messages": CHAT, "reasoning_effort": "low"}),
+        Case("chat_reasoning_effort_none", chat, GREEDY | {"messages": CHAT, "reasoning_effort": "none",
+                                                           "include_reasoning": False}, streams=False),
+        Case("completion_inert_fields", completions, GREEDY | {"prompt": PROMPT} | INERT),
+        Case("chat_inert_fields", chat, GREEDY | {"messages": CHAT, "include_reasoning": False} | INERT),
+        Case("thinking_token_budget", completions, GREEDY | {"prompt": PROMPT, "thinking_token_budget": 16}),
+        Case("thinking_token_budget_chat", chat, GREEDY | {"messages": CHAT, "thinking_token_budget": 0}),
+        # vLLM's refusals of bad values
+        Case("stream_interval_zero", completions, GREEDY | {"prompt": PROMPT, "stream": True, "stream_interval": 0},
+             streams=False),
+        Case("repetition_detection_one_count", completions,
+             GREEDY | {"prompt": PROMPT, "repetition_detection": {"max_pattern_size": 2, "min_count": 1}},
+             streams=False),
+        Case("repetition_detection_sizes_crossed", chat,
+             GREEDY | {"messages": CHAT, "repetition_detection": {"max_pattern_size": 2, "min_pattern_size": 3,
+                                                                 "min_count": 2}}, streams=False),
+        Case("repetition_detection_wrong_type", completions,
+             GREEDY | {"prompt": PROMPT, "repetition_detection": {"max_pattern_size": "many"}}, streams=False),
+        Case("thinking_token_budget_negative", completions, GREEDY | {"prompt": PROMPT, "thinking_token_budget": -2},
+             streams=False),
+        Case("thinking_token_budget_float", chat, GREEDY | {"messages": CHAT, "thinking_token_budget": 1.5},
+             streams=False),
+        Case("vllm_xargs_past_64_bits", completions, GREEDY | {"prompt": PROMPT, "vllm_xargs": {"n": 2**64}},
+             streams=False),
+        Case("vllm_xargs_nested", chat, GREEDY | {"messages": CHAT, "vllm_xargs": {"n": {"deeper": 1}}},
+             streams=False),
+        Case("session_id_not_a_string", completions, GREEDY | {"prompt": PROMPT, "session_id": 7}, streams=False),
+        Case("watermarking_not_a_bool", chat, GREEDY | {"messages": CHAT, "watermarking": "perhaps"}, streams=False),
+        Case("reasoning_effort_unknown", chat, GREEDY | {"messages": CHAT, "reasoning_effort": "extreme"},
+             streams=False),
+        Case("include_reasoning_not_a_bool", chat, GREEDY | {"messages": CHAT, "include_reasoning": "perhaps"},
+             streams=False),
     ]

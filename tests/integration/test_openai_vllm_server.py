@@ -106,5 +106,24 @@ def test_the_cases_exercise_what_they_are_named_for(answers, known):
                for e in answers["chat_tools_required[stream]"][1].body)
     assert [answers[name][1].status for name in ("tools_empty", "tool_choice_without_tools",
                                                  "tool_choice_unknown_function", "tool_choice_unknown_word")] == [400] * 4
+
+    def choice_events(name, index=0):
+        return [event for event in answers[name][1].body if event["choices"]
+                and event["choices"][0]["index"] == index]
+
+    assert len(choice_events("completion_stream_interval[stream]")) == 4   # 12 tokens: 1, 4, 4, 3
+    sizes = [len(event["choices"][0]["logprobs"]["content"])
+             for event in choice_events("chat_stream_interval_n2[stream]") if event["choices"][0].get("logprobs")]
+    assert sizes[0] == 1 and set(sizes[1:-1]) == {3} and sizes[-1] <= 3   # the first token, then 3 at a time
+    for name in ("completion_repetition_detection", "chat_repetition_detection"):
+        assert (choices(name)[0]["finish_reason"], choices(name)[0]["stop_reason"]) == ("repetition",
+                                                                                        "repetition_detected")
+    assert answers["completion_repetition_detection"][1].body["usage"]["completion_tokens"] == 3
+    assert answers["chat_repetition_detection"][1].body["usage"]["completion_tokens"] >= 6   # min_tokens
+    assert choices("completion_repetition_not_met")[0]["finish_reason"] == "length"
+    assert answers["chat_return_prompt_text"][1].body["prompt_text"].endswith("assistant<|end_header_id|>\n\n")
+    assert [answers[name][1].status for name in ("thinking_token_budget", "thinking_token_budget[stream]",
+                                                 "completion_inert_fields", "chat_inert_fields")] == [400, 200, 200,
+                                                                                                      200]
     assert [answers[name][1].status for name in ("unknown_model", "temperature_negative", "n_zero",
                                                    "prompt_too_long", "wrong_type")] == [404, 400, 400, 400, 400]
