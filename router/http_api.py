@@ -35,6 +35,7 @@ from pdserve.errors import (
 )
 from pdserve.generation import GenerationChunk
 from router.lifecycle import Lifecycle
+from router.openai_beam import STREAM_REFUSAL, beam_streams
 from router.openai_response import ChoiceState, Echo, LogprobsAsked, ResponseShape, merged, model_list, usage
 from router.openai_chat import ChatCompletionRequest
 from router.openai_prompt import text_prompt_ids, token_prompt_ids
@@ -134,6 +135,8 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
         an echo's text is the prompt's as vLLM echoes it: the text sent, a token-id prompt's ids
         decoded before truncation, nothing with `return_token_ids`."""
         body.check_model(model_name)
+        if body.stream and body.use_beam_search:
+            raise InvalidRequest(STREAM_REFUSAL)   # vLLM's (a chat's beam search streams)
         tokenizer, rules = lifecycle.tokenizer, body.prompt_rules(lifecycle.config.max_model_len)
         prompts, echoes = [], []   # echoes: one per prompt with `echo`, else none
         for prompt in body.prompts():
@@ -190,20 +193,26 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
     """Each prompt's `n` samples as walks of their own (choice index prompt * n + sample, vLLM's
     numbering), every one admitted before any byte is sent, merged as they stream."""
     request_id = body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    body.sampling()  # refuses what vLLM refuses (n < 1 too) before any walk is made
+    beam = bool(body.use_beam_search)   # the choices are a beam search's best (`router.openai_beam`)
+    if not beam:
+        body.sampling()  # refuses what vLLM refuses (n < 1 too) before any walk is made
     num_choices = len(prompts) * body.n
-    requests, states = [], []
+    requests, states, rooms = [], [], []
     for prompt_index, prompt_ids in enumerate(prompts):
         room = context_room(len(prompt_ids), lifecycle.config.max_model_len)   # max_tokens is capped to it
+        rooms.append(room)
         for sample in range(body.n):
             index = prompt_index * body.n + sample
             walk_id = request_id if num_choices == 1 else f"{request_id}-{index}"
-            requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class,
-                                              body.cache_salt or ""))
+            if not beam:
+                requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class,
+                                                  body.cache_salt or ""))
             states.append(ChoiceState(index, echoes[prompt_index] if echoes else None,
                                       prompt_token_ids=prompt_ids if body.return_token_ids else None))
     for request in requests:
         lifecycle.admit(request)  # refuse before any byte is sent, with a proper status
+    if beam:   # admits each prompt's first step now
+        streams = beam_streams(lifecycle, body, request_id, prompts, rooms)
     if num_choices > 1 and num_choices > lifecycle.config.max_inflight:
         raise InvalidRequest(f"{num_choices} choices (prompts x n) exceed the router's limit of "
                              f"{lifecycle.config.max_inflight} requests in flight", field="n")
@@ -211,9 +220,10 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
                           prompt=body.num_prompt_logprobs is not None if chat else body.prompt_logprobs is not None)
     shape = ResponseShape(request_id, model_name, chat, lifecycle.tokenizer.decode_one, asked,
                           role=body.role if chat else "assistant", token_ids=bool(body.return_token_ids))
-    streams = [lifecycle.generate(request, admitted=True) for request in requests]
+    if not beam:
+        streams = [lifecycle.generate(request, admitted=True) for request in requests]
     num_prompt_tokens = sum(len(ids) for ids in prompts)
-    details = lifecycle.config.enable_prompt_tokens_details
+    details = lifecycle.config.enable_prompt_tokens_details and not beam   # vLLM's beam answer has no cached count
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_sse(streams, states, shape, num_prompt_tokens, include_usage, details),
@@ -222,7 +232,8 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
     async for index, chunk in _merge(streams):
         chunks[index].append(chunk)
     count("http", OK)
-    answers = [(state, merged(choice)) for state, choice in zip(states, chunks)]
+    answers = [(state, merged(choice)) for state, choice in zip(states, chunks) if choice]   # a beam search
+    # may end with fewer beams than `n` (no step: `max_tokens` 0)
     completion_tokens = sum(len(chunk.token_ids) for _, chunk in answers)
     return shape.whole(answers, usage(num_prompt_tokens, completion_tokens,
                                       _cached_tokens(answers[-1][1]) if details else None))
