@@ -228,7 +228,7 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_sse(streams, states, shape, num_prompt_tokens, include_usage, details),
                                  media_type="text/event-stream")
-    chunks: list[list[GenerationChunk]] = [[] for _ in requests]
+    chunks: list[list[GenerationChunk]] = [[] for _ in states]
     async for index, chunk in _merge(streams):
         chunks[index].append(chunk)
     count("http", OK)
