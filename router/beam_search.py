@@ -1,7 +1,7 @@
 """Beam search as vLLM's OpenAI server runs it (`vllm/entrypoints/generate/beam_search/online.py`):
 outside the engines, in steps. Each step asks every live beam for one token with `2 * beam_width`
-logprobs (one request through the cluster per beam: the prefill worker's prefix cache holds the
-beam's tokens, so a step computes one new position per beam), then keeps the `beam_width` best
+logprobs (one request through the cluster per beam, placed as any request, where a prefix cache
+holds the beam's tokens, so a step computes about one new position per beam), then keeps the `beam_width` best
 continuations; a beam that meets EOS (unless `ignore_eos`) is completed. After `max_tokens` steps
 (or when no beam is left) the `beam_width` best beams by vLLM's `get_beam_search_score` (length
 penalty) are the answer.

@@ -98,5 +98,12 @@ def test_the_cases_exercise_what_they_are_named_for(answers, known):
     assert [answers[name][1].status for name in ("truncate_past_context", "truncate_below_minus_one",
                                                  "continue_with_generation_prompt", "continue_final_message_alone",
                                                  "chat_template_untrusted", "bad_words_empty_word")] == [400] * 6
+    beams = choices("completion_beam_search")
+    assert len(beams) == 2 and beams[0]["text"] != beams[1]["text"]
+    assert len(choices("completion_beam_search_logprobs")) == 3
+    assert len(choices("completion_beam_search_prompts_echo")) == 4
+    assert len(choices("chat_beam_search")) == 2
+    assert [answers[name][1].status for name in ("completion_beam_search[stream]", "beam_search_logprob_token_ids",
+                                                 "beam_search_echo_logprobs")] == [400] * 3
     assert [answers[name][1].status for name in ("unknown_model", "temperature_negative", "n_zero",
                                                    "prompt_too_long", "wrong_type")] == [404, 400, 400, 400, 400]
