@@ -99,9 +99,11 @@ class SharedSearch:
         return await self._task
 
     async def stream(self, index: int) -> AsyncIterator[GenerationChunk]:
-        """Choice `index` of the prompt (the `index`-th best beam) as a stream of one chunk."""
+        """Choice `index` of the prompt (the `index`-th best beam) as a stream of one chunk; of none
+        when the search ended with fewer beams (no step was run), as vLLM answers fewer choices."""
         beams = await self.beams()
-        yield beams[index]
+        if index < len(beams):
+            yield beams[index]
 
 
 def beam_streams(lifecycle, body, request_id: str, prompts: list[list[int]], rooms: list[int]

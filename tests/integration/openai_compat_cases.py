@@ -158,12 +158,17 @@ def cases(known: Known) -> list[Case]:
              BEAM | {"prompt": PROMPT, "ignore_eos": True, "include_stop_str_in_output": True,
                      "stop": [greedy.stop_string()], "seed": 3, "top_p": 0.5, "presence_penalty": 1.0},
              streams=False),
+        Case("completion_beam_search_widest", completions, BEAM | {"prompt": PROMPT, "n": 10, "max_tokens": 3,
+                                                                   "logprobs": 0}, streams=False),   # 20 logprobs
+        Case("completion_beam_search_max_tokens_zero", completions, BEAM | {"prompt": PROMPT, "max_tokens": 0},
+             streams=False),
         Case("chat_beam_search", chat, BEAM | {"messages": CHAT},
              stream_extra={"stream_options": {"include_usage": True}}),
         Case("chat_beam_search_logprobs", chat, BEAM | {"messages": CHAT, "logprobs": True, "top_logprobs": 2,
                                                         "max_tokens": 6, "return_token_ids": True}),
         Case("beam_search_logprob_token_ids", completions, BEAM | {"prompt": PROMPT, "logprobs": 1,
                                                                    "logprob_token_ids": [11]}, streams=False),
+        Case("beam_search_too_wide", completions, BEAM | {"prompt": PROMPT, "n": 11}, streams=False),   # 22 logprobs
         Case("beam_search_echo_logprobs", completions, BEAM | {"prompt": PROMPT, "echo": True, "logprobs": 1},
              streams=False),
         Case("completion_logprobs_too_many", completions, GREEDY | {"prompt": PROMPT, "logprobs": 21}, streams=False),

@@ -103,7 +103,9 @@ def test_the_cases_exercise_what_they_are_named_for(answers, known):
     assert len(choices("completion_beam_search_logprobs")) == 3
     assert len(choices("completion_beam_search_prompts_echo")) == 4
     assert len(choices("chat_beam_search")) == 2
+    assert len(choices("completion_beam_search_widest")) == 10
+    assert len(choices("completion_beam_search_max_tokens_zero")) == 1
     assert [answers[name][1].status for name in ("completion_beam_search[stream]", "beam_search_logprob_token_ids",
-                                                 "beam_search_echo_logprobs")] == [400] * 3
+                                                 "beam_search_echo_logprobs", "beam_search_too_wide")] == [400] * 4
     assert [answers[name][1].status for name in ("unknown_model", "temperature_negative", "n_zero",
                                                    "prompt_too_long", "wrong_type")] == [404, 400, 400, 400, 400]

@@ -84,3 +84,12 @@ async def test_beam_search_ignores_what_vllm_s_beam_search_does_not_read(redis_s
                            BEAM | {"prompt": PROMPT, "stop": [" there"], "seed": 1, "presence_penalty": 1.0})
     assert reply.status_code == 200, reply.text
     assert [c["text"] for c in reply.json()["choices"]] == [" there", tokenizer.decode([11])]
+
+
+async def test_max_tokens_0_answers_the_prompt_s_one_beam_as_vllm_does(redis_server, tokenizer):
+    """No step is run: the search's one beam is the prompt, so one empty choice though n is 2."""
+    reply, workers = await _post(redis_server, tokenizer, "/v1/completions", BEAM | {"prompt": PROMPT,
+                                                                                   "max_tokens": 0})
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in reply.json()["choices"]] == [(0, "", "length")]
+    assert reply.json()["usage"]["completion_tokens"] == 0
+    assert not workers["prefill-a"].prefills and not workers["decode-a"].decodes
