@@ -190,29 +190,16 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
 
 async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[list[int]], chat: bool,
                    echoes: list[Echo | None] | None = None):
-    """Each prompt's `n` samples as walks of their own (choice index prompt * n + sample, vLLM's
-    numbering), every one admitted before any byte is sent, merged as they stream."""
+    """Each prompt's `n` choices (choice index prompt * n + sample, vLLM's numbering): sampled walks
+    of their own, or a beam search's best beams (`router.openai_beam`); every one admitted before
+    any byte is sent, merged as they stream."""
     request_id = body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    beam = bool(body.use_beam_search)   # the choices are a beam search's best (`router.openai_beam`)
-    if not beam:
-        body.sampling()  # refuses what vLLM refuses (n < 1 too) before any walk is made
-    num_choices = len(prompts) * body.n
-    requests, states, rooms = [], [], []
-    for prompt_index, prompt_ids in enumerate(prompts):
-        room = context_room(len(prompt_ids), lifecycle.config.max_model_len)   # max_tokens is capped to it
-        rooms.append(room)
-        for sample in range(body.n):
-            index = prompt_index * body.n + sample
-            walk_id = request_id if num_choices == 1 else f"{request_id}-{index}"
-            if not beam:
-                requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class,
-                                                  body.cache_salt or ""))
-            states.append(ChoiceState(index, echoes[prompt_index] if echoes else None,
-                                      prompt_token_ids=prompt_ids if body.return_token_ids else None))
-    for request in requests:
-        lifecycle.admit(request)  # refuse before any byte is sent, with a proper status
-    if beam:   # admits each prompt's first step now
-        streams = beam_streams(lifecycle, body, request_id, prompts, rooms)
+    beam = bool(body.use_beam_search)
+    streams = (beam_streams if beam else _sampled_streams)(lifecycle, body, request_id, prompts)
+    states = [ChoiceState(prompt_index * body.n + sample, echoes[prompt_index] if echoes else None,
+                          prompt_token_ids=prompt_ids if body.return_token_ids else None)
+              for prompt_index, prompt_ids in enumerate(prompts) for sample in range(body.n)]
+    num_choices = len(states)
     if num_choices > 1 and num_choices > lifecycle.config.max_inflight:
         raise InvalidRequest(f"{num_choices} choices (prompts x n) exceed the router's limit of "
                              f"{lifecycle.config.max_inflight} requests in flight", field="n")
@@ -220,8 +207,6 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
                           prompt=body.num_prompt_logprobs is not None if chat else body.prompt_logprobs is not None)
     shape = ResponseShape(request_id, model_name, chat, lifecycle.tokenizer.decode_one, asked,
                           role=body.role if chat else "assistant", token_ids=bool(body.return_token_ids))
-    if not beam:
-        streams = [lifecycle.generate(request, admitted=True) for request in requests]
     num_prompt_tokens = sum(len(ids) for ids in prompts)
     details = lifecycle.config.enable_prompt_tokens_details and not beam   # vLLM's beam answer has no cached count
     if body.stream:
@@ -232,11 +217,29 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
     async for index, chunk in _merge(streams):
         chunks[index].append(chunk)
     count("http", OK)
-    answers = [(state, merged(choice)) for state, choice in zip(states, chunks) if choice]   # a beam search
-    # may end with fewer beams than `n` (no step: `max_tokens` 0)
+    # a choice without chunks: a beam search that ended with fewer beams than `n` (`max_tokens` 0)
+    answers = [(state, merged(choice)) for state, choice in zip(states, chunks) if choice]
     completion_tokens = sum(len(chunk.token_ids) for _, chunk in answers)
     return shape.whole(answers, usage(num_prompt_tokens, completion_tokens,
                                       _cached_tokens(answers[-1][1]) if details else None))
+
+
+def _sampled_streams(lifecycle: Lifecycle, body, request_id: str,
+                     prompts: list[list[int]]) -> list[AsyncIterator[GenerationChunk]]:
+    """Each prompt's `n` samples as walks of their own, every one admitted now."""
+    body.sampling()  # refuses what vLLM refuses (n < 1 too) before any walk is made
+    num_choices = len(prompts) * body.n
+    requests = []
+    for prompt_index, prompt_ids in enumerate(prompts):
+        room = context_room(len(prompt_ids), lifecycle.config.max_model_len)   # max_tokens is capped to it
+        for sample in range(body.n):
+            index = prompt_index * body.n + sample
+            walk_id = request_id if num_choices == 1 else f"{request_id}-{index}"
+            requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class,
+                                              body.cache_salt or ""))
+    for request in requests:
+        lifecycle.admit(request)  # refuse before any byte is sent, with a proper status
+    return [lifecycle.generate(request, admitted=True) for request in requests]
 
 
 def _cached_tokens(chunk: GenerationChunk) -> int:

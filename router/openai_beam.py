@@ -27,6 +27,7 @@ from pdserve.generation import GenerationChunk
 from pdserve.logprobs import TopLogprob
 from pdserve.sampling import Sampling, engine_error_field, is_engine_input_error
 from router.beam_search import FinishedBeam, Step, StepLogprobs, search
+from router.openai_schema import context_room
 from router.types import GenerationRequest
 
 STREAM_REFUSAL = "Streaming is not currently supported with beam search"   # vLLM's, for a completion
@@ -106,15 +107,14 @@ class SharedSearch:
             yield beams[index]
 
 
-def beam_streams(lifecycle, body, request_id: str, prompts: list[list[int]], rooms: list[int]
-                 ) -> list[AsyncIterator[GenerationChunk]]:
+def beam_streams(lifecycle, body, request_id: str, prompts: list[list[int]]) -> list[AsyncIterator[GenerationChunk]]:
     """Each prompt's `n` choices as streams (choice prompt * n + beam), every prompt's first step
     admitted now (refused before any byte is sent, as a sampled request is)."""
     hf, eos = lifecycle.tokenizer.hf, lifecycle.tokenizer.eos_token_id
     decode = lambda ids, skip: hf.decode(ids, skip_special_tokens=skip)  # noqa: E731
     streams: list[AsyncIterator[GenerationChunk]] = []
-    for prompt_index, (prompt_ids, room) in enumerate(zip(prompts, rooms)):
-        params = beam_params(body, room)
+    for prompt_index, prompt_ids in enumerate(prompts):
+        params = beam_params(body, context_room(len(prompt_ids), lifecycle.config.max_model_len))
         sampling = step_sampling(params)
         lifecycle.admit(step_request(request_id, prompt_ids, sampling, body.slo_class, body.cache_salt or ""))
         step = cluster_step(lifecycle.generate, f"{request_id}-{prompt_index}", sampling, body.slo_class,
