@@ -34,10 +34,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def server_argv(settings: EngineSettings, port: int, served_model_name: str | None = None) -> list[str]:
+def server_argv(settings: EngineSettings, port: int, served_model_name: str | None = None,
+                extra_args: tuple[str, ...] = ()) -> list[str]:
     """The `python -m vllm.entrypoints.openai.api_server ...` command line for `settings`; served
     as `served_model_name` when given (vLLM's default name is `settings.model` as given, a path,
-    where pdserve's router serves the path's last part)."""
+    where pdserve's router serves the path's last part); `extra_args`, more of vLLM's server flags."""
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", settings.model,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", settings.dtype,
             "--block-size", str(settings.block_size), "--max-model-len", str(settings.max_model_len),
@@ -48,16 +49,17 @@ def server_argv(settings: EngineSettings, port: int, served_model_name: str | No
         argv += ["--max-num-batched-tokens", str(settings.max_num_batched_tokens)]
     if served_model_name is not None:
         argv += ["--served-model-name", served_model_name]
-    return argv + ([] if settings.enable_prefix_caching else ["--no-enable-prefix-caching"])
+    return argv + ([] if settings.enable_prefix_caching else ["--no-enable-prefix-caching"]) + list(extra_args)
 
 
 class VllmOpenAIServer:
     """`with VllmOpenAIServer(settings) as server: ... server.url` (http://127.0.0.1:PORT)."""
 
     def __init__(self, settings: EngineSettings, port: int = 0, log_path: Path | None = None,
-                 served_model_name: str | None = None) -> None:
+                 served_model_name: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.settings = settings
         self.served_model_name = served_model_name
+        self.extra_args = tuple(extra_args)
         self.port = port or free_port()
         self.log_path = log_path or Path(tempfile.mkdtemp(prefix="vllm-server-")) / "server.log"
         self._process: subprocess.Popen | None = None
@@ -73,7 +75,7 @@ class VllmOpenAIServer:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpu_cores
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(server_argv(self.settings, self.port, self.served_model_name), stdout=log,
+            self._process = subprocess.Popen(server_argv(self.settings, self.port, self.served_model_name, self.extra_args), stdout=log,
                                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             self._wait_healthy(timeout_s)

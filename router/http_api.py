@@ -40,6 +40,7 @@ from router.openai_response import ChoiceState, Echo, LogprobsAsked, ResponseSha
 from router.openai_chat import ChatCompletionRequest
 from router.openai_prompt import text_prompt_ids, token_prompt_ids
 from router.openai_schema import CompletionRequest, DetokenizeRequest, TokenizeRequest, context_room
+from router.openai_tools import ChatParsers, ChatParsing, RequestParsing
 from router.openapi_statuses import (
     GENERATION_ERRORS, KEYED_ERRORS, PLAIN_ERRORS, SSE_200, TOKENIZE_ERRORS, openapi_schema, responses_for,
 )
@@ -77,9 +78,12 @@ def _validation_error(exc: RequestValidationError) -> MalformedBody:
     return MalformedBody(f"{field}: {reason}" if field else reason, field=param)
 
 
-def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = None) -> FastAPI:
+def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = None,
+               parsing: ChatParsing = ChatParsing()) -> FastAPI:
     """The app serving `model_name`; `model_root` is the model's path as the router was given it
-    (`/v1/models` says it as vLLM's `root`)."""
+    (`/v1/models` says it as vLLM's `root`); `parsing`, the parsers of a chat's answer
+    (`router.openai_tools`: none by default, as in vLLM)."""
+    parsers = ChatParsers(parsing, lifecycle.tokenizer.hf if parsing.uses_parser else None)
     app = FastAPI(title="pdserve", docs_url=None, redoc_url=None)
     app.openapi = lambda: openapi_schema(app)  # every status a route answers, and no 422 (router.openapi_statuses)
 
@@ -151,9 +155,13 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
     @app.post("/v1/chat/completions", responses=SSE_200 | responses_for(GENERATION_ERRORS))
     async def chat_completions(body: ChatCompletionRequest):
         """The conversation rendered by the model's template with vLLM's arguments, then tokenized
-        as vLLM's renderer does (`router.openai_prompt`)."""
+        as vLLM's renderer does (`router.openai_prompt`); with a parser, the answer is parsed as
+        vLLM parses it (`router.openai_tools`)."""
         body.check_model(model_name)
         kwargs = body.template_kwargs()
+        parsing = parsers.for_request(body.model_dump(exclude_unset=True, exclude={"slo_class"}), kwargs)
+        if parsing is not None:
+            body = body.model_copy(update=parsing.sampling_overrides())
         rules = body.prompt_rules(lifecycle.config.max_model_len)
         rules.vllm()   # vLLM checks the lengths asked before it renders
         rendered = lifecycle.tokenizer.apply_template(body.conversation(), kwargs)
@@ -162,7 +170,7 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
                                                                                                          rules)
         echo = body.echo_text()
         return await _respond(lifecycle, model_name, body, [ids], chat=True,
-                              echoes=[None if echo is None else Echo(echo, [])])
+                              echoes=[None if echo is None else Echo(echo, [])], parsing=parsing)
 
     @app.post("/tokenize", responses=responses_for(TOKENIZE_ERRORS))
     async def tokenize(body: TokenizeRequest):
@@ -170,9 +178,7 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
         body.check_model(model_name)
         tokenizer = lifecycle.tokenizer
         if body.messages is not None:
-            ids = tokenizer.tokenize_chat([m.rendered(i) for i, m in enumerate(body.messages)],
-                                          body.add_generation_prompt, body.continue_final_message,
-                                          bool(body.add_special_tokens))
+            ids = body.chat_ids(tokenizer)
         else:
             ids = tokenizer.tokenize(body.prompt, body.add_special_tokens is not False)
         return {"count": len(ids), "max_model_len": lifecycle.config.max_model_len, "tokens": ids,
@@ -189,15 +195,16 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
 
 
 async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[list[int]], chat: bool,
-                   echoes: list[Echo | None] | None = None):
+                   echoes: list[Echo | None] | None = None, parsing: RequestParsing | None = None):
     """Each prompt's `n` choices (choice index prompt * n + sample, vLLM's numbering): sampled walks
     of their own, or a beam search's best beams (`router.openai_beam`); every one admitted before
-    any byte is sent, merged as they stream."""
+    any byte is sent, merged as they stream. `parsing`: a chat's tool (and reasoning) parsers."""
     request_id = body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     beam = bool(body.use_beam_search)
     streams = (beam_streams if beam else _sampled_streams)(lifecycle, body, request_id, prompts)
     states = [ChoiceState(prompt_index * body.n + sample, echoes[prompt_index] if echoes else None,
-                          prompt_token_ids=prompt_ids if body.return_token_ids else None)
+                          prompt_token_ids=prompt_ids if body.return_token_ids else None,
+                          parser=parsing.choice(prompt_ids) if parsing is not None else None)
               for prompt_index, prompt_ids in enumerate(prompts) for sample in range(body.n)]
     num_choices = len(states)
     if num_choices > 1 and num_choices > lifecycle.config.max_inflight:
@@ -220,8 +227,18 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
     # a choice without chunks: a beam search that ended with fewer beams than `n` (`max_tokens` 0)
     answers = [(state, merged(choice)) for state, choice in zip(states, chunks) if choice]
     completion_tokens = sum(len(chunk.token_ids) for _, chunk in answers)
-    return shape.whole(answers, usage(num_prompt_tokens, completion_tokens,
-                                      _cached_tokens(answers[-1][1]) if details else None))
+    whole = shape.whole(answers, usage(num_prompt_tokens, completion_tokens,
+                                       _cached_tokens(answers[-1][1]) if details else None))
+    return _with_reasoning_tokens(whole, "usage", states)
+
+
+def _with_reasoning_tokens(body: dict, key: str, states: list[ChoiceState]) -> dict:
+    """vLLM's `completion_tokens_details` in `body[key]` (its usage) when a reasoning parser
+    counted the choices' reasoning tokens (`router.openai_tools.ChoiceParser`)."""
+    parsers = [state.parser for state in states if state.parser is not None and state.parser.counts_reasoning]
+    if parsers:
+        body[key]["completion_tokens_details"] = {"reasoning_tokens": sum(p.reasoning_tokens() for p in parsers)}
+    return body
 
 
 def _sampled_streams(lifecycle: Lifecycle, body, request_id: str,
@@ -299,10 +316,12 @@ async def _sse(streams: list[AsyncIterator[GenerationChunk]], states: list[Choic
                 num_completion_tokens += len(chunk.token_ids)
                 if chunk.finished and cached_tokens is None:
                     cached_tokens = _cached_tokens(chunk)
-                yield f"data: {json.dumps(shape.event(states[index], chunk))}\n\n"
+                event = shape.event(states[index], chunk)
+                if event is not None:   # None: a parser holds the chunk's text back (vLLM sends nothing)
+                    yield f"data: {json.dumps(event)}\n\n"
         if include_usage:
-            body = shape.base(True) | {"choices": [], "usage": usage(num_prompt_tokens, num_completion_tokens,
-                                                                     cached_tokens if details else None)}
+            body = _with_reasoning_tokens(shape.base(True) | {"choices": [], "usage": usage(
+                num_prompt_tokens, num_completion_tokens, cached_tokens if details else None)}, "usage", states)
             yield f"data: {json.dumps(body)}\n\n"
     except ServeError as error:
         count("http", outcome_of(error))

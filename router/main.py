@@ -20,6 +20,7 @@ from router.grpc_api import GenerationService, StartingGenerationService, add_ge
 from router.grpc_worker_client import GrpcWorkerClient
 from router.http_api import create_app
 from router.lifecycle import Lifecycle, RouterConfig
+from router.openai_tools import ChatParsing
 from router.live_stats import start_load_publisher
 from router.public_auth import PublicApiConfig, grpc_interceptors, http_app, warn_if_exposed
 from router.public_tls import add_port
@@ -41,6 +42,7 @@ class RouterProcessConfig:
     drain_timeout_s: float = 30.0   # SIGTERM -> streams in flight may run this long, then are cancelled
     cluster_secret_file: str = ""   # proves the router to the workers (pdserve.rpc_auth); "" = unsigned calls
     public: PublicApiConfig = PublicApiConfig()   # TLS and API keys of both public ports (router.public_auth)
+    chat_parsing: ChatParsing = ChatParsing()     # tool-call and reasoning parsers of chat answers (none: vLLM's default)
 
     def __post_init__(self) -> None:
         if self.drain_timeout_s < 0:
@@ -77,7 +79,7 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     starting.serve(GenerationService(lifecycle, model_name))
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
 
-    http = uvicorn.Server(uvicorn.Config(http_app(create_app(lifecycle, model_name, config.model), config.public), host=config.host,
+    http = uvicorn.Server(uvicorn.Config(http_app(create_app(lifecycle, model_name, config.model, config.chat_parsing), config.public), host=config.host,
                                          port=config.http_port, log_level="warning", access_log=False,
                                          timeout_graceful_shutdown=config.drain_timeout_s,
                                          **config.public.tls.uvicorn_options()))

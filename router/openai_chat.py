@@ -9,9 +9,10 @@ from typing import Any
 from pydantic import model_validator
 
 from pdserve.errors import InvalidRequest
-from router.openai_messages import ChatMessage
+from router.openai_messages import ChatMessage, conversation_of
 from router.openai_prompt import answer_role, check_no_request_template, template_kwargs
 from router.openai_schema import SamplingFields
+from router.openai_tools import ToolChoice, check_tool_fields, tool_dicts
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -26,6 +27,15 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None   # vLLM's; refused as vLLM refuses it without --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None   # vLLM's: given to a template that reads `documents`
+    tools: list[dict[str, Any]] | None = None      # vLLM's `ChatCompletionToolsParam`s (`router.openai_tools`)
+    tool_choice: ToolChoice = "none"               # vLLM's default; "auto" when `tools` come without one
+    parallel_tool_calls: bool | None = True        # false: only the first call is answered (vLLM's filter)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tool_checks(cls, data):
+        """vLLM's own checks of `tools` and `tool_choice` (`router.openai_tools.check_tool_fields`)."""
+        return check_tool_fields(data)
 
     @model_validator(mode="before")
     @classmethod
@@ -79,11 +89,12 @@ class ChatCompletionRequest(SamplingFields):
         return last["content"] if last["role"] == self.role else ""
 
     def conversation(self) -> list[dict]:
-        return [message.rendered(index) for index, message in enumerate(self.messages)]
+        """The messages as the chat template gets them (`router.openai_messages.conversation_of`)."""
+        return conversation_of(self.messages)
 
     def template_kwargs(self) -> dict[str, Any]:
         """The chat template's arguments, as vLLM's server gives them; a template sent with the
         request is refused, as vLLM refuses it by default."""
         check_no_request_template(self.chat_template, self.chat_template_kwargs)
         return template_kwargs(self.chat_template_kwargs, self.add_generation_prompt, self.continue_final_message,
-                               self.documents)
+                               self.documents, tools=tool_dicts(self.tools))

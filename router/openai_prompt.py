@@ -92,18 +92,19 @@ def vllm_checked(step: Callable[[], T]) -> T:
 
 
 def template_kwargs(chat_template_kwargs: dict[str, Any] | None, add_generation_prompt: bool,
-                    continue_final_message: bool, documents: list | None = None) -> dict[str, Any]:
+                    continue_final_message: bool, documents: list | None = None,
+                    tools: list[dict] | None = None) -> dict[str, Any]:
     """The keyword arguments vLLM's server gives the chat template (before it drops those the
     template does not read): the request's `chat_template_kwargs`, overridden by the request's own
-    fields, over vLLM's defaults (`tokenize` false); a None or "auto" value never overrides
-    (`ChatCompletionRequest.build_chat_params`, `ChatParams.with_defaults`,
-    `get_apply_chat_template_kwargs`)."""
+    fields, over vLLM's defaults (`tokenize` false, the request's `tools`); a None or "auto" value
+    never overrides (`ChatCompletionRequest.build_chat_params`, `ChatParams.with_defaults`,
+    `get_apply_chat_template_kwargs`, `OnlineRenderer.preprocess_chat`)."""
     from vllm.renderers.params import merge_kwargs
 
     asked = merge_kwargs(chat_template_kwargs, dict(add_generation_prompt=add_generation_prompt,
                                                     continue_final_message=continue_final_message,
                                                     documents=documents))
-    with_defaults = merge_kwargs({"tokenize": False}, asked)
+    with_defaults = merge_kwargs({"tools": tools, "tokenize": False}, asked)
     return merge_kwargs(with_defaults, {"chat_template": None, "return_dict": False})
 
 

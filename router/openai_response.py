@@ -18,6 +18,7 @@ from typing import Callable
 from pdserve.generation import GenerationChunk
 from pdserve.logprobs import PositionLogprobs
 from router.openai_logprobs import FLOOR, chat_logprobs, completion_logprobs, next_text_offset
+from router.openai_tools import ChoiceParser
 
 
 @dataclass
@@ -37,6 +38,7 @@ class ChoiceState:
     next_text_offset: int = 0
     prompt_token_ids: list[int] | None = None   # with `return_token_ids`: the prompt's ids, as the engines got them
     ids_sent: bool = False                      # a completion stream sends them with its first chunk only
+    parser: ChoiceParser | None = None          # a chat's tool or reasoning parser (`router.openai_tools`)
 
 
 @dataclass(frozen=True)
@@ -64,28 +66,57 @@ class ResponseShape:
         kind = ("chat.completion.chunk" if streaming else "chat.completion") if self.chat else "text_completion"
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
 
-    def choice(self, state: ChoiceState, chunk: GenerationChunk, streaming: bool) -> dict:
-        """Choice `state`'s part of a stream event (`chunk` is its next chunk), or its whole answer
-        (`chunk` is all of its chunks, `merged`)."""
+    def choice(self, state: ChoiceState, chunk: GenerationChunk, streaming: bool) -> dict | None:
+        """Choice `state`'s part of a stream event (`chunk` is its next chunk; None: vLLM sends no
+        event for it, a parser holding its text back), or its whole answer (`chunk` is all of its
+        chunks, `merged`)."""
         text, token_ids, positions = chunk.text, list(chunk.token_ids), list(chunk.logprobs)
+        echoed = ""
         if state.echo is not None and not state.echoed:
             state.echoed = True
-            text, token_ids = state.echo.text + text, state.echo.token_ids + token_ids
+            echoed, token_ids = state.echo.text, state.echo.token_ids + token_ids
             if not self.chat:   # a chat echoes text only, a completion its prompt's tokens too
                 positions = list(chunk.prompt_logprobs or [()] * len(state.echo.token_ids)) + positions
+        hidden = state.parser is not None and state.parser.hides_metadata
         body = {"index": state.index, "finish_reason": chunk.finish_reason or None, "stop_reason": chunk.stop_reason,
-                "logprobs": self._logprobs(state, token_ids, positions)}
-        if self.chat:
+                "logprobs": None if hidden else self._logprobs(state, token_ids, positions)}
+        if self.chat and state.parser is not None:
+            if not self._parsed(state.parser, body, echoed, text, chunk, streaming):
+                return None
+        elif self.chat:
+            text = echoed + text
             body |= {"delta": {"content": text}} if streaming else {"message": {"role": self.role, "content": text}}
         else:
+            text = echoed + text
             body["text"] = text
             if self.logprobs.prompt and not streaming:
                 body["prompt_logprobs"] = prompt_logprobs_body(chunk.prompt_logprobs)
-        if self.token_ids:   # vLLM's: the choice's own tokens (never the echoed prompt's)
+        if self.token_ids and not hidden:   # vLLM's: the choice's own tokens (never the echoed prompt's)
             body["token_ids"] = list(chunk.token_ids)
             if not self.chat and not state.ids_sent:
                 body["prompt_token_ids"], state.ids_sent = state.prompt_token_ids, streaming
         return body
+
+    def _parsed(self, parser: ChoiceParser, body: dict, echoed: str, text: str, chunk: GenerationChunk,
+                streaming: bool) -> bool:
+        """A parsed chat choice's message (whole) or delta (streamed) and finish reason, into
+        `body`; False when vLLM sends no event for this chunk: nothing parsed out yet, not
+        finished, and no logprobs or token ids to carry."""
+        finish_reason = chunk.finish_reason or None
+        if not streaming:
+            fields, body["finish_reason"] = parser.whole(text, list(chunk.token_ids), finish_reason)
+            if echoed:   # vLLM's: the echoed content before the parsed content
+                fields["content"] = echoed + (fields.get("content") or "")
+            body["message"] = {"role": self.role} | fields
+            return True
+        fields, body["finish_reason"] = parser.delta(text, list(chunk.token_ids), finish_reason)
+        if fields is None:
+            carries = body["logprobs"] is not None or (self.token_ids and not parser.hides_metadata)
+            if finish_reason is None and not carries:
+                return False
+            fields = {}
+        body["delta"] = fields
+        return True
 
     def opening_events(self, states: list[ChoiceState]) -> list[dict]:
         """vLLM's first chat stream events: each choice's role, no content yet; then, with `echo`,
@@ -107,8 +138,12 @@ class ResponseShape:
         """A chat's `prompt_token_ids` (a field of the whole answer, or of each role event)."""
         return {"prompt_token_ids": state.prompt_token_ids} if self.token_ids else {}
 
-    def event(self, state: ChoiceState, chunk: GenerationChunk) -> dict:
-        body = self.base(True) | {"choices": [self.choice(state, chunk, streaming=True)]}
+    def event(self, state: ChoiceState, chunk: GenerationChunk) -> dict | None:
+        """The stream event of a choice's next chunk (None: no event, see `choice`)."""
+        choice = self.choice(state, chunk, streaming=True)
+        if choice is None:
+            return None
+        body = self.base(True) | {"choices": [choice]}
         if chunk.finished and chunk.timings:
             body["pdserve_timings"] = chunk.timings.to_dict()
         return body

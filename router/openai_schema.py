@@ -13,9 +13,10 @@ from pydantic import BaseModel, Field, model_validator
 from pdserve.errors import InvalidRequest, NotFound
 from pdserve.sampling import Sampling
 from router.openai_fields import Body, served_fields_only
-from router.openai_messages import SERVED_EXTRAS, ChatMessage
-from router.openai_prompt import PromptRules, check_cache_salt
+from router.openai_messages import SERVED_EXTRAS, ChatMessage, conversation_of
+from router.openai_prompt import PromptRules, check_cache_salt, check_no_request_template, template_kwargs
 from router.openai_structured import check_structured_output_fields, structured_outputs_json
+from router.openai_tools import check_tool_fields, tool_dicts
 
 
 
@@ -340,6 +341,25 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool | None = False
+    tools: list[dict[str, Any]] | None = None   # a chat's, rendered by its template as for a completion
+    chat_template: str | None = None             # refused as vLLM refuses it without --trust-request-chat-template
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tools_shape(cls, data):
+        """vLLM's shape of each tool (`router.openai_tools.check_tool_fields`; no choice here)."""
+        if isinstance(data, dict) and data.get("tools") is not None:
+            check_tool_fields({"tools": data["tools"], "tool_choice": "none"})
+        return data
+
+    def chat_ids(self, tokenizer) -> list[int]:
+        """The ids of this body's chat, rendered as a chat completion's would be."""
+        check_no_request_template(self.chat_template, self.chat_template_kwargs)
+        kwargs = template_kwargs(self.chat_template_kwargs, self.add_generation_prompt, self.continue_final_message,
+                                 tools=tool_dicts(self.tools))
+        return tokenizer.tokenize_chat(conversation_of(self.messages), add_special_tokens=bool(self.add_special_tokens),
+                                       kwargs=kwargs)
 
     @model_validator(mode="after")
     def _one_input(self):

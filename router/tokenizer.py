@@ -59,21 +59,27 @@ class RouterTokenizer:
             raise InvalidRequest("this model has no chat template: use /v1/completions", field="messages")
         kwargs = dict(template_kwargs(None, True, False) if kwargs is None else kwargs)
         tokenize = bool(kwargs.pop("tokenize", False))
+        tools = kwargs.pop("tools", None)   # vLLM's `safe_apply_chat_template` takes them apart
         kwargs.pop("chat_template", None)
         resolved = vllm_checked(lambda: resolve_chat_template_kwargs(self._hf, template, kwargs))
         if tokenize:
             resolved.setdefault("return_dict", False)
         try:
-            return self._hf.apply_chat_template(messages, tools=None, chat_template=template, tokenize=tokenize,
+            return self._hf.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=tokenize,
                                                 **resolved)
         except Exception as error:   # vLLM answers any template failure as the request's 400, with its reason
             raise InvalidRequest(_template_error_reason(error)) from error
 
     def tokenize_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                      continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
+                      continue_final_message: bool = False, add_special_tokens: bool = False,
+                      kwargs: dict | None = None) -> list[int]:
         """`/tokenize`'s ids of a chat: the template's text, tokenized (special tokens only those
-        the template writes, unless `add_special_tokens`: vLLM's rendering)."""
-        rendered = self.apply_template(messages, template_kwargs(None, add_generation_prompt, continue_final_message))
+        the template writes, unless `add_special_tokens`: vLLM's rendering); `kwargs`, the
+        template's arguments when the request gave more than the two flags
+        (`router.openai_prompt.template_kwargs`)."""
+        if kwargs is None:
+            kwargs = template_kwargs(None, add_generation_prompt, continue_final_message)
+        rendered = self.apply_template(messages, kwargs)
         return rendered if isinstance(rendered, list) else self.tokenize(rendered, add_special_tokens)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -44,10 +44,16 @@ def blocks_for(num_tokens: int) -> int:
     return math.ceil(num_tokens / BLOCK_SIZE)
 
 
+# vLLM's server flags for tool calls, given to vLLM's OpenAI server and the tcp cluster's router alike
+# (the compatibility suite compares their tool calls; the tiny model's tokenizer takes hermes)
+TOOL_PARSER_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+
 def start_cluster(model: Path, tmp: Path, transport: str = "tcp", num_decode: int = 1, ttl_s: float = 3.0,
-                  lease_s: float = 30.0) -> LocalCluster:
+                  lease_s: float = 30.0, router_flags: tuple[str, ...] = ()) -> LocalCluster:
     spec = ClusterSpec(engine=engine_settings(model), num_decode=num_decode, transport=transport,
-                       cpu_cores={"prefill": "0", "decode": "1"}, ttl_s=ttl_s, lease_s=lease_s, log_dir=str(tmp))
+                       cpu_cores={"prefill": "0", "decode": "1"}, ttl_s=ttl_s, lease_s=lease_s, log_dir=str(tmp),
+                       router_flags=router_flags)
     cluster = LocalCluster(spec).start()
     from pdserve.client import Client
 

@@ -28,7 +28,8 @@ from typing import Any
 FLOAT_TOLERANCE = 1e-3
 # Paths within one response object (a body, or one event of a stream), `*` one segment.
 VARIES = ("id", "created", "data.*.created", "data.*.permission.*.id",
-          "data.*.permission.*.created")
+          "data.*.permission.*.created", "choices.*.message.tool_calls.*.id",   # a tool call's id is random
+          "choices.*.delta.tool_calls.*.id")
 FREE_TEXT = ("error.message",)
 ABSENT = object()   # a field one side does not send
 
@@ -96,7 +97,10 @@ def compare(expected: Answer, actual: Answer) -> list[Difference]:
 def stream_view(events: list[dict]) -> dict:
     """A stream as the events of each choice, in order ("choice 0": [...], ...), then the events
     without a choice ("no choice": the usage event, an error event): choices of a request with
-    `n` > 1 or several prompts stream interleaved in any order, each choice's own order is kept."""
+    `n` > 1 or several prompts stream interleaved in any order, each choice's own order is kept.
+    How a choice's text is cut into events depends on timing (vLLM's server sends the tokens of
+    several engine steps in one event when it falls behind the engine), so a run of events that
+    carry only text is read as one, its text joined onto the next event's (`coalesced`)."""
     view: dict[str, list] = {}
     for event in events:
         choices = event.get("choices") if isinstance(event, dict) else None
@@ -105,7 +109,54 @@ def stream_view(events: list[dict]) -> dict:
             continue
         for choice in choices:
             view.setdefault(f"choice {choice.get('index')}", []).append(event | {"choices": [choice]})
-    return view
+    return {key: stream if key == "no choice" else coalesced(stream) for key, stream in view.items()}
+
+
+def coalesced(events: list[dict]) -> list[dict]:
+    """One choice's events with each run of text-only events (`_text_only`) joined onto the event
+    after it: its text first, then that event's (or, before an event without text or at the end,
+    the run as one event)."""
+    out: list[dict] = []
+    pending: dict | None = None
+    for event in events:
+        text = _text_only(event)
+        if text is not None:
+            pending = event if pending is None else _with_text(pending, _text_of(pending) + text)
+            continue
+        if pending is not None:
+            own = _text_of(event)
+            if own is None:
+                out.append(pending)
+            else:
+                event = _with_text(event, _text_of(pending) + own)
+            pending = None
+        out.append(event)
+    return out + ([pending] if pending is not None else [])
+
+
+def _text_of(event: dict) -> str | None:
+    choice = event["choices"][0]
+    text = choice["delta"].get("content") if isinstance(choice.get("delta"), dict) else choice.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _with_text(event: dict, text: str) -> dict:
+    choice = dict(event["choices"][0])
+    if isinstance(choice.get("delta"), dict):
+        choice["delta"] = choice["delta"] | {"content": text}
+    else:
+        choice["text"] = text
+    return event | {"choices": [choice]}
+
+
+def _text_only(event: dict) -> str | None:
+    """The text of an event whose choice carries text and nothing else (no role, tool call,
+    logprobs, token ids or finish reason), else None."""
+    choice = event["choices"][0]
+    carried = {key for key, value in choice.items() if value is not None and key not in ("index", "text", "delta")}
+    if carried or (isinstance(choice.get("delta"), dict) and set(choice["delta"]) != {"content"}):
+        return None
+    return _text_of(event)
 
 
 def differences(expected: Any, actual: Any, path: str) -> list[Difference]:

@@ -7,6 +7,7 @@ import argparse
 import os
 
 from cli.commands.engine_options import add_engine_options, engine_settings
+from cli.commands.chat_parsing_options import add_chat_parsing_options, chat_parsing_argv
 from cli.commands.placement_options import add_placement_options, router_flags
 
 
@@ -24,6 +25,7 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-cores", default=None, help="CPU cores for decode engines (default: second half)")
     parser.add_argument("--log-dir", default="", help="where process logs go (default: a temporary folder)")
     add_placement_options(parser)
+    add_chat_parsing_options(parser)
     add_engine_options(parser)
 
 
@@ -52,4 +54,4 @@ def cluster_spec(args: argparse.Namespace):
     return ClusterSpec(engine=engine_settings(args, probe_cores=probe_cores), num_prefill=num_prefill, num_decode=args.decode,
                        transport=args.transport, kv_encryption=args.kv_encryption, grpc_port=args.grpc_port, http_port=args.http_port,
                        cpu_cores=cores, local_prefill_max_tokens=args.local_prefill_max_tokens, log_dir=args.log_dir,
-                       topology=args.topology, router_flags=tuple(router_flags(args)))
+                       topology=args.topology, router_flags=(*router_flags(args), *chat_parsing_argv(args)))

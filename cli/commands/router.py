@@ -24,6 +24,7 @@ open for probes; everything else needs the key (SECURITY.md).
 """
 
 
+from cli.commands.chat_parsing_options import add_chat_parsing_options, chat_parsing
 from cli.commands.credential_options import add_cluster_secret_option, add_redis_password_option, redis_connection_url
 from cli.commands.placement_options import add_placement_options, scheduler_config
 from cli.commands.public_api_options import add_public_api_options, public_api_config
@@ -45,6 +46,7 @@ def register(subparsers) -> None:
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="OpenAI API: usage.prompt_tokens_details.cached_tokens in answers (vLLM's flag; off as in vLLM)")
     add_placement_options(parser)
+    add_chat_parsing_options(parser)
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM, how long streams in flight may run before they are cancelled")
     parser.add_argument("--ready-file", default=None, help="write the addresses here once serving")
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         config = RouterProcessConfig(model=args.model, redis_url=redis_connection_url(args, "router"),
                                      cluster=args.cluster, host=args.host, grpc_port=args.grpc_port,
                                      http_port=args.http_port, router=router, drain_timeout_s=args.drain_timeout_s,
-                                     cluster_secret_file=args.cluster_secret_file, public=public)
+                                     cluster_secret_file=args.cluster_secret_file, public=public,
+                                     chat_parsing=chat_parsing(args, "router"))
     except ValueError as bad:
         raise SystemExit(f"pdserve router: {bad}") from None
     from kv_transfer.auth import SecretFileError

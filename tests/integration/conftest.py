@@ -6,14 +6,15 @@ import os
 
 import pytest
 
-from cluster_helpers import engine_settings, kv_segments_of, start_cluster
+from cluster_helpers import TOOL_PARSER_FLAGS, engine_settings, kv_segments_of, start_cluster
 from openai_reference import reference_engine
 
 
 @pytest.fixture(scope="session")
 def tcp_cluster(tiny_model, tmp_path_factory):
-    """One prefill + one decode worker over the tcp transport, shared by the integration modules."""
-    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-tcp"), "tcp")
+    """One prefill + one decode worker over the tcp transport, shared by the integration modules; its
+    router parses tool calls as the session's vLLM OpenAI server does (TOOL_PARSER_FLAGS)."""
+    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-tcp"), "tcp", router_flags=TOOL_PARSER_FLAGS)
     yield cluster
     cluster.stop()
 
@@ -46,12 +47,14 @@ def cluster(request):
 @pytest.fixture(scope="session")
 def vllm_openai_server(tiny_model, tmp_path_factory):
     """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`) with the clusters'
-    engine settings, serving the model as "tiny" (the name pdserve serves it under, its directory's):
-    one for the session, shared by the compatibility suite and the load generator's tests."""
+    engine settings, serving the model as "tiny" (the name pdserve serves it under, its directory's),
+    with the tcp cluster router's tool-call flags: one for the session, shared by the compatibility
+    suite and the load generator's tests."""
     from loadgen.vllm_server import VllmOpenAIServer
 
     log = tmp_path_factory.mktemp("vllm-openai-server") / "server.log"   # vLLM logs here; never parsed
-    with VllmOpenAIServer(engine_settings(tiny_model), log_path=log, served_model_name=tiny_model.name) as server:
+    with VllmOpenAIServer(engine_settings(tiny_model), log_path=log, served_model_name=tiny_model.name,
+                          extra_args=TOOL_PARSER_FLAGS) as server:
         yield server
 
 

@@ -17,6 +17,15 @@ GREEDY = {"model": MODEL, "temperature": 0.0, "max_tokens": 12}
 SEEDED = {"model": MODEL, "temperature": 1.0, "seed": 1234, "max_tokens": 12}
 BEAM = GREEDY | {"use_beam_search": True, "n": 2, "max_tokens": 8}   # width 2: up to 2 * 8 one-token steps
 REPEATING = list(range(300, 340))   # token ids whose greedy output comes back to a prompt token
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+TOOL_HISTORY = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call-1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call-1", "content": "sunny"}]
 JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
                "required": ["name"], "additionalProperties": False}
 
@@ -171,6 +180,24 @@ def cases(known: Known) -> list[Case]:
         Case("beam_search_too_wide", completions, BEAM | {"prompt": PROMPT, "n": 11}, streams=False),   # 22 logprobs
         Case("beam_search_echo_logprobs", completions, BEAM | {"prompt": PROMPT, "echo": True, "logprobs": 1},
              streams=False),
+        # tools: both servers run vLLM's hermes parser with auto tool choice (TOOL_PARSER_FLAGS)
+        Case("chat_tools_none", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": "none"}),
+        Case("chat_tools_auto", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL, TIME_TOOL]}),
+        Case("chat_tools_required", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL, TIME_TOOL],
+                                                    "tool_choice": "required", "max_tokens": 48}),
+        Case("chat_tools_named", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL, TIME_TOOL], "max_tokens": 48,
+                                                 "tool_choice": {"type": "function",
+                                                                 "function": {"name": "get_time"}}}),
+        Case("chat_tools_one_call", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL, TIME_TOOL],
+                                                    "tool_choice": "required", "parallel_tool_calls": False,
+                                                    "max_tokens": 48}, streams=False),
+        Case("chat_tool_history", chat, GREEDY | {"messages": TOOL_HISTORY, "tools": [WEATHER_TOOL]}),
+        Case("tools_empty", chat, GREEDY | {"messages": CHAT, "tools": []}, streams=False),
+        Case("tool_choice_without_tools", chat, GREEDY | {"messages": CHAT, "tool_choice": "required"}, streams=False),
+        Case("tool_choice_unknown_function", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": {
+            "type": "function", "function": {"name": "get_time"}}}, streams=False),
+        Case("tool_choice_unknown_word", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL],
+                                                         "tool_choice": "sometimes"}, streams=False),
         Case("completion_logprobs_too_many", completions, GREEDY | {"prompt": PROMPT, "logprobs": 21}, streams=False),
         Case("stream_options_unknown_key", completions, GREEDY | {"prompt": PROMPT, "stream": True,
                                                                   "stream_options": {"no_such_option": 1}},
@@ -182,6 +209,8 @@ def cases(known: Known) -> list[Case]:
         Case("models", "/v1/models"),
         Case("tokenize_prompt", "/tokenize", {"model": MODEL, "prompt": PROMPT}, streams=False),
         Case("tokenize_chat", "/tokenize", {"model": MODEL, "messages": CHAT}, streams=False),
+        Case("tokenize_chat_tools", "/tokenize", {"model": MODEL, "messages": TOOL_HISTORY, "tools": [WEATHER_TOOL],
+                                                  "chat_template_kwargs": {"bos_token": "Hello"}}, streams=False),
         Case("detokenize", "/detokenize", {"model": MODEL, "tokens": prompt_ids}, streams=False),
         # refusals: status and error body
         Case("unknown_model", completions, GREEDY | {"prompt": PROMPT, "model": "nonexistent"}),

@@ -107,5 +107,13 @@ def test_the_cases_exercise_what_they_are_named_for(answers, known):
     assert len(choices("completion_beam_search_max_tokens_zero")) == 1
     assert [answers[name][1].status for name in ("completion_beam_search[stream]", "beam_search_logprob_token_ids",
                                                  "beam_search_echo_logprobs", "beam_search_too_wide")] == [400] * 4
+    assert choices("chat_tools_required")[0]["message"]["tool_calls"]   # vLLM's hermes parser found the forced call
+    assert [c["function"]["name"] for c in choices("chat_tools_named")[0]["message"]["tool_calls"]] == ["get_time"]
+    assert len(choices("chat_tools_one_call")[0]["message"]["tool_calls"]) == 1
+    assert choices("chat_tools_one_call")[0]["finish_reason"] == "tool_calls"
+    assert any(e["choices"] and e["choices"][0]["delta"].get("tool_calls")
+               for e in answers["chat_tools_required[stream]"][1].body)
+    assert [answers[name][1].status for name in ("tools_empty", "tool_choice_without_tools",
+                                                 "tool_choice_unknown_function", "tool_choice_unknown_word")] == [400] * 4
     assert [answers[name][1].status for name in ("unknown_model", "temperature_negative", "n_zero",
                                                    "prompt_too_long", "wrong_type")] == [404, 400, 400, 400, 400]

@@ -1,7 +1,9 @@
 """The compatibility suite's comparison (tests/openai_compat.py) on plain values: what it reports,
 by JSON path, and what it lets pass."""
 
-from openai_compat import ABSENT, Answer, Difference, Intended, compare, differences, stream_view, unexplained
+from openai_compat import (
+    ABSENT, Answer, Difference, Intended, coalesced, compare, differences, stream_view, unexplained,
+)
 
 
 def _completion(text: str, logprob: float = -1.25, **extra) -> dict:
@@ -48,10 +50,27 @@ def test_streams_are_compared_choice_by_choice_whatever_the_interleaving():
     vllm = [event(0, "a"), event(1, "b"), event(0, "c"), usage]
     pdserve = [event(1, "b"), event(0, "a"), event(0, "c"), usage]
     assert compare(Answer(200, vllm, True), Answer(200, pdserve, True)) == []
-    assert stream_view(pdserve)["choice 0"] == [event(0, "a"), event(0, "c")]
+    assert stream_view(pdserve)["choice 0"] == [event(0, "ac")]   # text-only events read as one
     shorter = [event(0, "a"), event(1, "b"), usage]
     assert compare(Answer(200, vllm, True), Answer(200, shorter, True)) == [
-        Difference("events.choice 0.length", 2, 1)]
+        Difference("events.choice 0.0.choices.0.text", "ac", "a")]
+
+
+def test_a_stream_s_text_is_compared_however_it_was_cut_into_events_and_the_rest_event_by_event():
+    def delta(content=None, finish=None, **more):
+        return {"id": "x", "choices": [{"index": 0, "delta": ({} if content is None else {"content": content}) | more,
+                                        "logprobs": None, "finish_reason": finish}]}
+    role = delta("", role="assistant")
+    vllm = [role, delta("ab"), delta("c"), delta("d", finish="length")]
+    pdserve = [role, delta("a"), delta("b"), delta("c"), delta("d", finish="length")]
+    assert compare(Answer(200, vllm, True), Answer(200, pdserve, True)) == []
+    assert coalesced(pdserve) == [role, delta("abcd", finish="length")]
+    other_finish = pdserve[:-1] + [delta("d", finish="stop")]
+    assert compare(Answer(200, vllm, True), Answer(200, other_finish, True)) == [
+        Difference("events.choice 0.1.choices.0.finish_reason", "length", "stop")]
+    with_logprobs = [role, {"id": "x", "choices": [{"index": 0, "delta": {"content": "ab"}, "logprobs": {"c": []},
+                                                    "finish_reason": None}]}]
+    assert coalesced(with_logprobs) == with_logprobs   # an event carrying more than text is kept as it is
 
 
 def test_only_an_intended_entry_s_path_case_and_vllm_value_excuse_a_difference():

@@ -70,10 +70,16 @@ def test_a_prompt_longer_than_the_context_is_refused_after_truncation():
 
 def test_the_request_s_fields_override_its_template_kwargs_over_vllm_s_defaults():
     assert template_kwargs({"add_generation_prompt": False, "bos_token": "x", "skip": None}, True, False) == {
-        "tokenize": False, "add_generation_prompt": True, "continue_final_message": False, "bos_token": "x",
-        "return_dict": False}
+        "tools": None, "tokenize": False, "add_generation_prompt": True, "continue_final_message": False,
+        "bos_token": "x", "return_dict": False}
     documents = [{"title": "t", "text": "x"}]
     assert template_kwargs(None, False, True, documents)["documents"] == documents
+
+
+def test_the_request_s_tools_reach_the_template_unless_its_kwargs_name_their_own():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert template_kwargs(None, True, False, tools=tools)["tools"] == tools
+    assert template_kwargs({"tools": ["mine"]}, True, False, tools=tools)["tools"] == ["mine"]
 
 
 def test_a_template_sent_with_the_request_is_refused_as_vllm_refuses_it_untrusted():
