@@ -35,6 +35,7 @@ from pdserve.errors import (
 )
 from pdserve.generation import GenerationChunk
 from router.lifecycle import Lifecycle
+from router.openai_beam import STREAM_REFUSAL, beam_streams
 from router.openai_response import (
     ChoiceState, Echo, LogprobsAsked, ResponseShape, StreamInterval, merged, model_list, usage,
 )
@@ -140,6 +141,8 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
         an echo's text is the prompt's as vLLM echoes it: the text sent, a token-id prompt's ids
         decoded before truncation, nothing with `return_token_ids`."""
         body.check_model(model_name)
+        if body.stream and body.use_beam_search:
+            raise InvalidRequest(STREAM_REFUSAL)   # vLLM's (a chat's beam search streams)
         tokenizer, rules = lifecycle.tokenizer, body.prompt_rules(lifecycle.config.max_model_len)
         prompts, echoes = [], []   # echoes: one per prompt with `echo`, else none
         for prompt in body.prompts():
@@ -198,31 +201,26 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
 async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[list[int]], chat: bool,
                    echoes: list[Echo | None] | None = None, prompt_text: str | None = None,
                    parsing: RequestParsing | None = None):
-    """Each prompt's `n` samples as walks of their own (choice index prompt * n + sample, vLLM's
-    numbering), every one admitted before any byte is sent, merged as they stream. What vLLM's
-    engine refuses (`engine_refusal`) is refused as vLLM's server refuses it: a stream in its one
-    event, a whole answer with its status."""
+    """Each prompt's `n` choices (choice index prompt * n + sample, vLLM's numbering): sampled walks
+    of their own, or a beam search's best beams (`router.openai_beam`); every one admitted before
+    any byte is sent, merged as they stream. What vLLM's engine refuses (`engine_refusal`) is
+    refused as vLLM's server refuses it: a stream in its one event, a whole answer with its status.
+    `parsing`: a chat's tool (and reasoning) parsers."""
     request_id = body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    body.sampling()  # refuses what vLLM refuses (n < 1 too) before any walk is made
+    beam = bool(body.use_beam_search)
+    if not beam:
+        body.sampling()  # refuses what vLLM refuses (n < 1 too) before any walk is made
     refusal = body.engine_refusal()
     if refusal is not None:
         if not body.stream:
             raise refusal
         return StreamingResponse(_refused_stream(refusal), media_type="text/event-stream")
-    num_choices = len(prompts) * body.n
-    requests, states = [], []
-    for prompt_index, prompt_ids in enumerate(prompts):
-        room = context_room(len(prompt_ids), lifecycle.config.max_model_len)   # max_tokens is capped to it
-        for sample in range(body.n):
-            index = prompt_index * body.n + sample
-            walk_id = request_id if num_choices == 1 else f"{request_id}-{index}"
-            requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class,
-                                              body.cache_salt or "", body.repetition_detection))
-            states.append(ChoiceState(index, echoes[prompt_index] if echoes else None,
-                                      prompt_token_ids=prompt_ids if body.return_token_ids else None,
-                                      parser=parsing.choice(prompt_ids) if parsing is not None else None))
-    for request in requests:
-        lifecycle.admit(request)  # refuse before any byte is sent, with a proper status
+    streams = (beam_streams if beam else _sampled_streams)(lifecycle, body, request_id, prompts)
+    states = [ChoiceState(prompt_index * body.n + sample, echoes[prompt_index] if echoes else None,
+                          prompt_token_ids=prompt_ids if body.return_token_ids else None,
+                          parser=parsing.choice(prompt_ids) if parsing is not None else None)
+              for prompt_index, prompt_ids in enumerate(prompts) for sample in range(body.n)]
+    num_choices = len(states)
     if num_choices > 1 and num_choices > lifecycle.config.max_inflight:
         raise InvalidRequest(f"{num_choices} choices (prompts x n) exceed the router's limit of "
                              f"{lifecycle.config.max_inflight} requests in flight", field="n")
@@ -231,18 +229,18 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
     shape = ResponseShape(request_id, model_name, chat, lifecycle.tokenizer.decode_one, asked,
                           role=body.role if chat else "assistant", token_ids=bool(body.return_token_ids),
                           prompt_text=prompt_text)
-    streams = [lifecycle.generate(request, admitted=True) for request in requests]
     num_prompt_tokens = sum(len(ids) for ids in prompts)
-    details = lifecycle.config.enable_prompt_tokens_details
+    details = lifecycle.config.enable_prompt_tokens_details and not beam   # vLLM's beam answer has no cached count
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(_sse(streams, states, shape, num_prompt_tokens, include_usage, details,
                                       body.stream_interval or 1), media_type="text/event-stream")
-    chunks: list[list[GenerationChunk]] = [[] for _ in requests]
+    chunks: list[list[GenerationChunk]] = [[] for _ in states]
     async for index, chunk in _merge(streams):
         chunks[index].append(chunk)
     count("http", OK)
-    answers = [(state, merged(choice)) for state, choice in zip(states, chunks)]
+    # a choice without chunks: a beam search that ended with fewer beams than `n` (`max_tokens` 0)
+    answers = [(state, merged(choice)) for state, choice in zip(states, chunks) if choice]
     completion_tokens = sum(len(chunk.token_ids) for _, chunk in answers)
     whole = shape.whole(answers, usage(num_prompt_tokens, completion_tokens,
                                        _cached_tokens(answers[-1][1]) if details else None))
@@ -256,6 +254,23 @@ def _with_reasoning_tokens(body: dict, key: str, states: list[ChoiceState]) -> d
     if parsers:
         body[key]["completion_tokens_details"] = {"reasoning_tokens": sum(p.reasoning_tokens() for p in parsers)}
     return body
+
+
+def _sampled_streams(lifecycle: Lifecycle, body, request_id: str,
+                     prompts: list[list[int]]) -> list[AsyncIterator[GenerationChunk]]:
+    """Each prompt's `n` samples as walks of their own, every one admitted now."""
+    num_choices = len(prompts) * body.n
+    requests = []
+    for prompt_index, prompt_ids in enumerate(prompts):
+        room = context_room(len(prompt_ids), lifecycle.config.max_model_len)   # max_tokens is capped to it
+        for sample in range(body.n):
+            index = prompt_index * body.n + sample
+            walk_id = request_id if num_choices == 1 else f"{request_id}-{index}"
+            requests.append(GenerationRequest(walk_id, prompt_ids, body.sampling(sample, room), body.slo_class,
+                                              body.cache_salt or "", body.repetition_detection))
+    for request in requests:
+        lifecycle.admit(request)  # refuse before any byte is sent, with a proper status
+    return [lifecycle.generate(request, admitted=True) for request in requests]
 
 
 def _cached_tokens(chunk: GenerationChunk) -> int:

@@ -107,6 +107,18 @@ class SamplingFields(VllmExtraFields, _Body):   # vLLM's extra fields: `router.o
     request_id: str | None = None
     slo_class: str = Field(default="", description="pdserve: the request's SLO class (interactive goes before "
                                                    "batch in the router's queue)")
+    use_beam_search: bool = Field(default=False, description="vLLM's: the `n` best beams of a beam search of width "
+                                                             "`n` (`router.openai_beam`), each step a request")
+    length_penalty: float = 1.0   # vLLM's: a beam's score is its cumulative logprob / length ** length_penalty
+
+    @model_validator(mode="before")
+    @classmethod
+    def _beam_search_refusals(cls, data):
+        """vLLM's `check_logprobs` refusal of what beam search does not take, with its message,
+        before pdserve's own refusal of fields it does not serve."""
+        if isinstance(data, dict) and data.get("logprob_token_ids") and data.get("use_beam_search"):
+            raise InvalidRequest("`logprob_token_ids` is not supported with beam search.", field="logprob_token_ids")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -249,6 +261,9 @@ class CompletionRequest(SamplingFields):
                                      field="prompt_logprobs")
             if prompt_logprobs < 0 and prompt_logprobs != -1:
                 raise InvalidRequest("`prompt_logprobs` must be a positive value or -1.", field="prompt_logprobs")
+        if data.get("use_beam_search") and data.get("echo") and data.get("logprobs") is not None:
+            raise InvalidRequest("`echo` with `logprobs` is not supported with beam search because beam search "
+                                 "does not compute prompt logprobs.", field="echo")
         logprobs = data.get("logprobs")
         if logprobs is not None and logprobs < 0 and logprobs != -1:
             raise InvalidRequest("`logprobs` must be a positive value or -1.", field="logprobs")

@@ -15,6 +15,7 @@ PROMPT = "The history of the city begins with"
 CHAT = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Tell me about rivers."}]
 GREEDY = {"model": MODEL, "temperature": 0.0, "max_tokens": 12}
 SEEDED = {"model": MODEL, "temperature": 1.0, "seed": 1234, "max_tokens": 12}
+BEAM = GREEDY | {"use_beam_search": True, "n": 2, "max_tokens": 8}   # width 2: up to 2 * 8 one-token steps
 REPEATING = list(range(300, 340))   # token ids whose greedy output comes back to a prompt token
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -154,6 +155,31 @@ def cases(known: Known) -> list[Case]:
         Case("chat_return_token_ids", chat, GREEDY | {"messages": CHAT, "return_token_ids": True}),
         Case("chat_truncate_prompt_tokens", chat, GREEDY | {"messages": CHAT, "truncate_prompt_tokens": 10,
                                                            "truncation_side": "left"}, streams=False),
+        # beam search (vLLM's serving layer runs it; pdserve's router, each step a request)
+        Case("completion_beam_search", completions, BEAM | {"prompt": PROMPT}),   # streamed: vLLM refuses it
+        Case("completion_beam_search_logprobs", completions, BEAM | {"prompt": PROMPT, "n": 3, "logprobs": 2,
+                                                                     "length_penalty": 0.5, "return_token_ids": True},
+             streams=False),
+        Case("completion_beam_search_prompts_echo", completions, BEAM | {"prompt": [PROMPT, "Rivers run"],
+                                                                         "echo": True, "max_tokens": 5},
+             streams=False),
+        Case("completion_beam_search_ignores_sampling", completions,
+             BEAM | {"prompt": PROMPT, "ignore_eos": True, "include_stop_str_in_output": True,
+                     "stop": [greedy.stop_string()], "seed": 3, "top_p": 0.5, "presence_penalty": 1.0},
+             streams=False),
+        Case("completion_beam_search_widest", completions, BEAM | {"prompt": PROMPT, "n": 10, "max_tokens": 3,
+                                                                   "logprobs": 0}, streams=False),   # 20 logprobs
+        Case("completion_beam_search_max_tokens_zero", completions, BEAM | {"prompt": PROMPT, "max_tokens": 0},
+             streams=False),
+        Case("chat_beam_search", chat, BEAM | {"messages": CHAT},
+             stream_extra={"stream_options": {"include_usage": True}}),
+        Case("chat_beam_search_logprobs", chat, BEAM | {"messages": CHAT, "logprobs": True, "top_logprobs": 2,
+                                                        "max_tokens": 6, "return_token_ids": True}),
+        Case("beam_search_logprob_token_ids", completions, BEAM | {"prompt": PROMPT, "logprobs": 1,
+                                                                   "logprob_token_ids": [11]}, streams=False),
+        Case("beam_search_too_wide", completions, BEAM | {"prompt": PROMPT, "n": 11}, streams=False),   # 22 logprobs
+        Case("beam_search_echo_logprobs", completions, BEAM | {"prompt": PROMPT, "echo": True, "logprobs": 1},
+             streams=False),
         # tools: both servers run vLLM's hermes parser with auto tool choice (TOOL_PARSER_FLAGS)
         Case("chat_tools_none", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": "none"}),
         Case("chat_tools_auto", chat, GREEDY | {"messages": CHAT, "tools": [WEATHER_TOOL, TIME_TOOL]}),

@@ -98,6 +98,15 @@ def test_the_cases_exercise_what_they_are_named_for(answers, known):
     assert [answers[name][1].status for name in ("truncate_past_context", "truncate_below_minus_one",
                                                  "continue_with_generation_prompt", "continue_final_message_alone",
                                                  "chat_template_untrusted", "bad_words_empty_word")] == [400] * 6
+    beams = choices("completion_beam_search")
+    assert len(beams) == 2 and beams[0]["text"] != beams[1]["text"]
+    assert len(choices("completion_beam_search_logprobs")) == 3
+    assert len(choices("completion_beam_search_prompts_echo")) == 4
+    assert len(choices("chat_beam_search")) == 2
+    assert len(choices("completion_beam_search_widest")) == 10
+    assert len(choices("completion_beam_search_max_tokens_zero")) == 1
+    assert [answers[name][1].status for name in ("completion_beam_search[stream]", "beam_search_logprob_token_ids",
+                                                 "beam_search_echo_logprobs", "beam_search_too_wide")] == [400] * 4
     assert choices("chat_tools_required")[0]["message"]["tool_calls"]   # vLLM's hermes parser found the forced call
     assert [c["function"]["name"] for c in choices("chat_tools_named")[0]["message"]["tool_calls"]] == ["get_time"]
     assert len(choices("chat_tools_one_call")[0]["message"]["tool_calls"]) == 1
