@@ -14,7 +14,7 @@ from router.openai_messages import ChatMessage, conversation_of
 from router.openai_prompt import answer_role, check_no_request_template, template_kwargs
 from router.openai_schema import SamplingFields
 from router.openai_tools import ToolChoice, check_tool_fields, tool_dicts
-from router.openai_vllm_extras import reasoning_template_kwargs
+from router.openai_vllm_extras import check_mm_kwargs, reasoning_template_kwargs
 
 ReasoningEffort = vllm_field_type("chat", "reasoning_effort")   # vLLM's values
 
@@ -37,6 +37,15 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: ReasoningEffort = None   # vLLM's: given to the template
     include_reasoning: bool = True   # vLLM's: false drops the reasoning a --reasoning-parser splits off (router.openai_tools)
     return_prompt_text: bool | None = None   # vLLM's: the rendered prompt as `prompt_text`
+
+    mm_processor_kwargs: dict[str, Any] | None = None   # vLLM's; refused by its check (`check_mm_kwargs`)
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mm_kwargs_check(cls, data):
+        check_mm_kwargs(data)
+        return data
 
     @model_validator(mode="before")
     @classmethod

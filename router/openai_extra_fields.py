@@ -4,6 +4,8 @@ and checks: what each means, and why it is served or changes nothing, is
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from pdserve.errors import InvalidRequest
@@ -14,6 +16,8 @@ from router.openai_vllm_extras import check_vllm_xargs, thinking_budget_refusal,
 VllmXargs = vllm_field_type("completion", "vllm_xargs")
 StreamIntervalField = vllm_field_type("completion", "stream_interval")
 RepetitionDetection = vllm_field_type("completion", "repetition_detection")
+MMPayload = vllm_field_type("completion", "mm_payload")
+RoutedExpertsPromptStart = vllm_field_type("completion", "routed_experts_prompt_start")
 
 
 class VllmExtraFields(BaseModel):
@@ -24,6 +28,15 @@ class VllmExtraFields(BaseModel):
     vllm_xargs: VllmXargs = None
     thinking_token_budget: int | None = Field(default=None, description="vLLM's; refused as vLLM's engine refuses "
                                                                         "it without a reasoning config (-1: unset)")
+    # a multimodal, MoE or KV-connector model's (vLLM's render endpoints read the first two); on a
+    # text-only model and a server without a KV connector they change nothing on vLLM's server
+    mm_payload: MMPayload = "tensors"
+    return_mm_kwargs: bool | None = None
+    routed_experts_prompt_start: RoutedExpertsPromptStart = 0
+    kv_transfer_params: dict[str, Any] | None = Field(
+        default=None, description="vLLM's parameters for its own KV connector; vLLM's server without one (its "
+                                  "default) ignores them, and pdserve moves KV itself: taken and unused")
+    ec_transfer_params: dict[str, Any] | None = None
     # vLLM's fields the router serves
     stream_interval: StreamIntervalField = Field(
         default=None, description="vLLM's: a stream's tokens batched this many to an event (the first and last "

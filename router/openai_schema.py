@@ -18,6 +18,7 @@ from router.openai_messages import SERVED_EXTRAS, ChatMessage, conversation_of
 from router.openai_prompt import PromptRules, check_cache_salt, check_no_request_template, template_kwargs
 from router.openai_structured import check_structured_output_fields, structured_outputs_json
 from router.openai_tools import check_tool_fields, tool_dicts
+from router.openai_vllm_extras import check_no_prompt_embeds
 
 
 
@@ -240,6 +241,15 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: bool = True
     suffix: str | None = Field(default=None, description="vLLM's: text after the completion, for models whose "
                                                          "renderer does fill-in-the-middle; refused otherwise")
+    prompt_embeds: Any = Field(default=None, description="vLLM's; refused as vLLM's server refuses it without "
+                                                         "--enable-prompt-embeds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_embeds_check(cls, data):
+        """vLLM's refusal, before the body's types (vLLM reads a prompt of embeddings alone)."""
+        check_no_prompt_embeds(data)
+        return data
 
     @model_validator(mode="before")
     @classmethod

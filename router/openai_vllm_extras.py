@@ -12,7 +12,15 @@ validators, then either served by the router (`stream_interval`, `repetition_det
   client's keys never reach pdserve's own KV transfer;
 - `include_reasoning` acts only through a reasoning parser, and none is configured by default;
 - `thinking_token_budget` is refused as vLLM's engine refuses any budget without a reasoning
-  config (its default): only -1 or null, "unlimited", is served.
+  config (its default): only -1 or null, "unlimited", is served;
+- `mm_payload` and `return_mm_kwargs` shape vLLM's render endpoints' answers,
+  `routed_experts_prompt_start` a mixture-of-experts model's routing data, `kv_transfer_params`
+  and `ec_transfer_params` a KV or encoder-cache connector's (none by default: pdserve moves KV
+  itself): taken, as vLLM's server takes them, and unused;
+- a chat's `mm_processor_kwargs` and `media_io_kwargs` are refused by vLLM's own check
+  (`check_mm_kwargs`: its server trusts neither without `--trust-request-mm-kwargs`, and pdserve
+  serves a text-only model), a completion's `prompt_embeds` by vLLM's own loader
+  (`check_no_prompt_embeds`: its server takes none without `--enable-prompt-embeds`).
 
 Pure: values in, values (or InvalidRequest with vLLM's message) out. The fields themselves, with
 vLLM's types, are `router.openai_extra_fields`.
@@ -91,3 +99,27 @@ def reasoning_template_kwargs(reasoning_effort: str | None, chat_template_kwargs
     if "enable_thinking" not in (chat_template_kwargs or {}):
         added["enable_thinking"] = reasoning_effort != "none"
     return added
+
+
+def check_mm_kwargs(data) -> None:
+    """vLLM's refusal of a chat's per-request multimodal arguments (`validate_request_mm_kwargs`,
+    untrusted by default), with its message and `param`."""
+    if not isinstance(data, dict) or (not data.get("mm_processor_kwargs") and not data.get("media_io_kwargs")):
+        return
+    from vllm.entrypoints.generate.base.protocol import validate_request_mm_kwargs
+
+    vllm_checked(lambda: validate_request_mm_kwargs(mm_processor_kwargs=data.get("mm_processor_kwargs"),
+                                                    media_io_kwargs=data.get("media_io_kwargs"),
+                                                    trust_request_mm_kwargs=False))
+
+
+def check_no_prompt_embeds(data) -> None:
+    """vLLM's refusal of a completion's `prompt_embeds` on a server without `--enable-prompt-embeds`
+    (its loader's own check, given a model config that says so), with its message and `param`."""
+    if not isinstance(data, dict) or data.get("prompt_embeds") is None:
+        return
+    from types import SimpleNamespace
+
+    from vllm.renderers.embed_utils import safe_load_prompt_embeds
+
+    vllm_checked(lambda: safe_load_prompt_embeds(SimpleNamespace(enable_prompt_embeds=False), b""))

@@ -269,6 +269,11 @@ INERT = {"session_id": "session-1", "watermarking": True, "return_token_offsets"
          "vllm_xargs": {"session_id": "session-2", "note": ["a", 1, 0.5]}, "thinking_token_budget": -1}
 
 
+# vLLM's render, MoE and connector fields: unused on a text-only model without a connector
+UNUSED = {"mm_payload": "none", "return_mm_kwargs": True, "routed_experts_prompt_start": 0,
+          "kv_transfer_params": {"do_remote_prefill": True}, "ec_transfer_params": {"x": 1}}
+
+
 def vllm_extra_field_cases() -> list[Case]:
     """vLLM's extra fields (router/openai_vllm_extras.py): served ones, the ones that change
     nothing on vLLM's server as shipped, and vLLM's refusals of their bad values."""
@@ -296,6 +301,18 @@ def vllm_extra_field_cases() -> list[Case]:
                                                            "include_reasoning": False}, streams=False),
         Case("completion_inert_fields", completions, GREEDY | {"prompt": PROMPT} | INERT),
         Case("chat_inert_fields", chat, GREEDY | {"messages": CHAT, "include_reasoning": False} | INERT),
+        Case("completion_mm_and_connector_fields", completions, GREEDY | {"prompt": PROMPT} | UNUSED),
+        Case("chat_mm_and_connector_fields", chat, GREEDY | {"messages": CHAT} | UNUSED, streams=False),
+        Case("mm_payload_unknown", completions, GREEDY | {"prompt": PROMPT, "mm_payload": "all"}, streams=False),
+        Case("routed_experts_prompt_start_negative", chat, GREEDY | {"messages": CHAT,
+                                                                     "routed_experts_prompt_start": -1}, streams=False),
+        Case("mm_processor_kwargs_untrusted", chat, GREEDY | {"messages": CHAT, "mm_processor_kwargs": {"x": 1}},
+             streams=False),
+        Case("media_io_kwargs_untrusted", chat, GREEDY | {"messages": CHAT, "media_io_kwargs": {"image": {"x": 1}}},
+             streams=False),
+        Case("prompt_embeds_disabled", completions, GREEDY | {"prompt": PROMPT, "prompt_embeds": "AAAA"},
+             streams=False),
+        Case("prompt_embeds_alone", completions, GREEDY | {"prompt_embeds": "AAAA"}, streams=False),
         Case("thinking_token_budget", completions, GREEDY | {"prompt": PROMPT, "thinking_token_budget": 16}),
         Case("thinking_token_budget_chat", chat, GREEDY | {"messages": CHAT, "thinking_token_budget": 0}),
         # vLLM's refusals of bad values

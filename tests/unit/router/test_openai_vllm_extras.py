@@ -197,3 +197,18 @@ async def test_the_fields_that_change_nothing_on_vllm_s_server_change_nothing(re
     plain, _ = await _post(redis_server, tokenizer, "/v1/chat/completions", chat)
     given, _ = await _post(redis_server, tokenizer, "/v1/chat/completions", chat | inert | {"include_reasoning": False})
     assert given.json()["choices"] == plain.json()["choices"]
+
+
+def test_per_request_multimodal_arguments_and_prompt_embeds_are_refused_as_vllm_s_server_refuses_them():
+    from router.openai_vllm_extras import check_mm_kwargs, check_no_prompt_embeds
+
+    for body, field in (({"mm_processor_kwargs": {"x": 1}}, "mm_processor_kwargs"),
+                        ({"media_io_kwargs": {"image": {"x": 1}}}, "media_io_kwargs")):
+        with pytest.raises(InvalidRequest) as refused:
+            check_mm_kwargs(body)
+        assert refused.value.field == field and "--trust-request-mm-kwargs" in refused.value.message
+    with pytest.raises(InvalidRequest) as refused:
+        check_no_prompt_embeds({"prompt_embeds": "AAAA"})
+    assert refused.value.field == "prompt_embeds" and "--enable-prompt-embeds" in refused.value.message
+    check_mm_kwargs({"mm_processor_kwargs": {}, "media_io_kwargs": None})   # empty: nothing asked, as vLLM reads it
+    check_no_prompt_embeds({"prompt": "x"})
