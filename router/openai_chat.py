@@ -20,6 +20,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     logprobs: bool | None = False
     top_logprobs: int | None = 0
+    prompt_logprobs: int | None = None   # vLLM's: the prompt's, in the (non-streamed) answer's `prompt_logprobs`
     echo: bool = False   # vLLM's: the last message's content first when it is the answering role's
     add_special_tokens: bool = False   # vLLM's: the template writes them
     add_generation_prompt: bool = True
@@ -55,7 +56,10 @@ class ChatCompletionRequest(SamplingFields):
 
     @property
     def num_prompt_logprobs(self) -> int | None:
-        """vLLM's rule: with `echo`, the prompt's logprobs (`top_logprobs` of them) come too."""
+        """vLLM's rule: `prompt_logprobs`, else with `echo` the prompt's logprobs (`top_logprobs`
+        of them) come too."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
         return (self.top_logprobs or 0) if self.echo else None
 
     @property

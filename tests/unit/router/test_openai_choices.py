@@ -199,6 +199,10 @@ async def test_logit_bias_reaches_both_phases_as_token_ids(redis_server, tokeniz
                           "output tokens are generated."),
     ("/v1/completions", {"logprob_token_ids": [11, 5000], "logprobs": 0}, "logprob_token_ids",
      "token_id(s) [5000] in logprob_token_ids contain out-of-vocab token ids. Vocabulary size: 2048"),
+    ("/v1/chat/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs",
+     "`prompt_logprobs` are not available when `stream=True`."),
+    ("/v1/chat/completions", {"prompt_logprobs": -2}, "prompt_logprobs",
+     "`prompt_logprobs` must be a positive value or -1."),
 ])
 async def test_vllm_s_refusals_with_its_messages_before_any_worker_is_asked(redis_server, tokenizer, path, fields,
                                                                            param, message):
@@ -299,3 +303,16 @@ async def test_logprob_token_ids_reach_both_phases_and_every_listed_id_is_answer
     assert tops == [{" there": -0.75, "'": -0.5, twelve: -2.5}, {" was": -1.0, "'": -0.5, twelve: -2.5},
                     {" a": -1.0, "'": -0.5, twelve: -2.5}, {" quick": -1.0, "'": -0.5, twelve: -2.5}]
 
+
+async def test_a_chat_s_prompt_logprobs_are_asked_of_the_prefill_and_answered_on_the_body(redis_server, tokenizer):
+    prompt_rows = tuple(_row(t, -2.0) for t in range(1, 12))
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+            "prompt_logprobs": 1}
+    reply, workers = await _post(redis_server, tokenizer, "/v1/chat/completions", body, prompt_rows=prompt_rows)
+    assert workers["prefill-a"].prefills[0].sampling.prompt_logprobs == 1
+    assert workers["decode-a"].decodes[0].sampling.prompt_logprobs is None
+    prompt_logprobs = reply.json()["prompt_logprobs"]
+    assert prompt_logprobs[0] is None and prompt_logprobs[1] == {
+        "1": {"logprob": -2.0, "rank": 2, "decoded_token": tokenizer.decode_one(1)},
+        "11": {"logprob": -0.5, "rank": 1, "decoded_token": "'"}}
+    assert reply.json()["choices"][0]["logprobs"] is None
