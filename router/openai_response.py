@@ -47,7 +47,8 @@ class LogprobsAsked:
 
     num_top: int | None = None
     as_token_ids: bool = False
-    prompt: bool = False   # `prompt_logprobs` in the answer (not streamed; a chat's on the whole answer)
+    prompt: bool = False   # the prompt's logprobs were asked (`prompt_logprobs`, or `echo`'s): they are in the
+    #                        answer's `prompt_logprobs` (not streamed; a completion's in each choice, a chat's on the body)
     listed: bool = False
 
 

@@ -154,6 +154,9 @@ async def test_echo_with_logprobs_asks_for_the_prompt_s_and_gives_the_first_none
     assert logprobs["token_logprobs"] == [None, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -0.75, -1.0, -1.25, -1.0]
     assert logprobs["top_logprobs"][:2] == [None, {tokenizer.decode_one(PROMPT[1]): -2.0}]
     assert logprobs["text_offset"][7] == len("<|begin_of_text|>Once upon a time")
+    prompt_logprobs = reply.json()["choices"][0]["prompt_logprobs"]   # vLLM's choice carries what echo asked
+    assert prompt_logprobs[:2] == [None, {str(PROMPT[1]): {"logprob": -2.0, "rank": 2,
+                                                           "decoded_token": tokenizer.decode_one(PROMPT[1])}}]
 
 
 async def test_cached_tokens_are_reported_only_when_enabled_as_in_vllm(redis_server, tokenizer):
