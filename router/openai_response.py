@@ -42,13 +42,14 @@ class ChoiceState:
 @dataclass(frozen=True)
 class LogprobsAsked:
     """How the request asked for logprobs: the top ones listed per position (None: no logprobs in
-    the answer), whether tokens are named by id (`return_tokens_as_token_ids`), and whether
-    `logprob_token_ids` named the tokens (then every entry of a position is listed)."""
+    the answer), whether tokens are named by id (`return_tokens_as_token_ids`), whether the prompt's
+    were asked (`prompt_logprobs`, or `echo`'s: vLLM answers them in `prompt_logprobs`, not streamed,
+    a completion's in each choice, a chat's on the body), and whether `logprob_token_ids` named the
+    tokens (then every entry of a position is listed)."""
 
     num_top: int | None = None
     as_token_ids: bool = False
-    prompt: bool = False   # the prompt's logprobs were asked (`prompt_logprobs`, or `echo`'s): they are in the
-    #                        answer's `prompt_logprobs` (not streamed; a completion's in each choice, a chat's on the body)
+    prompt: bool = False
     listed: bool = False
 
 
