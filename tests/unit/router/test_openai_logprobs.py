@@ -181,3 +181,13 @@ def test_listed_ids_are_all_in_each_position_s_top_logprobs_as_vllm_lists_them(t
     theirs = vllm_chat(token_ids=CAFE[:4], top_logprobs=_as_vllm(step.logprobs), tokenizer=tokenizer._hf,
                        num_output_top_logprobs=0, logprob_token_ids=list(listed))
     assert ours == theirs.model_dump()
+
+
+def test_rows_of_one_request_may_differ_in_length_as_vllm_s_batches_make_them(tokenizer):
+    """A top-k request batched with one that has logprob_token_ids gets the listed layout for that
+    step (vLLM's sampler prefers it for the whole batch): each row is its own step, never one array."""
+    output = tokenizer.output_text(PROMPT, Sampling(logprobs=3, max_tokens=32))
+    rows = [_row(CAFE[0], 3, 1), SampledLogprobs((CAFE[1], 0), (-0.5, float("-inf")), 2), _row(CAFE[2], 3, 1)]
+    step = output.add(CAFE[:3], logprobs=rows)
+    assert [len(position) for position in step.logprobs] == [4, 2, 4]
+    assert [(e.token_id, e.rank) for e in step.logprobs[1]] == [(CAFE[1], 2), (0, 1)]
