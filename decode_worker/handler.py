@@ -34,7 +34,8 @@ class DecodeHandler:
         sampling = request.sampling
         async for output in self.runtime.engine.generate(prompt, params, request.request_id):
             completion = output.outputs[0]
-            logprobs = {"logprobs": rows_from_vllm(completion.logprobs, sampling.logprobs),
+            logprobs = {"logprobs": rows_from_vllm(completion.logprobs, sampling.num_logprobs,
+                                                   sampling.logprob_token_ids),
                         "prompt_logprobs": rows_from_vllm(output.prompt_logprobs, sampling.prompt_logprobs)}
             if output.finished:
                 yield _final_message(completion, output, logprobs)

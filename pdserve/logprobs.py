@@ -13,6 +13,10 @@ An engine returns the dict, not the row: `sampled_from_vllm` rebuilds the row. T
 duplicate when the token is among the top k (vLLM inserts both, the second overwriting the first in
 place, its rank the top-k position); the row puts it back at that position, so the processor
 rebuilds the same dict.
+
+With `logprob_token_ids` the row is the sampled token, then the listed ids in their order (vLLM's
+`Sampler.gather_specific_token_logprobs`): `listed_from_vllm` rebuilds it from the list itself, so
+a listed id that is the sampled token, or is listed twice, is put back where the sampler had it.
 """
 
 from __future__ import annotations
@@ -54,11 +58,26 @@ def sampled_from_vllm(position: Mapping, num_logprobs: int) -> SampledLogprobs:
     return SampledLogprobs(tuple(t for t, _ in row), tuple(lp for _, lp in row), chosen.rank)
 
 
-def rows_from_vllm(positions: Sequence | None, num_logprobs: int | None) -> tuple[SampledLogprobs, ...]:
-    """`sampled_from_vllm` over an output's positions; () when none were asked for. A None position
-    (vLLM's for a prompt's first token) has no row: prompt rows start at the second token."""
+def listed_from_vllm(position: Mapping, logprob_token_ids: Sequence[int]) -> SampledLogprobs:
+    """The sampler row behind one position asked with `logprob_token_ids` (non-empty): the
+    position's token, then each listed id. The dict keeps one entry per id, its rank the sampled
+    token's true rank, or for a listed id its (last) place in the list, 1-based: the rank the row's
+    first entry must carry so the processor rebuilds the same dict."""
+    token_id, chosen = next(iter(position.items()))
+    row_ids = (token_id, *logprob_token_ids)
+    return SampledLogprobs(row_ids, tuple(position[row_id].logprob for row_id in row_ids), chosen.rank)
+
+
+def rows_from_vllm(positions: Sequence | None, num_logprobs: int | None,
+                   logprob_token_ids: Sequence[int] = ()) -> tuple[SampledLogprobs, ...]:
+    """The rows of an output's positions; () when none were asked for (`num_logprobs` None: vLLM's
+    `SamplingParams.num_logprobs` or `prompt_logprobs`). A None position (vLLM's for a prompt's
+    first token) has no row: prompt rows start at the second token. `logprob_token_ids` are the
+    request's, for its output positions only (a prompt's are its top `prompt_logprobs`)."""
     if positions is None or num_logprobs is None:
         return ()
+    if logprob_token_ids:
+        return tuple(listed_from_vllm(position, logprob_token_ids) for position in positions)
     return tuple(sampled_from_vllm(position, num_logprobs) for position in positions if position is not None)
 
 

@@ -45,6 +45,17 @@ class Sampling:
     allowed_token_ids: tuple[int, ...] | None = None   # None: any token; vLLM refuses an empty list
     bad_words: tuple[str, ...] = ()      # vLLM's: each engine tokenizes them (`SamplingParams.update_from_tokenizer`)
     spaces_between_special_tokens: bool = True
+    # vLLM's: each output position's logprobs are these ids' (beside the output token's), not the
+    # top `logprobs`; (): none (vLLM reads an empty list as none)
+    logprob_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """vLLM's count of each output position's logprobs (`SamplingParams.num_logprobs`):
+        `logprobs`, else the number of `logprob_token_ids`, else None (none asked)."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return len(self.logprob_token_ids) if self.logprob_token_ids else None
 
     @classmethod
     def validated(cls, **fields) -> "Sampling":
@@ -85,11 +96,13 @@ class Sampling:
         """What vLLM checks against the model when a request reaches an engine
         (`SamplingParams._validate_logprobs`, `_validate_logit_bias`), with vLLM's messages: here,
         so the router refuses it before any worker sees it."""
-        for field, asked in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
-            count = vocab_size if asked == -1 else asked
-            kind = "sample" if field == "logprobs" else "prompt"
-            _require(not count or count <= MAX_LOGPROBS, field,
-                     f"Requested {kind} logprobs of {count}, which is greater than max allowed: {MAX_LOGPROBS}")
+        try:   # vLLM's own check of `logprobs`, `logprob_token_ids` and `prompt_logprobs`
+            self.to_vllm()._validate_logprobs(_ModelLimits(vocab_size))
+        except Exception as error:  # vLLM's VLLMValidationError
+            if not is_engine_input_error(error):
+                raise
+            raise InvalidRequest(error.args[0] if error.args else str(error),
+                                 field=engine_error_field(error)) from error
         outside = [token_id for token_id, _ in self.logit_bias if not 0 <= token_id < vocab_size]
         _require(not outside, "logit_bias", f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
                                             f"Vocabulary size: {vocab_size}")
@@ -117,6 +130,7 @@ class Sampling:
             structured_outputs_json=message.structured_outputs_json, min_p=get("min_p"),
             allowed_token_ids=tuple(message.allowed_token_ids) or None, bad_words=tuple(message.bad_words) or None,
             spaces_between_special_tokens=get("spaces_between_special_tokens"),
+            logprob_token_ids=tuple(message.logprob_token_ids) or None,
         )
 
     def to_proto(self) -> pb.SamplingParams:
@@ -131,7 +145,8 @@ class Sampling:
                                     structured_outputs_json=self.structured_outputs_json, min_p=self.min_p,
                                     allowed_token_ids=list(self.allowed_token_ids or ()),
                                     bad_words=list(self.bad_words),
-                                    spaces_between_special_tokens=self.spaces_between_special_tokens)
+                                    spaces_between_special_tokens=self.spaces_between_special_tokens,
+                                    logprob_token_ids=list(self.logprob_token_ids))
         for name in ("seed", "logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 setattr(message, name, getattr(self, name))
@@ -167,7 +182,7 @@ class Sampling:
             logit_bias=dict(self.logit_bias) or None, structured_outputs=self.structured_outputs(), min_p=self.min_p,
             allowed_token_ids=None if self.allowed_token_ids is None else list(self.allowed_token_ids),
             bad_words=list(self.bad_words) or None, spaces_between_special_tokens=self.spaces_between_special_tokens,
-            **extra,
+            logprob_token_ids=list(self.logprob_token_ids) or None, **extra,
         )
 
 
@@ -196,6 +211,18 @@ def engine_error_field(error: BaseException) -> str | None:
 
 _FIELDS = frozenset(Sampling.__dataclass_fields__) | {"n"}  # n: the samples of a prompt (`check(n)`)
 _WIRE_INT_RANGES = {FieldDescriptor.TYPE_INT32: (-2**31, 2**31 - 1), FieldDescriptor.TYPE_INT64: (-2**63, 2**63 - 1)}
+
+
+@dataclass(frozen=True)
+class _ModelLimits:
+    """What vLLM's `SamplingParams._validate_logprobs` reads of its `ModelConfig`: pdserve's
+    engines keep vLLM's default `max_logprobs`."""
+
+    vocab_size: int
+    max_logprobs: int = MAX_LOGPROBS
+
+    def get_vocab_size(self) -> int:
+        return self.vocab_size
 
 
 def _require(condition: bool, field: str, message: str) -> None:

@@ -51,7 +51,8 @@ class PrefillHandler:
             num_cached_tokens=final.num_cached_tokens or 0,
             queued_s=engine_queued_s(final),
             stop_reason=completion.stop_reason,
-            first_logprobs=next(iter(rows_from_vllm(completion.logprobs, sampling.logprobs)), None),
+            first_logprobs=next(iter(rows_from_vllm(completion.logprobs, sampling.num_logprobs,
+                                                     sampling.logprob_token_ids)), None),
             prompt_logprobs=rows_from_vllm(final.prompt_logprobs, sampling.prompt_logprobs),
         )
 

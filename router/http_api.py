@@ -224,8 +224,9 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
     if num_choices > 1 and num_choices > lifecycle.config.max_inflight:
         raise InvalidRequest(f"{num_choices} choices (prompts x n) exceed the router's limit of "
                              f"{lifecycle.config.max_inflight} requests in flight", field="n")
-    asked = LogprobsAsked(body.num_logprobs, bool(body.return_tokens_as_token_ids),
-                          prompt=body.num_prompt_logprobs is not None if chat else body.prompt_logprobs is not None)
+    asked = LogprobsAsked(body.num_top_logprobs, bool(body.return_tokens_as_token_ids),
+                          prompt=body.num_prompt_logprobs is not None,   # echo's too: vLLM sends what it asked
+                          listed=bool(body.logprob_token_ids))
     shape = ResponseShape(request_id, model_name, chat, lifecycle.tokenizer.decode_one, asked,
                           role=body.role if chat else "assistant", token_ids=bool(body.return_token_ids),
                           prompt_text=prompt_text)

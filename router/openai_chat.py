@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import model_validator
 
 from pdserve.errors import InvalidRequest
-from router.openai_fields import vllm_field_type
+from router.openai_fields import run_vllm_validator, vllm_field_type
 from router.openai_messages import ChatMessage, conversation_of
 from router.openai_prompt import answer_role, check_no_request_template, template_kwargs
 from router.openai_schema import SamplingFields
@@ -24,6 +24,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     logprobs: bool | None = False
     top_logprobs: int | None = 0
+    prompt_logprobs: int | None = None   # vLLM's: the prompt's, in the (non-streamed) answer's `prompt_logprobs`
     echo: bool = False   # vLLM's: the last message's content first when it is the answering role's
     add_special_tokens: bool = False   # vLLM's: the template writes them
     add_generation_prompt: bool = True
@@ -56,22 +57,14 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="before")
     @classmethod
     def _vllm_checks(cls, data):
-        """vLLM's `check_logprobs`, `check_generation_prompt` (both fields sent true) and its
-        refusal of an empty conversation, with its messages."""
+        """vLLM's `check_logprobs` (vLLM's own), `check_generation_prompt` (both fields sent true)
+        and its refusal of an empty conversation, with its messages."""
         if not isinstance(data, dict):
             return data
         if data.get("messages") == []:
             raise InvalidRequest("Cannot apply chat template to an empty conversation. Provide at least one message.",
                                  field="messages")
-        top_logprobs = data.get("top_logprobs")
-        if top_logprobs is not None and not isinstance(top_logprobs, (int, float)):
-            raise InvalidRequest("`top_logprobs` must be an integer.", field="top_logprobs")
-        if top_logprobs is not None:
-            if top_logprobs < 0 and top_logprobs != -1:
-                raise InvalidRequest("`top_logprobs` must be a positive value or -1.", field="top_logprobs")
-            if (top_logprobs == -1 or top_logprobs > 0) and not data.get("logprobs"):
-                raise InvalidRequest("when using `top_logprobs`, `logprobs` must be set to true.",
-                                     field="top_logprobs")
+        run_vllm_validator("chat", "check_logprobs", data)
         if data.get("continue_final_message") and data.get("add_generation_prompt"):
             raise InvalidRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         return data
@@ -83,12 +76,15 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_tokens, "max_tokens"
 
     @property
-    def num_logprobs(self) -> int | None:
+    def num_top_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def num_prompt_logprobs(self) -> int | None:
-        """vLLM's rule: with `echo`, the prompt's logprobs (`top_logprobs` of them) come too."""
+        """vLLM's rule: `prompt_logprobs`, else with `echo` the prompt's logprobs (`top_logprobs`
+        of them) come too."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
         return (self.top_logprobs or 0) if self.echo else None
 
     @property

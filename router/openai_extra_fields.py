@@ -17,7 +17,6 @@ VllmXargs = vllm_field_type("completion", "vllm_xargs")
 StreamIntervalField = vllm_field_type("completion", "stream_interval")
 RepetitionDetection = vllm_field_type("completion", "repetition_detection")
 MMPayload = vllm_field_type("completion", "mm_payload")
-RoutedExpertsPromptStart = vllm_field_type("completion", "routed_experts_prompt_start")
 
 
 class VllmExtraFields(BaseModel):
@@ -32,7 +31,7 @@ class VllmExtraFields(BaseModel):
     # text-only model and a server without a KV connector they change nothing on vLLM's server
     mm_payload: MMPayload = "tensors"
     return_mm_kwargs: bool | None = None
-    routed_experts_prompt_start: RoutedExpertsPromptStart = 0
+    routed_experts_prompt_start: int = Field(default=0, ge=0)   # vLLM's constraint is on its field, not its type
     kv_transfer_params: dict[str, Any] | None = Field(
         default=None, description="vLLM's parameters for its own KV connector; vLLM's server without one (its "
                                   "default) ignores them, and pdserve moves KV itself: taken and unused")

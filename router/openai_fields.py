@@ -57,6 +57,21 @@ def _field_names(model) -> frozenset[str]:
     return frozenset().union(*(_field_names(member) for member in get_args(model)))
 
 
+def vllm_model(body: Body):
+    """vLLM's request model of `body` (the first, where vLLM has several)."""
+    module_name, type_names = VLLM_MODELS[body]
+    return getattr(import_module(module_name), type_names[0])
+
+
+def run_vllm_validator(body: Body, name: str, data):
+    """vLLM's own model validator `name` of `body` (a `mode="before"` one) run on the raw JSON
+    `data`, so the refusals, their messages and `param` are vLLM's (InvalidRequest); returns what
+    it returns."""
+    from router.openai_prompt import vllm_checked
+
+    return vllm_checked(lambda: getattr(vllm_model(body), name)(data))
+
+
 def served_fields_only(data, served: frozenset[str] | set[str], body: Body):
     """`data` (a JSON object) without the fields neither pdserve (`served`) nor vLLM knows;
     raises InvalidRequest naming the first field vLLM knows and pdserve does not serve."""

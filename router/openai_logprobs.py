@@ -7,6 +7,8 @@ the positions the lifecycle made (`router.output_logprobs`, vLLM's own dicts).
   collapse, as in vLLM's dict); a position without logprobs (a prompt's first token) has None.
 - chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}: a position's top
   logprobs are its first `top_logprobs` entries (the output token first, as vLLM lists them).
+- with `logprob_token_ids` (`listed`), a position's top logprobs are all of its entries, in either
+  API: the output token's and the listed ids' (vLLM's `return_all`).
 Logprobs below -9999 (-inf) are sent as -9999.0, OpenAI's floor.
 """
 
@@ -21,7 +23,8 @@ Decode = Callable[[int], str]   # one token id's text, the tokenizer's `decode([
 
 
 def completion_logprobs(token_ids: Sequence[int], positions: Sequence[PositionLogprobs], num_top: int,
-                        decode: Decode, initial_text_offset: int = 0, as_token_ids: bool = False) -> dict:
+                        decode: Decode, initial_text_offset: int = 0, as_token_ids: bool = False,
+                        listed: bool = False) -> dict:
     """`positions[i]` is token_ids[i]'s; `num_top` the request's `logprobs`. The text offsets
     start at `initial_text_offset` (a stream's earlier chunks: `next_text_offset`)."""
     tokens: list[str] = []
@@ -39,7 +42,7 @@ def completion_logprobs(token_ids: Sequence[int], positions: Sequence[PositionLo
             token = _text(entry, decode, as_token_ids)
             token_logprobs.append(max(entry.logprob, FLOOR))
             top_logprobs.append({_text(top, decode, as_token_ids): max(top.logprob, FLOOR)
-                                 for rank, top in enumerate(position) if num_top == -1 or num_top >= rank})
+                                 for rank, top in enumerate(position) if listed or num_top == -1 or num_top >= rank})
         text_offset.append(initial_text_offset if not text_offset else text_offset[-1] + len(tokens[-1]))
         tokens.append(token)
     return {"text_offset": text_offset, "token_logprobs": token_logprobs, "tokens": tokens,
@@ -53,7 +56,7 @@ def next_text_offset(logprobs: dict, current: int) -> int:
 
 
 def chat_logprobs(token_ids: Sequence[int], positions: Sequence[PositionLogprobs], num_top: int | None,
-                  decode: Decode, as_token_ids: bool = False) -> dict:
+                  decode: Decode, as_token_ids: bool = False, listed: bool = False) -> dict:
     """`num_top` is the request's `top_logprobs`."""
     content = []
     for i, token_id in enumerate(token_ids):
@@ -65,7 +68,8 @@ def chat_logprobs(token_ids: Sequence[int], positions: Sequence[PositionLogprobs
             continue
         tops = [{"token": (text := _text(top, decode, as_token_ids)), "logprob": max(top.logprob, FLOOR),
                  "bytes": _bytes(text)}
-                for rank, top in enumerate(position) if num_top == -1 or (num_top is not None and rank < num_top)]
+                for rank, top in enumerate(position)
+                if listed or num_top == -1 or (num_top is not None and rank < num_top)]
         content.append({"token": _text(entry, decode, as_token_ids), "logprob": max(entry.logprob, FLOOR),
                         "bytes": None if entry.token is None else _bytes(entry.token), "top_logprobs": tops})
     return {"content": content}

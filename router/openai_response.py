@@ -43,12 +43,16 @@ class ChoiceState:
 
 @dataclass(frozen=True)
 class LogprobsAsked:
-    """How the request asked for logprobs: vLLM's `logprobs` count (None: not at all), and whether
-    tokens are named by id (`return_tokens_as_token_ids`)."""
+    """How the request asked for logprobs: the top ones listed per position (None: no logprobs in
+    the answer), whether tokens are named by id (`return_tokens_as_token_ids`), whether the prompt's
+    were asked (`prompt_logprobs`, or `echo`'s: vLLM answers them in `prompt_logprobs`, not streamed,
+    a completion's in each choice, a chat's on the body), and whether `logprob_token_ids` named the
+    tokens (then every entry of a position is listed)."""
 
     num_top: int | None = None
     as_token_ids: bool = False
-    prompt: bool = False   # `prompt_logprobs` in the answer (completions, not streamed)
+    prompt: bool = False
+    listed: bool = False
 
 
 @dataclass
@@ -169,9 +173,9 @@ class ResponseShape:
         if asked.num_top is None:
             return None
         if self.chat:
-            return chat_logprobs(token_ids, positions, asked.num_top, self.decode, asked.as_token_ids)
+            return chat_logprobs(token_ids, positions, asked.num_top, self.decode, asked.as_token_ids, asked.listed)
         logprobs = completion_logprobs(token_ids, positions, asked.num_top, self.decode, state.next_text_offset,
-                                       asked.as_token_ids)
+                                       asked.as_token_ids, asked.listed)
         state.next_text_offset = next_text_offset(logprobs, state.next_text_offset)
         return logprobs
 

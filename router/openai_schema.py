@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, model_validator
 from pdserve.errors import InvalidRequest, NotFound
 from pdserve.sampling import Sampling
 from router.openai_extra_fields import VllmExtraFields
-from router.openai_fields import Body, served_fields_only
+from router.openai_fields import Body, run_vllm_validator, served_fields_only
 from router.openai_messages import SERVED_EXTRAS, ChatMessage, conversation_of
 from router.openai_prompt import PromptRules, check_cache_salt, check_no_request_template, template_kwargs
 from router.openai_structured import check_structured_output_fields, structured_outputs_json
@@ -96,6 +96,8 @@ class SamplingFields(VllmExtraFields, _Body):   # vLLM's extra fields: `router.o
     structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams fields
     bad_words: list[str] = Field(default_factory=list)
     spaces_between_special_tokens: bool = True
+    logprob_token_ids: list[int] | None = Field(default=None, description="vLLM's: each output position's "
+                                                "logprobs are these ids' (beside the output token's)")
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     return_token_ids: bool | None = None   # vLLM's `prompt_token_ids` and `token_ids` in the answer
@@ -158,9 +160,16 @@ class SamplingFields(VllmExtraFields, _Body):   # vLLM's extra fields: `router.o
         return structured_outputs_json(self.response_format, self.structured_outputs)
 
     @property
-    def num_logprobs(self) -> int | None:
-        """vLLM's `SamplingParams.logprobs` for this request (each API spells it its own way)."""
+    def num_top_logprobs(self) -> int | None:
+        """The top logprobs the answer lists per position (each API spells it its own way); None:
+        the answer has no logprobs."""
         return None
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """vLLM's `SamplingParams.logprobs` (`to_sampling_params`): the top ones asked, or None when
+        `logprob_token_ids` name the tokens instead."""
+        return None if self.logprob_token_ids else self.num_top_logprobs
 
     @property
     def num_prompt_logprobs(self) -> int | None:
@@ -197,7 +206,8 @@ class SamplingFields(VllmExtraFields, _Body):   # vLLM's extra fields: `router.o
                                   structured_outputs_json=self.constraint_json(), min_p=self.min_p,
                                   allowed_token_ids=None if self.allowed_token_ids is None
                                   else tuple(self.allowed_token_ids), bad_words=tuple(self.bad_words) or None,
-                                  spaces_between_special_tokens=self.spaces_between_special_tokens)
+                                  spaces_between_special_tokens=self.spaces_between_special_tokens,
+                                  logprob_token_ids=tuple(self.logprob_token_ids or ()) or None)
 
 
 def context_room(num_prompt_tokens: int, max_model_len: int) -> int:
@@ -254,29 +264,13 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="before")
     @classmethod
     def _vllm_checks(cls, data):
-        """vLLM's `check_logprobs`, `validate_prompt_and_prompt_embeds` and
+        """vLLM's `check_logprobs` (vLLM's own), `validate_prompt_and_prompt_embeds` and
         `validate_prompt_list_length`, with its messages."""
         if not isinstance(data, dict):
             return data
-        if data.get("prompt") in (None, ""):
+        if data.get("prompt") in (None, "") and data.get("prompt_embeds") in (None, []):
             raise InvalidRequest("Either prompt or prompt_embeds must be provided and non-empty.", field="prompt")
-        for field in ("prompt_logprobs", "logprobs"):
-            value = data.get(field)
-            if value is not None and not isinstance(value, (int, float)):
-                raise InvalidRequest(f"`{field}` must be an integer.", field=field)
-        prompt_logprobs = data.get("prompt_logprobs")
-        if prompt_logprobs is not None:
-            if data.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
-                raise InvalidRequest("`prompt_logprobs` are not available when `stream=True`.",
-                                     field="prompt_logprobs")
-            if prompt_logprobs < 0 and prompt_logprobs != -1:
-                raise InvalidRequest("`prompt_logprobs` must be a positive value or -1.", field="prompt_logprobs")
-        if data.get("use_beam_search") and data.get("echo") and data.get("logprobs") is not None:
-            raise InvalidRequest("`echo` with `logprobs` is not supported with beam search because beam search "
-                                 "does not compute prompt logprobs.", field="echo")
-        logprobs = data.get("logprobs")
-        if logprobs is not None and logprobs < 0 and logprobs != -1:
-            raise InvalidRequest("`logprobs` must be a positive value or -1.", field="logprobs")
+        run_vllm_validator("completion", "check_logprobs", data)
         prompt = data.get("prompt")
         if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt) \
                 and len(prompt) > MAX_COMPLETION_PROMPTS:
@@ -308,7 +302,7 @@ class CompletionRequest(SamplingFields):
         return list(self.prompt)
 
     @property
-    def num_logprobs(self) -> int | None:
+    def num_top_logprobs(self) -> int | None:
         return self.logprobs
 
     @property

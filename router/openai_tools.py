@@ -123,8 +123,10 @@ class ChatParsers:
 
         try:
             request = vllm_checked(lambda: ChatCompletionRequest.model_validate(body))
-        except ValidationError as error:
-            raise InvalidRequest(str(error.errors()[0]["msg"])) from None
+        except ValidationError as error:   # a shape pdserve's body let through and vLLM's refuses
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise InvalidRequest(f"{where}: {first['msg']}", field=where or None) from None
         kwargs = {k: v for k, v in template_kwargs.items() if k not in ("tools", "tokenize")}
         if (self.cls.always_adjust_request or self.cls.reasoning_parser_cls is not None
                 or request.tool_choice != "none"):

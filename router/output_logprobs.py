@@ -33,10 +33,14 @@ class OutputLogprobs:
         return self._processor.num_prompt_logprobs is not None
 
     def add(self, rows: Sequence[SampledLogprobs]) -> tuple[PositionLogprobs, ...]:
-        """The positions of the next tokens (one per row); () when logprobs were not asked for."""
+        """The positions of the next tokens (one per row); () when logprobs were not asked for.
+        Each row is fed as its own engine step, as vLLM's engine feeds it: rows of one request may
+        differ in length (vLLM's sampler gives every request of a batch the listed ids' layout
+        when one of them has `logprob_token_ids`)."""
         if not self.wanted or not rows:
             return ()
-        self._processor.update_from_output(_engine_output(new_logprobs=_lists(rows)))
+        for row in rows:
+            self._processor.update_from_output(_engine_output(new_logprobs=_lists([row])))
         return tuple(_position(entry) for entry in self._processor.logprobs[-len(rows):])
 
     def add_prompt(self, rows: Sequence[SampledLogprobs]) -> tuple[PositionLogprobs, ...] | None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpdserve/v1/generation.proto\x12\npdserve.v1\"\x9e\x07\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x17\n\nmin_tokens\x18\x08 \x01(\x05H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\t \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\n \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x01H\x08\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\"\n\x1ainclude_stop_str_in_output\x18\r \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0e \x01(\x08H\t\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0f \x01(\x05H\n\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\x05H\x0b\x88\x01\x01\x12=\n\nlogit_bias\x18\x11 \x03(\x0b\x32).pdserve.v1.SamplingParams.LogitBiasEntry\x12\x1f\n\x17structured_outputs_json\x18\x12 \x01(\t\x12\x12\n\x05min_p\x18\x13 \x01(\x02H\x0c\x88\x01\x01\x12\x19\n\x11\x61llowed_token_ids\x18\x14 \x03(\x05\x12\x11\n\tbad_words\x18\x15 \x03(\t\x12*\n\x1dspaces_between_special_tokens\x18\x16 \x01(\x08H\r\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x16\n\x14_skip_special_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x08\n\x06_min_pB \n\x1e_spaces_between_special_tokens\"L\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\r\n\x05token\x18\x04 \x01(\t\";\n\x10PositionLogprobs\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.pdserve.v1.TopLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xff\x01\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x11\n\tslo_class\x18\x05 \x01(\t\x12#\n\x16truncate_prompt_tokens\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\ncache_salt\x18\x07 \x01(\tB\x08\n\x06promptB\x19\n\x17_truncate_prompt_tokens\"\xeb\x02\n\x0cPhaseTimings\x12\x10\n\x08queued_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x19\n\x11kv_transfer_bytes\x18\x03 \x01(\x03\x12\x15\n\rkv_transfer_s\x18\x04 \x01(\x01\x12\x1a\n\x12kv_transfer_blocks\x18\x05 \x01(\x05\x12\x10\n\x08\x64\x65\x63ode_s\x18\x06 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x07 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x08 \x01(\x01\x12\x16\n\x0eprefill_worker\x18\t \x01(\t\x12\x15\n\rdecode_worker\x18\n \x01(\t\x12\x15\n\rprompt_tokens\x18\x0b \x01(\x05\x12\x15\n\routput_tokens\x18\x0c \x01(\x05\x12%\n\x1d\x64\x65\x63ode_computed_prompt_tokens\x18\r \x01(\x05\x12\x15\n\rdisaggregated\x18\x0e \x01(\x08\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0f \x01(\x05\"\x82\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12)\n\x07timings\x18\x06 \x01(\x0b\x32\x18.pdserve.v1.PhaseTimings\x12.\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"\x92\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x1b\n\x13num_prefill_workers\x18\x05 \x01(\x05\x12\x1a\n\x12num_decode_workers\x18\x06 \x01(\x05\x32\xdb\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12\x46\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a\x15.pdserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpdserve/v1/generation.proto\x12\npdserve.v1\"\xb9\x07\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x17\n\nmin_tokens\x18\x08 \x01(\x05H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\t \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\n \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x0b \x01(\x01H\x08\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\"\n\x1ainclude_stop_str_in_output\x18\r \x01(\x08\x12 \n\x13skip_special_tokens\x18\x0e \x01(\x08H\t\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0f \x01(\x05H\n\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\x05H\x0b\x88\x01\x01\x12=\n\nlogit_bias\x18\x11 \x03(\x0b\x32).pdserve.v1.SamplingParams.LogitBiasEntry\x12\x1f\n\x17structured_outputs_json\x18\x12 \x01(\t\x12\x12\n\x05min_p\x18\x13 \x01(\x02H\x0c\x88\x01\x01\x12\x19\n\x11\x61llowed_token_ids\x18\x14 \x03(\x05\x12\x11\n\tbad_words\x18\x15 \x03(\t\x12*\n\x1dspaces_between_special_tokens\x18\x16 \x01(\x08H\r\x88\x01\x01\x12\x19\n\x11logprob_token_ids\x18\x17 \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\r\n\x0b_min_tokensB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x16\n\x14_skip_special_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x08\n\x06_min_pB \n\x1e_spaces_between_special_tokens\"L\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\r\n\x05token\x18\x04 \x01(\t\";\n\x10PositionLogprobs\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.pdserve.v1.TopLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xff\x01\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x14.pdserve.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x11\n\tslo_class\x18\x05 \x01(\t\x12#\n\x16truncate_prompt_tokens\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\ncache_salt\x18\x07 \x01(\tB\x08\n\x06promptB\x19\n\x17_truncate_prompt_tokens\"\xeb\x02\n\x0cPhaseTimings\x12\x10\n\x08queued_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x19\n\x11kv_transfer_bytes\x18\x03 \x01(\x03\x12\x15\n\rkv_transfer_s\x18\x04 \x01(\x01\x12\x1a\n\x12kv_transfer_blocks\x18\x05 \x01(\x05\x12\x10\n\x08\x64\x65\x63ode_s\x18\x06 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x07 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x08 \x01(\x01\x12\x16\n\x0eprefill_worker\x18\t \x01(\t\x12\x15\n\rdecode_worker\x18\n \x01(\t\x12\x15\n\rprompt_tokens\x18\x0b \x01(\x05\x12\x15\n\routput_tokens\x18\x0c \x01(\x05\x12%\n\x1d\x64\x65\x63ode_computed_prompt_tokens\x18\r \x01(\x05\x12\x15\n\rdisaggregated\x18\x0e \x01(\x08\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0f \x01(\x05\"\x82\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12)\n\x07timings\x18\x06 \x01(\x0b\x32\x18.pdserve.v1.PhaseTimings\x12.\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\x12\x35\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1c.pdserve.v1.PositionLogprobs\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"\x92\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x1b\n\x13num_prefill_workers\x18\x05 \x01(\x05\x12\x1a\n\x12num_decode_workers\x18\x06 \x01(\x05\x32\xdb\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x1c.pdserve.v1.GenerateResponse0\x01\x12<\n\x05\x41\x62ort\x12\x18.pdserve.v1.AbortRequest\x1a\x19.pdserve.v1.AbortResponse\x12\x46\n\x0cGetModelInfo\x12\x1f.pdserve.v1.GetModelInfoRequest\x1a\x15.pdserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,29 +34,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS']._serialized_start=44
-  _globals['_SAMPLINGPARAMS']._serialized_end=970
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=680
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=728
-  _globals['_TOPLOGPROB']._serialized_start=972
-  _globals['_TOPLOGPROB']._serialized_end=1048
-  _globals['_POSITIONLOGPROBS']._serialized_start=1050
-  _globals['_POSITIONLOGPROBS']._serialized_end=1109
-  _globals['_TOKENIDS']._serialized_start=1111
-  _globals['_TOKENIDS']._serialized_end=1134
-  _globals['_GENERATEREQUEST']._serialized_start=1137
-  _globals['_GENERATEREQUEST']._serialized_end=1392
-  _globals['_PHASETIMINGS']._serialized_start=1395
-  _globals['_PHASETIMINGS']._serialized_end=1758
-  _globals['_GENERATERESPONSE']._serialized_start=1761
-  _globals['_GENERATERESPONSE']._serialized_end=2019
-  _globals['_ABORTREQUEST']._serialized_start=2021
-  _globals['_ABORTREQUEST']._serialized_end=2055
-  _globals['_ABORTRESPONSE']._serialized_start=2057
-  _globals['_ABORTRESPONSE']._serialized_end=2087
-  _globals['_GETMODELINFOREQUEST']._serialized_start=2089
-  _globals['_GETMODELINFOREQUEST']._serialized_end=2110
-  _globals['_MODELINFO']._serialized_start=2113
-  _globals['_MODELINFO']._serialized_end=2259
-  _globals['_GENERATION']._serialized_start=2262
-  _globals['_GENERATION']._serialized_end=2481
+  _globals['_SAMPLINGPARAMS']._serialized_end=997
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=707
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=755
+  _globals['_TOPLOGPROB']._serialized_start=999
+  _globals['_TOPLOGPROB']._serialized_end=1075
+  _globals['_POSITIONLOGPROBS']._serialized_start=1077
+  _globals['_POSITIONLOGPROBS']._serialized_end=1136
+  _globals['_TOKENIDS']._serialized_start=1138
+  _globals['_TOKENIDS']._serialized_end=1161
+  _globals['_GENERATEREQUEST']._serialized_start=1164
+  _globals['_GENERATEREQUEST']._serialized_end=1419
+  _globals['_PHASETIMINGS']._serialized_start=1422
+  _globals['_PHASETIMINGS']._serialized_end=1785
+  _globals['_GENERATERESPONSE']._serialized_start=1788
+  _globals['_GENERATERESPONSE']._serialized_end=2046
+  _globals['_ABORTREQUEST']._serialized_start=2048
+  _globals['_ABORTREQUEST']._serialized_end=2082
+  _globals['_ABORTRESPONSE']._serialized_start=2084
+  _globals['_ABORTRESPONSE']._serialized_end=2114
+  _globals['_GETMODELINFOREQUEST']._serialized_start=2116
+  _globals['_GETMODELINFOREQUEST']._serialized_end=2137
+  _globals['_MODELINFO']._serialized_start=2140
+  _globals['_MODELINFO']._serialized_end=2286
+  _globals['_GENERATION']._serialized_start=2289
+  _globals['_GENERATION']._serialized_end=2508
 # @@protoc_insertion_point(module_scope)

@@ -64,6 +64,11 @@ class Known:
         """The greedy text's first words: bad words the output really meets."""
         return self.text.split()[:2]
 
+    def listed_ids(self) -> list[int]:
+        """`logprob_token_ids` that hold the greedy output's first token (whose rank vLLM then
+        gives as its place in the list), a later one, and one listed twice."""
+        return [300, self.token_ids[0], self.token_ids[3], 300]
+
     def stop_string(self) -> str:
         """Three characters first met in the second half of the text: a stop after a few tokens."""
         half = len(self.text) // 2
@@ -98,6 +103,13 @@ def cases(known: Known) -> list[Case]:
                                                             "repetition_penalty": 2.0}),
         Case("completion_n2_seeded", completions, SEEDED | {"prompt": PROMPT, "n": 2}),
         Case("completion_logprobs", completions, GREEDY | {"prompt": PROMPT, "logprobs": 3}),
+        Case("completion_logprob_token_ids", completions,
+             GREEDY | {"prompt": PROMPT, "logprobs": 0, "logprob_token_ids": greedy.listed_ids()}),
+        Case("completion_logprob_token_ids_echo", completions,
+             GREEDY | {"prompt": PROMPT, "logprobs": 2, "logprob_token_ids": greedy.listed_ids()[:2], "echo": True,
+                       "max_tokens": 4}, streams=False),
+        Case("completion_echo_logprobs", completions, GREEDY | {"prompt": PROMPT, "echo": True, "logprobs": 1,
+                                                                "max_tokens": 4}, streams=False),
         Case("completion_echo", completions, GREEDY | {"prompt": PROMPT, "echo": True, "max_tokens": 4},
              streams=False),
         Case("completion_token_ids", completions, GREEDY | {"prompt": prompt_ids}),
@@ -113,6 +125,12 @@ def cases(known: Known) -> list[Case]:
             {"role": "user", "content": [{"type": "text", "text": "Tell me"}, {"type": "text", "text": "about rivers."}]}]}),
         Case("chat_seeded", chat, SEEDED | {"messages": CHAT}),
         Case("chat_logprobs", chat, GREEDY | {"messages": CHAT, "logprobs": True, "top_logprobs": 2}),
+        Case("chat_logprob_token_ids", chat, GREEDY | {"messages": CHAT, "logprobs": True, "top_logprobs": 2,
+                                                       "logprob_token_ids": greedy.listed_ids()}),
+        Case("chat_prompt_logprobs", chat, GREEDY | {"messages": CHAT, "prompt_logprobs": 2}, streams=False),
+        Case("chat_prompt_logprobs_zero", chat, GREEDY | {"messages": CHAT, "prompt_logprobs": 0}),
+        Case("chat_prompt_logprobs_echo", chat, GREEDY | {"messages": CHAT, "echo": True, "logprobs": True,
+                                                         "top_logprobs": 1, "prompt_logprobs": 3}, streams=False),
         Case("chat_structured_outputs", chat, GREEDY | {"messages": CHAT, "max_tokens": 24,
                                                         "structured_outputs": {"json": JSON_SCHEMA}}),
         Case("chat_max_completion_tokens", chat, {"model": MODEL, "temperature": 0.0, "messages": CHAT,
@@ -230,6 +248,26 @@ def cases(known: Known) -> list[Case]:
         Case("top_p_zero", completions, GREEDY | {"prompt": PROMPT, "top_p": 0}, streams=False),
         Case("logprobs_wrong_type", completions, GREEDY | {"prompt": PROMPT, "logprobs": "many"}, streams=False),
         Case("top_logprobs_without_logprobs", chat, GREEDY | {"messages": CHAT, "top_logprobs": 2}, streams=False),
+        Case("logprob_token_ids_without_logprobs", completions,
+             GREEDY | {"prompt": PROMPT, "logprob_token_ids": [300]}, streams=False),
+        Case("chat_logprob_token_ids_without_logprobs", chat,
+             GREEDY | {"messages": CHAT, "logprob_token_ids": [300]}, streams=False),
+        Case("logprob_token_ids_echo_without_tokens", completions,
+             GREEDY | {"prompt": PROMPT, "logprobs": 0, "logprob_token_ids": [300], "echo": True, "max_tokens": 0},
+             streams=False),
+        Case("logprob_token_ids_with_beam_search", completions,
+             GREEDY | {"prompt": PROMPT, "logprobs": 0, "logprob_token_ids": [300], "use_beam_search": True},
+             streams=False),
+        Case("logprob_token_ids_out_of_vocab", chat,
+             GREEDY | {"messages": CHAT, "logprobs": True, "logprob_token_ids": [300, 5000]}, streams=False),
+        Case("logprob_token_ids_too_many", completions,
+             GREEDY | {"prompt": PROMPT, "logprobs": 0, "logprob_token_ids": list(range(129))}, streams=False),
+        Case("logprob_token_ids_not_a_list", completions,
+             GREEDY | {"prompt": PROMPT, "logprobs": 0, "logprob_token_ids": "300"}, streams=False),
+        Case("chat_prompt_logprobs_streamed", chat, GREEDY | {"messages": CHAT, "prompt_logprobs": 1, "stream": True},
+             streams=False),
+        Case("chat_prompt_logprobs_negative", chat, GREEDY | {"messages": CHAT, "prompt_logprobs": -2}, streams=False),
+        Case("chat_prompt_logprobs_too_many", chat, GREEDY | {"messages": CHAT, "prompt_logprobs": 21}, streams=False),
         Case("prompt_missing", completions, GREEDY, streams=False),
         Case("messages_empty", chat, GREEDY | {"messages": []}, streams=False),
         Case("wrong_type", completions, GREEDY | {"prompt": PROMPT, "max_tokens": "ten"}, streams=False),

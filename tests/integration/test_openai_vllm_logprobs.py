@@ -143,3 +143,19 @@ def test_min_p_and_allowed_token_ids_are_vllm_s_across_the_handoff(tcp_cluster, 
         for stream in (False, True):
             text, _ = _served_completion(tcp_cluster, {"prompt": prompt, **SEEDED, **fields, "logprobs": 0}, stream)
             assert text == expected["text"], f"{fields}, stream={stream}"
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_logprob_token_ids_are_vllm_s_from_both_engines(tcp_cluster, reference, sampling):
+    """The listed ids reach the prefill engine (the first token's position) and the decode engine (the
+    rest); each position lists the output token and every listed id, once, in vLLM's order."""
+    prompt = PROMPTS[1][36:64]
+    output = reference.ask(prompt, **sampling)["token_ids"]
+    listed = [301, output[0], output[4], 301]   # the first output token among them; an id listed twice
+    expected = reference.answer(prompt, **sampling, logprob_token_ids=listed)
+    assert expected["token_ids"] == output
+    for stream in (False, True):
+        body = {"prompt": prompt, **sampling, "logprobs": 0, "logprob_token_ids": listed}
+        text, logprobs = _served_completion(tcp_cluster, body, stream)
+        assert text == expected["text"]
+        _assert_close_completion(logprobs, _completion_logprobs(expected["logprobs"], len(listed)))

@@ -134,5 +134,14 @@ def test_the_cases_exercise_what_they_are_named_for(answers, known):
     assert [answers[name][1].status for name in ("thinking_token_budget", "thinking_token_budget[stream]",
                                                  "completion_inert_fields", "chat_inert_fields")] == [400, 200, 200,
                                                                                                       200]
+    tops = choices("completion_logprob_token_ids")[0]["logprobs"]["top_logprobs"]
+    assert len(tops[0]) == 3 and len(tops[1]) == 4   # the sampled token and every listed id (300 once)
+    assert len(answers["chat_prompt_logprobs"][1].body["prompt_logprobs"]) == \
+        answers["chat_prompt_logprobs"][1].body["usage"]["prompt_tokens"]
+    assert [answers[name][1].status for name in (
+        "logprob_token_ids_without_logprobs", "chat_logprob_token_ids_without_logprobs",
+        "logprob_token_ids_echo_without_tokens", "logprob_token_ids_with_beam_search", "logprob_token_ids_out_of_vocab",
+        "logprob_token_ids_too_many", "chat_prompt_logprobs_streamed", "chat_prompt_logprobs_negative",
+        "chat_prompt_logprobs_too_many")] == [400] * 9
     assert [answers[name][1].status for name in ("unknown_model", "temperature_negative", "n_zero",
                                                    "prompt_too_long", "wrong_type")] == [404, 400, 400, 400, 400]

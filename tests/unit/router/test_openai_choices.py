@@ -39,9 +39,9 @@ def _chunk(ids, finished=False) -> DecodeChunk:
 
 
 async def _post(redis_server, tokenizer, path: str, body: dict, decode=None, decode_b=None,
-                config: RouterConfig | None = None, prompt_rows: tuple = ()):
+                config: RouterConfig | None = None, prompt_rows: tuple = (), first_row: SampledLogprobs | None = None):
     prefill = ScriptedWorker(prefill=PrefillResult(first_token_id=FIRST, finished=False, kv_handle=HANDLE,
-                                                   first_logprobs=_row(FIRST, -0.75), num_cached_tokens=2,
+                                                   first_logprobs=first_row or _row(FIRST, -0.75), num_cached_tokens=2,
                                                    prompt_logprobs=prompt_rows))
     workers = {"prefill-a": prefill, "decode-a": ScriptedWorker(decode=decode or [_chunk(DECODED[0]),
                                                                                     _chunk(DECODED[1], True)])}
@@ -154,6 +154,9 @@ async def test_echo_with_logprobs_asks_for_the_prompt_s_and_gives_the_first_none
     assert logprobs["token_logprobs"] == [None, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0, -0.75, -1.0, -1.25, -1.0]
     assert logprobs["top_logprobs"][:2] == [None, {tokenizer.decode_one(PROMPT[1]): -2.0}]
     assert logprobs["text_offset"][7] == len("<|begin_of_text|>Once upon a time")
+    prompt_logprobs = reply.json()["choices"][0]["prompt_logprobs"]   # vLLM's choice carries what echo asked
+    assert prompt_logprobs[:2] == [None, {str(PROMPT[1]): {"logprob": -2.0, "rank": 2,
+                                                           "decoded_token": tokenizer.decode_one(PROMPT[1])}}]
 
 
 async def test_cached_tokens_are_reported_only_when_enabled_as_in_vllm(redis_server, tokenizer):
@@ -190,6 +193,19 @@ async def test_logit_bias_reaches_both_phases_as_token_ids(redis_server, tokeniz
      "when using `top_logprobs`, `logprobs` must be set to true."),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -3}, "top_logprobs",
      "`top_logprobs` must be a positive value or -1."),
+    ("/v1/completions", {"logprob_token_ids": [11]}, "logprob_token_ids",
+     "when using `logprob_token_ids`, `logprobs` must be set."),
+    ("/v1/chat/completions", {"logprob_token_ids": [11], "logprobs": False}, "logprob_token_ids",
+     "when using `logprob_token_ids`, `logprobs` must be set to true."),
+    ("/v1/completions", {"logprob_token_ids": [11], "logprobs": 0, "echo": True, "max_tokens": 0},
+     "logprob_token_ids", "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because no "
+                          "output tokens are generated."),
+    ("/v1/completions", {"logprob_token_ids": [11, 5000], "logprobs": 0}, "logprob_token_ids",
+     "token_id(s) [5000] in logprob_token_ids contain out-of-vocab token ids. Vocabulary size: 2048"),
+    ("/v1/chat/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs",
+     "`prompt_logprobs` are not available when `stream=True`."),
+    ("/v1/chat/completions", {"prompt_logprobs": -2}, "prompt_logprobs",
+     "`prompt_logprobs` must be a positive value or -1."),
 ])
 async def test_vllm_s_refusals_with_its_messages_before_any_worker_is_asked(redis_server, tokenizer, path, fields,
                                                                            param, message):
@@ -265,3 +281,41 @@ async def test_chat_echo_puts_the_assistant_s_last_message_first_as_vllm(redis_s
     user_last, _ = await _post(redis_server, tokenizer, "/v1/chat/completions",
                                body | {"messages": messages[:1], "stream": False})
     assert user_last.json()["choices"][0]["message"]["content"] == " there was a quick"   # not the assistant's
+
+
+def _listed_row(token_id: int, logprob: float) -> SampledLogprobs:
+    """A row asked with logprob_token_ids [11, 12]: the token, then the two listed ids."""
+    return SampledLogprobs((token_id, 11, 12), (logprob, -0.5, -2.5), 3)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_logprob_token_ids_reach_both_phases_and_every_listed_id_is_answered(redis_server, tokenizer, stream):
+    decode = [DecodeChunk(DECODED[0], logprobs=tuple(_listed_row(t, -1.0) for t in DECODED[0])),
+              DecodeChunk(DECODED[1], finished=True, finish_reason="length",
+                          logprobs=tuple(_listed_row(t, -1.0) for t in DECODED[1]))]
+    reply, workers = await _post(redis_server, tokenizer, "/v1/completions",
+                                 _body(logprobs=0, logprob_token_ids=[11, 12], stream=stream),
+                                 decode=decode, first_row=_listed_row(FIRST, -0.75))
+    for sampling in (workers["prefill-a"].prefills[0].sampling, workers["decode-a"].decodes[0].sampling):
+        assert (sampling.logprobs, sampling.logprob_token_ids) == (None, (11, 12))   # vLLM's to_sampling_params
+    if stream:
+        tops = [top for event in _events(reply) for top in event["choices"][0]["logprobs"]["top_logprobs"]]
+    else:
+        tops = reply.json()["choices"][0]["logprobs"]["top_logprobs"]
+    twelve = tokenizer.decode_one(12)
+    assert tops == [{" there": -0.75, "'": -0.5, twelve: -2.5}, {" was": -1.0, "'": -0.5, twelve: -2.5},
+                    {" a": -1.0, "'": -0.5, twelve: -2.5}, {" quick": -1.0, "'": -0.5, twelve: -2.5}]
+
+
+async def test_a_chat_s_prompt_logprobs_are_asked_of_the_prefill_and_answered_on_the_body(redis_server, tokenizer):
+    prompt_rows = tuple(_row(t, -2.0) for t in range(1, 12))
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+            "prompt_logprobs": 1}
+    reply, workers = await _post(redis_server, tokenizer, "/v1/chat/completions", body, prompt_rows=prompt_rows)
+    assert workers["prefill-a"].prefills[0].sampling.prompt_logprobs == 1
+    assert workers["decode-a"].decodes[0].sampling.prompt_logprobs is None
+    prompt_logprobs = reply.json()["prompt_logprobs"]
+    assert prompt_logprobs[0] is None and prompt_logprobs[1] == {
+        "1": {"logprob": -2.0, "rank": 2, "decoded_token": tokenizer.decode_one(1)},
+        "11": {"logprob": -0.5, "rank": 1, "decoded_token": "'"}}
+    assert reply.json()["choices"][0]["logprobs"] is None

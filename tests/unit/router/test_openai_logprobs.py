@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pdserve.logprobs import SampledLogprobs, sampled_from_vllm
+from pdserve.logprobs import SampledLogprobs, listed_from_vllm, rows_from_vllm, sampled_from_vllm
 from pdserve.sampling import Sampling
 from router.openai_logprobs import chat_logprobs, completion_logprobs, next_text_offset
 
@@ -138,3 +138,56 @@ def test_grpc_chunks_carry_the_positions_to_the_sdk_unchanged():
     again = _chunk(chunk_to_proto(chunk))
     assert (again.logprobs, again.prompt_logprobs) == (positions, [(), positions[0]])
     assert _chunk(chunk_to_proto(GenerationChunk("r", [730], " there"))).prompt_logprobs is None
+
+
+# ---- logprob_token_ids: the sampled token, then the listed ids (vLLM's `gather_specific_token_logprobs`) ----
+def _listed_row(token_id: int, listed: tuple[int, ...], rank: int) -> SampledLogprobs:
+    """The sampler's row for `listed`: each listed id's logprob, the sampled token's its own."""
+    logprob = {token_id: -0.5} | {other: -1.0 - other / 1000 for other in listed if other != token_id}
+    return SampledLogprobs((token_id, *listed), tuple(logprob[t] for t in (token_id, *listed)), rank)
+
+
+@pytest.mark.parametrize("listed, rank", [((11, 12), 4), ((11, 465, 12), 1), ((12, 12, 11), 3), ((465, 11, 465), 2)])
+def test_a_dict_asked_with_listed_ids_is_rebuilt_into_its_row_and_back(listed, rank):
+    """The listed ids may hold the sampled token (whose rank the dict then gives as its place in the
+    list) or repeat an id (the dict holds it once): the list, not the dict, says where each was."""
+    row = _listed_row(465, listed, rank)
+    position = _vllm_position(row, len(listed))
+    rebuilt = listed_from_vllm(position, listed)
+    assert rebuilt.token_ids == (465, *listed)
+    again = _vllm_position(rebuilt, len(listed))
+    assert [(t, p.logprob, p.rank) for t, p in again.items()] == [(t, p.logprob, p.rank) for t, p in position.items()]
+
+
+def test_rows_of_listed_ids_are_exact():
+    position = _vllm_position(_listed_row(465, (11, 465), 7), 2)   # the dict: 465 ranked 2nd (its place in the list)
+    assert rows_from_vllm([position], 2, (11, 465)) == (SampledLogprobs((465, 11, 465), (-0.5, -1.011, -0.5), 2),)
+    assert rows_from_vllm(None, 2, (11, 465)) == () and rows_from_vllm([position], None, (11,)) == ()
+
+
+@pytest.mark.parametrize("listed", [(11, 12), (12, 465, 11)])
+def test_listed_ids_are_all_in_each_position_s_top_logprobs_as_vllm_lists_them(tokenizer, listed):
+    vllm_completion, vllm_chat = _oracle()
+    output = tokenizer.output_text(PROMPT, Sampling(logprob_token_ids=listed, max_tokens=32))
+    step = output.add(CAFE[:4], logprobs=[_listed_row(t, listed, 3) for t in CAFE[:4]])
+    assert [len(position) for position in step.logprobs] == [len(set(listed) | {t}) for t in CAFE[:4]]
+    positions = [()] + list(step.logprobs)   # an echoed prompt's first token: no logprobs
+    token_ids = [PROMPT[-1]] + CAFE[:4]
+    ours = completion_logprobs(token_ids, positions, 0, tokenizer.decode_one, listed=True)
+    theirs = vllm_completion(token_ids=token_ids, top_logprobs=_as_vllm(positions), num_output_top_logprobs=0,
+                             tokenizer=tokenizer._hf, logprob_token_ids=list(listed))
+    assert ours == theirs.model_dump()
+    ours = chat_logprobs(CAFE[:4], list(step.logprobs), 0, tokenizer.decode_one, listed=True)
+    theirs = vllm_chat(token_ids=CAFE[:4], top_logprobs=_as_vllm(step.logprobs), tokenizer=tokenizer._hf,
+                       num_output_top_logprobs=0, logprob_token_ids=list(listed))
+    assert ours == theirs.model_dump()
+
+
+def test_rows_of_one_request_may_differ_in_length_as_vllm_s_batches_make_them(tokenizer):
+    """A top-k request batched with one that has logprob_token_ids gets the listed layout for that
+    step (vLLM's sampler prefers it for the whole batch): each row is its own step, never one array."""
+    output = tokenizer.output_text(PROMPT, Sampling(logprobs=3, max_tokens=32))
+    rows = [_row(CAFE[0], 3, 1), SampledLogprobs((CAFE[1], 0), (-0.5, float("-inf")), 2), _row(CAFE[2], 3, 1)]
+    step = output.add(CAFE[:3], logprobs=rows)
+    assert [len(position) for position in step.logprobs] == [4, 2, 4]
+    assert [(e.token_id, e.rank) for e in step.logprobs[1]] == [(CAFE[1], 2), (0, 1)]

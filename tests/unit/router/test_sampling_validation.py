@@ -63,3 +63,31 @@ def test_the_engine_s_stop_reason_crosses_the_worker_edge(stop_reason):
     result = PrefillResult(first_token_id=18, finished=True, finish_reason="stop", stop_reason=stop_reason)
     assert decode_chunk_from_proto(decode_chunk_to_proto(chunk)) == chunk
     assert prefill_result_from_proto(prefill_result_to_proto(result)) == result
+
+
+def test_listed_logprob_token_ids_count_as_vllm_s_num_logprobs_and_cross_the_edge():
+    listed = Sampling.validated(logprob_token_ids=(5, 7, 5))
+    assert (listed.logprobs, listed.num_logprobs) == (None, 3)
+    assert (Sampling(logprobs=2).num_logprobs, Sampling().num_logprobs) == (2, None)
+    assert Sampling.from_proto(listed.to_proto()) == listed
+    assert (listed.to_vllm().logprob_token_ids, Sampling().to_vllm().logprob_token_ids) == ([5, 7, 5], None)
+
+
+@pytest.mark.parametrize("fields, field, message", [
+    ({"logprob_token_ids": (5, 2048)}, "logprob_token_ids",
+     "token_id(s) [2048] in logprob_token_ids contain out-of-vocab token ids. Vocabulary size: 2048"),
+    ({"logprob_token_ids": (-1,)}, "logprob_token_ids",
+     "token_id(s) [-1] in logprob_token_ids contain out-of-vocab token ids. Vocabulary size: 2048"),
+    ({"logprob_token_ids": tuple(range(129))}, "logprob_token_ids",
+     "Requested logprob_token_ids of length 129, which is greater than max allowed: 128"),
+    ({"logprobs": 1, "logprob_token_ids": (3, 4)}, "logprob_token_ids",
+     "When both logprobs and logprob_token_ids are set, logprobs must equal len(logprob_token_ids). Got logprobs=1, "
+     "len(logprob_token_ids)=2."),
+    ({"logprobs": 21}, "logprobs", "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs",
+     "Requested prompt logprobs of 2048, which is greater than max allowed: 20"),
+])
+def test_what_vllm_checks_against_the_model_is_refused_with_its_message(fields, field, message):
+    with pytest.raises(InvalidRequest) as error:
+        Sampling.validated(**fields).check_for_model(2048)
+    assert (error.value.field, str(error.value)) == (field, message)
