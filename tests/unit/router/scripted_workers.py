@@ -65,3 +65,10 @@ async def scripted_cluster(redis_server, tokenizer, workers: dict[str, ScriptedW
     return Lifecycle(config or RouterConfig(max_model_len=256), pool, tokenizer), pool, registry
 
 
+def sse_events(reply) -> list[dict]:
+    """A streamed HTTP answer's events (each `data:` line's JSON), checked to end with [DONE]."""
+    import json
+
+    data = [line[len("data: "):] for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(item) for item in data[:-1]]

@@ -8,7 +8,6 @@ model's tokenizer), so each case is driven with exact tokens and rows."""
 
 from __future__ import annotations
 
-import json
 
 import grpc
 import httpx
@@ -20,7 +19,7 @@ from pdserve.worker_api import DecodeChunk, PrefillResult
 from router.http_api import create_app
 from router.lifecycle import RouterConfig
 from router.worker_client import WorkerError
-from scripted_workers import ScriptedWorker, scripted_cluster
+from scripted_workers import ScriptedWorker, scripted_cluster, sse_events
 
 HANDLE = KVHandle("x1", "10.0.0.5:7000", "prefill-a", (4,), 3)
 PROMPT = [0, 1609, 375, 565, 282, 262, 480]          # "<|begin_of_text|>Once upon a time"
@@ -59,11 +58,6 @@ async def _post(redis_server, tokenizer, path: str, body: dict, decode=None, dec
         await registry.close()
 
 
-def _events(reply: httpx.Response) -> list[dict]:
-    data = [line[len("data: "):] for line in reply.text.splitlines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    return [json.loads(item) for item in data[:-1]]
-
 
 def _body(**fields) -> dict:
     return {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0} | fields
@@ -81,7 +75,7 @@ async def test_completion_logprobs_run_from_the_prefill_s_first_token_through_th
                                                                                         stream):
     reply, _ = await _post(redis_server, tokenizer, "/v1/completions", _body(logprobs=1, stream=stream))
     if stream:
-        parts = [event["choices"][0]["logprobs"] for event in _events(reply)]
+        parts = [event["choices"][0]["logprobs"] for event in sse_events(reply)]
         logprobs = {key: [value for part in parts for value in part[key]] for key in parts[0]}
     else:
         logprobs = reply.json()["choices"][0]["logprobs"]
@@ -100,7 +94,7 @@ async def test_chat_logprobs_and_the_role_first_as_vllm_streams_them(redis_serve
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
             "logprobs": True, "top_logprobs": 1, "stream": True}
     reply, _ = await _post(redis_server, tokenizer, "/v1/chat/completions", body)
-    events = _events(reply)
+    events = sse_events(reply)
     assert events[0]["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}]
     content = [entry for event in events[1:] for entry in event["choices"][0]["logprobs"]["content"]]
@@ -127,7 +121,7 @@ async def test_a_batch_of_prompts_times_n_is_numbered_and_seeded_as_vllm_does(re
 async def test_n_streams_each_choice_under_its_index(redis_server, tokenizer):
     reply, _ = await _post(redis_server, tokenizer, "/v1/completions",
                            _body(n=3, temperature=0.8, stream=True, stream_options={"include_usage": True}))
-    events = _events(reply)
+    events = sse_events(reply)
     texts: dict[int, str] = {}
     for event in events[:-1]:
         (choice,) = event["choices"]
@@ -272,7 +266,7 @@ async def test_chat_echo_puts_the_assistant_s_last_message_first_as_vllm(redis_s
     reply, workers = await _post(redis_server, tokenizer, "/v1/chat/completions", body)
     assert workers["prefill-a"].prefills[0].sampling.prompt_logprobs == 0   # vLLM: echo asks top_logprobs of them
     if stream:
-        deltas = [event["choices"][0]["delta"] for event in _events(reply)]
+        deltas = [event["choices"][0]["delta"] for event in sse_events(reply)]
         assert deltas[:2] == [{"role": "assistant", "content": ""}, {"content": "Once"}]
         assert "".join(delta.get("content", "") for delta in deltas) == "Once there was a quick"
     else:
@@ -299,7 +293,7 @@ async def test_logprob_token_ids_reach_both_phases_and_every_listed_id_is_answer
     for sampling in (workers["prefill-a"].prefills[0].sampling, workers["decode-a"].decodes[0].sampling):
         assert (sampling.logprobs, sampling.logprob_token_ids) == (None, (11, 12))   # vLLM's to_sampling_params
     if stream:
-        tops = [top for event in _events(reply) for top in event["choices"][0]["logprobs"]["top_logprobs"]]
+        tops = [top for event in sse_events(reply) for top in event["choices"][0]["logprobs"]["top_logprobs"]]
     else:
         tops = reply.json()["choices"][0]["logprobs"]["top_logprobs"]
     twelve = tokenizer.decode_one(12)

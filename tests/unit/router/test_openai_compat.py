@@ -7,7 +7,6 @@ from the tokens' own text (byte-level BPE: the output's text is the tail of the 
 
 from __future__ import annotations
 
-import json
 
 import httpx
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from kv_transfer.handle import KVHandle
 from pdserve.worker_api import DecodeChunk, PrefillResult
 from router.http_api import create_app
-from scripted_workers import ScriptedWorker, scripted_cluster
+from scripted_workers import ScriptedWorker, scripted_cluster, sse_events
 
 HANDLE = KVHandle("x1", "10.0.0.5:7000", "prefill-a", (4,), 3)
 # "<|begin_of_text|>Once upon a time" | " there was a quick brown fox. It jumps"
@@ -53,11 +52,6 @@ class Cluster:
 def _body(**fields) -> dict:
     return {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0} | fields
 
-
-def _events(reply: httpx.Response) -> list[dict]:
-    data = [line[len("data: "):] for line in reply.text.splitlines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    return [json.loads(item) for item in data[:-1]]
 
 
 # ---- model ------------------------------------------------------------------------------------
@@ -108,7 +102,7 @@ async def test_a_stop_string_cuts_the_text_before_it_and_ends_the_decode(redis_s
     cluster = Cluster()
     reply = await cluster.post(redis_server, tokenizer, "/v1/completions", _body(stop=["fox"], stream=stream))
     if stream:
-        events = _events(reply)
+        events = sse_events(reply)
         texts = [event["choices"][0]["text"] for event in events]
         assert not any("f" in text for text in texts)  # no part of the stop string was ever sent
         text, last = "".join(texts), events[-1]["choices"][0]
@@ -146,7 +140,7 @@ async def test_a_stop_token_is_left_out_of_the_text_and_named_as_the_stop_reason
     cluster = Cluster(decoded=[(465, 262, 1570), (887, 496, 1499), (92, 18)], finish_reason="stop", stop_reason=18)
     reply = await cluster.post(redis_server, tokenizer, "/v1/completions", _body(stop_token_ids=[18], stream=stream))
     if stream:
-        events = _events(reply)
+        events = sse_events(reply)
         text, last = "".join(e["choices"][0]["text"] for e in events), events[-1]["choices"][0]
     else:
         text, last = reply.json()["choices"][0]["text"], reply.json()["choices"][0]

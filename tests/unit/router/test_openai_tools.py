@@ -17,7 +17,7 @@ from pdserve.errors import InvalidRequest
 from pdserve.worker_api import DecodeChunk, PrefillResult
 from router.http_api import create_app
 from router.openai_tools import ChatParsing, check_tool_fields
-from scripted_workers import ScriptedWorker, scripted_cluster
+from scripted_workers import ScriptedWorker, scripted_cluster, sse_events
 
 HANDLE = KVHandle("x1", "10.0.0.5:7000", "prefill-a", (4,), 3)
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -61,11 +61,6 @@ class Cluster:
             await pool.close()
             await registry.close()
 
-
-def _events(reply: httpx.Response) -> list[dict]:
-    data = [line[len("data: "):] for line in reply.text.splitlines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    return [json.loads(item) for item in data[:-1]]
 
 
 # ---- vLLM's checks of the fields (pure) ---------------------------------------------------------
@@ -140,7 +135,7 @@ async def test_an_auto_choice_answer_that_calls_a_tool_is_parsed_by_vllm_s_parse
 async def test_a_streamed_tool_call_arrives_in_deltas_that_add_up_to_the_call(redis_server, tokenizer):
     cluster = Cluster(tokenizer, CALL)
     reply = await cluster.post(redis_server, tokenizer, _chat(tools=[WEATHER], stream=True), HERMES)
-    events = _events(reply)
+    events = sse_events(reply)
     deltas = [event["choices"][0]["delta"] for event in events]
     calls = [call for delta in deltas for call in delta.get("tool_calls", [])]
     assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"].startswith("chatcmpl-tool-")
@@ -218,7 +213,7 @@ async def test_streamed_reasoning_arrives_as_reasoning_deltas_then_content(redis
     """Token by token, as vLLM's engine streams (granite's streaming parser reads one token a delta)."""
     reply = await Cluster(tokenizer, THOUGHT, per_chunk=1).post(
         redis_server, tokenizer, _chat(stream=True, stream_options={"include_usage": True}), GRANITE)
-    events = _events(reply)
+    events = sse_events(reply)
     deltas = [event["choices"][0]["delta"] for event in events if event["choices"]]
     reasoning = "".join(delta.get("reasoning") or "" for delta in deltas)
     content = "".join(delta.get("content") or "" for delta in deltas)
