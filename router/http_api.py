@@ -151,7 +151,7 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
             prompts.append(ids)
             if body.echo:
                 text = "" if body.return_token_ids else prompt if isinstance(prompt, str) else tokenizer.decode(prompt)
-                echoes.append(Echo(text, ids))
+                echoes.append(Echo(text, ids, only=body.echo_only))
         return await _respond(lifecycle, model_name, body, prompts, chat=False, echoes=echoes)
 
     @app.post("/v1/chat/completions", responses=SSE_200 | responses_for(GENERATION_ERRORS))

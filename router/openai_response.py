@@ -28,6 +28,7 @@ class Echo:
 
     text: str
     token_ids: list[int]
+    only: bool = False   # vLLM's echo without generation: the prompt alone, the walk's token not shown
 
 
 @dataclass
@@ -76,6 +77,8 @@ class ResponseShape:
         event for it, a parser holding its text back), or its whole answer (`chunk` is all of its
         chunks, `merged`)."""
         text, token_ids, positions = chunk.text, list(chunk.token_ids), list(chunk.logprobs)
+        if state.echo is not None and state.echo.only:
+            text, token_ids, positions = "", [], []
         echoed = ""
         if state.echo is not None and not state.echoed:
             state.echoed = True

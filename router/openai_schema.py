@@ -187,6 +187,12 @@ class SamplingFields(VllmExtraFields, _Body):   # vLLM's extra fields: `router.o
             sampling.check()
         return sampling
 
+    @property
+    def echo_only(self) -> bool:
+        """vLLM's echo without generation (a completion's `echo` with `max_tokens` 0): the prompt
+        alone is answered, from a walk of one token that is counted in `usage` and not shown."""
+        return False
+
     def _sampling(self, room: int | None) -> Sampling:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         max_tokens = self.max_completion_tokens if self.max_tokens is None else self.max_tokens
@@ -194,6 +200,8 @@ class SamplingFields(VllmExtraFields, _Body):   # vLLM's extra fields: `router.o
             max_tokens = self.default_max_tokens
         if room is not None:   # vLLM's `get_max_tokens`: the asked (or default) count, at most the room
             max_tokens = room if max_tokens is None else min(max_tokens, room)
+        if self.echo_only:   # vLLM's: one token is generated and not shown
+            max_tokens = 1
         return Sampling.validated(max_tokens=max_tokens,
                                   temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
                                   stop=stop or None, ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
@@ -294,6 +302,10 @@ class CompletionRequest(SamplingFields):
         if isinstance(self.prompt, str) or all(isinstance(p, str) for p in self.prompt):
             raise InvalidRequest("suffix is only supported for models with FIM completion rendering", field="suffix")
         raise InvalidRequest("suffix requires text prompt input for FIM completion rendering", field="suffix")
+
+    @property
+    def echo_only(self) -> bool:
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one per entry of a batch (a string or token ids alone is a batch of one)."""

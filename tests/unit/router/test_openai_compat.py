@@ -206,3 +206,19 @@ async def test_a_suffix_is_refused_as_vllm_refuses_it_without_fim_rendering(redi
     assert (reply.status_code, reply.json()["error"]["param"], reply.json()["error"]["message"]) == (
         400, "suffix", message)
     assert cluster.prefill.prefills == []
+
+
+async def test_echo_without_generation_answers_the_prompt_alone_from_a_walk_of_one_token(redis_server, tokenizer):
+    """vLLM's echo with max_tokens 0: the engines generate one token, counted and not shown."""
+    cluster = Cluster(first_finished=True)
+    reply = await cluster.post(redis_server, tokenizer, "/v1/completions",
+                               _body(prompt="Once upon a time", echo=True, max_tokens=0))
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == "Once upon a time"   # not the generated " there"
+    assert reply.json()["usage"]["completion_tokens"] == 1
+    ids = await Cluster(first_finished=True).post(redis_server, tokenizer, "/v1/completions",
+                                                  _body(echo=True, max_tokens=0, return_token_ids=True))
+    assert ids.json()["choices"][0]["token_ids"] == [FIRST]   # vLLM's: the choice's own (hidden) token
+    assert cluster.prefill.prefills[0].sampling.max_tokens == 1 and cluster.decode.decodes == []
+    refused = await Cluster().post(redis_server, tokenizer, "/v1/completions", _body(max_tokens=0))
+    assert refused.status_code == 400   # without echo, as vLLM: max_tokens 0 generates nothing to answer

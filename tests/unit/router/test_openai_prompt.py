@@ -20,7 +20,8 @@ from router.openai_prompt import (
 )
 from router.openai_schema import CompletionRequest
 from scripted_workers import ScriptedWorker, scripted_cluster
-from test_openai_choices import PROMPT, _body, _events, _post
+from scripted_workers import sse_events
+from test_openai_choices import PROMPT, _body, _post
 
 BOS = 0
 TEXT = "Once upon a time"
@@ -142,7 +143,7 @@ async def test_return_token_ids_gives_the_truncated_prompt_s_ids_once_and_each_c
         choice = reply.json()["choices"][0]
         assert (choice["prompt_token_ids"], choice["token_ids"]) == (PROMPT[-4:], [730, 465, 262, 1570])
         return
-    choices = [event["choices"][0] for event in _events(reply)]
+    choices = [event["choices"][0] for event in sse_events(reply)]
     assert [choice.get("prompt_token_ids") for choice in choices] == [PROMPT[-4:]] + [None] * (len(choices) - 1)
     assert [t for choice in choices for t in choice["token_ids"]] == [730, 465, 262, 1570]
 

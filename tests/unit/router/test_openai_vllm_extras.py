@@ -22,7 +22,8 @@ from router.openai_vllm_extras import (
     THINKING_BUDGET_UNCONFIGURED, check_vllm_xargs, reasoning_template_kwargs, repetition_end,
     thinking_budget_refusal, thinking_token_budget,
 )
-from test_openai_choices import FIRST, _body, _events, _post
+from scripted_workers import sse_events
+from test_openai_choices import FIRST, _body, _post
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -138,7 +139,7 @@ async def test_a_streamed_completion_is_batched_by_stream_interval(redis_server,
     decode = _decode((465,), (262,), (1570,), (284,), (262,))
     reply, _ = await _post(redis_server, tokenizer, "/v1/completions",
                            _body(stream=True, stream_interval=2, max_tokens=6, return_token_ids=True), decode=decode)
-    events = [event["choices"][0] for event in _events(reply)]
+    events = [event["choices"][0] for event in sse_events(reply)]
     assert [choice["token_ids"] for choice in events] == [[FIRST], [465, 262], [1570, 284], [262]]
     assert [choice["finish_reason"] for choice in events] == [None, None, None, "length"]
     whole, _ = await _post(redis_server, tokenizer, "/v1/completions", _body(max_tokens=6), decode=decode)
@@ -167,7 +168,7 @@ async def test_the_rendered_prompt_is_sent_with_return_prompt_text(redis_server,
     whole, _ = await _post(redis_server, tokenizer, "/v1/chat/completions", body)
     assert whole.json()["prompt_text"] == rendered
     streamed, _ = await _post(redis_server, tokenizer, "/v1/chat/completions", body | {"stream": True})
-    events = _events(streamed)
+    events = sse_events(streamed)
     assert events[0]["prompt_text"] == rendered
     assert all("prompt_text" not in event for event in events[1:])
 
@@ -181,7 +182,7 @@ async def test_a_thinking_token_budget_is_refused_as_vllm_s_engine_refuses_it(re
     assert (whole.status_code, whole.json()["error"]["message"]) == (400, THINKING_BUDGET_UNCONFIGURED)
     streamed, _ = await _post(redis_server, tokenizer, path, body | {"stream": True})
     assert streamed.status_code == 200
-    assert [event["error"]["message"] for event in _events(streamed)] == [THINKING_BUDGET_UNCONFIGURED]
+    assert [event["error"]["message"] for event in sse_events(streamed)] == [THINKING_BUDGET_UNCONFIGURED]
     assert workers["prefill-a"].prefills == []
 
 
