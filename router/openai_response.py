@@ -79,10 +79,10 @@ class ResponseShape:
         text, token_ids, positions = chunk.text, list(chunk.token_ids), list(chunk.logprobs)
         if state.echo is not None and state.echo.only:
             text, token_ids, positions = "", [], []
-        echoed = ""
+        echoed, echo_ids = "", None
         if state.echo is not None and not state.echoed:
             state.echoed = True
-            echoed, token_ids = state.echo.text, state.echo.token_ids + token_ids
+            echoed, echo_ids, token_ids = state.echo.text, state.echo.token_ids, state.echo.token_ids + token_ids
             if not self.chat:   # a chat echoes text only, a completion its prompt's tokens too
                 positions = list(chunk.prompt_logprobs or [()] * len(state.echo.token_ids)) + positions
         hidden = state.parser is not None and state.parser.hides_metadata
@@ -99,6 +99,8 @@ class ResponseShape:
             body["text"] = text
             if self.logprobs.prompt and not streaming:
                 body["prompt_logprobs"] = prompt_logprobs_body(chunk.prompt_logprobs)
+        if streaming and not self.chat and echo_ids is not None:   # vLLM's stream: an echo names its prompt's ids
+            body["prompt_token_ids"], state.ids_sent = echo_ids, True
         if self.token_ids and not hidden:   # vLLM's: the choice's own tokens (never the echoed prompt's)
             body["token_ids"] = list(chunk.token_ids)
             if not self.chat and not state.ids_sent:
