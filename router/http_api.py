@@ -31,10 +31,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pdserve.errors import (
-    InternalError, InvalidRequest, MalformedBody, NotFound, ServeError, http_status, http_type, retry_after_header,
+    InternalError, InvalidRequest, MalformedBody, NotFound, ServeError, http_status, retry_after_header,
 )
 from pdserve.generation import GenerationChunk
 from router.lifecycle import Lifecycle
+from router.openai_errors import error_body
 from router.openai_beam import STREAM_REFUSAL, beam_streams
 from router.openai_response import (
     ChoiceState, Echo, LogprobsAsked, ResponseShape, StreamInterval, merged, model_list, usage,
@@ -50,17 +51,6 @@ from router.outcomes import CANCELLED, INTERNAL, OK, count, outcome_of
 from router.types import GenerationRequest
 
 logger = logging.getLogger(__name__)
-
-
-def error_body(error: ServeError) -> dict:
-    """OpenAI's error body. Message and param may echo the client's text: an unpaired surrogate in it
-    is sent escaped ("\\ud800"), as no UTF-8 body can carry it (found by fuzzing: the 400 became a 500)."""
-    return {"error": {"message": _sendable(error.message), "type": http_type(error), "param": _sendable(error.field),
-                      "code": http_status(error)}}
-
-
-def _sendable(text: str | None) -> str | None:
-    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(error: ServeError) -> JSONResponse:

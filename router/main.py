@@ -18,7 +18,6 @@ from pdserve import metrics
 from pdserve.registry import Registry
 from router.grpc_api import GenerationService, StartingGenerationService, add_generation_service
 from router.grpc_worker_client import GrpcWorkerClient
-from router.http_api import create_app
 from router.lifecycle import Lifecycle, RouterConfig
 from router.openai_tools import ChatParsing
 from router.live_stats import start_load_publisher
@@ -52,6 +51,13 @@ class RouterProcessConfig:
             raise ValueError(problem)
 
 
+def _http_app_factory():
+    """`router.http_api.create_app`, imported once the gRPC port is bound (it imports vLLM)."""
+    from router.http_api import create_app
+
+    return create_app
+
+
 async def run_router(config: RouterProcessConfig, ready_file: str | None = None) -> None:
     """Serves until SIGTERM/SIGINT, then drains. The gRPC port is bound first and holds calls
     while the rest starts (`StartingGenerationService`; health says NOT_SERVING until then); the
@@ -63,8 +69,8 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     grpc_port = add_port(server, f"{config.host}:{config.grpc_port}", config.public.tls)
+    await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)   # before the port opens (its default: SERVING)
     await server.start()
-    await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     logger.info("router: gRPC %s:%d bound; calls wait there until the router serves", config.host, grpc_port)
 
     secret = load_secret(config.cluster_secret_file) if config.cluster_secret_file else None
@@ -72,9 +78,11 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     pool = WorkerPool(registry, connect=lambda address: GrpcWorkerClient(address, secret=secret))
     await pool.start()
     metrics.ROUTER_WORKER_LOAD.source = pool.load_rows
-    # vLLM's validation and the tokenizer: seconds to a minute on a loaded host, off the event loop
-    # so the held calls' connections are kept alive meanwhile
+    # vLLM's validation, the tokenizer and the HTTP API (its bodies read vLLM's request models):
+    # seconds to a minute on a loaded host, off the event loop so the held calls' connections are
+    # kept alive meanwhile. Nothing that imports vLLM may be imported before the port is bound.
     lifecycle = await asyncio.to_thread(lambda: Lifecycle(config.router, pool, RouterTokenizer(config.model)))
+    create_app = await asyncio.to_thread(_http_app_factory)
     load_publisher = start_load_publisher(config.redis_url, config.cluster, lambda: lifecycle.inflight)
     starting.serve(GenerationService(lifecycle, model_name))
     await health.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -1,7 +1,7 @@
 """What the HTTP API's OpenAPI schema (`/openapi.json`) says each route answers, taken from the
 one status table in `pdserve.errors`: a route names the error types it can raise, and
 `responses_for` turns them into FastAPI `responses=` entries with the status from that table,
-OpenAI's error body (`ErrorBody`, as `router.http_api.error_body` builds it) and, for a refusal
+OpenAI's error body (`ErrorBody`, as `router.openai_errors.error_body` builds it) and, for a refusal
 under load, the `Retry-After` header.
 
 The contract: every status a route can answer is in its entry, and no other. FastAPI's own 422

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from pdserve import metrics
 from pdserve.errors import Unauthenticated, http_status
 from pdserve.rpc_auth_grpc import refusing_handler
-from router.http_api import error_body
+from router.openai_errors import error_body
 from router.public_access import ApiKeys, bearer_token, exposure_problem
 from router.public_tls import TlsFiles
 

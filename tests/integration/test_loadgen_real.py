@@ -69,7 +69,10 @@ def check_accounting(make_target, max_model_len: int) -> RunResult:
 
 def check_text_and_chat(url: str, tiny_model) -> None:
     """Text completions without vLLM's fields (accepted; outputs may stop early at EOS), then chat
-    with them: exact output lengths, one content chunk per token after the role-only opening chunk."""
+    with them: exact output lengths, at most one content chunk per token after the role-only
+    opening chunk (the session's server runs vLLM's hermes tool parser, as the compatibility suite
+    needs, and a parser sends no event for a token whose text is still empty: an incomplete UTF-8
+    sequence of the tiny model's byte-level tokens)."""
     tokenizer = load_tokenizer(str(tiny_model))
     prompts = PromptSynthesizer(seed=5, token_id_low=0, token_id_high=tokenizer.vocab_size, tokenizer=tokenizer)
     specs = combine(poisson(4.0, 3, seed=5), [(40, 6), (90, 4), (17, 8)])
@@ -82,7 +85,8 @@ def check_text_and_chat(url: str, tiny_model) -> None:
                    specs, RunConfig(request_timeout_s=120.0), prompts)
     assert [r.status for r in chat.records] == ["ok"] * 3 and chat.backend == "openai-chat"
     assert [r.output_tokens for r in chat.records] == [6, 4, 8]  # min_tokens + ignore_eos: exact
-    assert [len(r.chunk_times_s) for r in chat.records] == [6, 4, 8]
+    assert all(1 <= len(r.chunk_times_s) <= r.output_tokens for r in chat.records)
+    assert all(list(r.chunk_times_s) == sorted(r.chunk_times_s) for r in chat.records)
 
 
 def test_vllm_openai_server_run_accounts_for_every_request(vllm_openai_server, tiny_model):
