@@ -71,7 +71,7 @@ class Intended:
                 and (self.vllm_value is ANY or difference.expected == self.vllm_value))
 
 
-# Every difference pdserve means, with its reason (README's "Differences from vLLM's server" says the same).
+# Every difference pdserve means, with its reason (docs/openai-api.md says the same).
 INTENDED: tuple[Intended, ...] = (
     Intended("*pdserve_timings", "pdserve's own field: where the request's time went (queue, prefill, KV "
                                  "transfer, decode) and which workers served it; OpenAI's clients ignore it"),
