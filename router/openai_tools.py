@@ -81,6 +81,18 @@ class ChatParsing:
     def uses_parser(self) -> bool:
         return bool(self.tool_call_parser or self.reasoning_parser)
 
+    def check_names(self) -> None:
+        """ValueError naming a parser vLLM does not know, with the names it knows (a launcher
+        checks this before it starts a router, which would otherwise die at start)."""
+        from vllm.reasoning import ReasoningParserManager
+        from vllm.tool_parsers import ToolParserManager
+
+        for flag, name, manager in (("--tool-call-parser", self.tool_call_parser, ToolParserManager),
+                                    ("--reasoning-parser", self.reasoning_parser, ReasoningParserManager)):
+            known = sorted(manager.list_registered())
+            if name and name not in known:
+                raise ValueError(f"{flag} {name}: not one of vLLM's parsers ({', '.join(known)})")
+
     def check_tool_choice(self, tool_choice: ToolChoice) -> None:
         """vLLM's refusal of a tool choice that needs a parser this router was not given
         (`OnlineRenderer.render_chat`), with its messages."""

@@ -20,13 +20,18 @@ def add_chat_parsing_options(parser: argparse.ArgumentParser) -> None:
                             "(e.g. qwen3, deepseek_r1)")
 
 
-def chat_parsing(args: argparse.Namespace, command: str):
-    """The `ChatParsing` these flags ask for; a bad combination stops `command` with vLLM's reason."""
+def chat_parsing(args: argparse.Namespace, command: str, check_names: bool = True):
+    """The `ChatParsing` these flags ask for; a bad combination (or, with `check_names`, a parser
+    vLLM does not know: that imports vLLM, which the router process does only after binding its
+    port, where vLLM's own refusal stops it) stops `command` with the reason."""
     from router.openai_tools import ChatParsing
 
     try:
-        return ChatParsing(tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                           enable_auto_tool_choice=args.enable_auto_tool_choice)
+        parsing = ChatParsing(tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                              enable_auto_tool_choice=args.enable_auto_tool_choice)
+        if check_names and parsing.uses_parser:
+            parsing.check_names()
+        return parsing
     except ValueError as bad:
         raise SystemExit(f"pdserve {command}: {bad}") from None
 

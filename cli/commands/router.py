@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                                      cluster=args.cluster, host=args.host, grpc_port=args.grpc_port,
                                      http_port=args.http_port, router=router, drain_timeout_s=args.drain_timeout_s,
                                      cluster_secret_file=args.cluster_secret_file, public=public,
-                                     chat_parsing=chat_parsing(args, "router"))
+                                     chat_parsing=chat_parsing(args, "router", check_names=False))
     except ValueError as bad:
         raise SystemExit(f"pdserve router: {bad}") from None
     from kv_transfer.auth import SecretFileError

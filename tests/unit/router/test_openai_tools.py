@@ -104,6 +104,14 @@ def test_auto_tool_choice_needs_a_parser_as_vllm_s_flags_do():
         ChatParsing(enable_auto_tool_choice=True)
 
 
+def test_a_parser_name_vllm_does_not_know_is_refused_naming_the_flag_and_the_known_names():
+    with pytest.raises(ValueError, match=r"--tool-call-parser hermez: not one of vLLM's parsers \(.*hermes"):
+        ChatParsing(tool_call_parser="hermez").check_names()
+    with pytest.raises(ValueError, match="--reasoning-parser nope"):
+        ChatParsing(reasoning_parser="nope").check_names()
+    ChatParsing(tool_call_parser="hermes", reasoning_parser="granite").check_names()
+
+
 # ---- the HTTP API ------------------------------------------------------------------------------
 async def test_without_a_parser_tools_are_served_with_choice_none_and_auto_is_400_before_any_work(
         redis_server, tokenizer):
