@@ -151,7 +151,7 @@ def create_app(lifecycle: Lifecycle, model_name: str, model_root: str | None = N
         vLLM parses it (`router.openai_tools`)."""
         body.check_model(model_name)
         kwargs = body.template_kwargs()
-        parsing = parsers.for_request(body.model_dump(exclude_unset=True, exclude={"slo_class"}), kwargs)
+        parsing = parsers.for_request(body, kwargs)
         if parsing is not None:
             body = body.model_copy(update=parsing.sampling_overrides())
         rules = body.prompt_rules(lifecycle.config.max_model_len)
@@ -235,15 +235,15 @@ async def _respond(lifecycle: Lifecycle, model_name: str, body, prompts: list[li
     completion_tokens = sum(len(chunk.token_ids) for _, chunk in answers)
     whole = shape.whole(answers, usage(num_prompt_tokens, completion_tokens,
                                        _cached_tokens(answers[-1][1]) if details else None))
-    return _with_reasoning_tokens(whole, "usage", states)
+    return _with_reasoning_tokens(whole, states)
 
 
-def _with_reasoning_tokens(body: dict, key: str, states: list[ChoiceState]) -> dict:
-    """vLLM's `completion_tokens_details` in `body[key]` (its usage) when a reasoning parser
-    counted the choices' reasoning tokens (`router.openai_tools.ChoiceParser`)."""
+def _with_reasoning_tokens(body: dict, states: list[ChoiceState]) -> dict:
+    """vLLM's `completion_tokens_details` in `body`'s usage when a reasoning parser counted the
+    choices' reasoning tokens (`router.openai_tools.ChoiceParser`)."""
     parsers = [state.parser for state in states if state.parser is not None and state.parser.counts_reasoning]
     if parsers:
-        body[key]["completion_tokens_details"] = {"reasoning_tokens": sum(p.reasoning_tokens() for p in parsers)}
+        body["usage"]["completion_tokens_details"] = {"reasoning_tokens": sum(p.reasoning_tokens() for p in parsers)}
     return body
 
 
@@ -338,7 +338,7 @@ async def _sse(streams: list[AsyncIterator[GenerationChunk]], states: list[Choic
                     yield f"data: {json.dumps(event)}\n\n"
         if include_usage:
             body = _with_reasoning_tokens(shape.base(True) | {"choices": [], "usage": usage(
-                num_prompt_tokens, num_completion_tokens, cached_tokens if details else None)}, "usage", states)
+                num_prompt_tokens, num_completion_tokens, cached_tokens if details else None)}, states)
             yield f"data: {json.dumps(body)}\n\n"
     except ServeError as error:
         count("http", outcome_of(error))

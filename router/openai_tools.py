@@ -121,20 +121,21 @@ class ChatParsers:
                                                 enable_auto_tools=parsing.enable_auto_tool_choice,
                                                 model_name=None, tokenizer=tokenizer)
 
-    def for_request(self, body: dict, template_kwargs: dict) -> "RequestParsing | None":
-        """The parsing of one chat (`body`: its JSON, as pdserve read it), None without a parser.
-        vLLM's request is made from the body and adjusted as vLLM's renderer adjusts it (when a
-        reasoning parser is set or the tool choice is not "none")."""
-        self.parsing.check_tool_choice(body.get("tool_choice"))
+    def for_request(self, body, template_kwargs: dict) -> "RequestParsing | None":
+        """The parsing of one chat (`body`: pdserve's `ChatCompletionRequest`), None without a
+        parser. vLLM's request is made from the body's fields as sent and adjusted as vLLM's
+        renderer adjusts it (when a reasoning parser is set or the tool choice is not "none")."""
+        self.parsing.check_tool_choice(body.tool_choice)
         if self.cls is None:
             return None
+        sent = body.model_dump(exclude_unset=True, exclude={"slo_class"})
         from pydantic import ValidationError
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         from router.openai_prompt import vllm_checked
 
         try:
-            request = vllm_checked(lambda: ChatCompletionRequest.model_validate(body))
+            request = vllm_checked(lambda: ChatCompletionRequest.model_validate(sent))
         except ValidationError as error:   # a shape pdserve's body let through and vLLM's refuses
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
