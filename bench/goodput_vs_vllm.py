@@ -128,7 +128,8 @@ def make_systems(config: CompareConfig, log_dir: Path) -> dict:
         key = PLAN_PREFIX + pair
         plan = read_planned_cluster(directory)
         topology = plan.topology
-        systems[key] = PdserveCluster.sized(settings, config.prefill_cores, config.decode_cores, log_dir,
+        planned = replace(settings, max_num_batched_tokens=topology.token_budget or settings.max_num_batched_tokens)
+        systems[key] = PdserveCluster.sized(planned, config.prefill_cores, config.decode_cores, log_dir,
                                             config.transport, key, topology.kind, topology.num_prefill,
                                             topology.num_decode + topology.num_colocated, tuple(plan.router_flags()))
     if config.with_c:

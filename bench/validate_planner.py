@@ -171,7 +171,8 @@ def start_cluster(model: Path, profile: Profile, setup: ValidationSetup, max_mod
     # No prefix cache: the simulator computes every prompt, so the real engines must too.
     engine = EngineSettings(model=str(model), dtype=profile.model.dtype, block_size=profile.model.block_size,
                             kv_cache_bytes=profile.engine.kv_cache_memory_bytes, max_num_seqs=profile.engine.max_num_seqs,
-                            max_model_len=max_model_len, enable_prefix_caching=False)
+                            max_model_len=max_model_len, enable_prefix_caching=False,
+                            max_num_batched_tokens=setup.topology.token_budget or profile.engine.max_num_batched_tokens)
     topology = setup.topology
     flags = tuple(router_flags_for(setup.router, log_dir / "router"))
     cluster = PdserveCluster.sized(engine, "0", "1", log_dir, setup.transport, topology.label, topology.kind,

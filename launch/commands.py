@@ -123,6 +123,8 @@ def engine_option_argv(settings: EngineSettings) -> list[str]:
             "--vllm-spin-ms", f"{settings.vllm_spin_ms:g}"]
     if settings.tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
+    if settings.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(settings.max_num_batched_tokens)]
     argv += [] if settings.enable_prefix_caching else ["--no-prefix-caching"]
     return argv + (["--preload", ",".join(settings.preload)] if settings.preload else ["--no-preload"])
 

@@ -83,6 +83,9 @@ class EngineSettings:
             raise ValueError(f"kv_cache_bytes {self.kv_cache_bytes} is too small for any KV block")
         if self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens {self.max_num_batched_tokens}: vLLM needs at least max_num_seqs "
+                             f"({self.max_num_seqs}) tokens per step")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size}: must be at least 1")
         if self.cpu_cores:

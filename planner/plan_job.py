@@ -19,7 +19,7 @@ from planner import report
 from planner.evaluate import WorkloadAt, make_attainment_fn, with_router_slo
 from planner.perf_model import FitReport
 from planner.router_config import up_flags, write_planned_cluster, write_router_config
-from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, RateSearch, SearchSettings, SplitSearch,
+from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, DEFAULT_TOKEN_BUDGETS, RateSearch, SearchSettings, SplitSearch,
                             enumerate_topologies, fewest_devices, search_splits)
 from planner.simulator import SimSettings, Topology, cost_model_from, simulate
 
@@ -38,6 +38,7 @@ class PlanInputs:
     show_progress: bool = True
     kinds: tuple[TopologyKind, ...] = TOPOLOGIES
     local_prefill_caps: tuple[int, ...] = DEFAULT_LOCAL_PREFILL_CAPS
+    token_budgets: tuple[int, ...] = DEFAULT_TOKEN_BUDGETS  # aggregated and hybrid: engine step budgets tried
     router_config_dir: Path | None = None  # --write-router-config: where the picked cluster's router files go
     objective: str = "per-device"  # the pick: highest goodput per device, or "total" within the budget
 
@@ -99,13 +100,14 @@ def _operating_points(inputs: PlanInputs, picks: Sequence[RateSearch | None]) ->
 
 def describe(topology: Topology) -> str:
     """The topology in words, for the recommendation."""
+    budget = f", {topology.token_budget}-token engine steps" if topology.token_budget else ""
     if topology.kind == "aggregated":
-        return f"{topology.num_colocated} aggregated workers (each serving both phases)"
+        return f"{topology.num_colocated} aggregated workers (each serving both phases{budget})"
     pools = f"{topology.num_prefill} prefill + {topology.num_decode} decode"
     if topology.kind == "disaggregated":
-        return f"{pools} (disaggregated)"
+        return f"{pools} (disaggregated{budget})"
     cap = topology.local_prefill_max_tokens
-    return f"{pools}, hybrid (decode workers may prefill locally{f' prompts up to {cap} tokens' if cap else ''})"
+    return f"{pools}, hybrid (decode workers may prefill locally{f' prompts up to {cap} tokens' if cap else ''}{budget})"
 
 
 def _print_picks(console: Console, result: SplitSearch) -> None:
@@ -130,9 +132,9 @@ def _print_picks(console: Console, result: SplitSearch) -> None:
 
 
 def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console) -> None:
-    router = inputs.settings.router
-    cost = router.cost or with_router_cost(inputs.settings, inputs.fit, inputs.workload_at).router.cost
-    paths = write_router_config(inputs.router_config_dir, router.placement_for(best.topology), cost)
+    settings = inputs.settings.for_topology(best.topology)  # the cost model of the pick's token budget
+    cost = settings.router.cost or with_router_cost(settings, inputs.fit, inputs.workload_at).router.cost
+    paths = write_router_config(inputs.router_config_dir, settings.router.placement_for(best.topology), cost)
     paths.append(write_planned_cluster(inputs.router_config_dir, best.topology, inputs.slo, best.max_rate_rps,
                                        best.attainment, inputs.objective, inputs.workload_label))
     console.print(f"wrote {', '.join(map(str, paths))}; run the cluster with:", highlight=False)
@@ -144,12 +146,14 @@ def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console)
 def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     _print_header(console, inputs)
     attainment = make_attainment_fn(inputs.workload_at, inputs.settings, inputs.fit.model, inputs.slo)
-    total = len(enumerate_topologies(inputs.budget_devices, inputs.kinds, inputs.local_prefill_caps))
+    total = len(enumerate_topologies(inputs.budget_devices, inputs.kinds, inputs.local_prefill_caps,
+                                     inputs.token_budgets))
     started = time.perf_counter()
     with _progress(inputs.show_progress, total) as progress:
         task = progress.add_task("searching topologies", total=total, last="")
         result = search_splits(attainment, inputs.budget_devices, inputs.search, kinds=inputs.kinds,
                                local_prefill_caps=inputs.local_prefill_caps, objective=inputs.objective,
+                               token_budgets=inputs.token_budgets,
                                progress=lambda label: progress.update(task, advance=1, last=label))
     elapsed = time.perf_counter() - started
     console.print(report.search_table(result, inputs.search.target_attainment))

@@ -70,7 +70,7 @@ def search_json(result: SplitSearch) -> dict[str, Any]:
         return {"topology": r.topology.label, "kind": r.topology.kind, "num_prefill": r.topology.num_prefill,
                 "num_decode": r.topology.num_decode, "num_colocated": r.topology.num_colocated,
                 "local_prefill_max_tokens": r.topology.local_prefill_max_tokens,
-                "devices": r.topology.devices, "max_rate_rps": r.max_rate_rps,
+                "token_budget": r.topology.token_budget, "devices": r.topology.devices, "max_rate_rps": r.max_rate_rps,
                 "goodput_per_device": r.goodput_per_device, "attainment": r.attainment,
                 "samples": [{"rate_rps": rate, "attainment": value} for rate, value in r.samples]}
 

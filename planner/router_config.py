@@ -62,10 +62,12 @@ def router_flags(directory: Path, slo: SLO) -> list[str]:
 
 
 def up_flags(topology: Topology, directory: Path, slo: SLO) -> list[str]:
-    """`pdserve up` / `pdserve router` flags that run `topology` with the written files and the SLOs."""
+    """`pdserve up` flags that run `topology` with the written files and the SLOs (the engines'
+    token budget among them when the topology sets one)."""
     prefill = topology.num_prefill
     decode = topology.num_decode + topology.num_colocated
-    return ["--topology", topology.kind, "--prefill", str(prefill), "--decode", str(decode),
+    budget = ["--max-num-batched-tokens", str(topology.token_budget)] if topology.token_budget else []
+    return ["--topology", topology.kind, "--prefill", str(prefill), "--decode", str(decode), *budget,
             *router_flags(directory, slo)]
 
 
@@ -88,7 +90,7 @@ class PlannedCluster:
 def write_planned_cluster(directory: Path, topology: Topology, slo: SLO, predicted_goodput_rps: float,
                           predicted_attainment: float, objective: str, workload: str) -> Path:
     """Writes `cluster.json` beside the router files; returns its path."""
-    fields = ("kind", "num_prefill", "num_decode", "num_colocated", "local_prefill_max_tokens")
+    fields = ("kind", "num_prefill", "num_decode", "num_colocated", "local_prefill_max_tokens", "token_budget")
     content = {"topology": {name: getattr(topology, name) for name in fields}, "slo_ms": slo.as_ms(),
                "predicted_goodput_rps": predicted_goodput_rps, "predicted_attainment": predicted_attainment,
                "objective": objective, "workload": workload}

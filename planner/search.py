@@ -7,7 +7,8 @@ assumes attainment does not rise with the rate and does not fall with more insta
 - `max_rate`: the highest rate with attainment >= target (DistServe's goodput), by doubling or
   halving to a bracket and then bisection to a relative tolerance;
 - `search_splits`: every topology within the budget (`enumerate_topologies`): disaggregated
-  N prefill + M decode, hybrid N + M under each local prefill cap, aggregated K workers; the
+  N prefill + M decode, hybrid N + M under each local prefill cap, aggregated K workers, the
+  last two under each engine token budget (the chunk that trades a decode's TPOT for TTFT); the
   pick is the highest goodput per device of all (objective "per-device": what to add when a pool
   grows; ties: fewer devices, then search order) or the highest goodput within the budget
   (objective "total": how best to use the devices one has; ties: fewer devices), and each
@@ -29,6 +30,7 @@ AttainmentFn = Callable[[Topology, float], float]
 Progress = Callable[[str], None]
 MAX_BRACKET_STEPS = 40
 DEFAULT_LOCAL_PREFILL_CAPS = (0, 256, 1024)  # hybrid: the placement's local_prefill_max_tokens tried (0: none)
+DEFAULT_TOKEN_BUDGETS = (0, 256, 512, 1024)  # aggregated and hybrid: engine step token budgets tried (0: the engine's)
 OBJECTIVES = ("per-device", "total")
 
 
@@ -179,22 +181,29 @@ def enumerate_splits(budget_devices: int) -> list[Topology]:
 
 
 def enumerate_topologies(budget_devices: int, kinds: Sequence[TopologyKind] = TOPOLOGIES,
-                         local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS) -> list[Topology]:
-    """In this order: every disaggregated split, every hybrid split under each cap (split-major),
-    K = 1..budget aggregated workers; only the `kinds` asked for."""
+                         local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS,
+                         token_budgets: Sequence[int] = DEFAULT_TOKEN_BUDGETS) -> list[Topology]:
+    """In this order: every disaggregated split (the engines' own token budget: a decode worker
+    computes no prompt, so its chunk size cannot trade TTFT for TPOT), every hybrid split under each
+    cap and each token budget (split-major), K = 1..budget aggregated workers under each token
+    budget; only the `kinds` asked for."""
     unknown = sorted(set(kinds) - set(TOPOLOGIES))
     if unknown or not kinds:
         raise ValueError(f"topology kinds must be some of {TOPOLOGIES}, got {list(kinds)}")
     if "hybrid" in kinds and (not local_prefill_caps or any(c < 0 for c in local_prefill_caps)):
         raise ValueError(f"hybrid needs local prefill caps >= 0 (0: no cap), got {list(local_prefill_caps)}")
+    if not token_budgets or any(b < 0 for b in token_budgets):
+        raise ValueError(f"token budgets must be >= 0 (0: the engine's own), got {list(token_budgets)}")
+    budgets = dict.fromkeys(token_budgets)
     topologies = []
     if "disaggregated" in kinds:
         topologies += enumerate_splits(budget_devices)
     if "hybrid" in kinds:
-        topologies += [Topology.hybrid(split.num_prefill, split.num_decode, cap)
-                       for split in enumerate_splits(budget_devices) for cap in dict.fromkeys(local_prefill_caps)]
+        topologies += [Topology.hybrid(split.num_prefill, split.num_decode, cap, budget)
+                       for split in enumerate_splits(budget_devices) for cap in dict.fromkeys(local_prefill_caps)
+                       for budget in budgets]
     if "aggregated" in kinds:
-        topologies += [Topology.aggregated(k) for k in range(1, budget_devices + 1)]
+        topologies += [Topology.aggregated(k, budget) for k in range(1, budget_devices + 1) for budget in budgets]
     return topologies
 
 
@@ -202,12 +211,13 @@ def search_splits(attainment: AttainmentFn, budget_devices: int, settings: Searc
                   include_colocated: bool = True, progress: Progress | None = None,
                   kinds: Sequence[TopologyKind] = TOPOLOGIES,
                   local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS,
-                  objective: str = "per-device") -> SplitSearch:
+                  objective: str = "per-device",
+                  token_budgets: Sequence[int] = DEFAULT_TOKEN_BUDGETS) -> SplitSearch:
     """Goodput of every topology `enumerate_topologies` lists (`include_colocated=False` drops the
     aggregated ones), picked by `objective`."""
     kinds = [kind for kind in kinds if include_colocated or kind != "aggregated"]
     results = []
-    for topology in enumerate_topologies(budget_devices, kinds, local_prefill_caps):
+    for topology in enumerate_topologies(budget_devices, kinds, local_prefill_caps, token_budgets):
         results.append(search_topology(attainment, topology, settings))
         if progress:
             progress(topology.label)

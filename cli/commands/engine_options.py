@@ -28,6 +28,11 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
     group.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + output, in tokens")
     group.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache memory per engine, MiB")
     group.add_argument("--max-num-seqs", type=int, default=64, help="most requests an engine batches at once")
+    group.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="TOKENS",
+                       help="tokens one engine step may compute (vLLM's max_num_batched_tokens: the chunk of "
+                            "chunked prefill); smaller keeps the decodes beside a prompt's chunk fast (TPOT) at "
+                            "the cost of more steps to its first token; `pdserve plan` may pick one "
+                            "(default: vLLM's own)")
     group.add_argument("--no-prefix-caching", action="store_true", help="disable vLLM's prefix cache")
     group.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     group.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -51,6 +56,7 @@ def engine_settings(args: argparse.Namespace, cpu_cores: str = "", probe_cores: 
     return EngineSettings(
         model=args.model, dtype=dtype, block_size=args.block_size, max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_mb << 20, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores, vllm_spin_ms=args.vllm_spin_ms,
         preload=() if args.no_preload else tuple(name for name in args.preload.split(",") if name),

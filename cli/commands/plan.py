@@ -11,7 +11,9 @@ Choose how to run the workers. From a profile (what `pdserve profile` measured o
 pdserve fits a performance model and simulates the workload, placed by the router's own policy,
 through every topology of --devices workers: disaggregated N prefill + M decode, hybrid N + M
 (decode workers may compute a prompt themselves when the placement prefers it; once per
---local-prefill-caps value) and aggregated K workers (each serving both phases). For each it
+--local-prefill-caps value) and aggregated K workers (each serving both phases), the last two once
+per --token-budgets value (the engines' step token budget: a smaller chunk of a prompt beside the
+running decodes keeps their TPOT down and takes more steps to a first token). For each it
 finds the highest request rate at which at least --attainment-target of requests meet both the
 TTFT and the TPOT SLO (the goodput). It prints each topology kind's best, the pick (the highest
 goodput per device of all, or with --objective total the highest within --devices), its predicted
@@ -33,6 +35,7 @@ examples:
   pdserve plan --devices 4 --write-router-config out/router   # then: pdserve up ... (printed)
   pdserve plan --profile out/profile.json --workload trace --max-input-len 2048 --devices 8
   pdserve plan --topologies disaggregated,hybrid --local-prefill-caps 0,512
+  pdserve plan --topologies aggregated --token-budgets 0,512   # 2C or 2C@512: the engine's chunk, or 512
   pdserve plan --min-devices-for-rate 5 --ttft-slo-ms 800 --tpot-slo-ms 60
 """
 
@@ -46,14 +49,20 @@ def _kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def _caps(text: str) -> tuple[int, ...]:
-    try:
-        caps = tuple(dict.fromkeys(int(c) for c in text.split(",") if c.strip()))
-    except ValueError:
-        caps = ()
-    if not caps or any(c < 0 for c in caps):
-        raise argparse.ArgumentTypeError(f"a comma-separated list of token counts >= 0 (0: no cap), got {text!r}")
-    return caps
+def _token_counts(zero_means: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            counts = tuple(dict.fromkeys(int(c) for c in text.split(",") if c.strip()))
+        except ValueError:
+            counts = ()
+        if not counts or any(c < 0 for c in counts):
+            raise argparse.ArgumentTypeError(f"a comma-separated list of token counts >= 0 (0: {zero_means}), "
+                                             f"got {text!r}")
+        return counts
+    return parse
+
+
+_caps = _token_counts("no cap")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,6 +107,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--local-prefill-caps", type=_caps, default=(0, 256, 1024),
                    help="hybrid: the placement's local_prefill_max_tokens values to try, comma-separated "
                         "(0: no cap; default 0,256,1024)")
+    g.add_argument("--token-budgets", type=_token_counts("the engine's own, the profile's"), default=(0, 256, 512, 1024),
+                   help="aggregated and hybrid: the engines' step token budgets (vLLM's max_num_batched_tokens, "
+                        "the chunk of chunked prefill) to try, comma-separated; a pick with one runs its workers "
+                        "with --max-num-batched-tokens (0: the engine's own; default 0,256,512,1024)")
     g.add_argument("--placement-config", type=Path,
                    help="the placement policy the simulated router uses (JSON/YAML, `pdserve router "
                         "--placement-config`; default: the router's defaults)")
@@ -155,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             search=SearchSettings(target_attainment=args.attainment_target, rel_tol=args.rel_tol),
             budget_devices=args.devices, output_dir=args.output_dir, label=args.label,
             show_progress=not args.no_progress, kinds=kinds, local_prefill_caps=args.local_prefill_caps,
-            router_config_dir=args.write_router_config, objective=args.objective)
+            token_budgets=args.token_budgets, router_config_dir=args.write_router_config, objective=args.objective)
     except (ProfileError, ValueError, KeyError, FileNotFoundError) as bad:
         raise SystemExit(f"pdserve plan: {bad}") from bad
     args.output_dir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ from router.policies.placement import CostModel, PlacementConfig
 from router.scheduler import SloTargets
 
 DecodePick = Literal["handoff", "arrival"]
-_LABEL = re.compile(r"(?P<colocated>\d+)C|(?P<prefill>\d+)P\+(?P<decode>\d+)(?P<kind>[DH])(?:/(?P<cap>\d+))?")
+_LABEL = re.compile(r"(?:(?P<colocated>\d+)C|(?P<prefill>\d+)P\+(?P<decode>\d+)(?P<kind>[DH])(?:/(?P<cap>\d+))?)"
+                    r"(?:@(?P<budget>\d+))?")
 
 
 class SimulationError(ValueError):
@@ -31,18 +32,24 @@ class Topology:
       (the Local path) for prompts of at most `local_prefill_max_tokens` tokens (0: any length);
     - aggregated: K >= 1 colocated instances (`num_colocated`), each serving both phases.
     `local_prefill_max_tokens` is the router's `PlacementConfig` cap: only a hybrid cluster has one
-    (disaggregated keeps prompts off decode workers; an aggregated one has nowhere else to put them)."""
+    (disaggregated keeps prompts off decode workers; an aggregated one has nowhere else to put them).
+    `token_budget`: every engine's step token budget (vLLM's max_num_batched_tokens, the chunk of
+    chunked prefill), 0 for the engine's own (the profile's). Where one engine runs both phases
+    (aggregated, hybrid) it bounds what a prompt's chunk adds to a decode step: TPOT against TTFT."""
 
     num_prefill: int = 0
     num_decode: int = 0
     num_colocated: int = 0
     kind: TopologyKind = "disaggregated"
     local_prefill_max_tokens: int = 0
+    token_budget: int = 0
 
     def __post_init__(self) -> None:
-        counts = (self.num_prefill, self.num_decode, self.num_colocated, self.local_prefill_max_tokens)
+        counts = (self.num_prefill, self.num_decode, self.num_colocated, self.local_prefill_max_tokens,
+                  self.token_budget)
         if any(not isinstance(c, int) or c < 0 for c in counts):
-            raise SimulationError(f"instance counts and the local prefill cap must be ints >= 0, got {counts}")
+            raise SimulationError(f"instance counts, the local prefill cap and the token budget must be ints >= 0, "
+                                  f"got {counts}")
         if self.kind not in TOPOLOGIES:
             raise SimulationError(f"kind must be one of {TOPOLOGIES}, got {self.kind!r}")
         if self.kind == "aggregated":
@@ -58,35 +65,39 @@ class Topology:
                                   f"local_prefill_max_tokens=0, got {self.local_prefill_max_tokens}")
 
     @classmethod
-    def disaggregated(cls, num_prefill: int, num_decode: int) -> Topology:
-        return cls(num_prefill=num_prefill, num_decode=num_decode)
+    def disaggregated(cls, num_prefill: int, num_decode: int, token_budget: int = 0) -> Topology:
+        return cls(num_prefill=num_prefill, num_decode=num_decode, token_budget=token_budget)
 
     @classmethod
-    def hybrid(cls, num_prefill: int, num_decode: int, local_prefill_max_tokens: int = 0) -> Topology:
+    def hybrid(cls, num_prefill: int, num_decode: int, local_prefill_max_tokens: int = 0,
+               token_budget: int = 0) -> Topology:
         return cls(num_prefill=num_prefill, num_decode=num_decode, kind="hybrid",
-                   local_prefill_max_tokens=local_prefill_max_tokens)
+                   local_prefill_max_tokens=local_prefill_max_tokens, token_budget=token_budget)
 
     @classmethod
-    def aggregated(cls, num_instances: int) -> Topology:
-        return cls(num_colocated=num_instances, kind="aggregated")
+    def aggregated(cls, num_instances: int, token_budget: int = 0) -> Topology:
+        return cls(num_colocated=num_instances, kind="aggregated", token_budget=token_budget)
 
     colocated = aggregated  # the planner's older name: K colocated instances
 
     @classmethod
     def from_label(cls, label: str) -> Topology:
-        """The topology `label` names ("2C", "1P+1D", "1P+1H", "1P+1H/512"); SimulationError otherwise."""
+        """The topology `label` names ("2C", "2C@512", "1P+1D", "1P+1H", "1P+1H/512", "1P+1H/256@512");
+        SimulationError otherwise."""
         match = _LABEL.fullmatch(label.strip())
         if match is None:
             raise SimulationError(f"not a topology label: {label!r}; say KC (K aggregated workers), NP+MD "
-                                  "(disaggregated) or NP+MH[/CAP] (hybrid, local prefills up to CAP tokens)")
+                                  "(disaggregated) or NP+MH[/CAP] (hybrid, local prefills up to CAP tokens), "
+                                  "each optionally @BUDGET (the engines' step token budget)")
+        budget = int(match["budget"] or 0)
         if match["colocated"]:
-            return cls.aggregated(int(match["colocated"]))
+            return cls.aggregated(int(match["colocated"]), budget)
         prefill, decode = int(match["prefill"]), int(match["decode"])
         if match["kind"] == "D":
             if match["cap"]:
                 raise SimulationError(f"{label!r}: only a hybrid topology (NP+MH) has a local prefill cap")
-            return cls.disaggregated(prefill, decode)
-        return cls.hybrid(prefill, decode, int(match["cap"] or 0))
+            return cls.disaggregated(prefill, decode, budget)
+        return cls.hybrid(prefill, decode, int(match["cap"] or 0), budget)
 
     @property
     def is_colocated(self) -> bool:
@@ -98,13 +109,15 @@ class Topology:
 
     @property
     def label(self) -> str:
-        """"KC" aggregated, "NP+MD" disaggregated, "NP+MH" hybrid ("NP+MH/cap" with a local prefill cap)."""
+        """"KC" aggregated, "NP+MD" disaggregated, "NP+MH" hybrid ("NP+MH/cap" with a local prefill
+        cap), each with "@budget" when the engines' token budget is not their own."""
+        budget = f"@{self.token_budget}" if self.token_budget else ""
         if self.kind == "aggregated":
-            return f"{self.num_colocated}C"
+            return f"{self.num_colocated}C{budget}"
         if self.kind == "disaggregated":
-            return f"{self.num_prefill}P+{self.num_decode}D"
+            return f"{self.num_prefill}P+{self.num_decode}D{budget}"
         cap = f"/{self.local_prefill_max_tokens}" if self.local_prefill_max_tokens else ""
-        return f"{self.num_prefill}P+{self.num_decode}H{cap}"
+        return f"{self.num_prefill}P+{self.num_decode}H{cap}{budget}"
 
 
 @dataclass(frozen=True)
@@ -196,6 +209,14 @@ class SimSettings:
             serving=profile.serving,
         )
         return replace(settings, **overrides)
+
+    def for_topology(self, topology: Topology) -> "SimSettings":
+        """These settings with the topology's token budget, if it sets one. The router's cost model
+        is kept when the budget is unchanged, else dropped so that `simulate` derives it for the
+        new budget (its Local-prefill interference depends on the chunk count)."""
+        if not topology.token_budget or topology.token_budget == self.token_budget:
+            return self
+        return replace(self, token_budget=topology.token_budget, router=replace(self.router, cost=None))
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -46,11 +46,13 @@ def simulate(requests: Sequence[Any], topology: Topology, settings: SimSettings,
     `loadgen.workload.RequestSpec`) through `topology`. Deterministic; every request finishes or
     is refused at arrival by the router's admission (`RouterSettings`: SLOs set, admission on).
 
-    The router's cost model is `settings.router.cost`, or else derived from `model` and the
-    workload's mean lengths (`planner.simulator.cost.cost_model_from`).
+    The engines run `settings` with the topology's token budget (`SimSettings.for_topology`). The
+    router's cost model is `settings.router.cost`, or else derived from `model` and the workload's
+    mean lengths (`planner.simulator.cost.cost_model_from`).
     Raises `SimulationError` for a request that could never fit one instance's KV cache.
     Prefix caching is not modelled, nor KV memory on prefill instances.
     """
+    settings = settings.for_topology(topology)
     sim_requests = [SimRequest(i, float(r.arrival_s), int(r.prompt_tokens), int(r.output_tokens))
                     for i, r in enumerate(requests)]
     _check_requests(sim_requests, settings)

@@ -25,6 +25,18 @@ def test_nonsense_settings_are_refused():
         EngineSettings(model="m", block_size=16)
     with pytest.raises(ValueError, match="'x' is not a core"):
         EngineSettings(model="m", cpu_cores="0,x")
+    with pytest.raises(ValueError, match="max_num_batched_tokens 32: vLLM needs at least max_num_seqs"):
+        EngineSettings(model="m", max_num_seqs=64, max_num_batched_tokens=32)
+
+
+def test_the_step_token_budget_reaches_vllm_and_a_child_workers_command_line():
+    from launch.commands import engine_option_argv
+
+    settings = EngineSettings(model="m", max_num_batched_tokens=512)
+    assert engine_args(settings, "colocated").max_num_batched_tokens == 512
+    argv = engine_option_argv(settings)
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "512"
+    assert "--max-num-batched-tokens" not in engine_option_argv(EngineSettings(model="m"))   # vLLM's own
 
 
 def test_the_spin_cap_and_the_core_binding_reach_vllms_child_processes_through_the_environment(monkeypatch):

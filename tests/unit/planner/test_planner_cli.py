@@ -15,12 +15,14 @@ SMALL = ["--num-prompts", "200", "--no-progress", "--tpot-slo-ms", "50"]
 def test_plan_prints_each_kinds_best_and_the_pick_and_writes_plot_json_and_router_files(tmp_path, capsys):
     router_dir = tmp_path / "router"
     assert main(["plan", "--devices", "3", "--output-dir", str(tmp_path), "--label", "t", "--local-prefill-caps",
-                 "0,256", "--write-router-config", str(router_dir), *SMALL]) == 0
+                 "0,256", "--token-budgets", "0,512", "--write-router-config", str(router_dir), *SMALL]) == 0
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "t_search.json").read_text())
     assert (tmp_path / "t_search.png").stat().st_size > 10_000
     assert [r["topology"] for r in data["results"]] == [
-        "1P+1D", "1P+2D", "2P+1D", "1P+1H", "1P+1H/256", "1P+2H", "1P+2H/256", "2P+1H", "2P+1H/256", "1C", "2C", "3C"]
+        "1P+1D", "1P+2D", "2P+1D",
+        "1P+1H", "1P+1H@512", "1P+1H/256", "1P+1H/256@512", "1P+2H", "1P+2H@512", "1P+2H/256", "1P+2H/256@512",
+        "2P+1H", "2P+1H@512", "2P+1H/256", "2P+1H/256@512", "1C", "1C@512", "2C", "2C@512", "3C", "3C@512"]
     by_label = {r["topology"]: r for r in data["results"]}
     picked = by_label[data["best"]]
     assert picked["goodput_per_device"] == max(r["goodput_per_device"] for r in data["results"])
@@ -36,12 +38,14 @@ def test_plan_prints_each_kinds_best_and_the_pick_and_writes_plot_json_and_route
     assert f"pdserve up --model MODEL_DIR --topology {picked['kind']}" in out
     planned = json.loads((router_dir / "cluster.json").read_text())
     assert planned["topology"]["kind"] == picked["kind"] and planned["objective"] == "per-device"
+    assert planned["topology"]["token_budget"] == picked["token_budget"]
+    assert ("--max-num-batched-tokens 512" in out) == (picked["token_budget"] == 512)
     assert planned["predicted_goodput_rps"] == picked["max_rate_rps"]
 
 
 def test_plan_with_the_total_objective_picks_the_most_goodput_within_the_devices(tmp_path, capsys):
     assert main(["plan", "--devices", "2", "--objective", "total", "--output-dir", str(tmp_path), "--label", "t",
-                 "--local-prefill-caps", "0", *SMALL]) == 0
+                 "--local-prefill-caps", "0", "--token-budgets", "0", *SMALL]) == 0
     data = json.loads((tmp_path / "t_search.json").read_text())
     picked = next(r for r in data["results"] if r["topology"] == data["best"])
     assert picked["max_rate_rps"] == max(r["max_rate_rps"] for r in data["results"])

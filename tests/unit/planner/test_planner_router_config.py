@@ -37,8 +37,11 @@ def test_up_flags_name_the_topology_pools_files_and_slos(tmp_path):
         "--topology", "hybrid", "--prefill", "1", "--decode", "3", "--cost-model", str(tmp_path / "cost.json"),
         "--placement-config", str(tmp_path / "placement.json"), "--slo-ttft-ms", "1000", "--slo-tpot-ms", "50"]
     aggregated = up_flags(Topology.aggregated(4), tmp_path, SLO(ttft_s=2.0))
-    assert aggregated[:6] == ["--topology", "aggregated", "--prefill", "0", "--decode", "4"]
+    assert aggregated[:7] == ["--topology", "aggregated", "--prefill", "0", "--decode", "4", "--cost-model"]
     assert aggregated[-2:] == ["--slo-ttft-ms", "2000"]
+    chunked = up_flags(Topology.aggregated(2, token_budget=512), tmp_path, SLO(ttft_s=2.0))
+    assert chunked[:8] == ["--topology", "aggregated", "--prefill", "0", "--decode", "2",
+                           "--max-num-batched-tokens", "512"]
 
 
 def test_pdserve_up_reads_the_written_files_and_flags_as_the_planner_meant(tmp_path):
@@ -47,9 +50,9 @@ def test_pdserve_up_reads_the_written_files_and_flags_as_the_planner_meant(tmp_p
 
     placement = PlacementConfig(local_prefill_max_tokens=256)
     write_router_config(tmp_path, placement, COST)
-    args = build_parser().parse_args(["up", "--model", "models/bench", *up_flags(Topology.hybrid(2, 3, 256), tmp_path,
-                                                      SLO(ttft_s=1.5, tpot_s=0.04))])
-    assert (args.topology, args.prefill, args.decode) == ("hybrid", 2, 3)
+    args = build_parser().parse_args(["up", "--model", "models/bench", *up_flags(Topology.hybrid(2, 3, 256, 512),
+                                                      tmp_path, SLO(ttft_s=1.5, tpot_s=0.04))])
+    assert (args.topology, args.prefill, args.decode, args.max_num_batched_tokens) == ("hybrid", 2, 3, 512)
     config = scheduler_config(args)
     assert config.placement == placement and config.cost_prior == COST
     assert (config.slo.ttft_s, config.slo.tpot_s) == (1.5, 0.04)
@@ -58,11 +61,11 @@ def test_pdserve_up_reads_the_written_files_and_flags_as_the_planner_meant(tmp_p
 def test_the_planned_cluster_reads_back_with_its_prediction_and_router_flags(tmp_path):
     from planner.router_config import read_planned_cluster, write_planned_cluster
 
-    path = write_planned_cluster(tmp_path, Topology.hybrid(1, 1, 256), SLO(ttft_s=3.0, tpot_s=0.035), 2.5, 0.93,
-                                 "total", "trace/trace, 60 requests")
+    path = write_planned_cluster(tmp_path, Topology.hybrid(1, 1, 256, 512), SLO(ttft_s=3.0, tpot_s=0.035), 2.5,
+                                 0.93, "total", "trace/trace, 60 requests")
     assert path == tmp_path / "cluster.json"
     plan = read_planned_cluster(tmp_path)
-    assert plan.topology == Topology.hybrid(1, 1, 256) and plan.slo == SLO(ttft_s=3.0, tpot_s=0.035)
+    assert plan.topology == Topology.hybrid(1, 1, 256, 512) and plan.slo == SLO(ttft_s=3.0, tpot_s=0.035)
     assert (plan.predicted_goodput_rps, plan.predicted_attainment, plan.objective) == (2.5, 0.93, "total")
     assert plan.router_flags() == ["--cost-model", str(tmp_path / "cost.json"), "--placement-config",
                                    str(tmp_path / "placement.json"), "--slo-ttft-ms", "3000", "--slo-tpot-ms", "35"]

@@ -4,7 +4,8 @@ Model: N prefill + M decode serve up to min(3N, 2M) req/s (prefill does 3 req/s 
 decode 2); K colocated instances serve 1.1K req/s. Below capacity every request meets the SLOs,
 above it half do. Goodput per device is best at N:M = 2:3 (1.2 req/s per device). Hybrid pools
 serve 0.5 req/s more per decode worker under a local prefill cap of 256 tokens (0.2 otherwise):
-best at 2P+3H/256, 1.5 req/s per device.
+best at 2P+3H/256, 1.5 req/s per device. Colocated instances whose engines step 512 tokens serve
+1.3K req/s (the chunk no longer stalls their decodes), every other budget 1.1K.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ NOT_HYBRID = ("disaggregated", "aggregated")
 
 def capacity_rps(topology: Topology) -> float:
     if topology.is_colocated:
-        return 1.1 * topology.num_colocated
+        return (1.3 if topology.token_budget == 512 else 1.1) * topology.num_colocated
     split = min(3.0 * topology.num_prefill, 2.0 * topology.num_decode)
     if topology.kind == "hybrid":
         return split + (0.5 if topology.local_prefill_max_tokens == 256 else 0.2) * topology.num_decode
@@ -37,16 +38,35 @@ def test_enumerate_splits_covers_every_n_plus_m_within_the_budget():
 
 
 def test_enumerate_topologies_lists_each_kind_and_each_hybrid_cap():
-    labels = [t.label for t in enumerate_topologies(3, local_prefill_caps=(0, 256))]
+    labels = [t.label for t in enumerate_topologies(3, local_prefill_caps=(0, 256), token_budgets=(0,))]
     assert labels == ["1P+1D", "1P+2D", "2P+1D", "1P+1H", "1P+1H/256", "1P+2H", "1P+2H/256", "2P+1H", "2P+1H/256",
                       "1C", "2C", "3C"]
-    assert [t.label for t in enumerate_topologies(3, kinds=("aggregated",))] == ["1C", "2C", "3C"]
+    assert [t.label for t in enumerate_topologies(3, kinds=("aggregated",), token_budgets=(0,))] == ["1C", "2C", "3C"]
     with pytest.raises(ValueError, match="topology kinds must be some of"):
         enumerate_topologies(3, kinds=("colocated",))
 
 
+def test_enumerate_topologies_tries_each_token_budget_where_one_engine_runs_both_phases():
+    labels = [t.label for t in enumerate_topologies(2, local_prefill_caps=(0, 256), token_budgets=(0, 512))]
+    assert labels == ["1P+1D", "1P+1H", "1P+1H@512", "1P+1H/256", "1P+1H/256@512", "1C", "1C@512", "2C", "2C@512"]
+    assert Topology.from_label("1P+1H/256@512") == Topology.hybrid(1, 1, 256, token_budget=512)
+    assert Topology.from_label("2C@512") == Topology.aggregated(2, token_budget=512)
+    with pytest.raises(ValueError, match="token budgets must be >= 0"):
+        enumerate_topologies(2, token_budgets=())
+
+
+def test_search_picks_the_token_budget_that_serves_most():
+    result = search_splits(synthetic_attainment, 2, SearchSettings(rel_tol=0.01), kinds=("aggregated",),
+                           token_budgets=(0, 256, 512), objective="total")
+    assert result.best.topology == Topology.aggregated(2, token_budget=512)
+    assert result.best.max_rate_rps == pytest.approx(2.6, rel=0.01)
+    unchanged = search_splits(synthetic_attainment, 2, SearchSettings(rel_tol=0.01), kinds=("aggregated",),
+                              token_budgets=(0, 256), objective="total")
+    assert unchanged.best.topology == Topology.aggregated(2)   # a tie keeps the engine's own budget
+
+
 def test_search_returns_each_kinds_goodput_and_picks_the_highest_per_device():
-    result = search_splits(synthetic_attainment, 5, SearchSettings(rel_tol=0.01))
+    result = search_splits(synthetic_attainment, 5, SearchSettings(rel_tol=0.01), token_budgets=(0,))
     assert result.best.topology == Topology.hybrid(2, 3, 256)
     best = result.best_by_kind()
     assert list(best) == ["disaggregated", "hybrid", "aggregated"]
@@ -60,7 +80,7 @@ def test_search_returns_each_kinds_goodput_and_picks_the_highest_per_device():
 def test_search_finds_the_known_optimal_split_and_its_rate():
     seen: list[str] = []
     result = search_splits(synthetic_attainment, 5, SearchSettings(rel_tol=0.01), progress=seen.append,
-                           kinds=NOT_HYBRID)
+                           kinds=NOT_HYBRID, token_budgets=(0,))
     assert result.best.topology == Topology.disaggregated(2, 3)
     assert 6.0 / 1.01 <= result.best.max_rate_rps <= 6.0
     assert result.best.goodput_per_device == pytest.approx(1.2, rel=0.01)
@@ -143,8 +163,10 @@ def test_predict_fn_expects_lower_tpot_from_more_decode_workers():
 def test_the_total_objective_picks_the_highest_goodput_within_the_budget():
     """With 3 devices and no hybrid: per device 1C wins (1.1 req/s per device, 2C and 3C tie it
     but use more); in all 3C does (3.3 req/s), and among the splits 1P+2D (2.0)."""
-    per_device = search_splits(synthetic_attainment, 3, SearchSettings(rel_tol=0.01), kinds=NOT_HYBRID)
-    total = search_splits(synthetic_attainment, 3, SearchSettings(rel_tol=0.01), kinds=NOT_HYBRID, objective="total")
+    per_device = search_splits(synthetic_attainment, 3, SearchSettings(rel_tol=0.01), kinds=NOT_HYBRID,
+                               token_budgets=(0,))
+    total = search_splits(synthetic_attainment, 3, SearchSettings(rel_tol=0.01), kinds=NOT_HYBRID, objective="total",
+                          token_budgets=(0,))
     assert per_device.best.topology == Topology.aggregated(1)
     assert total.best.topology == Topology.aggregated(3)            # 3.3 req/s, the most of all
     assert total.best_of("disaggregated").topology == Topology.disaggregated(1, 2)   # 2.0 > 1P+1D's and 2P+1D's

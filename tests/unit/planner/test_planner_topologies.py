@@ -53,6 +53,20 @@ def test_hybrid_local_prefill_cap_keeps_longer_prompts_on_the_prefill_pool():
     assert Topology.hybrid(1, 2, 256).label == "1P+2H/256" and Topology.hybrid(1, 2).label == "1P+2H"
 
 
+def test_a_smaller_token_budget_trades_the_long_prompts_ttft_for_the_running_decodes_longest_gap():
+    # one instance: a short request decoding 30 tokens when a 400-token prompt arrives; its chunks of
+    # 100 tokens (the settings' budget) or 50 share the decode's steps. Halving the chunk shortens the
+    # decode's longest gap; the prompt pays a step's fixed cost (0.1 s here) per extra chunk, and so
+    # does the decode's mean (TPOT): which way a budget goes is the search's to find.
+    requests = [spec(0.0, 10, 30), spec(0.05, 400, 1)]
+    own = simulate(requests, Topology.aggregated(1), round_settings(), ROUND_MODEL)
+    small = simulate(requests, Topology.aggregated(1, token_budget=50), round_settings(), ROUND_MODEL)
+    assert small.itl_s.max() < own.itl_s.max()
+    assert small.ttft_s[1] > own.ttft_s[1] and small.tpot_s[0] > own.tpot_s[0]
+    same = simulate(requests, Topology.aggregated(1, token_budget=100), round_settings(), ROUND_MODEL)
+    assert same.ttft_s.tolist() == own.ttft_s.tolist() and same.itl_s.tolist() == own.itl_s.tolist()
+
+
 def test_aggregated_spreads_requests_over_its_instances():
     requests = [spec(0.000, 50, 3), spec(0.001, 50, 3), spec(0.002, 50, 3), spec(0.003, 50, 3)]
     result = simulate(requests, Topology.aggregated(2), round_settings(), ROUND_MODEL)
@@ -127,12 +141,15 @@ def test_topology_refuses_a_shape_its_kind_cannot_have(kwargs, message):
 
 
 @pytest.mark.parametrize("topology", [Topology.aggregated(2), Topology.disaggregated(1, 3), Topology.hybrid(2, 1),
-                                      Topology.hybrid(1, 2, 512)])
+                                      Topology.hybrid(1, 2, 512), Topology.aggregated(2, token_budget=512),
+                                      Topology.hybrid(1, 1, 256, token_budget=1024),
+                                      Topology.disaggregated(1, 1, token_budget=256)])
 def test_a_label_names_its_topology_back(topology):
     assert Topology.from_label(topology.label) == topology
 
 
-@pytest.mark.parametrize("label", ["", "2", "1P", "1P+1X", "0C", "1P+0D", "1P+1D/512", "P+1D", "1p+1d"])
+@pytest.mark.parametrize("label", ["", "2", "1P", "1P+1X", "0C", "1P+0D", "1P+1D/512", "P+1D", "1p+1d", "2C@",
+                                   "2C@x", "2C/512", "@512"])
 def test_what_is_not_a_topology_label_is_refused(label):
     with pytest.raises(SimulationError):
         Topology.from_label(label)
