@@ -4,6 +4,8 @@ The registry says which workers are alive and how full their KV caches are (a he
 this router knows exactly what it has sent and not yet seen come back. `LiveView` keeps the latter:
 - `queued_prefill_tokens[worker]`: prompt tokens dispatched to a worker that has not yet produced
   their first token (a prefill worker's prompts, or a decode worker's Local prompts);
+- `dispatched_prompts[worker]`: prompts ever dispatched there (a prompt whose count did not move
+  until its first token shared no engine step with a later one);
 - `assigned_decodes[worker]`: requests placed on a decode worker and not over yet;
 - the prefix index: which prompts (and, on decode workers, prompt + output) each worker has
   computed, so a repeated prefix is routed where its KV already is.
@@ -47,6 +49,7 @@ class LiveView:
         self._local_prefill_max_tokens = placement.local_prefill_max_tokens
         self.queued_prefill_tokens: Counter[str] = Counter()
         self.queued_prefill_prompts: Counter[str] = Counter()  # the prompts those tokens are in
+        self.dispatched_prompts: Counter[str] = Counter()  # every prompt ever dispatched to the worker
         self.assigned_decodes: Counter[str] = Counter()   # decode worker -> requests placed there, not yet over
         self._prefix_capacity_blocks = prefix_capacity_blocks
         self._prefix: PrefixIndex | None = None

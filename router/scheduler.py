@@ -86,6 +86,10 @@ class Ticket:
     computing_id: str
     queued_tokens: int
     expected: Prediction | None = None   # admission's prediction when it queued (router queue included)
+    # the worker's dispatched_prompts count with this prompt, and whether others were queued there
+    # before it: a prompt computed alone is one whose worker saw neither (`Scheduler.computed_alone`)
+    dispatch_number: int = 0
+    queued_behind_others: bool = False
     settled: bool = False
     taken: bool = False
     closed: bool = False   # its decode worker's count of assigned requests was given back
@@ -237,10 +241,14 @@ class Scheduler:
             if dispatch_open(placement.path, by_id, self.config.placement):
                 computing = placement.path.computing_id
                 tokens = self.request_view(request).uncached_tokens(by_id[computing])
+                behind_others = self.live.queued_prefill_prompts[computing] > 0
                 self.live.queued_prefill_tokens[computing] += tokens
                 self.live.queued_prefill_prompts[computing] += 1
+                self.live.dispatched_prompts[computing] += 1
                 self.live.assigned_decodes[placement.path.decode_id] += 1
-                return Ticket(request.request_id, placement, computing, tokens)
+                return Ticket(request.request_id, placement, computing, tokens,
+                              dispatch_number=self.live.dispatched_prompts[computing],
+                              queued_behind_others=behind_others)
         return None
 
     async def _tick_while_queued(self) -> None:
@@ -253,16 +261,26 @@ class Scheduler:
     # ---- books -------------------------------------------------------------------------------------
     def prefilled(self, ticket: Ticket, compute_s: float | None, computed_tokens: int | None = None) -> None:
         """The ticket's prompt is computed (its first token exists). `compute_s`: the prefill's own
-        time, without queueing, when known; it feeds the cost fit (prefill workers only: a Local
-        prefill shares its steps with decodes and would bias it)."""
+        time, without queueing, when known; it feeds the cost fit when the prompt was computed
+        alone on a prefill worker (`computed_alone`; a Local prefill shares its steps with decodes)."""
+        alone = self.computed_alone(ticket)   # before settling: it reads the worker's books
         self._settle(ticket)
-        if compute_s is None or not computed_tokens or computed_tokens < 1 or compute_s < 0:
+        if compute_s is None or not computed_tokens or computed_tokens < 1 or compute_s < 0 or not alone:
             return
         if ticket.computing_id in {w.worker_id for w in self.pool.workers("prefill")}:
             self.fit.observe(computed_tokens, compute_s)
             if len(self.fit) % REFIT_EVERY == 0:  # a refit is a few small least-squares solves
                 self.cost = self.fit.model(self.config.cost_prior)
                 self.queue.cost = self.cost
+
+    def computed_alone(self, ticket: Ticket) -> bool:
+        """Whether, by this router's books, the ticket's prompt shared no engine step with another:
+        nothing was queued on its worker when it was dispatched, and nothing was dispatched there
+        after it until now (its first token). vLLM fills a step's token budget from every waiting
+        prompt (chunked prefill), so a prompt dispatched beside another reports, as its own compute
+        time, the other's tokens too: fitted, that inflates every prediction after it."""
+        return not ticket.queued_behind_others and self.live.dispatched_prompts[ticket.computing_id] == \
+            ticket.dispatch_number
 
     def finish(self, ticket: Ticket, workers_holding: Sequence[tuple[str, Sequence[int]]] = (),
                served: Timings | None = None, cache_salt: str = "") -> None:

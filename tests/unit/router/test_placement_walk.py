@@ -311,3 +311,25 @@ async def test_a_burst_placed_before_any_prefill_ends_spreads_over_the_decode_wo
     finally:
         await pool.close()
         await registry.close()
+
+
+async def test_only_prompts_computed_alone_teach_the_prefill_fit(redis_server, tokenizer):
+    """vLLM fills a step's token budget from every waiting prompt, so a prompt dispatched beside
+    another reports the other's compute as its own: the router's prefill fit must not learn from
+    it (fitted, it inflated every later prediction and admission refused what it could serve)."""
+    prefill = HeldPrefillWorker(hold_all=True)
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": _decoder()}, _config())
+    try:
+        burst = [asyncio.create_task(_served(lifecycle, f"b{i}", SHORT[: 4 + i])) for i in range(2)]
+        await _until(lambda: len(prefill.prefills) == 2)   # b1 queued behind b0, and after b0's dispatch
+        prefill.unblock.set()
+        await asyncio.gather(*burst)
+        assert len(lifecycle.scheduler.fit) == 0
+        for i in range(3):   # one at a time: each alone on the worker
+            await _served(lifecycle, f"s{i}", SHORT[: 5 + i])
+        assert len(lifecycle.scheduler.fit) == 3
+        assert sum(lifecycle.scheduler.live.queued_prefill_prompts.values()) == 0
+    finally:
+        await pool.close()
+        await registry.close()
