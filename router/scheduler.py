@@ -269,9 +269,13 @@ class Scheduler:
             return
         if ticket.computing_id in {w.worker_id for w in self.pool.workers("prefill")}:
             self.fit.observe(computed_tokens, compute_s)
-            if len(self.fit) % REFIT_EVERY == 0:  # a refit is a few small least-squares solves
+            if len(self.fit) % REFIT_EVERY == 0:  # a refit is a small least-squares solve
                 self.cost = self.fit.model(self.config.cost_prior)
                 self.queue.cost = self.cost
+                logger.debug("prefill cost refit from %d prompts computed alone: 512 tokens %.3f s, 2048 tokens "
+                             "%.3f s (prior %.3f s, %.3f s)", len(self.fit), self.cost.prefill_s(512),
+                             self.cost.prefill_s(2048), self.config.cost_prior.prefill_s(512),
+                             self.config.cost_prior.prefill_s(2048))
 
     def computed_alone(self, ticket: Ticket) -> bool:
         """Whether, by this router's books, the ticket's prompt shared no engine step with another:

@@ -71,24 +71,26 @@ class CostModel:
         return 1.0 + self.local_interference_per_decode * max(0, running_decodes)
 
 
-_COLUMNS = ("fixed_s", "per_token_s", "per_token2_s")
-# Column subsets tried: (1, n, n^2), (1, n), (n, n^2). Each has the linear term (without it a fit
-# extrapolates to nothing per token) and a second one (n alone would fold the fixed cost into it).
-_SUBSETS = ((0, 1, 2), (0, 1), (1, 2))
-
-
 class OnlinePrefillFit:
-    """Least squares of prefill seconds on (1, n, n^2) over the last `window` observations.
+    """The prior's prefill curve, rescaled to the prefills the router observes: least squares of
+    observed seconds on (1, prior.prefill_s(n)) over the last `window` observations.
 
     Contract of `model(prior)`: the prior unchanged while fewer than `min_distinct_sizes` distinct
-    prompt sizes are in the window; otherwise the prior with its three prefill coefficients
-    replaced by the best non-negative fit: the subsets (1, n, n^2), (1, n) and (n, n^2) are
-    solved, those whose (column-scaled) design has a condition number above `max_condition`
-    (sizes too close together to separate the terms) or that give a negative coefficient are
-    dropped, and the least residual wins. So ill-conditioned or concave data falls back to a linear
-    fit, and to the prior when no subset survives. The fit only interpolates well within the sizes
-    observed: feed it the served mix. Observe compute time only (no queueing), of the tokens
-    actually computed (prompt minus cached prefix)."""
+    prompt sizes are in the window; otherwise the prior with its prefill curve p(n) replaced by
+    offset + scale x p(n), both >= 0: `offset` is what serving adds to every prefill (the hops,
+    the worker's API process), `scale` how much slower or faster this worker computes than the
+    prior says. When the sizes are too close together to separate the two (the column-scaled
+    design's condition number above `max_condition`), scale alone; when neither fits with
+    non-negative terms, the prior.
+
+    Why the prior's shape and not a free (1, n, n^2) fit: the router mostly sees the sizes its
+    traffic sends (chat prompts of a few hundred tokens), and a quadratic fitted there is noise
+    when carried to a 2,000-token prompt (with 30 ms of noise on prompts under 900 tokens, a free
+    fit put a 2,000-token prefill anywhere from 2.5 to 7 s against a true 3.0 s, and admission
+    refused what the cluster could serve). The prior (a profile's, through `--cost-model`) was
+    measured over the whole context; the observations correct its level. Observe compute time
+    only (no queueing), of the tokens actually computed (prompt minus cached prefix), of prompts
+    that shared no engine step with another (`router.scheduler.Scheduler.computed_alone`)."""
 
     def __init__(self, window: int = 256, min_distinct_sizes: int = 3, max_condition: float = 1e3):
         if window < 1 or min_distinct_sizes < 2:
@@ -111,34 +113,28 @@ class OnlinePrefillFit:
     def model(self, prior: CostModel) -> CostModel:
         if len({n for n, _ in self._observations}) < self.min_distinct_sizes:
             return prior
-        sizes = np.array([n for n, _ in self._observations], dtype=float)
+        predicted = np.array([prior.prefill_s(n) for n, _ in self._observations])
         seconds = np.array([s for _, s in self._observations])
-        coefficients = _nonnegative_fit(sizes, seconds, self.max_condition)
-        if coefficients is None:
+        fitted = _offset_and_scale(predicted, seconds, self.max_condition)
+        if fitted is None:
             return prior
-        return replace(prior, **dict(zip(_COLUMNS, coefficients)))
+        offset, scale = fitted
+        return replace(prior, fixed_s=offset + scale * prior.fixed_s, per_token_s=scale * prior.per_token_s,
+                       per_token2_s=scale * prior.per_token2_s)
 
 
-def _nonnegative_fit(sizes: np.ndarray, seconds: np.ndarray, max_condition: float) -> tuple[float, ...] | None:
-    """(fixed, linear, quadratic) >= 0 minimising squared error, or None. Columns are scaled by the
-    largest size so the condition number measures the data's spread, not the units."""
-    scale = float(sizes.max())
-    x = sizes / scale
-    design = np.column_stack([np.ones_like(x), x, x * x])
-    best: tuple[float, np.ndarray] | None = None
-    for subset in _SUBSETS:
-        columns = design[:, subset]
-        if np.linalg.matrix_rank(columns) < len(subset) or np.linalg.cond(columns) > max_condition:
-            continue
-        solution, *_ = np.linalg.lstsq(columns, seconds, rcond=None)
-        if (solution < 0).any():
-            continue
-        residual = float(np.sum((columns @ solution - seconds) ** 2))
-        if best is None or residual < best[0]:
-            full = np.zeros(3)
-            full[list(subset)] = solution
-            best = (residual, full)
-    if best is None:
+def _offset_and_scale(predicted: np.ndarray, seconds: np.ndarray, max_condition: float) -> tuple[float, float] | None:
+    """(offset, scale) >= 0 minimising the squared error of offset + scale x predicted, or
+    (0, scale) when the two cannot be told apart or the offset would be negative; None when even
+    the scale is not positive. The predicted column is scaled to its largest value, so the
+    condition number measures the sizes' spread, not the units."""
+    top = float(predicted.max())
+    if not top > 0:
         return None
-    fixed, linear, quadratic = best[1]
-    return float(fixed), float(linear) / scale, float(quadratic) / scale ** 2
+    design = np.column_stack([np.ones_like(predicted), predicted / top])
+    if np.linalg.matrix_rank(design) == 2 and np.linalg.cond(design) <= max_condition:
+        (offset, scale), *_ = np.linalg.lstsq(design, seconds, rcond=None)
+        if offset >= 0 and scale > 0:
+            return float(offset), float(scale) / top
+    scale = float(predicted @ seconds / (predicted @ predicted))
+    return (0.0, scale) if scale > 0 else None
