@@ -117,8 +117,15 @@ class CompareConfig:
 
     def engine_settings(self) -> EngineSettings:
         """Prefix caching off: a re-measured (noisy) run resends the same prompts, which must not hit
-        the cache; the trace's random-token prompts share no prefixes anyway."""
-        return EngineSettings(model=str(self.model_dir), max_model_len=self.max_model_len,
+        the cache; the trace's random-token prompts share no prefixes anyway. The dtype is what
+        `pdserve up --dtype auto` and `pdserve profile` run here (measured once per host kind, with
+        one worker's cores), for every system: a plan's profile and the cluster it sizes must
+        compute alike, and A must not run a dtype pdserve would not."""
+        from pdserve.dtype_probe import resolve_auto_dtype
+
+        measurable = (Path(self.model_dir) / "config.json").is_file()   # else EngineSettings' guess, vLLM's error
+        dtype = resolve_auto_dtype(str(self.model_dir), self.prefill_cores).dtype if measurable else "auto"
+        return EngineSettings(model=str(self.model_dir), dtype=dtype, max_model_len=self.max_model_len,
                               kv_cache_bytes=self.kv_cache_mib << 20, max_num_seqs=self.max_num_seqs, seed=self.seed,
                               enable_prefix_caching=False)
 
