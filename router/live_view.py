@@ -4,6 +4,8 @@ The registry says which workers are alive and how full their KV caches are (a he
 this router knows exactly what it has sent and not yet seen come back. `LiveView` keeps the latter:
 - `queued_prefill_tokens[worker]`: prompt tokens dispatched to a worker that has not yet produced
   their first token (a prefill worker's prompts, or a decode worker's Local prompts);
+- `heads`: which of those prompts each worker is computing now, and since when
+  (`router.policies.placement.head_of_queue`);
 - `dispatched_prompts[worker]`: prompts ever dispatched there (a prompt whose count did not move
   until its first token shared no engine step with a later one);
 - `assigned_decodes[worker]`: requests placed on a decode worker and not over yet;
@@ -20,6 +22,7 @@ from typing import Sequence
 
 from pdserve.roles import Topology
 from router.policies.placement import PlacementConfig, WorkerView
+from router.policies.placement.head_of_queue import HeadOfQueue
 from router.policies.prefix_index import PrefixIndex
 from router.pool import WorkerPool
 
@@ -50,6 +53,7 @@ class LiveView:
         self.queued_prefill_tokens: Counter[str] = Counter()
         self.queued_prefill_prompts: Counter[str] = Counter()  # the prompts those tokens are in
         self.dispatched_prompts: Counter[str] = Counter()  # every prompt ever dispatched to the worker
+        self.heads = HeadOfQueue()
         self.assigned_decodes: Counter[str] = Counter()   # decode worker -> requests placed there, not yet over
         self._prefix_capacity_blocks = prefix_capacity_blocks
         self._prefix: PrefixIndex | None = None
@@ -67,11 +71,29 @@ class LiveView:
             self._prefix = PrefixIndex(block_size, self._prefix_capacity_blocks)
         return self._prefix
 
+    def booked(self, worker_id: str, key: int, tokens: int, now_s: float) -> None:
+        """A prompt of `tokens` uncached tokens is sent to `worker_id` at `now_s`; `key` names it
+        among that worker's (its dispatch number)."""
+        self.heads.book(worker_id, key, tokens, now_s)
+        self.queued_prefill_tokens[worker_id] += tokens
+        self.queued_prefill_prompts[worker_id] += 1
+        self.dispatched_prompts[worker_id] += 1
+
+    def settled(self, worker_id: str, key: int, tokens: int, now_s: float) -> None:
+        """The prompt `key` of `tokens` tokens booked on `worker_id` has its first token (or will
+        never run) at `now_s`."""
+        self.heads.settle(worker_id, key, now_s)
+        left = self.queued_prefill_tokens[worker_id] - tokens
+        self.queued_prefill_tokens[worker_id] = max(0, left)
+        prompts_left = self.queued_prefill_prompts[worker_id] - 1
+        self.queued_prefill_prompts[worker_id] = min(max(0, prompts_left), max(0, left))
+
     def views(self, prompt_token_ids: Sequence[int], extra_queued_tokens: int = 0,
-              extra_queued_prompts: int = 0, cache_salt: str = "") -> list[WorkerView]:
+              extra_queued_prompts: int = 0, cache_salt: str = "", now_s: float | None = None) -> list[WorkerView]:
         """Every live worker as the policy sees it for this prompt. `extra_queued_tokens` in
         `extra_queued_prompts` prompts are added to every worker's queue (the router's own queue
-        ahead of this request, spread over them)."""
+        ahead of this request, spread over them). `now_s` (the books' clock): what each worker
+        has spent on its first queued prompt is credited (None: nothing is)."""
         prefill, decode = self.pool.workers("prefill"), self.pool.workers("decode")
         accepts_local = self.rule.accepts(bool(prefill))
         block_size = next((w.block_size for w in prefill + decode if w.block_size), DEFAULT_BLOCK_SIZE)
@@ -84,10 +106,17 @@ class LiveView:
                 worker_id=record.worker_id, role=record.role, accepts_local_prefill=accepts_local,
                 queued_prefill_tokens=self.queued_prefill_tokens[record.worker_id] + extra_queued_tokens,
                 queued_prefill_prompts=self.queued_prefill_prompts[record.worker_id] + extra_queued_prompts,
+                **self._head(record.worker_id, now_s),
                 running_decodes=self._decodes_at(record) if record.role == "decode" else 0,
                 kv_blocks_free=max(0, kv_free), block_size=record.block_size or block_size,
                 cached_prefix_tokens=cached.get(record.worker_id, 0)))
         return views
+
+    def _head(self, worker_id: str, now_s: float | None) -> dict:
+        if now_s is None:
+            return {}
+        tokens, elapsed_s = self.heads.head(worker_id, now_s)
+        return {"head_tokens": min(tokens, self.queued_prefill_tokens[worker_id]), "head_elapsed_s": elapsed_s}
 
     def _fresh_prefix(self, block_size: int, live: list) -> PrefixIndex:
         """The prefix index kept true to the pool: a worker that left the registry is forgotten (a

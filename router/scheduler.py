@@ -123,7 +123,7 @@ class Scheduler:
         the workers that compute prompts. With no prefill worker alive, a decode worker is the only
         way: no local cap then."""
         views = self.live.views(request.prompt_token_ids, *queue_share(*queued_ahead, self.live.computing_workers()),
-                                cache_salt=request.cache_salt)
+                                cache_salt=request.cache_salt, now_s=self.clock())
         placement = self.config.placement
         if not any(view.role == "prefill" for view in views):
             placement = replace(placement, local_prefill_max_tokens=0)
@@ -242,12 +242,10 @@ class Scheduler:
                 computing = placement.path.computing_id
                 tokens = self.request_view(request).uncached_tokens(by_id[computing])
                 behind_others = self.live.queued_prefill_prompts[computing] > 0
-                self.live.queued_prefill_tokens[computing] += tokens
-                self.live.queued_prefill_prompts[computing] += 1
-                self.live.dispatched_prompts[computing] += 1
+                number = self.live.dispatched_prompts[computing] + 1
+                self.live.booked(computing, number, tokens, self.clock())
                 self.live.assigned_decodes[placement.path.decode_id] += 1
-                return Ticket(request.request_id, placement, computing, tokens,
-                              dispatch_number=self.live.dispatched_prompts[computing],
+                return Ticket(request.request_id, placement, computing, tokens, dispatch_number=number,
                               queued_behind_others=behind_others)
         return None
 
@@ -327,10 +325,7 @@ class Scheduler:
         if ticket.settled:
             return
         ticket.settled = True
-        left = self.live.queued_prefill_tokens[ticket.computing_id] - ticket.queued_tokens
-        self.live.queued_prefill_tokens[ticket.computing_id] = max(0, left)
-        prompts_left = self.live.queued_prefill_prompts[ticket.computing_id] - 1
-        self.live.queued_prefill_prompts[ticket.computing_id] = min(max(0, prompts_left), max(0, left))
+        self.live.settled(ticket.computing_id, ticket.dispatch_number, ticket.queued_tokens, self.clock())
         if len(self.queue):
             self._pump()
 

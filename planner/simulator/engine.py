@@ -107,6 +107,7 @@ class _Cluster:
         heap = self._heap
         while heap:
             now, kind, _, payload = heapq.heappop(heap)
+            self.router.now_s = now
             if kind == ARRIVAL:  # one the router refuses is over here: no instance sees it (the host did)
                 self.host.request_arrived(payload.arrival_s)
                 self.router.arrive(payload)

@@ -16,7 +16,8 @@ Every request is placed by the router's own decision code, the way `router.sched
 - `router.live_view.LocalPrefillRule` says whether decode workers accept Local prompts.
 The books are the router's: `queued_prefill_tokens[worker]`: prompt tokens sent there whose first
 token the router has not seen (a prefill instance's: until the handoff; a decode instance's Local
-prompts: until the step that computes them); `running_decodes`: Decode calls in flight (a
+prompts: until the step that computes them), the first of them computing since it was booked on
+an idle worker or the one before it came back (`heads`); `running_decodes`: Decode calls in flight (a
 Disaggregated path's from the handoff, a Local path's from dispatch, until the last token);
 `kv_blocks_free`: the decode-side instance's blocks not reserved (prefill instances' KV is not
 modelled: they report plenty, as a worker that reports no total does to the router).
@@ -48,6 +49,7 @@ from typing import Protocol
 from pdserve.roles import Topology as TopologyKind
 from planner.simulator.state import SimRequest
 from router.live_view import LocalPrefillRule
+from router.policies.placement.head_of_queue import HeadOfQueue
 from router.policies.admission import Admit, Scale, admit
 from router.policies.ordering import QueuedItem, priority_key, queue_share
 from router.policies.placement import (CostModel, Disaggregated, Local, Path, PlacementConfig, RequestView,
@@ -118,7 +120,9 @@ class SimRouter:
         self._computing_workers = num_prefill + (len(self._decode_side) if self._accepts_local else 0)
         self.queued_prefill_tokens: Counter[str] = Counter()
         self.queued_prefill_prompts: Counter[str] = Counter()
+        self.heads = HeadOfQueue()   # `LiveView.heads`
         self.running_decodes: Counter[str] = Counter()
+        self.now_s = 0.0   # the simulation's clock, set by the engine before each event
         self._queue: list[Entry] = []  # sorted: next first
         self._arrived: list[Entry] = []  # since the last pump
         self._changed = False  # books or KV changed since the last pump
@@ -180,6 +184,7 @@ class SimRouter:
                      else prefill_id(request.prefill_instance))
         self.queued_prefill_tokens[computing] -= request.prompt_tokens
         self.queued_prefill_prompts[computing] -= 1
+        self.heads.settle(computing, request.index, self.now_s)
         self._changed = True
 
     def decode_started(self, request: SimRequest) -> None:
@@ -197,13 +202,20 @@ class SimRouter:
         tokens, prompts = self.queued_prefill_tokens, self.queued_prefill_prompts
         views = [WorkerView(worker, "prefill", self._accepts_local, tokens[worker] + extra_queued_tokens, 0,
                             UNMODELLED_KV_BLOCKS, self._block_size,
-                            queued_prefill_prompts=prompts[worker] + extra_queued_prompts)
+                            queued_prefill_prompts=prompts[worker] + extra_queued_prompts,
+                            **self._head(worker))
                  for worker in self._prefill_ids]
         views += [WorkerView(worker, "decode", self._accepts_local, tokens[worker] + extra_queued_tokens,
                              self.running_decodes[worker], max(0, instance.kv_blocks_free()), self._block_size,
-                             queued_prefill_prompts=prompts[worker] + extra_queued_prompts)
+                             queued_prefill_prompts=prompts[worker] + extra_queued_prompts,
+                             **self._head(worker))
                   for worker, instance in self._decode_side.items()]
         return views
+
+    def _head(self, worker: str) -> dict:
+        """`LiveView._head`: the prompt the worker is computing, and for how long."""
+        tokens, elapsed_s = self.heads.head(worker, self.now_s)
+        return {"head_tokens": tokens, "head_elapsed_s": elapsed_s}
 
     def _admits(self, request: SimRequest, key: float) -> bool:
         """`Scheduler.check`: admission's verdict on `request` (whose `priority_key` at now 0 is
@@ -246,6 +258,7 @@ class SimRouter:
         return None
 
     def _book(self, request: SimRequest, path: Path) -> None:
+        self.heads.book(path.computing_id, request.index, request.prompt_tokens, self.now_s)
         self.queued_prefill_tokens[path.computing_id] += request.prompt_tokens
         self.queued_prefill_prompts[path.computing_id] += 1
         request.decode_instance = self._index[path.decode_id]

@@ -41,17 +41,29 @@ class CostModel:
             return 0.0
         return self.fixed_s + self.per_token_s * num_tokens + self.per_token2_s * num_tokens * num_tokens
 
-    def queue_s(self, num_tokens: int, num_prompts: int) -> float:
-        """Compute time of a queue of `num_prompts` prompts totalling `num_tokens` tokens, each its
-        own prefill: `num_prompts` x `prefill_s` of their mean size. Exact for prompts of one size;
-        for mixed sizes it is below the truth by the quadratic term's spread (sum n^2 >= T^2/k),
-        where charging the queue as one prompt of T tokens was above it by up to k times. A caller
+    def queue_s(self, num_tokens: int, num_prompts: int, head_elapsed_s: float = 0.0, head_tokens: int = 0) -> float:
+        """Compute time left in a queue of `num_prompts` prompts totalling `num_tokens` tokens, each
+        its own prefill. The first, of `head_tokens` tokens (0: not known) and begun
+        `head_elapsed_s` ago, costs what is left of its own prefill (none once it runs past its
+        prediction); the others cost `prefill_s` of their mean size each. Exact for prompts of one
+        size; for mixed sizes it is below the truth by the quadratic term's spread (sum n^2 >= T^2/k),
+        where charging the queue as one prompt of T tokens was above it by up to k times. Without
+        the head's size, `head_elapsed_s` is credited against one prompt of the mean size. A caller
         that counts no prompts (`num_prompts` 0 with tokens queued) gets the queue as one prompt."""
         if num_tokens <= 0:
             return 0.0
-        if num_prompts <= 1:
-            return self.prefill_s(num_tokens)
-        return num_prompts * self.prefill_s(num_tokens / num_prompts)
+        elapsed_s = max(0.0, head_elapsed_s)
+        if 0 < head_tokens <= num_tokens and num_prompts >= 1:
+            head_left_s = max(0.0, self.prefill_s(head_tokens) - elapsed_s)
+            return head_left_s + self._mean_sized_s(num_tokens - head_tokens, num_prompts - 1)
+        prompts = max(1, num_prompts)
+        one_s = self.prefill_s(num_tokens / prompts) if prompts > 1 else self.prefill_s(num_tokens)
+        return prompts * one_s - min(elapsed_s, one_s)
+
+    def _mean_sized_s(self, num_tokens: float, num_prompts: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return self.prefill_s(num_tokens) if num_prompts <= 1 else num_prompts * self.prefill_s(num_tokens / num_prompts)
 
     def decode_step_s(self, batch: int) -> float:
         """One decode step of `batch` sequences: each of them gets one token after this long."""

@@ -7,7 +7,9 @@
 
 Approximation, on purpose: the wait behind a worker's queue is `CostModel.queue_s`: its prompts
 as prompts of their mean size, each its own prefill (exact for one size; for mixed sizes it misses
-the quadratic term's spread). Charging the queue as one prompt of all its tokens, as this did
+the quadratic term's spread), less the time already spent on the first of them (charged in full,
+a prompt about to finish cost a request behind it its whole prefill again, and admission refused
+long prompts that would have met their SLO). Charging the queue as one prompt of all its tokens, as this did
 before, overstated the quadratic term up to k-fold for k queued prompts and refused long prompts a
 1P+1D cluster could serve. `OnlinePrefillFit` keeps the coefficients near the measured scale.
 """
@@ -72,11 +74,14 @@ def predict(path: Path, request: RequestView, workers_by_id: Mapping[str, Worker
     step_s = cost.decode_step_s(decode.running_decodes + 1)
     if isinstance(path, Disaggregated):
         prefill = workers_by_id[path.prefill_id]
-        ttft_s = cost.queue_s(prefill.queued_prefill_tokens, prefill.queued_prefill_prompts) + cost.prefill_s(request.uncached_tokens(prefill))
+        queue_s = cost.queue_s(prefill.queued_prefill_tokens, prefill.queued_prefill_prompts, prefill.head_elapsed_s,
+                               prefill.head_tokens)
+        ttft_s = queue_s + cost.prefill_s(request.uncached_tokens(prefill))
         return Prediction(ttft_s, 0.0, cost.kv_transfer_s(request.num_prompt_tokens), step_s)
     slowdown = cost.local_prefill_slowdown(decode.running_decodes)
     own_prefill_s = cost.prefill_s(request.uncached_tokens(decode)) * slowdown
-    queue_s = cost.queue_s(decode.queued_prefill_tokens, decode.queued_prefill_prompts)
+    queue_s = cost.queue_s(decode.queued_prefill_tokens, decode.queued_prefill_prompts, decode.head_elapsed_s,
+                           decode.head_tokens)
     ttft_s = queue_s * slowdown + own_prefill_s + step_s
     stall_s = own_prefill_s if decode.running_decodes > 0 else 0.0
     return Prediction(ttft_s, stall_s, 0.0, step_s)

@@ -24,7 +24,10 @@ class WorkerView:
     (0: not counted; the queue is then charged as one prompt). `cached_prefix_tokens`: how many of
     THIS request's prompt tokens the worker holds in its prefix cache (from the prefix index; a
     per-request value, so a `WorkerView` is built per request). `accepts_local_prefill` only means
-    something on a decode worker."""
+    something on a decode worker. `head_elapsed_s`: how long the worker has been computing the
+    first of those queued prompts, by the router's books (since it was sent to an idle worker, or
+    since the prompt before it came back), of `head_tokens` tokens (0: not known): the queue is
+    charged what is left of it (`CostModel.queue_s`)."""
 
     worker_id: str
     role: Role
@@ -35,6 +38,8 @@ class WorkerView:
     block_size: int
     cached_prefix_tokens: int = 0
     queued_prefill_prompts: int = 0
+    head_elapsed_s: float = 0.0
+    head_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -42,9 +47,11 @@ class WorkerView:
         if self.block_size < 1:
             raise ValueError(f"worker {self.worker_id}: block_size must be >= 1 token, got {self.block_size}")
         for name in ("queued_prefill_tokens", "running_decodes", "kv_blocks_free", "cached_prefix_tokens",
-                     "queued_prefill_prompts"):
+                     "queued_prefill_prompts", "head_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"worker {self.worker_id}: {name} must be >= 0, got {getattr(self, name)}")
+        if not self.head_elapsed_s >= 0:
+            raise ValueError(f"worker {self.worker_id}: head_elapsed_s must be >= 0 s, got {self.head_elapsed_s}")
         if self.queued_prefill_prompts > self.queued_prefill_tokens:
             raise ValueError(f"worker {self.worker_id}: {self.queued_prefill_prompts} queued prompts cannot hold "
                              f"{self.queued_prefill_tokens} tokens (each prompt has >= 1)")

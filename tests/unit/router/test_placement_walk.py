@@ -333,3 +333,27 @@ async def test_only_prompts_computed_alone_teach_the_prefill_fit(redis_server, t
     finally:
         await pool.close()
         await registry.close()
+
+
+async def test_a_prompt_being_computed_is_charged_only_what_is_left_of_it(redis_server, tokenizer):
+    """A request behind a long prefill is predicted the rest of that prefill, not all of it again:
+    charged in full, a prompt about to finish made admission refuse long prompts that would have
+    met their SLO."""
+    import time
+
+    prefill = HeldPrefillWorker()
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": _decoder()}, _config())
+    try:
+        long_request = asyncio.create_task(_served(lifecycle, "long", LONG))   # DEFAULT_COST: ~1 s of prefill
+        await _until(lambda: len(prefill.prefills) == 1)
+        behind = GenerationRequest("behind", SHORT, GREEDY)
+        first_s, first = time.monotonic(), lifecycle.scheduler.expected(behind).ttft_s
+        await asyncio.sleep(0.3)
+        later_s, later = time.monotonic(), lifecycle.scheduler.expected(behind).ttft_s
+        assert first - later == pytest.approx(later_s - first_s, abs=0.05)
+        prefill.unblock.set()
+        await long_request
+    finally:
+        await pool.close()
+        await registry.close()
