@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from planner.perf_model import fit_perf_model
+from pdserve.dtype_probe import cached_decision
 from pdserve.engine import native_dtype
 from planner.profile import DTYPE_BYTES, load_profile
 from planner.profiler.plan import make_plan
@@ -28,13 +29,19 @@ def quick_profile(tiny_model, tmp_path_factory):
     return out, run.stdout
 
 
-def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_profile):
+def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_profile, tiny_model):
     path, stdout = quick_profile
     profile = load_profile(path)
     assert profile.model.name == "tiny"
-    assert profile.model.dtype == native_dtype()
+    # `--dtype auto` as `pdserve up` resolves it: the probe's decision for one worker's core (cached
+    # by the profile's run), which is not the CPU flags' guess on every host kind (float32 on an
+    # AVX512-BF16 Xeon without AMX); the flags' guess only when the probe could not run
+    decision = cached_decision(str(tiny_model), "0")
+    dtype = decision.dtype if decision is not None else native_dtype()
+    assert profile.model.dtype == dtype
+    assert profile.hardware.dtype_choice.startswith(f"dtype {dtype}:")
     # K+V x 4 layers x 2 KV heads x 64 x the dtype's bytes
-    assert profile.model.kv_bytes_per_token == 2 * 4 * 2 * 64 * DTYPE_BYTES[native_dtype()]
+    assert profile.model.kv_bytes_per_token == 2 * 4 * 2 * 64 * DTYPE_BYTES[dtype]
     assert profile.hardware.num_cores == 1 and profile.hardware.device == "cpu"
     assert profile.engine.kv_cache_memory_bytes == 64 << 20 and profile.engine.max_num_batched_tokens > 0
     # to the ends of the ranges the planner is asked about: the longest prompt (max_model_len 2048 less
