@@ -71,13 +71,15 @@ class LiveView:
             self._prefix = PrefixIndex(block_size, self._prefix_capacity_blocks)
         return self._prefix
 
-    def booked(self, worker_id: str, key: int, tokens: int, now_s: float) -> None:
-        """A prompt of `tokens` uncached tokens is sent to `worker_id` at `now_s`; `key` names it
-        among that worker's (its dispatch number)."""
-        self.heads.book(worker_id, key, tokens, now_s)
+    def booked(self, worker_id: str, tokens: int, now_s: float) -> int:
+        """A prompt of `tokens` uncached tokens is sent to `worker_id` at `now_s`; returns its
+        dispatch number there (its key in these books)."""
+        self.dispatched_prompts[worker_id] += 1
+        number = self.dispatched_prompts[worker_id]
+        self.heads.book(worker_id, number, tokens, now_s)
         self.queued_prefill_tokens[worker_id] += tokens
         self.queued_prefill_prompts[worker_id] += 1
-        self.dispatched_prompts[worker_id] += 1
+        return number
 
     def settled(self, worker_id: str, key: int, tokens: int, now_s: float) -> None:
         """The prompt `key` of `tokens` tokens booked on `worker_id` has its first token (or will
@@ -106,17 +108,11 @@ class LiveView:
                 worker_id=record.worker_id, role=record.role, accepts_local_prefill=accepts_local,
                 queued_prefill_tokens=self.queued_prefill_tokens[record.worker_id] + extra_queued_tokens,
                 queued_prefill_prompts=self.queued_prefill_prompts[record.worker_id] + extra_queued_prompts,
-                **self._head(record.worker_id, now_s),
+                **({} if now_s is None else self.heads.view_fields(record.worker_id, now_s)),
                 running_decodes=self._decodes_at(record) if record.role == "decode" else 0,
                 kv_blocks_free=max(0, kv_free), block_size=record.block_size or block_size,
                 cached_prefix_tokens=cached.get(record.worker_id, 0)))
         return views
-
-    def _head(self, worker_id: str, now_s: float | None) -> dict:
-        if now_s is None:
-            return {}
-        tokens, elapsed_s = self.heads.head(worker_id, now_s)
-        return {"head_tokens": min(tokens, self.queued_prefill_tokens[worker_id]), "head_elapsed_s": elapsed_s}
 
     def _fresh_prefix(self, block_size: int, live: list) -> PrefixIndex:
         """The prefix index kept true to the pool: a worker that left the registry is forgotten (a

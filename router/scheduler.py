@@ -242,8 +242,7 @@ class Scheduler:
                 computing = placement.path.computing_id
                 tokens = self.request_view(request).uncached_tokens(by_id[computing])
                 behind_others = self.live.queued_prefill_prompts[computing] > 0
-                number = self.live.dispatched_prompts[computing] + 1
-                self.live.booked(computing, number, tokens, self.clock())
+                number = self.live.booked(computing, tokens, self.clock())
                 self.live.assigned_decodes[placement.path.decode_id] += 1
                 return Ticket(request.request_id, placement, computing, tokens, dispatch_number=number,
                               queued_behind_others=behind_others)

@@ -203,19 +203,14 @@ class SimRouter:
         views = [WorkerView(worker, "prefill", self._accepts_local, tokens[worker] + extra_queued_tokens, 0,
                             UNMODELLED_KV_BLOCKS, self._block_size,
                             queued_prefill_prompts=prompts[worker] + extra_queued_prompts,
-                            **self._head(worker))
+                            **self.heads.view_fields(worker, self.now_s))
                  for worker in self._prefill_ids]
         views += [WorkerView(worker, "decode", self._accepts_local, tokens[worker] + extra_queued_tokens,
                              self.running_decodes[worker], max(0, instance.kv_blocks_free()), self._block_size,
                              queued_prefill_prompts=prompts[worker] + extra_queued_prompts,
-                             **self._head(worker))
+                             **self.heads.view_fields(worker, self.now_s))
                   for worker, instance in self._decode_side.items()]
         return views
-
-    def _head(self, worker: str) -> dict:
-        """`LiveView._head`: the prompt the worker is computing, and for how long."""
-        tokens, elapsed_s = self.heads.head(worker, self.now_s)
-        return {"head_tokens": tokens, "head_elapsed_s": elapsed_s}
 
     def _admits(self, request: SimRequest, key: float) -> bool:
         """`Scheduler.check`: admission's verdict on `request` (whose `priority_key` at now 0 is

@@ -45,20 +45,15 @@ class CostModel:
         """Compute time left in a queue of `num_prompts` prompts totalling `num_tokens` tokens, each
         its own prefill. The first, of `head_tokens` tokens (0: not known) and begun
         `head_elapsed_s` ago, costs what is left of its own prefill (none once it runs past its
-        prediction); the others cost `prefill_s` of their mean size each. Exact for prompts of one
-        size; for mixed sizes it is below the truth by the quadratic term's spread (sum n^2 >= T^2/k),
-        where charging the queue as one prompt of T tokens was above it by up to k times. Without
-        the head's size, `head_elapsed_s` is credited against one prompt of the mean size. A caller
-        that counts no prompts (`num_prompts` 0 with tokens queued) gets the queue as one prompt."""
-        if num_tokens <= 0:
-            return 0.0
-        elapsed_s = max(0.0, head_elapsed_s)
+        prediction); the others (all of them, the head's size not known) cost `prefill_s` of their
+        mean size each. Exact for prompts of one size; for mixed sizes it is below the truth by the
+        quadratic term's spread (sum n^2 >= T^2/k), where charging the queue as one prompt of T
+        tokens was above it by up to k times. A caller that counts no prompts (`num_prompts` 0 with
+        tokens queued) gets the queue as one prompt."""
         if 0 < head_tokens <= num_tokens and num_prompts >= 1:
-            head_left_s = max(0.0, self.prefill_s(head_tokens) - elapsed_s)
+            head_left_s = max(0.0, self.prefill_s(head_tokens) - max(0.0, head_elapsed_s))
             return head_left_s + self._mean_sized_s(num_tokens - head_tokens, num_prompts - 1)
-        prompts = max(1, num_prompts)
-        one_s = self.prefill_s(num_tokens / prompts) if prompts > 1 else self.prefill_s(num_tokens)
-        return prompts * one_s - min(elapsed_s, one_s)
+        return self._mean_sized_s(num_tokens, num_prompts)
 
     def _mean_sized_s(self, num_tokens: float, num_prompts: int) -> float:
         if num_tokens <= 0:

@@ -42,3 +42,8 @@ class HeadOfQueue:
         if not queue:
             return 0, 0.0
         return next(iter(queue.values())), max(0.0, now_s - self._started_s[worker_id])
+
+    def view_fields(self, worker_id: str, now_s: float) -> dict[str, float]:
+        """`head_tokens` and `head_elapsed_s` of the worker's `WorkerView`."""
+        tokens, elapsed_s = self.head(worker_id, now_s)
+        return {"head_tokens": tokens, "head_elapsed_s": elapsed_s}

@@ -339,19 +339,19 @@ async def test_a_prompt_being_computed_is_charged_only_what_is_left_of_it(redis_
     """A request behind a long prefill is predicted the rest of that prefill, not all of it again:
     charged in full, a prompt about to finish made admission refuse long prompts that would have
     met their SLO."""
-    import time
-
     prefill = HeldPrefillWorker()
     lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
                                                        {"prefill-a": prefill, "decode-a": _decoder()}, _config())
+    now_s = [100.0]
+    lifecycle.scheduler.clock = lambda: now_s[0]   # the books' clock, moved by hand
     try:
         long_request = asyncio.create_task(_served(lifecycle, "long", LONG))   # DEFAULT_COST: ~1 s of prefill
         await _until(lambda: len(prefill.prefills) == 1)
         behind = GenerationRequest("behind", SHORT, GREEDY)
-        first_s, first = time.monotonic(), lifecycle.scheduler.expected(behind).ttft_s
-        await asyncio.sleep(0.3)
-        later_s, later = time.monotonic(), lifecycle.scheduler.expected(behind).ttft_s
-        assert first - later == pytest.approx(later_s - first_s, abs=0.05)
+        first = lifecycle.scheduler.expected(behind).ttft_s
+        now_s[0] += 0.3
+        later = lifecycle.scheduler.expected(behind).ttft_s
+        assert first - later == pytest.approx(0.3, abs=1e-9)
         prefill.unblock.set()
         await long_request
     finally:

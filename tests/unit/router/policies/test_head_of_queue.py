@@ -36,5 +36,3 @@ def test_the_queue_is_charged_what_is_left_of_the_first_prompt_and_the_rest_in_f
     assert COST.queue_s(2000, 3, head_elapsed_s=5.0, head_tokens=1000) == pytest.approx(1.2)
     # nothing begun: the queue as before (3 prompts of the mean size)
     assert COST.queue_s(2000, 3) == pytest.approx(3 * COST.prefill_s(2000 / 3))
-    # the head's size unknown: the elapsed time is credited against one mean-sized prompt at most
-    assert COST.queue_s(2000, 3, head_elapsed_s=0.2) == pytest.approx(3 * COST.prefill_s(2000 / 3) - 0.2)
