@@ -131,7 +131,8 @@ def make_systems(config: CompareConfig, log_dir: Path) -> dict:
         planned = replace(settings, max_num_batched_tokens=topology.token_budget or settings.max_num_batched_tokens)
         systems[key] = PdserveCluster.sized(planned, config.prefill_cores, config.decode_cores, log_dir,
                                             config.transport, key, topology.kind, topology.num_prefill,
-                                            topology.num_decode + topology.num_colocated, tuple(plan.router_flags()))
+                                            topology.num_decode + topology.num_colocated, tuple(plan.router_flags()),
+                                            topology.devices_per_instance)
     if config.with_c:
         systems["C"] = VllmServers.pair(settings, (config.prefill_cores, config.decode_cores), log_dir)
     return systems

@@ -164,7 +164,8 @@ def workload_record(shape: Shape) -> dict:
 
 
 def start_cluster(model: Path, profile: Profile, setup: ValidationSetup, max_model_len: int, log_dir: Path):
-    """The topology on cores 0 and 1, one worker per core, its router placing with `setup.router`."""
+    """The topology on cores 0 and 1 (`Topology.devices_per_instance` cores per worker), its router
+    placing with `setup.router`."""
     from launch.comparison_systems import PdserveCluster
     from pdserve.engine import EngineSettings
 
@@ -176,7 +177,8 @@ def start_cluster(model: Path, profile: Profile, setup: ValidationSetup, max_mod
     topology = setup.topology
     flags = tuple(router_flags_for(setup.router, log_dir / "router"))
     cluster = PdserveCluster.sized(engine, "0", "1", log_dir, setup.transport, topology.label, topology.kind,
-                                   topology.num_prefill, topology.num_decode + topology.num_colocated, flags)
+                                   topology.num_prefill, topology.num_decode + topology.num_colocated, flags,
+                                   topology.devices_per_instance)
     cluster.start()
     return cluster
 

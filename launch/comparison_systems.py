@@ -116,20 +116,28 @@ class PdserveCluster:
     @classmethod
     def sized(cls, settings: EngineSettings, prefill_cores: str, decode_cores: str, log_dir: Path, transport: str,
               key: str, topology: Topology, num_prefill: int, num_decode: int,
-              router_flags: tuple[str, ...] = ()) -> "PdserveCluster":
-        """`num_prefill` + `num_decode` workers (for `aggregated`, 0 + K), one core each as the
-        planner counts devices: the comparison's cores in order, the first to the prefill pool, the
-        next to the decode workers. ValueError when there are more workers than cores."""
+              router_flags: tuple[str, ...] = (), cores_per_worker: int = 1) -> "PdserveCluster":
+        """`num_prefill` + `num_decode` workers (for `aggregated`, 0 + K), `cores_per_worker` cores
+        each as the planner counts devices (`Topology.devices_per_instance`; more than one only for
+        aggregated workers, each with the KV cache of all its cores): the comparison's cores in
+        order, the first to the prefill pool, the next to the decode workers. ValueError when the
+        workers need more cores than the comparison has."""
         cores = sorted(parse_cores(f"{prefill_cores},{decode_cores}"))
         workers = num_prefill + num_decode
-        if workers > len(cores):
-            raise ValueError(f"{key} runs {workers} workers, the comparison has {len(cores)} cores")
+        if workers * cores_per_worker > len(cores):
+            raise ValueError(f"{key} runs {workers} workers of {cores_per_worker} cores, the comparison has "
+                             f"{len(cores)} cores")
+        if cores_per_worker > 1 and topology != "aggregated":
+            raise ValueError(f"{key}: only aggregated workers span cores, not {topology} ones")
         joined = lambda chosen: ",".join(map(str, chosen))  # noqa: E731
-        spec = ClusterSpec(engine=settings, num_prefill=num_prefill, num_decode=num_decode, transport=transport,
+        used = workers * cores_per_worker
+        engine = replace(settings, kv_cache_bytes=settings.kv_cache_bytes * cores_per_worker)
+        spec = ClusterSpec(engine=engine, num_prefill=num_prefill, num_decode=num_decode, transport=transport,
                            topology=topology, log_dir=str(log_dir / f"pdserve-{key}"), router_flags=router_flags,
-                           cpu_cores={"prefill": joined(cores[:num_prefill]), "decode": joined(cores[num_prefill:workers])})
-        return cls(key, f"{key}: pdserve {topology} {num_prefill} prefill + {num_decode} decode, one core each "
-                        f"(cores {joined(cores[:workers])})", spec)
+                           cpu_cores={"prefill": joined(cores[:num_prefill]), "decode": joined(cores[num_prefill:used])})
+        each = "one core each" if cores_per_worker == 1 else f"{cores_per_worker} cores each"
+        return cls(key, f"{key}: pdserve {topology} {num_prefill} prefill + {num_decode} decode, {each} "
+                        f"(cores {joined(cores[:used])})", spec)
 
     @property
     def cluster(self) -> LocalCluster | None:

@@ -14,6 +14,10 @@ Forms (n = tokens, seconds):
 - colocated (mixed) step, vLLM's chunked prefill riding with decodes: one overhead
   max(a_prefill, a_decode) plus both pools' per-token terms.
 
+A profile with wide engines (`Profile.wide`: one engine over several devices) gets a model per
+width, fitted to that width's own tables in the same forms (`PerfModel.on_devices`); transfers
+are the profile's.
+
 Coefficients are fitted by least squares on relative error (rows weighted 1/measured, so a
 10 ms step counts as much as a 1 s prefill) with non-negative coefficients (the best subset
 is kept when an unconstrained fit goes negative). The fit error is the mean absolute
@@ -24,11 +28,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.profile import Profile
+from planner.profile import DecodeSample, PrefillSample, Profile
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,23 @@ class PerfModel:
     prefill: PrefillCoeffs
     decode: DecodeCoeffs
     transfer: dict[str, TransferCoeffs] = field(default_factory=dict)
+    wide: tuple[tuple[int, PerfModel], ...] = ()  # (devices, the model of one engine over that many)
+
+    def on_devices(self, devices: int) -> PerfModel:
+        """The model of one engine spread over `devices` devices: this one for 1, else the profile's
+        wide engine of that width; KeyError naming the widths measured when there is none."""
+        if devices == 1:
+            return self
+        for width, model in self.wide:
+            if width == devices:
+                return model
+        raise KeyError(f"no engine over {devices} devices was profiled (measured widths: {list(self.widths)}); "
+                       "re-run `pdserve profile --through cluster` to measure one over every core")
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The devices one engine may span: 1 and every wide engine profiled."""
+        return (1, *(width for width, _ in self.wide))
 
     def prefill_step_s(self, num_tokens: int, attention_units: float) -> float:
         """One prefill-only step computing `num_tokens` whose attention units are
@@ -145,22 +167,29 @@ class FitReport:
     decode_mape: float
     transfer_mape: dict[str, float]
     measured: MeasuredRange | None = None
+    wide_mape: dict[int, tuple[float, float]] = field(default_factory=dict)  # devices -> prefill, decode MAPE
 
     def lines(self) -> list[str]:
-        p, d = self.model.prefill, self.model.decode
-        out = [
-            f"prefill step  = {p.step_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us*tokens"
-            f" + {p.per_token2_s * 1e9:.4f} ns*tokens^2   (MAPE {self.prefill_mape:.1%})",
-            f"decode step   = {d.step_s * 1e3:.3f} ms + {d.per_seq_s * 1e3:.4f} ms*batch"
-            f" + {d.per_context_token_s * 1e6:.4f} us*context"
-            + (f" + {d.per_context_token_past_knee_s * 1e6:.4f} us*(context - {d.context_knee_tokens})+"
-               if d.per_context_token_past_knee_s > 0 else "")
-            + f"   (MAPE {self.decode_mape:.1%})",
-        ]
+        out = _engine_lines(self.model, self.prefill_mape, self.decode_mape, "")
+        for devices, model in self.model.wide:
+            out += _engine_lines(model, *self.wide_mape[devices], f" [one engine on {devices} devices]")
         for name, t in sorted(self.model.transfer.items()):
             out.append(f"kv transfer [{name}] = {t.latency_s * 1e3:.3f} ms + bytes / "
                        f"{t.bytes_per_s / 1e9:.3f} GB/s   (MAPE {self.transfer_mape[name]:.1%})")
         return out
+
+
+def _engine_lines(model: PerfModel, prefill_mape: float, decode_mape: float, where: str) -> list[str]:
+    p, d = model.prefill, model.decode
+    return [
+        f"prefill step  = {p.step_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us*tokens"
+        f" + {p.per_token2_s * 1e9:.4f} ns*tokens^2   (MAPE {prefill_mape:.1%}){where}",
+        f"decode step   = {d.step_s * 1e3:.3f} ms + {d.per_seq_s * 1e3:.4f} ms*batch"
+        f" + {d.per_context_token_s * 1e6:.4f} us*context"
+        + (f" + {d.per_context_token_past_knee_s * 1e6:.4f} us*(context - {d.context_knee_tokens})+"
+           if d.per_context_token_past_knee_s > 0 else "")
+        + f"   (MAPE {decode_mape:.1%}){where}",
+    ]
 
 
 def fit_nonnegative(features: np.ndarray, measured: np.ndarray) -> np.ndarray:
@@ -193,13 +222,30 @@ def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
 
 
 def fit_perf_model(profile: Profile) -> FitReport:
-    """Fit every phase of `profile`; the report carries the model and its MAPE per phase."""
-    pre = np.array([[r.num_chunks, r.prompt_tokens, r.prompt_tokens**2] for r in profile.prefill], float)
-    pre_y = np.array([r.prefill_s for r in profile.prefill])
-    pre_c = fit_nonnegative(pre, pre_y)
+    """Fit every phase of `profile` (and each wide engine's tables); the report carries the model
+    and its MAPE per phase."""
+    prefill, prefill_mape = fit_prefill(profile.prefill)
+    decode, decode_mape = fit_decode(profile.decode)
+    transfer, transfer_mape = _fit_transfers(profile)
+    wide, wide_mape = [], {}
+    for engine in profile.wide:
+        wide_prefill, wide_prefill_mape = fit_prefill(engine.prefill)
+        wide_decode, wide_decode_mape = fit_decode(engine.decode)
+        wide.append((engine.devices, PerfModel(wide_prefill, wide_decode, transfer)))
+        wide_mape[engine.devices] = (wide_prefill_mape, wide_decode_mape)
+    model = PerfModel(prefill, decode, transfer, tuple(wide))
+    return FitReport(model, prefill_mape, decode_mape, transfer_mape, MeasuredRange.of(profile), wide_mape)
 
-    decode, decode_mape = fit_decode(profile)
 
+def fit_prefill(rows: Sequence[PrefillSample]) -> tuple[PrefillCoeffs, float]:
+    """The prefill form fitted to `rows`, and its MAPE."""
+    features = np.array([[r.num_chunks, r.prompt_tokens, r.prompt_tokens**2] for r in rows], float)
+    measured = np.array([r.prefill_s for r in rows])
+    c = fit_nonnegative(features, measured)
+    return PrefillCoeffs(*map(float, c)), mape(features @ c, measured)
+
+
+def _fit_transfers(profile: Profile) -> tuple[dict[str, TransferCoeffs], dict[str, float]]:
     transfer, transfer_mape = {}, {}
     for name in profile.transports:
         rows = [r for r in profile.kv_transfer if r.transport == name]
@@ -211,21 +257,19 @@ def fit_perf_model(profile: Profile) -> FitReport:
                              "re-measure with sizes that differ by at least 10x")
         transfer[name] = TransferCoeffs(latency_s=float(c[0]), bytes_per_s=float(1.0 / c[1]))
         transfer_mape[name] = mape(x @ c, y)
-
-    model = PerfModel(PrefillCoeffs(*map(float, pre_c)), decode, transfer)
-    return FitReport(model, mape(pre @ pre_c, pre_y), decode_mape, transfer_mape, MeasuredRange.of(profile))
+    return transfer, transfer_mape
 
 
 MIN_ROWS_PAST_KNEE = 3  # a knee is tried only where at least this many rows lie past it
 MIN_KNEE_GAIN = 0.005   # and kept only when it lowers the MAPE by at least half a point
 
 
-def fit_decode(profile: Profile) -> tuple[DecodeCoeffs, float]:
-    """The decode form with the knee at each measured context in turn; the best knee is kept only
-    where it fits the rows clearly better than one slope (`MIN_KNEE_GAIN`)."""
-    batch = np.array([r.batch_size for r in profile.decode], float)
-    context = np.array([r.context_tokens for r in profile.decode], float)
-    measured = np.array([r.step_s for r in profile.decode])
+def fit_decode(rows: Sequence[DecodeSample]) -> tuple[DecodeCoeffs, float]:
+    """The decode form fitted to `rows` with the knee at each measured context in turn; the best
+    knee is kept only where it fits the rows clearly better than one slope (`MIN_KNEE_GAIN`)."""
+    batch = np.array([r.batch_size for r in rows], float)
+    context = np.array([r.context_tokens for r in rows], float)
+    measured = np.array([r.step_s for r in rows])
     one_slope = np.column_stack([np.ones_like(batch), batch, context])
     c = fit_nonnegative(one_slope, measured)
     one_slope_fit = (mape(one_slope @ c, measured), DecodeCoeffs(*map(float, c)))

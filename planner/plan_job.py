@@ -47,13 +47,15 @@ class PlanInputs:
         return "aggregated" in self.kinds
 
 
-def with_router_cost(settings: SimSettings, fit: FitReport, workload_at: WorkloadAt) -> SimSettings:
+def with_router_cost(settings: SimSettings, fit: FitReport, workload_at: WorkloadAt,
+                     devices_per_instance: int = 1) -> SimSettings:
     """`settings` whose simulated router places with the cost model of this profile and workload
-    (the one `--write-router-config` writes), fixed once for every simulation of the search."""
+    (the one `--write-router-config` writes) for engines over `devices_per_instance` devices,
+    fixed once for every simulation of the search."""
     sample = workload_at(1.0)
     prompt = sum(r.prompt_tokens for r in sample) / len(sample)
     output = sum(r.output_tokens for r in sample) / len(sample)
-    cost = cost_model_from(fit.model, settings, prompt, output)
+    cost = cost_model_from(fit.model.on_devices(devices_per_instance), settings, prompt, output)
     return replace(settings, router=replace(settings.router, cost=cost))
 
 
@@ -102,7 +104,10 @@ def describe(topology: Topology) -> str:
     """The topology in words, for the recommendation."""
     budget = f", {topology.token_budget}-token engine steps" if topology.token_budget else ""
     if topology.kind == "aggregated":
-        return f"{topology.num_colocated} aggregated workers (each serving both phases{budget})"
+        width = topology.devices_per_instance
+        each = f"each over {width} devices, " if width > 1 else "each "
+        workers = "1 aggregated worker" if topology.num_colocated == 1 else f"{topology.num_colocated} aggregated workers"
+        return f"{workers} ({each}serving both phases{budget})"
     pools = f"{topology.num_prefill} prefill + {topology.num_decode} decode"
     if topology.kind == "disaggregated":
         return f"{pools} (disaggregated{budget})"
@@ -133,12 +138,15 @@ def _print_picks(console: Console, result: SplitSearch) -> None:
 
 def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console) -> None:
     settings = inputs.settings.for_topology(best.topology)  # the cost model of the pick's token budget
-    cost = settings.router.cost or with_router_cost(settings, inputs.fit, inputs.workload_at).router.cost
+    cost = settings.router.cost or with_router_cost(settings, inputs.fit, inputs.workload_at,
+                                                     best.topology.devices_per_instance).router.cost
     paths = write_router_config(inputs.router_config_dir, settings.router.placement_for(best.topology), cost)
     paths.append(write_planned_cluster(inputs.router_config_dir, best.topology, inputs.slo, best.max_rate_rps,
                                        best.attainment, inputs.objective, inputs.workload_label))
     console.print(f"wrote {', '.join(map(str, paths))}; run the cluster with:", highlight=False)
-    flags = up_flags(best.topology, inputs.router_config_dir, inputs.slo)
+    one = inputs.settings
+    kv_mb_per_device = one.num_kv_blocks * one.block_size * one.kv_bytes_per_token >> 20
+    flags = up_flags(best.topology, inputs.router_config_dir, inputs.slo, kv_mb_per_device)
     console.print("  pdserve up --model MODEL_DIR " + " ".join(flags), markup=False, highlight=False,
                   soft_wrap=True)  # one line, to copy
 
@@ -146,14 +154,15 @@ def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console)
 def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     _print_header(console, inputs)
     attainment = make_attainment_fn(inputs.workload_at, inputs.settings, inputs.fit.model, inputs.slo)
+    widths = inputs.fit.model.widths
     total = len(enumerate_topologies(inputs.budget_devices, inputs.kinds, inputs.local_prefill_caps,
-                                     inputs.token_budgets))
+                                     inputs.token_budgets, widths))
     started = time.perf_counter()
     with _progress(inputs.show_progress, total) as progress:
         task = progress.add_task("searching topologies", total=total, last="")
         result = search_splits(attainment, inputs.budget_devices, inputs.search, kinds=inputs.kinds,
                                local_prefill_caps=inputs.local_prefill_caps, objective=inputs.objective,
-                               token_budgets=inputs.token_budgets,
+                               token_budgets=inputs.token_budgets, widths=widths,
                                progress=lambda label: progress.update(task, advance=1, last=label))
     elapsed = time.perf_counter() - started
     console.print(report.search_table(result, inputs.search.target_attainment))

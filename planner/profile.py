@@ -9,6 +9,9 @@ A profile is JSON with a format tag and a version. Version 1 holds:
   `kv_cache_memory_bytes` the KV capacity per instance);
 - `serving` (optional; zeros when absent): what the router, the gRPC hops and the workers' API
   processes add around the engines, see `ServingCosts`;
+- `wide` (optional; empty when absent): the prefill and decode tables again, of one engine spread
+  over several devices (`WideEngine`: on a CPU host, one engine bound to both cores, as vLLM's own
+  server runs): what a worker that spans devices computes at, measured, not scaled;
 - three measured tables:
   `prefill`  one request alone: `prefill_s` for `prompt_tokens`, chunked by `chunk_tokens`;
   `decode`   one engine step: `step_s` for `batch_size` sequences holding `context_tokens` in total;
@@ -200,6 +203,36 @@ class ServingCosts:
 
 
 @dataclass(frozen=True)
+class WideEngine:
+    """The engine tables of one engine spread over `devices` devices (cores on a CPU host), with
+    the same engine settings as the profile's one-device tables. A wide engine is not `devices`
+    times faster: prefill parallelises well, a small decode step hardly (its cost is per-step
+    overhead and memory), so the planner needs both measured to weigh one wide worker against
+    several narrow ones."""
+
+    devices: int
+    prefill: tuple[PrefillSample, ...]
+    decode: tuple[DecodeSample, ...]
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.devices, int) and not isinstance(self.devices, bool) and self.devices >= 2,
+                 f"wide[].devices must be an integer >= 2 (the one-device tables are the profile's own), "
+                 f"got {self.devices!r}")
+        _check_engine_tables(self.prefill, self.decode, f"wide[{self.devices} devices].")
+
+
+def _check_engine_tables(prefill: tuple[PrefillSample, ...], decode: tuple[DecodeSample, ...], where: str) -> None:
+    lengths = {row.prompt_tokens for row in prefill}
+    _require(len(lengths) >= MIN_PREFILL_ROWS,
+             f"{where}prefill needs rows for at least {MIN_PREFILL_ROWS} distinct prompt lengths to fit "
+             f"a + b*n + c*n^2, got {sorted(lengths)}; measure more prompt lengths")
+    batches = {row.batch_size for row in decode}
+    _require(len(decode) >= MIN_DECODE_ROWS and len(batches) >= 2,
+             f"{where}decode needs >= {MIN_DECODE_ROWS} rows over >= 2 batch sizes, got {len(decode)} "
+             f"rows over batch sizes {sorted(batches)}; measure more batch sizes")
+
+
+@dataclass(frozen=True)
 class Profile:
     """One host + model + engine setup and its measured tables. Immutable and validated."""
 
@@ -212,16 +245,12 @@ class Profile:
     created_at: str = ""
     notes: str = ""
     serving: ServingCosts = ServingCosts()
+    wide: tuple[WideEngine, ...] = ()
 
     def __post_init__(self) -> None:
-        lengths = {row.prompt_tokens for row in self.prefill}
-        _require(len(lengths) >= MIN_PREFILL_ROWS,
-                 f"prefill needs rows for at least {MIN_PREFILL_ROWS} distinct prompt lengths to fit "
-                 f"a + b*n + c*n^2, got {sorted(lengths)}; measure more prompt lengths")
-        batches = {row.batch_size for row in self.decode}
-        _require(len(self.decode) >= MIN_DECODE_ROWS and len(batches) >= 2,
-                 f"decode needs >= {MIN_DECODE_ROWS} rows over >= 2 batch sizes, got {len(self.decode)} "
-                 f"rows over batch sizes {sorted(batches)}; measure more batch sizes")
+        _check_engine_tables(self.prefill, self.decode, "")
+        widths = [engine.devices for engine in self.wide]
+        _require(len(set(widths)) == len(widths), f"wide lists a width twice: {widths}")
         for transport in self.transports:
             sizes = {row.kv_bytes for row in self.kv_transfer if row.transport == transport}
             _require(len(sizes) >= MIN_TRANSFER_ROWS_PER_TRANSPORT,
@@ -276,7 +305,23 @@ def profile_from_dict(data: dict[str, Any]) -> Profile:
         created_at=str(data.get("created_at", "")),
         notes=str(data.get("notes", "")),
         serving=_build(ServingCosts, data.get("serving", {}), "profile.serving"),
+        wide=_wide(data.get("wide", [])),
     )
+
+
+def _wide(data: Any) -> tuple[WideEngine, ...]:
+    _require(isinstance(data, (list, tuple)), "profile.wide must be a list of {devices, prefill, decode}")
+    engines = []
+    for i, entry in enumerate(data):
+        where = f"profile.wide[{i}]"
+        _require(isinstance(entry, dict) and set(entry) == {"devices", "prefill", "decode"},
+                 f"{where} must be an object with exactly the keys devices, prefill, decode")
+        try:
+            engines.append(WideEngine(entry["devices"], _rows(PrefillSample, entry, "prefill"),
+                                      _rows(DecodeSample, entry, "decode")))
+        except ProfileError as error:
+            raise ProfileError(f"{where}: {error}") from error
+    return tuple(engines)
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
@@ -297,9 +342,18 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     """Write `profile` as JSON: sections indented, one measured row per line."""
     body = profile_to_dict(profile)
     tables = ("prefill", "decode", "kv_transfer")
-    head = {key: value for key, value in body.items() if key not in tables}
+    head = {key: value for key, value in body.items() if key not in (*tables, "wide")}
     parts = [f"{json.dumps(key)}: {json.dumps(value, indent=2)}" for key, value in head.items()]
-    for key in tables:
-        rows = ",\n".join(f"  {json.dumps(row)}" for row in body[key])
-        parts.append(f"{json.dumps(key)}: [\n{rows}\n]")
+    parts += [f"{json.dumps(key)}: {_table(body[key], '')}" for key in tables]
+    if body["wide"]:
+        wide = ",\n".join(f'  {{"devices": {engine["devices"]},\n'
+                           f'   "prefill": {_table(engine["prefill"], "   ")},\n'
+                           f'   "decode": {_table(engine["decode"], "   ")}}}' for engine in body["wide"])
+        parts.append(f'"wide": [\n{wide}\n]')
     Path(path).write_text("{\n" + ",\n".join(parts) + "\n}\n")
+
+
+def _table(rows: list[dict[str, Any]], indent: str) -> str:
+    """A measured table as JSON, one row per line."""
+    lines = ",\n".join(f"{indent}  {json.dumps(row)}" for row in rows)
+    return f"[\n{lines}\n{indent}]"

@@ -61,13 +61,20 @@ def router_flags(directory: Path, slo: SLO) -> list[str]:
     return flags
 
 
-def up_flags(topology: Topology, directory: Path, slo: SLO) -> list[str]:
+def up_flags(topology: Topology, directory: Path, slo: SLO, kv_cache_mb_per_device: int = 0) -> list[str]:
     """`pdserve up` flags that run `topology` with the written files and the SLOs (the engines'
-    token budget among them when the topology sets one)."""
+    token budget among them when the topology sets one). Workers that span devices get the
+    topology's cores, which `pdserve up` splits evenly among them, and (given
+    `kv_cache_mb_per_device`) the KV cache of all their devices, as the simulator gave them."""
     prefill = topology.num_prefill
     decode = topology.num_decode + topology.num_colocated
     budget = ["--max-num-batched-tokens", str(topology.token_budget)] if topology.token_budget else []
-    return ["--topology", topology.kind, "--prefill", str(prefill), "--decode", str(decode), *budget,
+    wide = []
+    if topology.devices_per_instance > 1:
+        wide = ["--decode-cores", f"0-{topology.devices - 1}"]
+        if kv_cache_mb_per_device:
+            wide += ["--kv-cache-mb", str(kv_cache_mb_per_device * topology.devices_per_instance)]
+    return ["--topology", topology.kind, "--prefill", str(prefill), "--decode", str(decode), *budget, *wide,
             *router_flags(directory, slo)]
 
 
@@ -90,7 +97,8 @@ class PlannedCluster:
 def write_planned_cluster(directory: Path, topology: Topology, slo: SLO, predicted_goodput_rps: float,
                           predicted_attainment: float, objective: str, workload: str) -> Path:
     """Writes `cluster.json` beside the router files; returns its path."""
-    fields = ("kind", "num_prefill", "num_decode", "num_colocated", "local_prefill_max_tokens", "token_budget")
+    fields = ("kind", "num_prefill", "num_decode", "num_colocated", "local_prefill_max_tokens", "token_budget",
+              "devices_per_instance")
     content = {"topology": {name: getattr(topology, name) for name in fields}, "slo_ms": slo.as_ms(),
                "predicted_goodput_rps": predicted_goodput_rps, "predicted_attainment": predicted_attainment,
                "objective": objective, "workload": workload}

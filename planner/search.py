@@ -182,16 +182,21 @@ def enumerate_splits(budget_devices: int) -> list[Topology]:
 
 def enumerate_topologies(budget_devices: int, kinds: Sequence[TopologyKind] = TOPOLOGIES,
                          local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS,
-                         token_budgets: Sequence[int] = DEFAULT_TOKEN_BUDGETS) -> list[Topology]:
+                         token_budgets: Sequence[int] = DEFAULT_TOKEN_BUDGETS,
+                         widths: Sequence[int] = (1,)) -> list[Topology]:
     """In this order: every disaggregated split (the engines' own token budget: a decode worker
     computes no prompt, so its chunk size cannot trade TTFT for TPOT), every hybrid split under each
     cap and each token budget (split-major), K = 1..budget aggregated workers under each token
-    budget; only the `kinds` asked for."""
+    budget, then K workers each over W devices for every other width W of `widths` (the widths the
+    profile measured one engine over: `PerfModel.widths`) with K x W <= budget; only the `kinds`
+    asked for."""
     unknown = sorted(set(kinds) - set(TOPOLOGIES))
     if unknown or not kinds:
         raise ValueError(f"topology kinds must be some of {TOPOLOGIES}, got {list(kinds)}")
     if "hybrid" in kinds and (not local_prefill_caps or any(c < 0 for c in local_prefill_caps)):
         raise ValueError(f"hybrid needs local prefill caps >= 0 (0: no cap), got {list(local_prefill_caps)}")
+    if any(width < 1 for width in widths):
+        raise ValueError(f"devices per instance must be >= 1, got {list(widths)}")
     if not token_budgets or any(b < 0 for b in token_budgets):
         raise ValueError(f"token budgets must be >= 0 (0: the engine's own), got {list(token_budgets)}")
     budgets = dict.fromkeys(token_budgets)
@@ -203,7 +208,8 @@ def enumerate_topologies(budget_devices: int, kinds: Sequence[TopologyKind] = TO
                        for split in enumerate_splits(budget_devices) for cap in dict.fromkeys(local_prefill_caps)
                        for budget in budgets]
     if "aggregated" in kinds:
-        topologies += [Topology.aggregated(k, budget) for k in range(1, budget_devices + 1) for budget in budgets]
+        topologies += [Topology.aggregated(k, budget, width) for width in sorted(set(widths) | {1})
+                       for k in range(1, budget_devices // width + 1) for budget in budgets]
     return topologies
 
 
@@ -212,12 +218,13 @@ def search_splits(attainment: AttainmentFn, budget_devices: int, settings: Searc
                   kinds: Sequence[TopologyKind] = TOPOLOGIES,
                   local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS,
                   objective: str = "per-device",
-                  token_budgets: Sequence[int] = DEFAULT_TOKEN_BUDGETS) -> SplitSearch:
+                  token_budgets: Sequence[int] = DEFAULT_TOKEN_BUDGETS,
+                  widths: Sequence[int] = (1,)) -> SplitSearch:
     """Goodput of every topology `enumerate_topologies` lists (`include_colocated=False` drops the
     aggregated ones), picked by `objective`."""
     kinds = [kind for kind in kinds if include_colocated or kind != "aggregated"]
     results = []
-    for topology in enumerate_topologies(budget_devices, kinds, local_prefill_caps, token_budgets):
+    for topology in enumerate_topologies(budget_devices, kinds, local_prefill_caps, token_budgets, widths):
         results.append(search_topology(attainment, topology, settings))
         if progress:
             progress(topology.label)

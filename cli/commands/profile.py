@@ -20,8 +20,10 @@ adds around the engines: the latency of the router's and the gRPC hops on the fi
 the handoff to decode, the CPU the workers' API processes take from their own cores per request
 and per token, and the CPU of the router and a client on the same host. On small models and few
 cores those are as large as the engine's own costs, and the planner's predictions hold only with
-them. Either way the profile describes one device per worker. Give the same engine options your
-workers run with.
+them. Then it times the engine again bound to both cluster cores (--no-wide skips it): one
+worker spanning two devices, as vLLM's own server runs, which `pdserve plan` weighs against two
+one-core workers. Otherwise the profile describes one device per worker. Give the same engine
+options your workers run with.
 
 Writes OUT (a versioned JSON profile recording hardware, model and engine settings) and OUT with
 a .png suffix (measured points and the fitted model), and prints the fit and its error.
@@ -50,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the engine alone, or also what a real 1P+1D cluster adds around it (default engine)")
     p.add_argument("--cluster-cores", default="0,1",
                    help="--through cluster: PREFILL,DECODE core sets of the two workers (default 0,1)")
+    p.add_argument("--no-wide", action="store_true",
+                   help="--through cluster: skip the engine on both cluster cores (the planner then offers only "
+                        "one-core workers)")
     p.add_argument("--quick", action="store_true", help="fewest points (tests, smoke runs): about a minute")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     add_engine_options(p)
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         job = ProfileJob(engine=engine_settings(args, args.cpu_cores),
                          transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
                          quick=args.quick, out=args.out, show_progress=not args.no_progress, path=args.through,
-                         cluster_cores=_two_core_sets(args.cluster_cores))
+                         cluster_cores=_two_core_sets(args.cluster_cores), wide=not args.no_wide)
         console = Console()
         outcome = run_profile(job, console)
     except (PlanError, ProfileError, ValueError, FileNotFoundError) as bad:

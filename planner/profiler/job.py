@@ -4,8 +4,10 @@ Order: KV transfers first (no engine running, so they do not compete with it), t
 decode timings of one colocated vLLM engine (prefix caching off) bound to the cores one worker
 gets: the engine's own costs. With `ProfileJob.path` "cluster", then a real 1P+1D local cluster
 measures what serving adds around those engines (`planner.profiler.serving_probe`: the hops'
-latencies, the workers' and the router's CPU); the profile's `serving` section holds it.
-Either way a profile describes one device per worker.
+latencies, the workers' and the router's CPU); the profile's `serving` section holds it, and
+(`ProfileJob.wide`) the same engine tables are measured again on one engine bound to both
+workers' cores: the profile's `wide` engine, one worker spanning two devices, as vLLM's own server
+runs on the host. The rest of a profile describes one device per worker.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings as WorkerEngineSettings
 from planner.perf_model import FitReport, fit_perf_model
 from planner.profile import (
@@ -32,6 +35,7 @@ from planner.profile import (
     Profile,
     ServingCosts,
     TransferSample,
+    WideEngine,
     save_profile,
 )
 from planner.profiler.host import hardware_info, model_info
@@ -48,6 +52,7 @@ class ProfileJob:
     show_progress: bool = True
     path: Literal["engine", "cluster"] = "engine"
     cluster_cores: tuple[str, str] = ("0", "1")  # path "cluster": the prefill and the decode worker's cores
+    wide: bool = True  # path "cluster": also the engine tables of one engine on both workers' cores
 
     def __post_init__(self) -> None:
         unknown = set(self.transports) - {"tcp", "torch"}
@@ -86,7 +91,9 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
         from planner.profiler.serving_probe import serving_plan
 
         serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).steps
-    total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports) + serving_steps
+    wide_engine = _wide_engine(engine, job)
+    wide_steps = (1 + plan.num_points) if wide_engine is not None else 0
+    total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports) + serving_steps + wide_steps
     with _progress(job.show_progress) as progress:
         task = progress.add_task("profiling", total=total, last="")
 
@@ -98,9 +105,12 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
 
         transfers = _measure_transfers(model, job.transports, plan, advance)
         prefill, decode, budget, version = asyncio.run(_measure_engine(engine, plan, advance))
-        serving = ServingCosts()
+        serving, wide = ServingCosts(), ()
         if job.path == "cluster":
             serving = _measure_serving(engine, job, model, prefill, decode, transfers, budget, advance)
+        if wide_engine is not None:
+            wide_prefill, wide_decode, _, _ = asyncio.run(_measure_engine(wide_engine, plan, advance))
+            wide = (WideEngine(len(parse_cores(wide_engine.cpu_cores)), wide_prefill, wide_decode),)
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
     profile = Profile(
         hardware=hardware_info(engine.cpu_cores, engine.model, engine.dtype), model=model,
@@ -111,8 +121,10 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
         notes=f"pdserve profile --through {job.path}{' --quick' if job.quick else ''}; cores {cores}; "
               + ("colocated vLLM engine" if job.path == "engine"
                  else "engine tables of one colocated engine, serving costs of a 1P+1D cluster")
+              + (f"; wide engine on cores {wide_engine.cpu_cores}" if wide_engine is not None else "")
               + ", prefix caching off",
         serving=serving,
+        wide=wide,
     )
     job.out.parent.mkdir(parents=True, exist_ok=True)
     save_profile(profile, job.out)
@@ -122,6 +134,17 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     plot_path = plot_profile(profile, fit.model, job.out.with_suffix(".png"))
     _report(console, profile, fit)
     return ProfileOutcome(profile, fit, job.out, plot_path, time.perf_counter() - started)
+
+
+def _wide_engine(engine: WorkerEngineSettings, job: ProfileJob) -> WorkerEngineSettings | None:
+    """The engine of the profile's wide tables: `engine` bound to every core of the cluster's two
+    workers; None when the job measures none (path "engine", `wide` off, or one core in all)."""
+    if job.path != "cluster" or not job.wide:
+        return None
+    cores = parse_cores(",".join(job.cluster_cores))
+    if len(cores) < 2:
+        return None
+    return replace(engine, cpu_cores=",".join(map(str, sorted(cores))))
 
 
 def _measure_transfers(model: ModelInfo, transports: tuple[str, ...], plan: ProfilePlan,

@@ -46,13 +46,15 @@ def simulate(requests: Sequence[Any], topology: Topology, settings: SimSettings,
     `loadgen.workload.RequestSpec`) through `topology`. Deterministic; every request finishes or
     is refused at arrival by the router's admission (`RouterSettings`: SLOs set, admission on).
 
-    The engines run `settings` with the topology's token budget (`SimSettings.for_topology`). The
+    The engines run `settings` with the topology's token budget (`SimSettings.for_topology`), and
+    `model` for one engine over the topology's devices per instance (`PerfModel.on_devices`). The
     router's cost model is `settings.router.cost`, or else derived from `model` and the workload's
     mean lengths (`planner.simulator.cost.cost_model_from`).
     Raises `SimulationError` for a request that could never fit one instance's KV cache.
     Prefix caching is not modelled, nor KV memory on prefill instances.
     """
     settings = settings.for_topology(topology)
+    model = model.on_devices(topology.devices_per_instance)
     sim_requests = [SimRequest(i, float(r.arrival_s), int(r.prompt_tokens), int(r.output_tokens))
                     for i, r in enumerate(requests)]
     _check_requests(sim_requests, settings)
@@ -95,7 +97,7 @@ class _Cluster:
         self._dirty: dict[int, Instance] = {}
         self.host = HostCpu(settings.serving)
         self._stepping: set[int] = set()  # ids of the instances with a step running
-        self._cores_per_instance = settings.serving.host_cores / topology.devices
+        self._cores_per_instance = settings.serving.host_cores / topology.devices * topology.devices_per_instance
 
     def _push(self, at_s: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (at_s, kind, self._seq, payload))

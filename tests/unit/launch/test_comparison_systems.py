@@ -27,5 +27,16 @@ def test_a_sized_cluster_gives_each_worker_one_core_prefill_first(topology, pref
 
 
 def test_a_cluster_with_more_workers_than_cores_is_refused():
-    with pytest.raises(ValueError, match="B\\*-loose runs 3 workers, the comparison has 2 cores"):
+    with pytest.raises(ValueError, match="B\\*-loose runs 3 workers of 1 cores, the comparison has 2 cores"):
         PdserveCluster.sized(SETTINGS, "0", "1", Path("/tmp/logs"), "auto", "B*-loose", "disaggregated", 1, 2)
+    with pytest.raises(ValueError, match="runs 2 workers of 2 cores, the comparison has 2 cores"):
+        PdserveCluster.sized(SETTINGS, "0", "1", Path("/tmp/logs"), "auto", "B*", "aggregated", 0, 2, (), 2)
+    with pytest.raises(ValueError, match="only aggregated workers span cores"):
+        PdserveCluster.sized(SETTINGS, "0", "1,2,3", Path("/tmp/logs"), "auto", "B*", "hybrid", 1, 1, (), 2)
+
+
+def test_a_wide_worker_gets_both_cores_and_the_kv_cache_of_both():
+    cluster = PdserveCluster.sized(SETTINGS, "0", "1", Path("/tmp/logs"), "auto", "B*", "aggregated", 0, 1, (), 2)
+    spec = cluster.spec
+    assert spec.cpu_cores == {"prefill": "", "decode": "0,1"} and spec.cores_of("decode", 0, 1) == "0,1"
+    assert spec.engine.kv_cache_bytes == 2 * SETTINGS.kv_cache_bytes

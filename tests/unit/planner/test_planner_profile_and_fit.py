@@ -136,3 +136,51 @@ def test_the_fit_knows_how_far_its_profile_measured_and_says_what_lies_beyond():
     assert notes == ["prompts reach 3000 tokens; prefill was measured to 2048",
                      "sequences reach 1100 tokens; decode steps were measured with sequences of up to 1024",
                      "decode batches may reach 64; they were measured to 32"]
+
+
+def _wide_tables(speedup_prefill: float, speedup_decode: float) -> dict:
+    """A profile's one-device tables, and a wide engine's: the same rows, sped up."""
+    profile = build_example_profile()
+    return {"devices": 2,
+            "prefill": [{"prompt_tokens": r.prompt_tokens, "chunk_tokens": r.chunk_tokens,
+                         "prefill_s": r.prefill_s / speedup_prefill} for r in profile.prefill],
+            "decode": [{"batch_size": r.batch_size, "context_tokens": r.context_tokens,
+                        "step_s": r.step_s / speedup_decode} for r in profile.decode]}
+
+
+def test_a_wide_engine_round_trips_and_gets_a_model_fitted_to_its_own_tables(tmp_path):
+    data = profile_to_dict(build_example_profile()) | {"wide": [_wide_tables(1.9, 1.25)]}
+    profile = profile_from_dict(data)
+    path = tmp_path / "wide.json"
+    save_profile(profile, path)
+    assert load_profile(path) == profile and profile.wide[0].devices == 2
+    report = fit_perf_model(profile)
+    one, two = report.model, report.model.on_devices(2)
+    assert report.model.widths == (1, 2) and one.on_devices(1) is one
+    assert two.prefill_s(1024, 2048) == pytest.approx(one.prefill_s(1024, 2048) / 1.9, rel=1e-6)
+    assert two.decode_step_s(8, 1024) == pytest.approx(one.decode_step_s(8, 1024) / 1.25, rel=1e-6)
+    assert two.transfer == one.transfer and report.wide_mape[2] == pytest.approx(
+        (report.prefill_mape, report.decode_mape), abs=1e-9)
+    assert any("[one engine on 2 devices]" in line for line in report.lines())
+    with pytest.raises(KeyError, match="no engine over 4 devices"):
+        one.on_devices(4)
+
+
+@pytest.mark.parametrize("wide, message", [
+    ({"devices": 1}, "exactly the keys devices, prefill, decode"),
+    ("x", "profile.wide must be a list"),
+])
+def test_a_malformed_wide_engine_is_refused(wide, message):
+    data = profile_to_dict(build_example_profile()) | {"wide": wide if wide == "x" else [wide]}
+    with pytest.raises(ProfileError, match=message):
+        profile_from_dict(data)
+
+
+def test_a_wide_engine_needs_two_devices_and_enough_rows():
+    narrow = _wide_tables(1.0, 1.0) | {"devices": 1}
+    with pytest.raises(ProfileError, match="wide\\[\\].devices must be an integer >= 2"):
+        profile_from_dict(profile_to_dict(build_example_profile()) | {"wide": [narrow]})
+    short = _wide_tables(1.0, 1.0)
+    short["prefill"] = short["prefill"][:2]
+    with pytest.raises(ProfileError, match="wide\\[2 devices\\].prefill needs rows"):
+        profile_from_dict(profile_to_dict(build_example_profile()) | {"wide": [short]})

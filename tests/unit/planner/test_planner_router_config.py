@@ -42,6 +42,23 @@ def test_up_flags_name_the_topology_pools_files_and_slos(tmp_path):
     chunked = up_flags(Topology.aggregated(2, token_budget=512), tmp_path, SLO(ttft_s=2.0))
     assert chunked[:8] == ["--topology", "aggregated", "--prefill", "0", "--decode", "2",
                            "--max-num-batched-tokens", "512"]
+    assert "--decode-cores" not in chunked and "--kv-cache-mb" not in chunked
+
+
+def test_up_flags_give_a_wide_worker_its_devices_cores_and_their_kv_cache(tmp_path):
+    from cli.commands.cluster_options import cluster_spec
+    from cli.main import build_parser
+
+    write_router_config(tmp_path, PlacementConfig(), COST)
+    flags = up_flags(Topology.aggregated(1, devices_per_instance=2), tmp_path, SLO(ttft_s=2.0), kv_cache_mb_per_device=512)
+    assert flags[:10] == ["--topology", "aggregated", "--prefill", "0", "--decode", "1",
+                          "--decode-cores", "0-1", "--kv-cache-mb", "1024"]
+    no_model = str(tmp_path / "no-model")  # no config.json: the dtype stays auto, no probe runs
+    spec = cluster_spec(build_parser().parse_args(["up", "--model", no_model, *flags]))
+    assert spec.cores_of("decode", 0, 1) == "0-1" and spec.engine.kv_cache_bytes == 1024 << 20
+    two = up_flags(Topology.aggregated(2, devices_per_instance=2), tmp_path, SLO(ttft_s=2.0))
+    spec = cluster_spec(build_parser().parse_args(["up", "--model", no_model, *two]))
+    assert [spec.cores_of("decode", i, 2) for i in range(2)] == ["0,1", "2,3"]
 
 
 def test_pdserve_up_reads_the_written_files_and_flags_as_the_planner_meant(tmp_path):

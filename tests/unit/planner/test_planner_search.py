@@ -55,6 +55,28 @@ def test_enumerate_topologies_tries_each_token_budget_where_one_engine_runs_both
         enumerate_topologies(2, token_budgets=())
 
 
+def test_enumerate_topologies_offers_aggregated_workers_as_wide_as_the_profile_measured():
+    labels = [t.label for t in enumerate_topologies(4, kinds=("aggregated",), token_budgets=(0, 512), widths=(1, 2))]
+    assert labels == ["1C", "1C@512", "2C", "2C@512", "3C", "3C@512", "4C", "4C@512",
+                      "1Cx2", "1Cx2@512", "2Cx2", "2Cx2@512"]
+    assert all(t.devices <= 4 for t in enumerate_topologies(4, widths=(1, 2, 4)))
+    assert [t.label for t in enumerate_topologies(3, kinds=("aggregated",), token_budgets=(0,), widths=(2,))] == \
+        ["1C", "2C", "3C", "1Cx2"]
+    with pytest.raises(ValueError, match="devices per instance must be >= 1"):
+        enumerate_topologies(2, widths=(0,))
+
+
+def test_search_picks_one_wide_worker_when_it_serves_more_than_two_narrow_ones():
+    def attainment(topology: Topology, rate_rps: float) -> float:
+        wide = 2.5 if topology.devices_per_instance == 2 else capacity_rps(topology)
+        return 1.0 if rate_rps <= wide else 0.5
+
+    result = search_splits(attainment, 2, SearchSettings(rel_tol=0.01), kinds=("aggregated",), token_budgets=(0,),
+                           objective="total", widths=(1, 2))
+    assert result.best.topology == Topology.aggregated(1, devices_per_instance=2)
+    assert result.best.goodput_per_device == pytest.approx(1.25, rel=0.01)
+
+
 def test_search_picks_the_token_budget_that_serves_most():
     result = search_splits(synthetic_attainment, 2, SearchSettings(rel_tol=0.01), kinds=("aggregated",),
                            token_budgets=(0, 256, 512), objective="total")

@@ -134,6 +134,8 @@ def test_cost_model_from_refuses_an_unmeasured_transport():
     (dict(num_prefill=1, num_decode=1, kind="aggregated"), "K>=1 colocated"),
     (dict(num_colocated=2, kind="hybrid"), "N>=1 prefill"),
     (dict(num_prefill=1, num_decode=1, local_prefill_max_tokens=256), "only a hybrid topology caps"),
+    (dict(num_prefill=1, num_decode=1, devices_per_instance=2), "only aggregated workers may span devices"),
+    (dict(num_colocated=1, kind="aggregated", devices_per_instance=0), "devices_per_instance must be an int >= 1"),
 ])
 def test_topology_refuses_a_shape_its_kind_cannot_have(kwargs, message):
     with pytest.raises(SimulationError, match=message):
@@ -143,13 +145,47 @@ def test_topology_refuses_a_shape_its_kind_cannot_have(kwargs, message):
 @pytest.mark.parametrize("topology", [Topology.aggregated(2), Topology.disaggregated(1, 3), Topology.hybrid(2, 1),
                                       Topology.hybrid(1, 2, 512), Topology.aggregated(2, token_budget=512),
                                       Topology.hybrid(1, 1, 256, token_budget=1024),
-                                      Topology.disaggregated(1, 1, token_budget=256)])
+                                      Topology.disaggregated(1, 1, token_budget=256),
+                                      Topology.aggregated(1, devices_per_instance=2),
+                                      Topology.aggregated(2, token_budget=512, devices_per_instance=4)])
 def test_a_label_names_its_topology_back(topology):
     assert Topology.from_label(topology.label) == topology
 
 
 @pytest.mark.parametrize("label", ["", "2", "1P", "1P+1X", "0C", "1P+0D", "1P+1D/512", "P+1D", "1p+1d", "2C@",
-                                   "2C@x", "2C/512", "@512"])
+                                   "2C@x", "2C/512", "@512", "1Cx", "1Dx2", "1P+1Dx2", "1Cx0"])
 def test_what_is_not_a_topology_label_is_refused(label):
     with pytest.raises(SimulationError):
         Topology.from_label(label)
+
+
+WIDE_MODEL = dataclasses.replace(  # one engine over two devices: prefill twice as fast, decode steps 20% faster
+    ROUND_MODEL, prefill=dataclasses.replace(ROUND_MODEL.prefill, per_token_s=0.0005, per_token2_s=5e-7),
+    decode=dataclasses.replace(ROUND_MODEL.decode, step_s=0.008, per_seq_s=0.004))
+TWO_WIDTHS = dataclasses.replace(ROUND_MODEL, wide=((2, WIDE_MODEL),))
+
+
+def test_a_wide_instance_computes_with_its_widths_model_and_counts_all_its_devices():
+    # one 400-token prompt alone: 0.1 + 400 x 0.001 + 400^2 x 1e-6 = 0.66 s on one device (4 chunks of
+    # 100: 4 x 0.1 + 0.4 + 0.16 = 0.96 s), 4 x 0.1 + 0.2 + 0.08 = 0.68 s on the wide engine
+    requests = [spec(0.0, 400, 1)]
+    narrow = simulate(requests, Topology.aggregated(1), round_settings(), TWO_WIDTHS)
+    wide_topology = Topology.aggregated(1, devices_per_instance=2)
+    wide = simulate(requests, wide_topology, round_settings(), TWO_WIDTHS)
+    assert narrow.ttft_s[0] == pytest.approx(0.96, **EXACT) and wide.ttft_s[0] == pytest.approx(0.68, **EXACT)
+    assert wide_topology.devices == 2 and wide_topology.label == "1Cx2"
+
+
+def test_a_wide_instance_holds_the_kv_of_all_its_devices():
+    # 150 blocks of 10 tokens: more than one device's 100 blocks, within two devices' 200
+    requests = [spec(0.0, 1400, 100)]
+    with pytest.raises(SimulationError, match="holds 100"):
+        simulate(requests, Topology.aggregated(1), round_settings(token_budget=2000), TWO_WIDTHS)
+    result = simulate(requests, Topology.aggregated(1, devices_per_instance=2), round_settings(token_budget=2000),
+                      TWO_WIDTHS)
+    assert result.ttft_s[0] > 0
+
+
+def test_a_width_the_profile_did_not_measure_is_refused():
+    with pytest.raises(KeyError, match=r"no engine over 2 devices was profiled \(measured widths: \[1\]\)"):
+        simulate([spec(0.0, 10, 2)], Topology.aggregated(1, devices_per_instance=2), round_settings(), ROUND_MODEL)
