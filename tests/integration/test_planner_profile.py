@@ -1,5 +1,5 @@
-"""`pdserve profile --quick --through cluster` on the tiny model: a real engine, real transports and a
-real 1P+1D cluster for the serving costs, one short run."""
+"""`pdserve profile --quick --through cluster` on the tiny model: a real engine, real transports, a
+real 1P+1D cluster for the serving costs and the engine again over both cores, one short run."""
 
 from __future__ import annotations
 
@@ -90,3 +90,16 @@ def test_the_cluster_pass_measures_what_serving_adds_around_the_engines(quick_pr
     assert serving.decode_step_s + 24 * serving.decode_cpu_s_per_token < 0.1 and serving.decode_cpu_s_per_token < 0.005
     assert serving.host_cores == len(os.sched_getaffinity(0))
     assert "serving: first token +" in quick_profile[1]
+
+
+def test_the_engine_is_measured_again_over_both_cluster_cores(quick_profile):
+    profile = load_profile(quick_profile[0])
+    assert [engine.devices for engine in profile.wide] == [2]
+    wide = profile.wide[0]
+    # the same points as the one-core tables, so the planner compares like with like
+    assert [r.prompt_tokens for r in wide.prefill] == [r.prompt_tokens for r in profile.prefill]
+    assert [r.batch_size for r in wide.decode] == [r.batch_size for r in profile.decode]
+    model = fit_perf_model(profile).model
+    assert model.widths == (1, 2)
+    assert model.on_devices(2).prefill_s(1024, 2048) > model.on_devices(2).prefill_s(32, 2048) > 0
+    assert "wide engine on cores 0,1" in profile.notes and "[one engine on 2 devices]" in quick_profile[1]
