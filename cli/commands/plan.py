@@ -13,7 +13,10 @@ through every topology of --devices workers: disaggregated N prefill + M decode,
 (decode workers may compute a prompt themselves when the placement prefers it; once per
 --local-prefill-caps value) and aggregated K workers (each serving both phases), the last two once
 per --token-budgets value (the engines' step token budget: a smaller chunk of a prompt beside the
-running decodes keeps their TPOT down and takes more steps to a first token). For each it
+running decodes keeps their TPOT down and takes more steps to a first token). Where the profile
+measured one engine over several devices (`pdserve profile --through cluster` does, over both
+cluster cores), aggregated workers that wide are tried too: 1Cx2 is one worker over two devices,
+what vLLM's own server is on a two-core host. For each it
 finds the highest request rate at which at least --attainment-target of requests meet both the
 TTFT and the TPOT SLO (the goodput). It prints each topology kind's best, the pick (the highest
 goodput per device of all, or with --objective total the highest within --devices), its predicted
