@@ -91,7 +91,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
         from planner.profiler.serving_probe import serving_plan
 
         serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).steps
-    wide_engine = _wide_engine(engine, job)
+    wide_engine = wide_engine_settings(engine, job)
     wide_steps = (1 + plan.num_points) if wide_engine is not None else 0
     total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports) + serving_steps + wide_steps
     with _progress(job.show_progress) as progress:
@@ -136,7 +136,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     return ProfileOutcome(profile, fit, job.out, plot_path, time.perf_counter() - started)
 
 
-def _wide_engine(engine: WorkerEngineSettings, job: ProfileJob) -> WorkerEngineSettings | None:
+def wide_engine_settings(engine: WorkerEngineSettings, job: ProfileJob) -> WorkerEngineSettings | None:
     """The engine of the profile's wide tables: `engine` bound to every core of the cluster's two
     workers; None when the job measures none (path "engine", `wide` off, or one core in all)."""
     if job.path != "cluster" or not job.wide:

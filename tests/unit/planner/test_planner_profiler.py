@@ -85,3 +85,17 @@ def test_the_serving_probe_batches_are_points_the_engine_table_measures():
     for quick, batches in ((False, BATCHES), (True, QUICK_BATCHES)):
         plan = make_plan(max_model_len=2048, max_num_seqs=128, kv_cache_tokens=1 << 20, block_size=32, quick=quick)
         assert {(b, BATCH_PROMPT_TOKENS) for b in batches} <= set(plan.decode_points)
+
+
+def test_the_wide_engine_is_the_engine_on_both_cluster_cores_and_only_through_a_cluster():
+    from pathlib import Path
+
+    from pdserve.engine import EngineSettings
+    from planner.profiler.job import ProfileJob, wide_engine_settings
+
+    engine = EngineSettings(model="models/bench", cpu_cores="0")
+    job = ProfileJob(engine=engine, out=Path("p.json"), path="cluster", cluster_cores=("2-3", "0"))
+    assert wide_engine_settings(engine, job).cpu_cores == "0,2,3"
+    assert wide_engine_settings(engine, ProfileJob(engine=engine, path="cluster", wide=False)) is None
+    assert wide_engine_settings(engine, ProfileJob(engine=engine, path="engine")) is None
+    assert wide_engine_settings(engine, ProfileJob(engine=engine, path="cluster", cluster_cores=("0", "0"))) is None
