@@ -73,18 +73,12 @@ def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices:
         scaled = SLO(ttft_s=slo.ttft_s * slo_scale.ttft if slo.ttft_s else None,
                      tpot_s=slo.tpot_s * slo_scale.tpot if slo.tpot_s else None, e2el_s=slo.e2el_s)
         attainment = make_attainment_fn(workload_at, settings, model, scaled)
-        if kind == "aggregated":
-            return next((PoolSizes(prefill=0, decode=k) for k in range(1, max_devices + 1)
-                         if attainment(Topology.aggregated(k), rate_rps) >= search.target_attainment), None)
-        if kind == "hybrid":
-            split = attainment
-            attainment = lambda topology, rate: split(  # noqa: E731  (the N+M search, run as hybrid)
-                Topology.hybrid(topology.num_prefill, topology.num_decode) if topology.kind == "disaggregated"
-                else topology, rate)
-        answer = fewest_devices(attainment, rate_rps, max_devices, search, include_colocated=False)
-        if answer.disaggregated is None:
+        pick = fewest_devices(attainment, rate_rps, max_devices, search, kinds=(kind,)).of(kind)
+        if pick is None:
             return None
-        topology = answer.disaggregated[0]
+        topology = pick[0]
+        if kind == "aggregated":
+            return PoolSizes(prefill=0, decode=topology.num_colocated)
         return PoolSizes(prefill=topology.num_prefill, decode=topology.num_decode)
 
     return plan

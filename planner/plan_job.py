@@ -196,16 +196,16 @@ def run_fewest_devices(inputs: PlanInputs, rate_rps: float, max_devices: int, co
 
     with _progress(inputs.show_progress, None) as progress:
         task = progress.add_task(f"topologies tried at {rate_rps:g} req/s", total=None, last="")
-        answer = fewest_devices(attainment, rate_rps, max_devices, inputs.search, inputs.include_colocated,
+        answer = fewest_devices(attainment, rate_rps, max_devices, inputs.search, inputs.kinds,
+                                inputs.local_prefill_caps, inputs.token_budgets, inputs.fit.model.widths,
                                 progress=lambda label: progress.update(task, advance=1, last=label))
     console.print(report.fewest_table(answer, inputs.search.target_attainment))
-    found = [pick for pick in (answer.disaggregated, answer.colocated) if pick is not None]
-    picks = [RateSearch(topology, rate_rps, value, ()) for topology, value in found]
+    picks = [RateSearch(found[0], rate_rps, found[1], ()) for _, found in answer.by_kind if found is not None]
     console.print(report.detail_table(f"simulated latency at {rate_rps:g} req/s", _operating_points(inputs, picks)))
     png = report.plot_fewest(checked, answer, inputs.search.target_attainment,
                              inputs.output_dir / f"{inputs.label}_fewest_devices.png")
     console.print(f"wrote {png}")
-    return 0 if answer.disaggregated is not None or answer.colocated is not None else 1
+    return 0 if answer.best is not None else 1
 
 
 def workload_label(requests: Callable[[float], Sequence[RequestSpec]], kind: str, rate_for_stats: float = 1.0) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from planner.search import FewestDevices, RateSearch, SplitSearch
+from planner.simulator.config import Topology
 
 
 KIND_COLORS = {"disaggregated": "tab:blue", "hybrid": "tab:green", "aggregated": "tab:orange"}
@@ -52,16 +53,19 @@ def detail_table(title: str, rows: dict[str, dict[str, Any]]) -> Table:
 
 
 def fewest_table(answer: FewestDevices, target: float) -> Table:
+    """One row per kind searched (its fewest devices), the fewest of all marked."""
     table = Table(title=f"fewest devices meeting the SLOs for >= {target:.0%} of requests at "
                         f"{answer.rate_rps:g} req/s")
-    for name in ("mode", "topology", "devices", "attainment"):
+    for name in ("kind", "topology", "devices", "attainment", ""):
         table.add_column(name)
-    for mode, found in (("disaggregated", answer.disaggregated), ("aggregated", answer.colocated)):
+    best = answer.best
+    for kind, found in answer.by_kind:
         if found is None:
-            table.add_row(mode, "none within the device cap", "-", "-")
+            table.add_row(kind, "none within the device cap", "-", "-", "")
         else:
             topology, value = found
-            table.add_row(mode, topology.label, str(topology.devices), f"{value:.1%}")
+            table.add_row(kind, topology.label, str(topology.devices), f"{value:.1%}",
+                          "<- fewest" if found == best else "")
     return table
 
 
@@ -127,7 +131,8 @@ def plot_fewest(checked: list[tuple[str, float]], answer: FewestDevices, target:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(checked) + 2), 4.5))
-    colors = ["tab:orange" if label.endswith("C") else "tab:blue" for label, _ in checked]
+    kind_colors = {"disaggregated": "tab:blue", "hybrid": "tab:green", "aggregated": "tab:orange"}
+    colors = [kind_colors[Topology.from_label(label).kind] for label, _ in checked]
     ax.bar(range(len(checked)), [value for _, value in checked], color=colors)
     ax.set_xticks(list(range(len(checked))), [label for label, _ in checked], rotation=45, ha="right")
     ax.axhline(target, color="gray", linestyle="--")

@@ -13,8 +13,9 @@ assumes attainment does not rise with the rate and does not fall with more insta
   grows; ties: fewer devices, then search order) or the highest goodput within the budget
   (objective "total": how best to use the devices one has; ties: fewer devices), and each
   kind's best is reported beside it;
-- `fewest_devices`: the reverse question, the smallest N + M (and K) meeting the target at a
-  given rate, walking the staircase of minimal M for each N (disaggregated and aggregated).
+- `fewest_devices`: the reverse question, each kind's fewest devices meeting the target at a
+  given rate over the same variants (splits walked as a staircase of minimal M for each N;
+  aggregated K workers of each width and token budget), and the fewest of all.
 """
 
 from __future__ import annotations
@@ -108,13 +109,35 @@ class SplitSearch:
         return self.best_of("aggregated")
 
 
+Pick = tuple[Topology, float]  # (topology, attainment at the asked rate)
+
+
 @dataclass(frozen=True)
 class FewestDevices:
-    """The answer to "how few devices meet the SLOs at this rate"; None where none within the cap."""
+    """The answer to "how few devices meet the SLOs at this rate": for each kind searched, in
+    `TOPOLOGIES` order, its smallest topology meeting the target (None where none within the cap)."""
 
     rate_rps: float
-    disaggregated: tuple[Topology, float] | None  # (topology, attainment)
-    colocated: tuple[Topology, float] | None
+    by_kind: tuple[tuple[TopologyKind, Pick | None], ...]
+
+    def of(self, kind: TopologyKind) -> Pick | None:
+        return dict(self.by_kind).get(kind)
+
+    @property
+    def best(self) -> Pick | None:
+        """The fewest devices of every kind; ties: the higher attainment, then `TOPOLOGIES` order."""
+        found = [pick for _, pick in self.by_kind if pick is not None]
+        return min(found, key=lambda pick: (pick[0].devices, -pick[1]), default=None)
+
+    @property
+    def disaggregated(self) -> Pick | None:
+        return self.of("disaggregated")
+
+    @property
+    def colocated(self) -> Pick | None:
+        """The aggregated pick (K colocated workers)."""
+        return self.of("aggregated")
+
 
 
 def _best(results: tuple[RateSearch, ...], objective: str = "per-device") -> RateSearch | None:
@@ -232,10 +255,17 @@ def search_splits(attainment: AttainmentFn, budget_devices: int, settings: Searc
 
 
 def fewest_devices(attainment: AttainmentFn, rate_rps: float, max_devices: int,
-                   settings: SearchSettings = SearchSettings(), include_colocated: bool = True,
-                   progress: Progress | None = None) -> FewestDevices:
-    """The smallest topology meeting the target at `rate_rps`, at most `max_devices` instances."""
+                   settings: SearchSettings = SearchSettings(),
+                   kinds: Sequence[TopologyKind] = ("disaggregated", "aggregated"),
+                   local_prefill_caps: Sequence[int] = (0,), token_budgets: Sequence[int] = (0,),
+                   widths: Sequence[int] = (1,), progress: Progress | None = None) -> FewestDevices:
+    """Each of `kinds`' smallest topology meeting the target at `rate_rps` within `max_devices`,
+    over the variants `enumerate_topologies` lists: splits N + M walked as a staircase (the
+    smallest M for each N; a hybrid split is its best variant over `local_prefill_caps` x
+    `token_budgets`), aggregated K workers of each width in `widths` under each token budget.
+    Among a kind's topologies of equally few devices the higher attainment wins."""
     target = settings.target_attainment
+    enumerate_topologies(max_devices, kinds, local_prefill_caps, token_budgets, widths)  # validates the inputs
 
     def check(topology: Topology) -> float:
         value = attainment(topology, rate_rps)
@@ -243,55 +273,81 @@ def fewest_devices(attainment: AttainmentFn, rate_rps: float, max_devices: int,
             progress(topology.label)
         return value
 
-    best: tuple[Topology, float] | None = None
+    def best_variant(variants: Sequence[Topology]) -> Pick:
+        return max(((t, check(t)) for t in variants), key=lambda pick: pick[1])
+
+    caps, budgets = tuple(dict.fromkeys(local_prefill_caps)), tuple(dict.fromkeys(token_budgets))
+    answers: list[tuple[TopologyKind, Pick | None]] = []
+    for kind in (k for k in TOPOLOGIES if k in kinds):
+        if kind == "aggregated":
+            answers.append((kind, _fewest_aggregated(best_variant, max_devices, target, budgets, widths)))
+            continue
+        variants = ((lambda n, m: (Topology.disaggregated(n, m),)) if kind == "disaggregated" else
+                    (lambda n, m: tuple(Topology.hybrid(n, m, cap, budget) for cap in caps for budget in budgets)))
+        answers.append((kind, _fewest_split(lambda n, m: best_variant(variants(n, m)), max_devices, target)))
+    return FewestDevices(rate_rps, tuple(answers))
+
+
+def _fewest_split(check: Callable[[int, int], Pick], max_devices: int, target: float) -> Pick | None:
+    """The smallest N + M passing, walking the staircase of minimal M for each N."""
+    best: Pick | None = None
     m_pass: int | None = None  # smallest passing M for the previous N: M for this N is no larger
     for n in range(1, max_devices):
         if best is not None and n + 1 >= best[0].devices:
             break
-        m, value = _min_decode(check, n, m_pass, max_devices - n, target)
+        m, pick = _min_decode(check, n, m_pass, max_devices - n, target)
         if m is None:
             continue
         m_pass = m
-        if value is not None and (best is None or n + m < best[0].devices):
-            best = (Topology.disaggregated(n, m), value)
-    colocated = None
-    if include_colocated:
-        for k in range(1, max_devices + 1):
-            value = check(Topology.colocated(k))
-            if value >= target:
-                colocated = (Topology.colocated(k), value)
+        if pick is not None and (best is None or pick[0].devices < best[0].devices):
+            best = pick
+    return best
+
+
+def _fewest_aggregated(best_variant: Callable[[Sequence[Topology]], Pick], max_devices: int, target: float,
+                       budgets: Sequence[int], widths: Sequence[int]) -> Pick | None:
+    """The fewest devices of K workers over W devices each (every width), the best token budget at each K."""
+    best: Pick | None = None
+    for width in sorted(set(widths) | {1}):
+        for k in range(1, max_devices // width + 1):
+            if best is not None and k * width > best[0].devices:
                 break
-    return FewestDevices(rate_rps, best, colocated)
+            pick = best_variant([Topology.aggregated(k, budget, width) for budget in budgets])
+            if pick[1] >= target:
+                if best is None or (pick[0].devices, -pick[1]) < (best[0].devices, -best[1]):
+                    best = pick
+                break
+    return best
 
 
-def _min_decode(check: Callable[[Topology], float], n: int, m_pass: int | None, m_max: int,
-                target: float) -> tuple[int | None, float | None]:
-    """Smallest passing M for N = n, and its attainment.
+def _min_decode(check: Callable[[int, int], Pick], n: int, m_pass: int | None, m_max: int,
+                target: float) -> tuple[int | None, Pick | None]:
+    """Smallest passing M for N = n, and its pick.
 
     Without a bound: (None, None) if (n, m_max) misses, else bisection over 1..m_max. Given that
     (n-1, m_pass) passed, (n, m_pass) passes too and M <= m_pass: step down while M - 1 still
-    passes. If no smaller M passes the value is None: (n, m_pass) cannot beat (n-1, m_pass), so
+    passes. If no smaller M passes the pick is None: (n, m_pass) cannot beat (n-1, m_pass), so
     it is not simulated.
     """
     if m_pass is None:
         if m_max < 1:
             return None, None
-        value = check(Topology.disaggregated(n, m_max))
-        if value < target:
+        pick = check(n, m_max)
+        if pick[1] < target:
             return None, None
         lo, hi = 0, m_max  # (n, lo) misses (lo = 0 by definition), (n, hi) passes
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            mid_value = check(Topology.disaggregated(n, mid))
-            if mid_value >= target:
-                hi, value = mid, mid_value
+            mid_pick = check(n, mid)
+            if mid_pick[1] >= target:
+                hi, pick = mid, mid_pick
             else:
                 lo = mid
-        return hi, value
-    m, value = m_pass, None
+        return hi, pick
+    m, pick = m_pass, None
     while m > 1:
-        lower = check(Topology.disaggregated(n, m - 1))
-        if lower < target:
+        lower = check(n, m - 1)
+        if lower[1] < target:
             break
-        m, value = m - 1, lower
-    return m, value
+        m, pick = m - 1, lower
+    return m, pick

@@ -24,8 +24,9 @@ latency, and writes <output-dir>/<label>_search.png and .json; --write-router-co
 router's cost.json and placement.json for the pick, and cluster.json (the pick and its predicted
 goodput, which `bench/goodput_vs_vllm.py --plan` runs).
 
---min-devices-for-rate R asks the reverse question: the fewest workers that meet the SLOs at
-R req/s (up to --max-devices; disaggregated and aggregated).
+--min-devices-for-rate R asks the reverse question: the fewest devices that meet the SLOs at
+R req/s (up to --max-devices), for each topology kind over the same variants as the search
+(hybrid caps, token budgets, workers as wide as the profile measured), and the fewest of all.
 
 The workload options are `pdserve load`'s, so a plan can be checked against a real run with
 the same flags. Until a profile of your own exists, --profile defaults to the example profile
@@ -121,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--rel-tol", type=float, default=0.02,
                    help="rate bisection stops at this relative width (default 0.02)")
     g.add_argument("--min-devices-for-rate", type=float, metavar="R",
-                   help="reverse question: fewest workers meeting the SLOs at R req/s")
+                   help="reverse question: fewest devices meeting the SLOs at R req/s, per topology kind")
     g.add_argument("--max-devices", type=int, default=16, help="cap for --min-devices-for-rate (default 16)")
     g = p.add_argument_group("output")
     g.add_argument("--output-dir", type=Path, default=Path("out/plan"), help="where PNG and JSON go (default out/plan)")

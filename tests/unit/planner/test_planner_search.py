@@ -145,7 +145,31 @@ def test_fewest_devices_answers_the_reverse_question(rate, disaggregated, coloca
 
 def test_fewest_devices_says_none_when_the_cap_is_too_small():
     answer = fewest_devices(synthetic_attainment, 7.0, max_devices=6)
-    assert answer.disaggregated is None and answer.colocated is None
+    assert answer.disaggregated is None and answer.colocated is None and answer.best is None
+
+
+def test_fewest_devices_searches_every_kind_with_its_variants_and_names_the_fewest():
+    # 7 req/s: 3P+4D (7 devices; min(9, 8)); 6C@512 (6 x 1.3); 2P+3H/256 (min(6, 6) + 1.5 = 7.5, 5 devices)
+    answer = fewest_devices(synthetic_attainment, 7.0, max_devices=16, kinds=("disaggregated", "hybrid", "aggregated"),
+                            local_prefill_caps=(0, 256), token_budgets=(0, 512))
+    assert answer.disaggregated == (Topology.disaggregated(3, 4), 1.0)
+    assert answer.of("hybrid") == (Topology.hybrid(2, 3, 256), 1.0)
+    assert answer.colocated == (Topology.aggregated(6, token_budget=512), 1.0)
+    assert answer.best == (Topology.hybrid(2, 3, 256), 1.0)
+    assert [kind for kind, _ in answer.by_kind] == ["disaggregated", "hybrid", "aggregated"]
+
+
+def test_fewest_devices_counts_a_wide_worker_by_its_devices():
+    def attainment(topology: Topology, rate_rps: float) -> float:
+        capacity = 3.0 * topology.num_colocated if topology.devices_per_instance == 2 else capacity_rps(topology)
+        return 1.0 if rate_rps <= capacity else 0.5
+
+    # 5.5 req/s: five one-device workers (5 x 1.1) or two workers over two devices each (2 x 3.0)
+    answer = fewest_devices(attainment, 5.5, max_devices=8, kinds=("aggregated",), widths=(1, 2))
+    assert answer.colocated == (Topology.aggregated(2, devices_per_instance=2), 1.0)
+    assert answer.best[0].devices == 4
+    assert fewest_devices(attainment, 5.5, max_devices=8, kinds=("aggregated",)).colocated == \
+        (Topology.aggregated(5), 1.0)
 
 
 def test_plan_fn_over_the_simulator_sizes_pools_for_the_online_planner():
