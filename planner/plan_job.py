@@ -22,6 +22,7 @@ from planner.router_config import up_flags, write_planned_cluster, write_router_
 from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, DEFAULT_TOKEN_BUDGETS, RateSearch, SearchSettings, SplitSearch,
                             enumerate_topologies, fewest_devices, search_splits)
 from planner.simulator import SimSettings, Topology, cost_model_from, simulate
+from planner.sustained import prefill_load
 
 
 @dataclass(frozen=True)
@@ -91,13 +92,26 @@ def beyond_the_profile(inputs: PlanInputs) -> list[str]:
 
 
 def _operating_points(inputs: PlanInputs, picks: Sequence[RateSearch | None]) -> dict[str, dict]:
+    """label -> the simulated summary at each pick's goodput rate, with its `prefill_load`."""
     rows = {}
     for pick in picks:
         if pick is not None and pick.max_rate_rps > 0:
-            result = simulate(inputs.workload_at(pick.max_rate_rps), pick.topology,
-                              with_router_slo(inputs.settings, inputs.slo), inputs.fit.model)
-            rows[f"{pick.topology.label} @ {pick.max_rate_rps:.2f}"] = result.summary(inputs.slo)
+            requests = inputs.workload_at(pick.max_rate_rps)
+            result = simulate(requests, pick.topology, with_router_slo(inputs.settings, inputs.slo), inputs.fit.model)
+            load = prefill_load(requests, pick.topology, inputs.fit.model,
+                                inputs.settings.for_topology(pick.topology).token_budget)
+            rows[f"{pick.topology.label} @ {pick.max_rate_rps:.2f}"] = result.summary(inputs.slo) | {"prefill_load": load}
     return rows
+
+
+def _print_burst_only(console: Console, points: dict[str, dict], num_requests: int) -> None:
+    """A warning for each operating point whose prompts alone outrun its prefilling engines."""
+    for label, summary in points.items():
+        if summary["prefill_load"] > 1:
+            console.print(f"[yellow]not sustained:[/yellow] {label} req/s: its prompts alone need "
+                          f"{summary['prefill_load']:.0%} of its prefilling engines' time while they arrive; "
+                          f"the SLOs hold for these {num_requests} requests only while a queue grows (plan with "
+                          "more --num-prompts for a rate that lasts)", highlight=False)
 
 
 def describe(topology: Topology) -> str:
@@ -169,6 +183,7 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     _print_picks(console, result)
     points = _operating_points(inputs, list(result.best_by_kind().values()))
     console.print(report.detail_table("simulated latency at the goodput rate", points))
+    _print_burst_only(console, points, len(inputs.workload_at(1.0)))
     slo = inputs.slo
     title = f"{inputs.label}: {inputs.workload_label}; TTFT<={slo.ttft_s * 1e3:g} ms, TPOT<={slo.tpot_s * 1e3:g} ms"
     png = report.plot_search(result, inputs.search.target_attainment,
@@ -177,7 +192,9 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     out.write_text(json.dumps({"workload": inputs.workload_label, "slo": inputs.slo.as_ms(),
                                "target_attainment": inputs.search.target_attainment,
                                "budget_devices": inputs.budget_devices, "search_s": elapsed,
-                               **report.search_json(result)}, indent=1))
+                               **report.search_json(result),
+                               "prefill_load_at_goodput": {label: round(summary["prefill_load"], 4)
+                                                           for label, summary in points.items()}}, indent=1))
     console.print(f"search took {elapsed:.1f} s; wrote {png} and {out}")
     if inputs.router_config_dir is not None and result.best is not None:
         _write_router_config(inputs, result.best, console)
@@ -201,7 +218,9 @@ def run_fewest_devices(inputs: PlanInputs, rate_rps: float, max_devices: int, co
                                 progress=lambda label: progress.update(task, advance=1, last=label))
     console.print(report.fewest_table(answer, inputs.search.target_attainment))
     picks = [RateSearch(found[0], rate_rps, found[1], ()) for _, found in answer.by_kind if found is not None]
-    console.print(report.detail_table(f"simulated latency at {rate_rps:g} req/s", _operating_points(inputs, picks)))
+    points = _operating_points(inputs, picks)
+    console.print(report.detail_table(f"simulated latency at {rate_rps:g} req/s", points))
+    _print_burst_only(console, points, len(inputs.workload_at(1.0)))
     png = report.plot_fewest(checked, answer, inputs.search.target_attainment,
                              inputs.output_dir / f"{inputs.label}_fewest_devices.png")
     console.print(f"wrote {png}")

@@ -40,13 +40,15 @@ def detail_table(title: str, rows: dict[str, dict[str, Any]]) -> Table:
     """Simulated latency at a chosen operating point; rows: label -> loadgen summary dict."""
     table = Table(title=title + " (ms)")
     columns = ("slo_attainment", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-               "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "local_prefill_share")
-    headers = ("attain", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p99", "local prefill")
+               "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "local_prefill_share", "prefill_load")
+    headers = ("attain", "TTFT p50", "p90", "p99", "TPOT p50", "p90", "p99", "ITL p99", "local prefill",
+               "prefill load")
+    shares = ("slo_attainment", "local_prefill_share", "prefill_load")
     table.add_column("topology@req/s", no_wrap=True)
     for header in headers:
         table.add_column(header, justify="right")
     for label, summary in rows.items():
-        cells = [f"{summary[c]:.1%}" if c in ("slo_attainment", "local_prefill_share") else f"{summary[c]:.4g}"
+        cells = [("-" if c not in summary else f"{summary[c]:.1%}") if c in shares else f"{summary[c]:.4g}"
                  for c in columns]
         table.add_row(label, *cells)
     return table
