@@ -9,7 +9,8 @@ processing), not just the model's forward pass.
 - decode: `batch_size` requests of `context_per_seq` prompt tokens each, started together with
   `ignore_eos`; once every one has its second token the batch only decodes, and the step time is
   (time of the last token - time of the first steady token) / tokens between, per request, the
-  median over the batch (robust to outputs coalesced by a busy event loop); `steady_decode`.
+  median over the batch (robust to outputs coalesced by a busy event loop); the steps in which an
+  early request decodes beside the later ones' chunked prefills are left out; `steady_decode`.
 
 Prompts never share a prefix with one another (a fresh random first token each), so a prefix
 cache cannot shorten a prefill; the profiler still runs the engine with prefix caching off.
@@ -89,21 +90,25 @@ class EngineProbe:
 Marks = list[tuple[float, int]]  # (time, tokens received so far) at each output of one request
 
 
+MIN_STEADY_TOKENS = 4  # a request's steady stretch shorter than this is too short to time
+
+
 def steady_decode(runs: list[Marks], batch_size: int, context_per_seq: int, steps: int) -> DecodeMeasurement:
     """The decode step time of requests that ran together, the median over the requests of:
     (time of its last token - time of its first token once every request had its second) / tokens
     between. (The second output is the first decoded one: behind it every prompt is in the batch
-    and, in a cluster, its KV has arrived.) Outputs can arrive in bursts when a process is starved;
-    a request whose steady stretch is under half its decode time is measured from its first token
-    to its last instead (its TPOT). Context is the batch's total mid-stretch."""
+    and, in a cluster, its KV has arrived.) Before that, a request that started early decodes in
+    the steps that compute the later ones' prompts (chunked prefill: at long contexts each such
+    step takes a prefill's time), which is not a decode step and is left out however long it was.
+    A request with fewer than `MIN_STEADY_TOKENS` tokens in its steady stretch is measured from its
+    first token to its last instead (its TPOT). Context is the batch's total mid-stretch."""
     all_started_at = max(marks[min(1, len(marks) - 1)][0] for marks in runs)
     per_request, generated = [], []
     for marks in runs:
         if len(marks) < 2 or marks[-1][1] == marks[0][1]:
             continue
         steady = [(t, n) for t, n in marks if t > all_started_at]
-        whole_s = marks[-1][0] - marks[0][0]
-        if len(steady) < 2 or steady[-1][1] == steady[0][1] or steady[-1][0] - steady[0][0] < 0.5 * whole_s:
+        if len(steady) < 2 or steady[-1][1] - steady[0][1] < MIN_STEADY_TOKENS:
             steady = [marks[0], marks[-1]]
         (t0, n0), (t1, n1) = steady[0], steady[-1]
         per_request.append((t1 - t0) / (n1 - n0))
