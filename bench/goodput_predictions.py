@@ -28,7 +28,7 @@ Prints, per system and rate, measured against simulated TTFT and TPOT (p50, p90)
 under each SLO pair, and each system's goodput both ways on the comparison's grid of rates.
 No cluster runs: it takes seconds.
 
-Writes <result stem>_predicted.json, .md (tables for BENCHMARKS.md) and _predicted.png
+Writes <result stem>_predicted.json (or --label's), .md (tables for BENCHMARKS.md) and .png
 (attainment against rate per SLO pair: measured solid, simulated dashed).
 """
 
@@ -50,6 +50,7 @@ def main() -> int:
     parser.add_argument("--transport", default="tcp",
                         help="the profile's KV transport the simulator charges (default tcp; the comparison's "
                              "shared memory is not profiled and costs less)")
+    parser.add_argument("--label", help="output file stem, beside the result (default <result stem>_predicted)")
     args = parser.parse_args()
     result = json.loads(args.result.read_text())
     slo_pairs = {pair: SLO(ttft_s=ms["ttft"] / 1e3, tpot_s=ms["tpot"] / 1e3) for pair, ms in result["slo_pairs"].items()}
@@ -97,7 +98,7 @@ def main() -> int:
     console.print(latency_table)
     console.print(goodput_table)
 
-    stem = args.result.with_name(args.result.stem + "_predicted")
+    stem = args.result.with_name(args.label or args.result.stem + "_predicted")
     stem.with_suffix(".json").write_text(json.dumps(
         {"result": str(args.result), "profile": str(args.profile), "transport": args.transport, "rows": rows,
          "goodput_rps": {pair: {system: {side: {"goodput_rps": value, "bracketed": bracketed}
