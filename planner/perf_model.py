@@ -6,10 +6,11 @@ Forms (n = tokens, seconds):
   A whole prompt of n tokens chunked by k therefore costs  ceil(n/k) * a + b*n + c*n^2:
   the per-step overhead is paid once per chunk, the attention term telescopes to n^2.
 - decode step:   a + b * batch_size + c * context + d * max(0, context - knee)
-  (context summed over the batch). Past `knee` tokens of context a step's KV no longer fits the
-  caches and each further token costs c + d: on `bench` (2-core AMD EPYC, float32) c = 10 us,
-  c + d = 34 us past ~2,300 tokens, and the two-slope form halved the fit's error (16% -> 9%).
+  (context summed over the batch). Past `knee` tokens of context each further token costs c + d.
   The knee is the measured context that fits best; d = 0 (one slope) when a knee does not help.
+  (Profiles measured before the decode probe stopped averaging chunked-prefill steps into its
+  long-context points showed a steep knee that was that defect; measured again, the AVX-512 EPYC
+  profile fits one slope at 3.2% MAPE.)
 - KV transfer:   latency + kv_bytes / bandwidth            (one line per transport)
 - colocated (mixed) step, vLLM's chunked prefill riding with decodes: one overhead
   max(a_prefill, a_decode) plus both pools' per-token terms.
