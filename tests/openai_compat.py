@@ -153,10 +153,16 @@ def _text_only(event: dict) -> str | None:
     """The text of an event whose choice carries text and nothing else (no role, tool call,
     logprobs, token ids or finish reason), else None."""
     choice = event["choices"][0]
-    carried = {key for key, value in choice.items() if value is not None and key not in ("index", "text", "delta")}
-    if carried or (isinstance(choice.get("delta"), dict) and set(choice["delta"]) != {"content"}):
+    carried = {key for key, value in choice.items() if _carries(value) and key not in ("index", "text", "delta")}
+    delta = choice.get("delta")
+    if carried or (isinstance(delta, dict) and {key for key, value in delta.items() if _carries(value)} != {"content"}):
         return None
     return _text_of(event)
+
+
+def _carries(value) -> bool:
+    """A field's value says something: not None and not empty (vLLM's chat deltas carry `tool_calls: []`)."""
+    return value is not None and value != [] and value != {}
 
 
 def differences(expected: Any, actual: Any, path: str) -> list[Difference]:

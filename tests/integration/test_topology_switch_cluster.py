@@ -21,6 +21,7 @@ from pdserve.keys import topology_key
 from planner.actuators.local import LocalActuator
 from planner.actuators.local_processes import WorkerLaunchSpec, WorkerProcesses
 from planner.decision import PlannerConfig
+from planner.live import merge_loads, read_router_loads
 from planner.online import LoopSettings, Oracle, PlannerLoop
 from planner.pool_sizes import PoolSizes
 
@@ -95,6 +96,14 @@ async def test_the_planner_switches_a_live_cluster_to_aggregated_without_losing_
     try:
         await wait_for(lambda: any(t.prefill_worker == prefill_id for _, t in served), 60,
                        "a request prefilled by the prefill worker")
+        # the first decision must see the traffic: a router load published before any arrival
+        # counted says 0 req/s, and the planner sizes the pools to their minimum for it
+        deadline_s = time.monotonic() + 60
+        while time.monotonic() < deadline_s:
+            live = merge_loads(await read_router_loads(loop.redis, "default"))
+            if live is not None and live.arrival_rate_rps > 0:
+                break
+            await asyncio.sleep(0.5)
         tick = await loop.tick()
         while tick.decision is None:  # the router has not published its load yet
             await asyncio.sleep(0.5)

@@ -71,6 +71,8 @@ def test_a_stream_s_text_is_compared_however_it_was_cut_into_events_and_the_rest
     with_logprobs = [role, {"id": "x", "choices": [{"index": 0, "delta": {"content": "ab"}, "logprobs": {"c": []},
                                                     "finish_reason": None}]}]
     assert coalesced(with_logprobs) == with_logprobs   # an event carrying more than text is kept as it is
+    empty_fields = [delta("a", reasoning=None, tool_calls=[]), delta("b", tool_calls=[]), delta("c", finish="length")]
+    assert [e["choices"][0]["delta"]["content"] for e in coalesced(empty_fields)] == ["abc"]  # None, [] carry nothing
 
 
 def test_only_an_intended_entry_s_path_case_and_vllm_value_excuse_a_difference():
