@@ -133,8 +133,7 @@ def plot_fewest(checked: list[tuple[str, float]], answer: FewestDevices, target:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(checked) + 2), 4.5))
-    kind_colors = {"disaggregated": "tab:blue", "hybrid": "tab:green", "aggregated": "tab:orange"}
-    colors = [kind_colors[Topology.from_label(label).kind] for label, _ in checked]
+    colors = [KIND_COLORS[Topology.from_label(label).kind] for label, _ in checked]
     ax.bar(range(len(checked)), [value for _, value in checked], color=colors)
     ax.set_xticks(list(range(len(checked))), [label for label, _ in checked], rotation=45, ha="right")
     ax.axhline(target, color="gray", linestyle="--")

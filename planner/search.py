@@ -139,7 +139,6 @@ class FewestDevices:
         return self.of("aggregated")
 
 
-
 def _best(results: tuple[RateSearch, ...], objective: str = "per-device") -> RateSearch | None:
     feasible = [r for r in results if r.max_rate_rps > 0]
     if not feasible:

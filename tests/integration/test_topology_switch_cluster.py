@@ -104,6 +104,8 @@ async def test_the_planner_switches_a_live_cluster_to_aggregated_without_losing_
             if live is not None and live.arrival_rate_rps > 0:
                 break
             await asyncio.sleep(0.5)
+        else:
+            pytest.fail("the router published no load with traffic in 60 s")
         tick = await loop.tick()
         while tick.decision is None:  # the router has not published its load yet
             await asyncio.sleep(0.5)
