@@ -183,6 +183,11 @@ class ServingCosts:
     - `host_cpu_s_per_token` (amortised as under load: measured at the largest batch),
       `host_cpu_s_per_request`;
     - `host_cores`: the cores every process shares (0: the host is not modelled).
+    The spread around those medians (`planner.profiler.spread`: deviations in seconds at equally
+    spaced quantiles, ascending; () when not measured, and the simulator then charges the medians):
+    - `first_token_spread_s`: of lone requests' first token, within each prompt length;
+    - `decode_step_spread_s`: of the gaps between a request's tokens while a batch decodes
+      together, within each batched run.
     """
 
     first_token_s: float = 0.0
@@ -194,12 +199,29 @@ class ServingCosts:
     host_cpu_s_per_token: float = 0.0
     host_cpu_s_per_request: float = 0.0
     host_cores: int = 0
+    first_token_spread_s: tuple[float, ...] = ()
+    decode_step_spread_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in SPREAD_FIELDS:
+                object.__setattr__(self, f.name, _spread(f.name, value))
+                continue
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                      and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
+
+
+SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
+
+
+def _spread(name: str, value: Any) -> tuple[float, ...]:
+    _require(isinstance(value, (list, tuple)), f"serving.{name} must be a list of seconds, got {value!r}")
+    points = tuple(value)
+    _require(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in points),
+             f"serving.{name} must hold finite numbers, got {value!r}")
+    _require(list(points) == sorted(points), f"serving.{name} must be ascending (quantiles), got {value!r}")
+    return tuple(float(v) for v in points)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from planner.profile import (
 )
 from planner.profiler.host import hardware_info, model_info
 from planner.profiler.plan import ProfilePlan, make_plan
+from planner.profiler.spread import spread_summary
 from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
 
 
@@ -232,6 +233,9 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
                       f" {serving.prefill_cpu_s_per_request * 1e3:.2f} ms/request; host (router, client)"
                       f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_request * 1e3:.2f}"
                       f" ms/request on {serving.host_cores} cores", markup=False)
+        for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
+            if spread:
+                console.print(f"  spread of the {name} around its median: {spread_summary(spread)}", markup=False)
 
 
 def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: float) -> None:

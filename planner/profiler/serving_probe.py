@@ -56,6 +56,7 @@ from planner.perf_model import PerfModel
 from planner.profile import DecodeSample, ServingCosts
 from planner.profiler.plan import QUICK_BATCHES as QUICK_ENGINE_BATCHES
 from planner.profiler.plan import SHORT_CONTEXT
+from planner.profiler.spread import spread_of
 
 SHORT_OUTPUT, LONG_OUTPUT = 2, 32
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
@@ -133,10 +134,12 @@ async def token_times(client, ids: list[int], max_tokens: int) -> list[float]:
 
 @dataclass(frozen=True)
 class LoneLatencies:
-    """Medians over lone requests of what the client saw beyond the engine-only model."""
+    """Medians over lone requests of what the client saw beyond the engine-only model, and the
+    first token's spread around its median (`planner.profiler.spread`)."""
 
     first_token_s: float
     handoff_s: float
+    first_token_spread_s: tuple[float, ...] = ()
 
 
 async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_token: int, block_size: int,
@@ -146,8 +149,10 @@ async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_tok
     from pdserve.client import AsyncClient
 
     rng, first, handoff = np.random.default_rng(7), [], []
+    first_by_length: list[list[float]] = []
     async with AsyncClient(target) as client:
         for n in plan.prompt_tokens:
+            first_by_length.append([])
             for _ in range(plan.repeats):
                 await asyncio.sleep(LONE_PAUSE_S)
                 ids = [int(i) for i in rng.integers(10, vocab_size, size=n)]
@@ -155,10 +160,12 @@ async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_tok
                 marks = await token_times(client, ids, LONE_OUTPUT)
                 kv_bytes = -(-n // block_size) * block_size * kv_bytes_per_token
                 first.append(marks[0] - started - model.prefill_s(n, n))
+                first_by_length[-1].append(first[-1])
                 handoff.append(marks[1] - marks[0] - model.transfer_s(kv_bytes, transport)
                                - model.decode_step_s(1, n + 1))
             advance(f"serving: lone {n}-token requests")
-    return LoneLatencies(max(0.0, statistics.median(first)), max(0.0, statistics.median(handoff)))
+    return LoneLatencies(max(0.0, statistics.median(first)), max(0.0, statistics.median(handoff)),
+                         spread_of(first_by_length))
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,7 @@ class BatchRun:
     tokens_per_s: float      # tokens the client received per second over the window
     host_cpu_s: float        # the router's and this process's CPU over the whole run
     tokens: int
+    gaps_s: tuple[float, ...] = ()  # every gap inside the window (its median is step_s)
 
 
 class NoCommonWindow(RuntimeError):
@@ -209,7 +217,8 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
     inside = sum(1 for marks in runs for t in marks if start <= t <= end)
     generated = statistics.median(sum(1 for t in marks if t <= (start + end) / 2) for marks in runs)
     return BatchRun(batch, statistics.median(gaps), batch * (BATCH_PROMPT_TOKENS + generated),
-                    inside / (end - start), cpu_after - cpu_before, sum(len(marks) for marks in runs))
+                    inside / (end - start), cpu_after - cpu_before, sum(len(marks) for marks in runs),
+                    tuple(gaps))
 
 
 def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured: Sequence[DecodeSample]) -> float:
@@ -320,12 +329,13 @@ def steady_rate(model: PerfModel, prompt_tokens: int) -> float:
 
 def measure_served_steps(target: str, router_pid: int, model: PerfModel, engine_rows: Sequence[DecodeSample],
                          host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
-                         advance, run_batch=None) -> tuple[float, float, float]:
+                         advance, run_batch=None) -> ServedSteps:
     """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches` (`run_batch`:
     `batched_decode_run`'s signature; tests give their own). A run whose
     requests never decoded together (on a slow or busy host the first can finish before the last
     one's KV arrives) is retried with outputs twice as long, up to `batch_output_attempts`; a batch
-    that still fails is skipped with a note, and the fit runs on the rest if two batch sizes remain."""
+    that still fails is skipped with a note, and the fit runs on the rest if two batch sizes remain.
+    The spread is that of every run's gaps around the run's own median step."""
     run_batch = run_batch or batched_decode_run
     runs, skipped = [], []
     for index, batch in enumerate(plan.decode_batches):
@@ -348,7 +358,18 @@ def measure_served_steps(target: str, router_pid: int, model: PerfModel, engine_
                            "host too busy?)")
     if skipped:
         advance(f"serving: skipped batches {skipped} (never decoded together); fitted on the others", step=False)
-    return fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows)
+    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows)
+    return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs))
+
+
+@dataclass(frozen=True)
+class ServedSteps:
+    """The served decode step's terms (`fit_served_steps`) and its spread (`planner.profiler.spread`)."""
+
+    decode_step_s: float
+    decode_cpu_s_per_token: float
+    host_cpu_s_per_token: float
+    spread_s: tuple[float, ...] = ()
 
 
 def batch_output_attempts(max_output_tokens: int, attempts: int = 3) -> list[int]:
@@ -380,8 +401,11 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                 **{role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}}
         rate_rps = steady_rate(model, plan.load_prompt_tokens)
         cpu, router_request = measure_cpu(cluster.grpc_target, pids, rate_rps, plan, advance)
-        step_s, per_token_s, host_per_token_s = measure_served_steps(
+        steps = measure_served_steps(
             cluster.grpc_target, pids["router"], model, engine_rows, cpu, router_request, info.vocab_size, plan, advance)
     return replace(cpu, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_cpu_s_per_request),
-                   handoff_s=max(0.0, lone.handoff_s - cpu.decode_cpu_s_per_request - step_s - per_token_s),
-                   decode_step_s=step_s, decode_cpu_s_per_token=per_token_s, host_cpu_s_per_token=host_per_token_s)
+                   handoff_s=max(0.0, lone.handoff_s - cpu.decode_cpu_s_per_request - steps.decode_step_s
+                                 - steps.decode_cpu_s_per_token),
+                   decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
+                   host_cpu_s_per_token=steps.host_cpu_s_per_token,
+                   first_token_spread_s=lone.first_token_spread_s, decode_step_spread_s=steps.spread_s)

@@ -186,7 +186,8 @@ class SimSettings:
       or "handoff" (a what-if: placed again among the decode instances when its prefill finishes);
     - `serving`: what the router, the hops and the workers' API processes add (latencies, CPU on
       the workers' cores and on the host's); zeros simulate the engines alone;
-    - `router`: the placement policy, cost model, SLOs and admission the simulated router uses.
+    - `router`: the placement policy, cost model, SLOs and admission the simulated router uses;
+    - `spread_seed`: seeds the draws of `serving`'s measured spread (`planner.simulator.spread`).
     """
 
     token_budget: int
@@ -198,6 +199,7 @@ class SimSettings:
     decode_pick: DecodePick = "arrival"
     serving: ServingCosts = ServingCosts()
     router: RouterSettings = RouterSettings()
+    spread_seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):

@@ -16,7 +16,9 @@ Serving costs (`SimSettings.serving`, measured through a real cluster): a prefil
 its decode instance `handoff_s` after its first token; the workers' per-request and per-token CPU
 lengthens their steps; the host's unbound load (`planner.simulator.host`) stretches steps that
 start while it spills onto busy cores; `first_token_s` is added to what the client sees (TTFT and
-end-to-end latency, not TPOT).
+end-to-end latency, not TPOT). Where the profile measured their spread, each decode step and each
+first token also takes a seeded draw of it (`planner.simulator.spread`), so tails come from the
+host's measured distribution rather than from the medians alone.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from planner.perf_model import PerfModel
 from planner.simulator.cost import cost_model_from
@@ -33,6 +37,7 @@ from planner.simulator.hybrid import HybridInstance
 from planner.simulator.instances import ColocatedInstance, DecodeInstance, PrefillInstance, StepDone
 from planner.simulator.result import SimResult
 from planner.simulator.routing import SimRouter
+from planner.simulator.spread import ServiceSpread
 from planner.simulator.state import ItlLog, SimRequest
 from router.policies.placement import CostModel, Local
 
@@ -96,6 +101,7 @@ class _Cluster:
         self._seq = 0
         self._dirty: dict[int, Instance] = {}
         self.host = HostCpu(settings.serving)
+        self.spread = ServiceSpread(settings.serving, settings.spread_seed)
         self._stepping: set[int] = set()  # ids of the instances with a step running
         self._cores_per_instance = settings.serving.host_cores / topology.devices * topology.devices_per_instance
 
@@ -128,8 +134,9 @@ class _Cluster:
         busy = {"prefill": [i.busy_s for i in self.prefill],
                 "decode": [] if self.topology.is_colocated else [i.busy_s for i in self.decode],
                 "colocated": [i.busy_s for i in self.decode] if self.topology.is_colocated else []}
-        return SimResult.from_requests(requests, self.topology, self.itl, busy,
-                                       delivery_s=self.settings.serving.first_token_s)
+        first_token_s = self.settings.serving.first_token_s
+        delivery_s = np.maximum(0.0, first_token_s + self.spread.first_token_extra_s(len(requests)))
+        return SimResult.from_requests(requests, self.topology, self.itl, busy, delivery_s=delivery_s)
 
     def _check_finished(self, requests: list[SimRequest]) -> None:
         unfinished = [r.index for r in requests if r.finish_s is None and not r.refused]
@@ -140,7 +147,7 @@ class _Cluster:
     def _start_steps(self, now: float) -> None:
         for instance in self._dirty.values():
             busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
-            end_s = instance.start_step(now, self.host.stretch(now, busy_cores))
+            end_s = instance.start_step(now, self.host.stretch(now, busy_cores), self.spread.step_extra_s())
             if end_s is not None:
                 self._stepping.add(id(instance))
                 self._push(end_s, STEP_END, instance)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from planner.perf_model import PerfModel
 from planner.simulator.config import SimSettings
+from planner.simulator.spread import jittered
 from planner.simulator.state import DecodeBatch, ItlLog, SimRequest
 
 Chunk = tuple[SimRequest, int]
@@ -97,8 +98,9 @@ class PrefillInstance:
     def enqueue(self, request: SimRequest) -> None:
         self.queue.append(request)
 
-    def start_step(self, now: float, stretch: float = 1.0) -> float | None:
-        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it."""
+    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it. A
+        prefill step emits no decode token: `extra_s`, the decode step's drawn spread, is not its."""
         if self._running or not self.queue:
             return None
         s = self._settings
@@ -159,8 +161,9 @@ class DecodeInstance:
     def transfer_done(self, request: SimRequest) -> None:
         self._ready.append(request)
 
-    def start_step(self, now: float, stretch: float = 1.0) -> float | None:
-        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it."""
+    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it and
+        `extra_s` the served step's drawn spread (`planner.simulator.spread`)."""
         if self._step_start_s is not None:
             return None
         for request in self._ready:
@@ -169,9 +172,9 @@ class DecodeInstance:
         if self.batch.size == 0:
             return None
         size, serving = self.batch.size, self._settings.serving
-        duration = stretch * (self._model.decode_step_s(size, self.batch.context_tokens) + serving.decode_step_s
-                              + size * serving.decode_cpu_s_per_token
-                              + len(self._first_step) * serving.decode_cpu_s_per_request)
+        duration = jittered(stretch * (self._model.decode_step_s(size, self.batch.context_tokens)
+                                       + serving.decode_step_s + size * serving.decode_cpu_s_per_token
+                                       + len(self._first_step) * serving.decode_cpu_s_per_request), extra_s)
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
         return now + duration
 
@@ -226,8 +229,9 @@ class ColocatedInstance:
         request.blocks, self.used_blocks = blocks, self.used_blocks + blocks
         return True
 
-    def start_step(self, now: float, stretch: float = 1.0) -> float | None:
-        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it."""
+    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it and
+        `extra_s` the served decode step's drawn spread, charged when the step decodes."""
         if self._step_start_s is not None:
             return None
         for request in self._ready:
@@ -245,6 +249,8 @@ class ColocatedInstance:
                               + (s.serving.decode_step_s if self.batch.size else 0.0)
                               + self.batch.size * s.serving.decode_cpu_s_per_token
                               + len(self._first_step) * s.serving.decode_cpu_s_per_request)
+        if self.batch.size:
+            duration = jittered(duration, extra_s)
         self._step_start_s, self.busy_s = now, self.busy_s + duration
         return now + duration
 

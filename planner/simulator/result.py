@@ -42,7 +42,7 @@ class SimResult:
     itl_step_s: np.ndarray  # decode step durations ...
     itl_weight: np.ndarray  # ... and how many requests saw each one as an inter-token gap
     busy_s: dict[str, list[float]]
-    delivery_s: float = 0.0  # serving latency added to what the client sees of each token
+    delivery_s: float | np.ndarray = 0.0  # serving latency added to what the client sees: one, or one per request
     # where the router placed each request: its path's decode-side instance (a one-token request
     # prefilled elsewhere never reaches it; NOT_PLACED: refused), and whether that instance
     # computed the prompt (Local; False for a refused request)
@@ -51,7 +51,7 @@ class SimResult:
 
     @classmethod
     def from_requests(cls, requests: list[SimRequest], topology: Topology, itl: ItlLog,
-                      busy_s: dict[str, list[float]], delivery_s: float = 0.0) -> "SimResult":
+                      busy_s: dict[str, list[float]], delivery_s: float | np.ndarray = 0.0) -> "SimResult":
         timeline = {name: np.array([getattr(r, name) for r in requests], dtype=float) for name in TIMELINE}
         return cls(topology, timeline,
                    prompt_tokens=np.array([r.prompt_tokens for r in requests], dtype=np.int64),

@@ -153,15 +153,19 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
         if batch == 64 or (batch == 16 and output_tokens == 64):   # 16 joins at 128 tokens; 64 never does
             raise NoCommonWindow(f"the {batch} profiling requests never decoded together (window 0.000 s)")
         step_s = ROUND_MODEL.decode_step_s(batch, batch * 40)
-        return BatchRun(batch, step_s, batch * 40, batch / step_s, 0.0, batch * output_tokens)
+        gaps = (step_s - 0.001, step_s, step_s, step_s + 0.004)   # one late wake-up in four gaps
+        return BatchRun(batch, step_s, batch * 40, batch / step_s, 0.0, batch * output_tokens, gaps)
 
     plan = ServingPlan((32,), 1, 32, 10, (1, 16, 64), max_output_tokens=2032)
     host = ServingCosts(host_cores=2)
-    step_s, per_token_s, _ = measure_served_steps("t", 0, ROUND_MODEL, (), host, 0.0, 1000, plan,
-                                                  lambda label, step=True: notes.append((label, step)),
-                                                  run_batch=run_batch)
+    steps = measure_served_steps("t", 0, ROUND_MODEL, (), host, 0.0, 1000, plan,
+                                 lambda label, step=True: notes.append((label, step)), run_batch=run_batch)
     assert tried == [(1, 64), (16, 64), (16, 128), (64, 64), (64, 128), (64, 256)]
-    assert step_s == pytest.approx(0.0, abs=1e-9) and per_token_s == pytest.approx(0.0, abs=1e-9)  # served = engine
+    assert steps.decode_step_s == pytest.approx(0.0, abs=1e-9)   # served = engine
+    assert steps.decode_cpu_s_per_token == pytest.approx(0.0, abs=1e-9)
+    # the spread pools both measured runs' gaps around each run's own median: 2 x (-1, 0, 0, +4) ms
+    assert steps.spread_s[0] == pytest.approx(-0.001) and steps.spread_s[-1] == pytest.approx(0.004, abs=2e-4)
+    assert steps.spread_s[len(steps.spread_s) // 2] == pytest.approx(0.0)
     assert ("serving: skipped batches [64] (never decoded together); fitted on the others", False) in notes
     assert sum(step for _, step in notes) == 3   # one progress step per planned batch, skipped or not
 

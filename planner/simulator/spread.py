@@ -1,0 +1,43 @@
+"""The measured spread of served latencies, drawn (`ServingCosts.first_token_spread_s`,
+`decode_step_spread_s`; see `planner.profiler.spread`).
+
+Each decode-emitting step (a decode instance's, or a colocated one's with a running batch) takes
+one draw of the decode step's spread on top of its modelled duration; each request's first token
+one draw of the first token's, on top of `first_token_s`. A draw picks one of the recorded
+quantile points uniformly. Both streams are seeded and separate, so a run is deterministic and
+the first tokens' draws (one per request, in request order) do not move with the step count.
+With no spread recorded every draw is 0 and the simulator charges the medians, as before.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from planner.profile import ServingCosts
+
+MIN_STEP_SHARE = 0.25  # a draw may shorten a step to this share of its modelled duration, no less
+
+
+class ServiceSpread:
+    def __init__(self, serving: ServingCosts, seed: int = 0) -> None:
+        self._steps = serving.decode_step_spread_s
+        self._first = serving.first_token_spread_s
+        self._step_rng = random.Random(seed)
+        self._first_rng = random.Random(seed + 1)
+
+    def step_extra_s(self) -> float:
+        """The next decode step's deviation from its modelled duration, seconds."""
+        return self._step_rng.choice(self._steps) if self._steps else 0.0
+
+    def first_token_extra_s(self, count: int) -> np.ndarray:
+        """One first-token deviation per request, in request order, seconds."""
+        if not self._first:
+            return np.zeros(count)
+        return np.array([self._first_rng.choice(self._first) for _ in range(count)], dtype=float)
+
+
+def jittered(duration_s: float, extra_s: float) -> float:
+    """`duration_s` moved by a drawn `extra_s`, kept at >= MIN_STEP_SHARE of itself."""
+    return max(MIN_STEP_SHARE * duration_s, duration_s + extra_s)
