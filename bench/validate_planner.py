@@ -45,8 +45,9 @@ from loadgen.runner import RunConfig
 from planner.profile import Profile, load_profile
 from planner.simulator import SimulationError, Topology
 from loadgen.comparison.goodput import format_goodput
-from planner.validation import (LATENCY_KEYS, METRICS, error_table, plot_verdicts, verdict, verdict_table,
-                               verdicts_to_json)
+from planner.validation import (LATENCY_KEYS, METRICS, error_table, phase_table, plot_verdicts, verdict,
+                               verdict_table, verdicts_to_json)
+from planner.validation_phases import measured_phases
 from planner.validation_runs import (RateRun, ValidationSetup, as_sent, auto_rates, cluster_cpu_s, compare,
                                      load_earlier, planned_router, router_flags_for, write_validation)
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         shape = setup.workload.get("shape", "uniform")
         console.print(error_table(comparisons, f"measured vs simulated, {setup.topology.label}, {shape}, "
                                                f"{setup.model_name}"))
+        phases = phase_table([c for c in comparisons if c.model == args.profile[0].stem],
+                             f"where the time goes, {setup.topology.label}, {shape}: measured vs simulated phases")
+        if phases is not None:
+            console.print(phases)
         json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons, args.resimulate)
         console.print(f"wrote {json_path} and {png}")
         rates_by_run[(shape, setup.topology.label)] = [run.rate_rps for run in shape_runs]
@@ -210,7 +215,8 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             if measured_summary["failed"]:
                 console.print(f"[red]{measured_summary['failed']} requests failed at {rate:g} req/s: "
                               f"{measured_summary['errors_by_kind']}[/red]")
-            runs.append(RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores))
+            runs.append(RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores,
+                                measured_phases(result.records, len(specs))))
     finally:
         system.stop()
     return runs

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from loadgen.comparison.goodput import format_goodput
 from loadgen.sweep import goodput_on_grid
+from planner.validation_phases import PHASE_TITLES, PhaseRow
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("median_ttft_ms", "TTFT p50"), ("p90_ttft_ms", "TTFT p90"),
@@ -39,6 +40,7 @@ class Comparison:
     model: str
     measured: dict[str, Any]
     simulated: dict[str, Any]
+    phases: tuple[PhaseRow, ...] = ()  # where the run kept per-phase timings (`planner.validation_phases`)
 
     def error(self, key: str) -> float:
         """Relative error of a latency; percentage-point difference (as a fraction) for attainment."""
@@ -147,6 +149,26 @@ def error_table(comparisons: Sequence[Comparison], title: str) -> Table:
     return table
 
 
+def phase_table(comparisons: Sequence[Comparison], title: str) -> Table | None:
+    """Each rate's phases (`planner.validation_phases`), measured / simulated p50 and p90 in ms with
+    the error; None when no comparison has phases."""
+    rows = [(c, row) for c in comparisons for row in c.phases]
+    if not rows:
+        return None
+    table = Table(title=title)
+    for column in ("rate req/s", "model", "phase", "p50 real / sim ms (err)", "p90 real / sim ms (err)"):
+        table.add_column(column, justify="left" if column in ("model", "phase") else "right")
+    for c, row in rows:
+        cells = []
+        for which in ("p50", "p90"):
+            measured, simulated = getattr(row, f"measured_{which}_s"), getattr(row, f"simulated_{which}_s")
+            error = row.error(which)
+            cells.append("-" if measured is None or simulated is None else
+                         f"{measured * 1e3:.1f} / {simulated * 1e3:.1f}" + ("" if error is None else f" ({error:+.0%})"))
+        table.add_row(f"{c.rate_rps:.2f}", c.model, PHASE_TITLES[row.phase], *cells)
+    return table
+
+
 def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
     keys = [key for key, _ in METRICS]
     models = list(dict.fromkeys(c.model for c in comparisons))
@@ -154,7 +176,8 @@ def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
         "metrics": keys,
         "runs": [{"rate_rps": c.rate_rps, "model": c.model,
                   "measured": {k: c.measured[k] for k in keys}, "simulated": {k: c.simulated[k] for k in keys},
-                  "error": {k: c.error(k) for k in keys}} for c in comparisons],
+                  "error": {k: c.error(k) for k in keys},
+                  **({"phases": [row.as_dict() for row in c.phases]} if c.phases else {})} for c in comparisons],
         "mean_abs_error": {m: mean_abs_errors(comparisons, m) for m in models},
     }
 

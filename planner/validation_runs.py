@@ -8,6 +8,7 @@ rate's requests so a changed simulator or model can be re-checked without the cl
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +25,8 @@ from planner.profiler.serving_probe import host_cpu_seconds
 from planner import router_config
 from planner.router_config import router_files, write_router_config
 from planner.search import SearchSettings, max_rate
-from planner.simulator import RouterSettings, SimSettings, Topology, cost_model_from, simulate
+from planner.simulator import RouterSettings, SimResult, SimSettings, Topology, cost_model_from, simulate
+from planner.validation_phases import phase_rows, simulated_phases
 from planner.validation import Comparison, plot_validation, to_json
 from router.policies.placement import CostModel, PlacementConfig
 
@@ -34,12 +36,14 @@ AUTO_RATE_SHARES = (0.3, 0.6, 0.9, 1.2)  # of the first profile's simulated good
 @dataclass(frozen=True)
 class RateRun:
     """One offered rate of a real run: the requests as sent, loadgen's summary, and the CPU the
-    cluster and the client used, in cores (None when not measured)."""
+    cluster and the client used, in cores (None when not measured), and each request's measured
+    phases where the run kept them."""
 
     rate_rps: float
     requests: list[RequestSpec]
     measured: dict
     cluster_cpu_cores: float | None
+    phases: dict[str, list[float]] | None = None  # measured, per request (`planner.validation_phases`)
 
 
 @dataclass(frozen=True)
@@ -117,8 +121,14 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
         profile = load_profile(path)
         models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport), router),
                              fit_perf_model(profile).model)
-    return [Comparison(run.rate_rps, name, run.measured, simulate(run.requests, topology, settings, model).summary(slo))
+    return [_comparison(run, name, simulate(run.requests, topology, settings, model), slo)
             for run in runs for name, (settings, model) in models.items()]
+
+
+def _comparison(run: RateRun, model: str, result: SimResult, slo: SLO) -> Comparison:
+    phases = () if run.phases is None else phase_rows(
+        run.phases, simulated_phases(result.timeline, result.output_tokens, result.delivery_s))
+    return Comparison(run.rate_rps, model, run.measured, result.summary(slo), phases)
 
 
 def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, list[RateRun]]:
@@ -137,10 +147,22 @@ def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, l
                             earlier["workload"], earlier.get("transport", default_transport),
                             Topology.from_label(earlier.get("topology", "1P+1D")), router)
     measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
-    cpu_cores = earlier.get("cluster_cpu_cores", {})
-    runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows], measured[float(rate)], cpu_cores.get(rate))
+    cpu_cores, phases = earlier.get("cluster_cpu_cores", {}), earlier.get("measured_phases", {})
+    runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows], measured[float(rate)], cpu_cores.get(rate),
+                    _phases_from_json(phases.get(rate)))
             for rate, rows in earlier["requests"].items()]
     return setup, runs
+
+
+def _phases_to_json(phases: dict[str, list[float]]) -> dict[str, list[float | None]]:
+    """Seconds rounded to microseconds, NaN as null (JSON has no NaN)."""
+    return {phase: [None if math.isnan(v) else round(v, 6) for v in values] for phase, values in phases.items()}
+
+
+def _phases_from_json(data: dict | None) -> dict[str, list[float]] | None:
+    if not data:
+        return None
+    return {phase: [math.nan if v is None else float(v) for v in values] for phase, values in data.items()}
 
 
 def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Sequence[Path], runs: Sequence[RateRun],
@@ -158,7 +180,9 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
          **to_json(comparisons),
          "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},
          "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
-                                          for r in run.requests] for run in runs}}, indent=1))
+                                          for r in run.requests] for run in runs},
+         "measured_phases": {str(run.rate_rps): _phases_to_json(run.phases) for run in runs if run.phases}},
+        indent=1))
     png = plot_validation(comparisons, out_dir / "validation.png",
                           f"{setup.model_name} {setup.topology.label}: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
                           f"TPOT<={slo.tpot_s * 1e3:g} ms)")

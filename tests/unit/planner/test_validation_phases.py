@@ -1,0 +1,90 @@
+"""Where a prediction goes wrong (planner/validation_phases.py): a request's latency split into
+queue, prefill, first gap and steady decode gap, from loadgen's records and from the simulator's
+timeline, compared per phase."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from planner_testkit import ROUND_MODEL, round_settings, spec
+
+from loadgen.runner import RequestRecord
+from loadgen.targets.base import PhaseTimings
+from planner.profile import ServingCosts
+from planner.simulator import Topology, simulate
+from planner.validation_phases import PHASES, measured_phases, phase_rows, simulated_phases
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def record(index: int, chunk_times_s: tuple[float, ...], queued_s: float | None, output_tokens: int,
+           status: str = "ok") -> RequestRecord:
+    phases = None if queued_s is None else PhaseTimings(queued_s, 0.0, 0.0, 0, 0.0)
+    return RequestRecord(index=index, scheduled_s=0.0, sent_s=0.0, client_queue_s=0.0, prompt_tokens=10,
+                         requested_output_tokens=output_tokens, status=status, output_tokens=output_tokens,
+                         chunk_times_s=chunk_times_s, phases=phases)
+
+
+def test_measured_phases_split_each_request_by_its_chunks_and_the_routers_queue():
+    records = [record(2, (0.10, 0.13, 0.14, 0.16), 0.02, 4),   # index order is the record's own
+               record(0, (0.05,), 0.01, 1),                      # one token: no gaps
+               record(1, (), None, 4, status="refused")]         # refused: nothing
+    phases = measured_phases(records, 3)
+    assert phases["queue"][2] == pytest.approx(0.02) and phases["prefill"][2] == pytest.approx(0.08)
+    assert phases["first_gap"][2] == pytest.approx(0.03)
+    assert phases["steady_gap"][2] == pytest.approx((0.16 - 0.13) / 2)
+    assert phases["queue"][0] == pytest.approx(0.01) and math.isnan(phases["first_gap"][0])
+    assert all(math.isnan(phases[p][1]) for p in PHASES)
+
+
+def test_simulated_phases_add_up_to_ttft_and_tpot_on_a_hand_schedule():
+    costs = ServingCosts(first_token_s=0.004, handoff_s=0.003)
+    result = simulate([spec(0.0, 50, 4), spec(0.01, 50, 4)], Topology.disaggregated(1, 1),
+                      round_settings(serving=costs), ROUND_MODEL)
+    phases = simulated_phases(result.timeline, result.output_tokens, result.delivery_s)
+    # the second prompt arrives during the first's prefill step (0.1525 s) and waits for it
+    assert phases["queue"].tolist() == pytest.approx([0.0, 0.1525 - 0.01])
+    np.testing.assert_allclose(phases["queue"] + phases["prefill"], result.ttft_s)
+    tpot = (phases["first_gap"] + 2 * phases["steady_gap"]) / 3
+    np.testing.assert_allclose(tpot, result.tpot_s)
+
+
+def test_phase_rows_compare_each_sides_own_requests_and_say_when_a_phase_is_missing():
+    measured = {"queue": [0.01, 0.02, math.nan], "prefill": [0.1, 0.2, 0.3], "first_gap": [math.nan] * 3,
+                "steady_gap": [0.01, 0.01, 0.01]}
+    simulated = {"queue": np.array([0.0, 0.0, 0.0]), "prefill": np.array([0.1, 0.1, 0.1]),
+                 "first_gap": np.array([0.02, 0.02, 0.02]), "steady_gap": np.array([0.005, 0.005, 0.005])}
+    rows = {row.phase: row for row in phase_rows(measured, simulated)}
+    assert rows["queue"].measured_p50_s == pytest.approx(0.015)         # the NaN is not a request with a phase
+    assert rows["prefill"].error("p50") == pytest.approx(-0.5)
+    assert rows["first_gap"].measured_p50_s is None and rows["first_gap"].error("p50") is None
+    assert rows["steady_gap"].error("p90") == pytest.approx(-0.5)
+    assert rows["queue"].error("p50") == pytest.approx(-1.0)
+
+
+def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them(tmp_path):
+    from loadgen.metrics import SLO
+    from loadgen.workload import RequestSpec
+    from planner import validation_runs
+    from planner.validation import phase_table
+
+    profile_path = REPO / "planner" / "profiles" / "tiny_2cpu_served.json"
+    sample = [RequestSpec(0.1 * i, 100, 6) for i in range(4)]
+    phases = {"queue": [0.001, 0.002, math.nan, 0.001], "prefill": [0.02, 0.03, math.nan, 0.02],
+              "first_gap": [0.01] * 3 + [math.nan], "steady_gap": [0.004] * 4}
+    measured = {"median_ttft_ms": 25, "p90_ttft_ms": 30, "median_tpot_ms": 5, "p90_tpot_ms": 6, "slo_attainment": 1.0}
+    runs = [validation_runs.RateRun(1.0, sample, measured, None, phases)]
+    setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "uniform"}, "tcp")
+    comparisons = validation_runs.compare(runs, [profile_path], "tcp", setup.slo)
+    assert [row.phase for row in comparisons[0].phases] == list(PHASES)
+    validation_runs.write_validation(tmp_path, setup, [profile_path], runs, comparisons)
+
+    _, again = validation_runs.load_earlier(tmp_path / "validation.json", default_transport="tcp")
+    assert again[0].phases["queue"][:2] == [0.001, 0.002] and math.isnan(again[0].phases["queue"][2])
+    assert validation_runs.compare(again, [profile_path], "tcp", setup.slo)[0].phases == comparisons[0].phases
+    assert phase_table(comparisons, "phases").row_count == len(PHASES)
+    assert phase_table([validation_runs.compare([validation_runs.RateRun(1.0, sample, measured, None)],
+                                                [profile_path], "tcp", setup.slo)[0]], "none") is None
