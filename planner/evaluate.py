@@ -61,11 +61,15 @@ def synthetic_workload(num_requests: int, mean_prompt_tokens: float, mean_output
 
 def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices: int,
                  search: SearchSettings = SearchSettings(), num_requests: int = 500,
-                 range_ratio: float = 0.5, seed: int = 0, kind: TopologyKind = "disaggregated") -> PlanFn:
+                 range_ratio: float = 0.5, seed: int = 0, kind: TopologyKind = "disaggregated",
+                 worker_devices: int = 1) -> PlanFn:
     """plan(rate, mean prompt, mean output, slo_scale) -> the fewest pool sizes of topology `kind`
     meeting the SLOs (each multiplied by its `slo_scale`) at that load in simulation, or None if
     none within `max_devices` does. Aggregated sizes are PoolSizes(0, K): K workers serving both
-    phases; hybrid sizes are searched as disaggregated ones are, simulated with the Local path."""
+    phases, each over `worker_devices` devices (K x `worker_devices` <= `max_devices`; the model's
+    engine of that width, `PerfModel.on_devices`); hybrid sizes are searched as disaggregated ones
+    are, simulated with the Local path. ValueError for a width on another kind, or one not profiled."""
+    _check_width(model, kind, worker_devices)
 
     def plan(rate_rps: float, mean_prompt_tokens: float, mean_output_tokens: float,
              slo_scale: SloScale = SloScale()) -> PoolSizes | None:
@@ -73,7 +77,8 @@ def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices:
         scaled = SLO(ttft_s=slo.ttft_s * slo_scale.ttft if slo.ttft_s else None,
                      tpot_s=slo.tpot_s * slo_scale.tpot if slo.tpot_s else None, e2el_s=slo.e2el_s)
         attainment = make_attainment_fn(workload_at, settings, model, scaled)
-        pick = fewest_devices(attainment, rate_rps, max_devices, search, kinds=(kind,)).of(kind)
+        pick = fewest_devices(attainment, rate_rps, max_devices, search, kinds=(kind,),
+                              widths=(worker_devices,)).of(kind)
         if pick is None:
             return None
         topology = pick[0]
@@ -84,18 +89,33 @@ def make_plan_fn(settings: SimSettings, model: PerfModel, slo: SLO, max_devices:
     return plan
 
 
+def _check_width(model: PerfModel, kind: TopologyKind, worker_devices: int) -> None:
+    if worker_devices == 1:
+        return
+    if kind != "aggregated":
+        raise ValueError(f"workers over {worker_devices} devices serve the aggregated topology only (a {kind} "
+                         "worker is one device); plan that kind alone")
+    try:
+        model.on_devices(worker_devices)
+    except KeyError as error:
+        raise ValueError(error.args[0]) from None
+
+
 def make_latency_fn(settings: SimSettings, model: PerfModel, num_requests: int = 500, range_ratio: float = 0.5,
-                    seed: int = 0) -> LatencyFn:
+                    seed: int = 0, worker_devices: int = 1) -> LatencyFn:
     """latency(sizes, rate, mean prompt, mean output) -> simulated p50/p90 TTFT and TPOT in seconds
     of the same synthetic workload `make_plan_fn` plans with, over the requests served (as the
     routers' window holds them: a refused request has no latency); None where no request has one
     (TPOT: no output > 1 token). Sizes without a prefill pool are an aggregated cluster's; others
-    are simulated disaggregated (a hybrid cluster is judged as one: its Local path is not modelled here)."""
+    are simulated disaggregated (a hybrid cluster is judged as one: its Local path is not modelled here);
+    an aggregated cluster's workers each span `worker_devices` devices."""
+    _check_width(model, "aggregated", worker_devices)
 
     def latency(sizes: PoolSizes, rate_rps: float, mean_prompt_tokens: float,
                 mean_output_tokens: float) -> Latencies:
         requests = synthetic_workload(num_requests, mean_prompt_tokens, mean_output_tokens, range_ratio, seed)(rate_rps)
-        topology = (Topology.aggregated(sizes.decode) if sizes.prefill == 0  # an aggregated cluster's sizes
+        topology = (Topology.aggregated(sizes.decode, devices_per_instance=worker_devices)
+                    if sizes.prefill == 0  # an aggregated cluster's sizes
                     else Topology.disaggregated(sizes.prefill, sizes.decode))
         result = simulate(requests, topology, settings, model)
         ttft_p50, ttft_p90 = _p50_p90(result.ttft_s)
@@ -115,10 +135,10 @@ def _p50_p90(values_s: np.ndarray) -> tuple[float | None, float | None]:
 
 
 def make_predict_fn(settings: SimSettings, model: PerfModel, num_requests: int = 500, range_ratio: float = 0.5,
-                    seed: int = 0) -> PredictFn:
+                    seed: int = 0, worker_devices: int = 1) -> PredictFn:
     """predict(sizes, rate, mean prompt, mean output) -> the p90s of `make_latency_fn`: simulated
     (TTFT p90, TPOT p90) in seconds (TPOT None if no output > 1 token)."""
-    latency = make_latency_fn(settings, model, num_requests, range_ratio, seed)
+    latency = make_latency_fn(settings, model, num_requests, range_ratio, seed, worker_devices)
 
     def predict(sizes: PoolSizes, rate_rps: float, mean_prompt_tokens: float,
                 mean_output_tokens: float) -> tuple[float | None, float | None]:

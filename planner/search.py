@@ -261,7 +261,8 @@ def fewest_devices(attainment: AttainmentFn, rate_rps: float, max_devices: int,
     """Each of `kinds`' smallest topology meeting the target at `rate_rps` within `max_devices`,
     over the variants `enumerate_topologies` lists: splits N + M walked as a staircase (the
     smallest M for each N; a hybrid split is its best variant over `local_prefill_caps` x
-    `token_budgets`), aggregated K workers of each width in `widths` under each token budget.
+    `token_budgets`), aggregated K workers of each width in `widths` (`PerfModel.widths`, 1 among
+    them; the online planner gives its workers' one width) under each token budget.
     Among a kind's topologies of equally few devices the higher attainment wins."""
     target = settings.target_attainment
     enumerate_topologies(max_devices, kinds, local_prefill_caps, token_budgets, widths)  # validates the inputs
@@ -305,9 +306,10 @@ def _fewest_split(check: Callable[[int, int], Pick], max_devices: int, target: f
 
 def _fewest_aggregated(best_variant: Callable[[Sequence[Topology]], Pick], max_devices: int, target: float,
                        budgets: Sequence[int], widths: Sequence[int]) -> Pick | None:
-    """The fewest devices of K workers over W devices each (every width), the best token budget at each K."""
+    """The fewest devices of K workers over W devices each (every width of `widths`), the best token
+    budget at each K."""
     best: Pick | None = None
-    for width in sorted(set(widths) | {1}):
+    for width in sorted(set(widths)):
         for k in range(1, max_devices // width + 1):
             if best is not None and k * width > best[0].devices:
                 break

@@ -36,11 +36,14 @@ class PlanModelSpec:
             raise ValueError(f"sim_requests must be >= 20 for a meaningful attainment, got {self.sim_requests}")
 
 
-def build_oracle(spec: PlanModelSpec, max_devices: int, kinds: Sequence[TopologyKind] = ("disaggregated",)) -> Oracle:
+def build_oracle(spec: PlanModelSpec, max_devices: int, kinds: Sequence[TopologyKind] = ("disaggregated",),
+                 worker_devices: int = 1) -> Oracle:
     """The plan (fewest pool sizes meeting the SLOs in simulation; one per topology kind in
     `kinds`, the first also as `plan`), predict (simulated p90s at given sizes) and latency
     (simulated p50s and p90s, what the loop's error tracker compares with the observed) functions
-    of the profile's fitted model, and the fit itself."""
+    of the profile's fitted model, and the fit itself. `worker_devices` > 1: the cluster is
+    aggregated workers each over that many devices (`kinds` must be aggregated alone, and the
+    profile must have measured an engine of that width); `max_devices` counts devices."""
     from planner.profiles.example import EXAMPLE_PROFILE_PATH
 
     profile = load_profile(spec.profile_path or EXAMPLE_PROFILE_PATH)
@@ -48,8 +51,11 @@ def build_oracle(spec: PlanModelSpec, max_devices: int, kinds: Sequence[Topology
     settings = SimSettings.from_profile(profile, spec.transport)
     slo = SLO(ttft_s=spec.ttft_slo_s, tpot_s=spec.tpot_slo_s)
     search = SearchSettings(target_attainment=spec.target_attainment)
-    plans = {kind: make_plan_fn(settings, fit.model, slo, max_devices, search, num_requests=spec.sim_requests, kind=kind)
+    plans = {kind: make_plan_fn(settings, fit.model, slo, max_devices, search, num_requests=spec.sim_requests,
+                                kind=kind, worker_devices=worker_devices)
              for kind in kinds}
     return Oracle(plan=plans[kinds[0]], plans=plans,
-                  predict=make_predict_fn(settings, fit.model, num_requests=spec.sim_requests),
-                  latency=make_latency_fn(settings, fit.model, num_requests=spec.sim_requests), fit=fit)
+                  predict=make_predict_fn(settings, fit.model, num_requests=spec.sim_requests,
+                                          worker_devices=worker_devices),
+                  latency=make_latency_fn(settings, fit.model, num_requests=spec.sim_requests,
+                                          worker_devices=worker_devices), fit=fit)

@@ -44,6 +44,15 @@ def check_kinds(kinds: Sequence[str]) -> tuple[TopologyKind, ...]:
     return tuple(kinds)  # type: ignore[return-value]
 
 
+def check_worker_devices(worker_devices: int, kinds: Sequence[str]) -> None:
+    """A worker spans >= 1 device, and more than one only in a cluster that stays aggregated: a
+    prefill or decode worker is one device, and a switch would keep the pool's core sets. ValueError."""
+    if worker_devices < 1 or (worker_devices > 1 and tuple(kinds) != ("aggregated",)):
+        raise ValueError(f"--worker-devices {worker_devices}: a worker spans >= 1 device, and more than one only "
+                         "in an aggregated cluster the planner does not switch (--topology aggregated, no other "
+                         f"--topologies; got {', '.join(kinds)}): a prefill or decode worker is one device")
+
+
 def choose_kind(current: TopologyKind, plans: Mapping[TopologyKind, PoolSizes | None],
                 allowed: Sequence[TopologyKind], since_switch_s: float, cooldown_s: float,
                 min_devices_saved: int = 1) -> KindChoice:

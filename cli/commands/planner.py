@@ -97,6 +97,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "load, or the current one meets the SLOs at no size (default: --topology only, never switch)")
     g.add_argument("--topology-cooldown-s", type=float, default=300.0,
                    help="no topology switch within this long of the last one (default 300)")
+    g.add_argument("--worker-devices", type=int, default=1, metavar="N",
+                   help="devices (cores) each worker spans, as its core set gives it (e.g. 2 with --decode-cores "
+                        "0-1): the planner sizes the pool with the profile's engine of that width (`pdserve profile "
+                        "--through cluster` measures one over every core) and counts --max-decode in workers of "
+                        "N devices; N > 1 only with --topology aggregated alone (default 1)")
     g.add_argument("--once", action="store_true", help="one decision, print it, exit")
     g.add_argument("--dry-run", action="store_true", help="decide and publish, never scale")
     g.add_argument("--metrics-port", type=int, default=0,
@@ -187,6 +192,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "status":
         return _status(args)
+    from planner.topology_switch import check_worker_devices
+
+    try:
+        check_worker_devices(args.worker_devices, args.topologies or (args.topology,))
+    except ValueError as bad:
+        raise SystemExit(f"pdserve planner: {bad}") from bad
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return asyncio.run(_main(args))
@@ -253,8 +264,8 @@ async def _main(args: argparse.Namespace) -> int:
         min_requests_for_guard=args.min_requests_for_guard, topologies=topologies,
         topology_cooldown_s=args.topology_cooldown_s)
     oracle = build_oracle(PlanModelSpec(args.profile, args.ttft_slo_s, args.tpot_slo_s, args.attainment_target,
-                                        args.transport, args.sim_requests), config.max_sizes.total,
-                          tuple(dict.fromkeys((*topologies, args.topology))))
+                                        args.transport, args.sim_requests), config.max_sizes.total * args.worker_devices,
+                          tuple(dict.fromkeys((*topologies, args.topology))), args.worker_devices)
     for line in oracle.fit.lines():
         console.print("  " + line, markup=False)
     actuator, cleanup = _actuator(args, unmanaged)

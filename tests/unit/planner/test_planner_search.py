@@ -239,3 +239,43 @@ def test_plan_fns_of_each_topology_kind_size_their_own_pools():
     # an aggregated cluster's sizes are simulated as one (no prefill pool to wait for)
     latency = make_latency_fn(settings, model, num_requests=200)
     assert latency(PoolSizes(0, 2), 1.0, 512, 128).ttft_p90_s > 0
+
+
+def test_the_online_plan_sizes_aggregated_workers_of_the_deployments_width():
+    """Workers over two devices each: the plan counts workers of that width against the device budget,
+    simulates them with the wide engine's model, and refuses a width the kind or the profile lacks."""
+    import dataclasses
+
+    from loadgen.metrics import SLO
+    from planner.evaluate import make_latency_fn, make_plan_fn
+    from planner.pool_sizes import PoolSizes
+    from planner_testkit import ROUND_MODEL, round_settings
+
+    wide_model = dataclasses.replace(  # one engine over two devices: prefill twice as fast, decode 20% faster
+        ROUND_MODEL, prefill=dataclasses.replace(ROUND_MODEL.prefill, per_token_s=0.0005, per_token2_s=5e-7),
+        decode=dataclasses.replace(ROUND_MODEL.decode, step_s=0.008, per_seq_s=0.004))
+    model = dataclasses.replace(ROUND_MODEL, wide=((2, wide_model),))
+    settings, slo = round_settings(num_kv_blocks=400), SLO(ttft_s=1.0, tpot_s=0.1)
+    narrow = make_plan_fn(settings, model, slo, max_devices=8, num_requests=100, kind="aggregated")
+    wide = make_plan_fn(settings, model, slo, max_devices=8, num_requests=100, kind="aggregated", worker_devices=2)
+    one, two = narrow(3.0, 200, 20), wide(3.0, 200, 20)
+    assert one is not None and two is not None and one.prefill == two.prefill == 0
+    assert two.decode * 2 <= 8 and two.decode < one.decode     # fewer workers: each is twice as wide
+    assert wide(100.0, 200, 20) is None                         # beyond four wide workers: none fits
+    slow = make_latency_fn(settings, model, num_requests=100)(PoolSizes(0, 1), 1.0, 200, 20)
+    fast = make_latency_fn(settings, model, num_requests=100, worker_devices=2)(PoolSizes(0, 1), 1.0, 200, 20)
+    assert fast.ttft_p50_s < slow.ttft_p50_s                    # simulated on the wide engine
+    with pytest.raises(ValueError, match="aggregated topology only"):
+        make_plan_fn(settings, model, slo, max_devices=8, kind="disaggregated", worker_devices=2)
+    with pytest.raises(ValueError, match=r"no engine over 4 devices was profiled \(measured widths: \[1, 2\]\)"):
+        make_plan_fn(settings, model, slo, max_devices=8, kind="aggregated", worker_devices=4)
+
+
+def test_workers_wider_than_a_device_only_in_a_cluster_that_stays_aggregated():
+    from planner.topology_switch import check_worker_devices
+
+    check_worker_devices(1, ("disaggregated", "aggregated"))
+    check_worker_devices(2, ("aggregated",))
+    for devices, kinds in ((2, ("disaggregated",)), (2, ("aggregated", "hybrid")), (0, ("aggregated",))):
+        with pytest.raises(ValueError, match="a prefill or decode worker is one device"):
+            check_worker_devices(devices, kinds)
