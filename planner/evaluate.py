@@ -118,14 +118,14 @@ def make_latency_fn(settings: SimSettings, model: PerfModel, num_requests: int =
                     if sizes.prefill == 0  # an aggregated cluster's sizes
                     else Topology.disaggregated(sizes.prefill, sizes.decode))
         result = simulate(requests, topology, settings, model)
-        ttft_p50, ttft_p90 = _p50_p90(result.ttft_s)
-        tpot_p50, tpot_p90 = _p50_p90(result.tpot_s)
+        ttft_p50, ttft_p90 = p50_p90(result.ttft_s)
+        tpot_p50, tpot_p90 = p50_p90(result.tpot_s)
         return Latencies(ttft_p50_s=ttft_p50, ttft_p90_s=ttft_p90, tpot_p50_s=tpot_p50, tpot_p90_s=tpot_p90)
 
     return latency
 
 
-def _p50_p90(values_s: np.ndarray) -> tuple[float | None, float | None]:
+def p50_p90(values_s: np.ndarray) -> tuple[float | None, float | None]:
     """The median and 90th percentile of the values that are not NaN; (None, None) when none is."""
     known = values_s[~np.isnan(values_s)]
     if not len(known):

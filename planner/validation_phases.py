@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.evaluate import p50_p90
+
 PHASES = ("queue", "prefill", "first_gap", "steady_gap")
 PHASE_TITLES = {"queue": "queue", "prefill": "prefill (+hops)", "first_gap": "first gap (handoff)",
                 "steady_gap": "steady decode gap"}
@@ -91,18 +93,10 @@ def phase_rows(measured: Mapping[str, Sequence[float]], simulated: Mapping[str, 
     """Each phase's p50/p90 on both sides."""
     rows = []
     for phase in PHASES:
-        m50, m90 = _p50_p90(np.asarray(measured.get(phase, ()), dtype=float))
-        s50, s90 = _p50_p90(np.asarray(simulated.get(phase, ()), dtype=float))
+        m50, m90 = p50_p90(np.asarray(measured.get(phase, ()), dtype=float))
+        s50, s90 = p50_p90(np.asarray(simulated.get(phase, ()), dtype=float))
         rows.append(PhaseRow(phase, m50, m90, s50, s90))
     return tuple(rows)
-
-
-def _p50_p90(values: np.ndarray) -> tuple[float | None, float | None]:
-    known = values[~np.isnan(values)]
-    if not len(known):
-        return None, None
-    p50, p90 = np.percentile(known, [50, 90])
-    return float(p50), float(p90)
 
 
 def _ms(seconds: float | None) -> float | None:
