@@ -82,6 +82,22 @@ def named_threads_cpu_s(root_pid: int, name_prefix: str) -> float:
     return total_ticks / TICKS_PER_S
 
 
+def per_core_ticks(proc_stat_text: str) -> dict[str, tuple[int, int]]:
+    """"cpuN" -> (busy, total) ticks from /proc/stat's text; busy is all but idle and iowait."""
+    cores = {}
+    for line in proc_stat_text.splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            ticks = [int(v) for v in values[:8]]
+            cores[name] = (sum(ticks) - ticks[3] - ticks[4], sum(ticks))
+    return cores
+
+
+def core_busy_shares(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """Each core's busy share of the ticks between two `per_core_ticks` readings."""
+    return {core: (after[core][0] - before[core][0]) / max(1, after[core][1] - before[core][1]) for core in after}
+
+
 def busy_ticks() -> int:
     """Busy CPU ticks of the whole machine since boot."""
     return machine_busy_ticks((_PROC / "stat").read_text())
