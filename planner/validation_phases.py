@@ -16,6 +16,9 @@ TTFT = queue + prefill; TPOT = (first_gap + (output - 2) x steady_gap) / (output
 Measured values come from loadgen's records (the client's chunk times, the router's per-phase
 timings); a record whose chunks carry several tokens each makes its gaps approximate. Each side's
 percentiles are over its own requests that have the phase (a refused or failed one has none).
+The measured queue misses one wait the simulated one holds: vLLM stamps a request queued when its
+engine core takes it in between steps, so the wait behind a step already running lands in the
+measured prefill. Compare queue + prefill (TTFT) where a queue forms behind long steps.
 """
 
 from __future__ import annotations
