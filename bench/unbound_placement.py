@@ -11,7 +11,11 @@ gap), TTFT/TPOT, and the CPU each process group and each core used:
 
   floating   the default: router, Redis and the client on any core;
   pinned     router, Redis and the client bound to the prefill worker's core;
-  spinN      the workers' vLLM spin capped at N ms (e.g. spin5; floating otherwise).
+  spinN      the workers' vLLM spin capped at N ms (e.g. spin5; floating otherwise);
+  spinvllm   vLLM's own spin (1 s), as vLLM's server runs.
+
+--topology aggregated runs one worker over both cores instead (what `pdserve plan` calls 1Cx2), with
+the KV cache of both; `pinned` then has no core to itself and is refused.
 
     python bench/unbound_placement.py --model models/tiny --shape short-long --rate 6.3 \\
         --variants floating,pinned --out bench/results/unbound_placement_epyc
@@ -72,13 +76,15 @@ def run_variant(args, variant: Variant, specs, console: Console) -> dict:
                             kv_cache_bytes=args.kv_cache_mb << 20)
     if variant.spin_ms is not None:
         engine = replace(engine, vllm_spin_ms=variant.spin_ms)
-    system = PdserveCluster.fixed(engine, PREFILL_CORE, DECODE_CORE, args.out / "logs", args.transport, variant.name)
+    system = PdserveCluster.fixed(engine, PREFILL_CORE, DECODE_CORE, args.out / "logs", args.transport, variant.name,
+                                  topology=args.topology)
     mine = os.sched_getaffinity(0)
     system.start()
     try:
         cluster = system.cluster
-        groups = {"prefill worker": lambda: cpu_seconds(process_tree(cluster.workers[cluster.worker_ids("prefill")[0]].pid)),
-                  "decode worker": lambda: cpu_seconds(process_tree(cluster.workers[cluster.worker_ids("decode")[0]].pid)),
+        worker_cpu = lambda role: sum(cpu_seconds(process_tree(cluster.workers[w].pid))  # noqa: E731
+                                      for w in cluster.worker_ids(role))
+        groups = {"prefill worker": lambda: worker_cpu("prefill"), "decode worker": lambda: worker_cpu("decode"),
                   "router": lambda: cpu_seconds(process_tree(cluster.router.pid)),
                   "redis": lambda: cpu_seconds([cluster.redis.process.pid]),
                   "client": lambda: time.process_time()}
@@ -111,7 +117,7 @@ def run_variant(args, variant: Variant, specs, console: Console) -> dict:
 
 
 def report(summary: dict[str, dict], args, console: Console) -> list[str]:
-    table = Table(title=f"{args.model.name} 1P+1D ({args.transport}), {args.shape} at {args.rate:g} req/s: median of runs")
+    table = Table(title=f"{args.model.name} {label(args)}, {args.shape} at {args.rate:g} req/s: median of runs")
     columns = ["variant", "TTFT p50/p90 ms", "TPOT p50/p90 ms", *(PHASE_TITLES[p] + " p50/p90 ms" for p in PHASES),
                "cores busy (0 / 1)", "CPU cores: prefill, decode, router, redis, client"]
     for column in columns:
@@ -127,6 +133,10 @@ def report(summary: dict[str, dict], args, console: Console) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     console.print(table)
     return lines
+
+
+def label(args) -> str:
+    return f"1P+1D ({args.transport})" if args.topology == "disaggregated" else "1Cx2 (one worker over both cores)"
 
 
 def plot(summary: dict[str, dict], path: Path, title: str) -> Path:
@@ -165,6 +175,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1,
                    help="ABBA rounds: each runs the variants in order, then in reverse (default 1: two runs each)")
     p.add_argument("--transport", default="tcp", choices=["tcp", "shm", "torch"], help="KV transport (default tcp)")
+    p.add_argument("--topology", default="disaggregated", choices=["disaggregated", "aggregated"],
+                   help="1P+1D, or one aggregated worker over both cores (default disaggregated)")
     p.add_argument("--max-model-len", type=int, default=2048, help="the engines' context (default 2048)")
     p.add_argument("--kv-cache-mb", type=int, default=256, help="each worker's KV cache, MiB (default 256)")
     p.add_argument("--ttft-slo-ms", type=float, default=200.0, help="TTFT SLO for the attainment column (default 200)")
@@ -178,6 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(error))
     if os.cpu_count() is None or len(os.sched_getaffinity(0)) < 2:
         p.error("this needs two cores: one per worker")
+    if args.topology == "aggregated" and any(v.pin_unbound for v in args.variant_list):
+        p.error("pinned needs a core of its own: the aggregated worker takes both")
     return args
 
 
@@ -195,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = report(summary, args, console)
     (args.out / "unbound_placement.json").write_text(json.dumps(
         {"model": args.model.name, "shape": args.shape, "rate_rps": args.rate, "num_requests": args.num_requests,
-         "transport": args.transport, "runs": rows, "summary": summary}, indent=1))
+         "transport": args.transport, "topology": args.topology, "runs": rows, "summary": summary}, indent=1))
     (args.out / "unbound_placement.md").write_text("\n".join(lines) + "\n")
     png = plot(summary, args.out / "unbound_placement.png",
-               f"{args.model.name} 1P+1D, {args.shape} at {args.rate:g} req/s: phases by variant")
+               f"{args.model.name} {label(args)}, {args.shape} at {args.rate:g} req/s: phases by variant")
     console.print(f"wrote {args.out}/unbound_placement.{{json,md}} and {png}")
     return 0
 
