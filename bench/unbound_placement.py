@@ -1,24 +1,26 @@
 """Where a small host's unbound processes run, and what it costs the decode worker.
 
-A 1P+1D cluster binds each worker's processes to its own core; the router, Redis and the client are
-bound to nothing. The planner's host model gives their load to whichever core no engine steps on,
-but a one-core worker's vLLM processes poll each other (`sched_yield`, up to --vllm-spin-ms after
-every message), so to Linux's load balancer an idle prefill core looks busy and the unbound
-processes land on the decode core too. This runs the same workload on the same cluster under
+A 1P+1D cluster binds each worker's processes to its own core. Bound to nothing, the router and the
+client would go wherever Linux puts them: the planner's host model gives their load to whichever
+core no engine steps on, but a one-core worker's vLLM processes poll each other (`sched_yield`, up to
+--vllm-spin-ms after every message), so to the load balancer an idle prefill core looks busy and
+they land on the decode core too. `pdserve up` now binds the router to the prefill workers' cores. This runs the same workload on the same cluster under
 several variants, one after another (ABBA), and prints each request's phases
 (`planner.validation_phases`: queue, prefill with its hops, the first gap, the steady decode
 gap), TTFT/TPOT, and the CPU each process group and each core used:
 
-  floating   the default: router, Redis and the client on any core;
-  pinned     router, Redis and the client bound to the prefill worker's core;
-  spinN      the workers' vLLM spin capped at N ms (e.g. spin5; floating otherwise);
+  floating   the router and the client on any core (`pdserve up --router-cores ''`);
+  router     the router on the prefill worker's core (`pdserve up`'s default), the client anywhere;
+  pinned     the router and the client on the prefill worker's core;
+  spinN      the workers' vLLM spin capped at N ms (e.g. spin5; the router as `router`);
   spinvllm   vLLM's own spin (1 s), as vLLM's server runs.
+Redis is bound to nothing in each (it idles: a registry refresh a second).
 
 --topology aggregated runs one worker over both cores instead (what `pdserve plan` calls 1Cx2), with
-the KV cache of both; `pinned` then has no core to itself and is refused.
+the KV cache of both; the router has no core to itself there (router and pinned are refused).
 
     python bench/unbound_placement.py --model models/tiny --shape short-long --rate 6.3 \\
-        --variants floating,pinned --out bench/results/unbound_placement_epyc
+        --variants floating,router,pinned --out bench/results/unbound_placement_epyc
 
 Writes OUT/unbound_placement.{json,md,png}.
 """
@@ -54,20 +56,6 @@ REPO = Path(__file__).resolve().parent.parent
 PREFILL_CORE, DECODE_CORE = "0", "1"
 
 
-def bind_tree(pid: int, cores: set[int]) -> None:
-    """Every thread of `pid` and its descendants onto `cores` (a thread that exits meanwhile is skipped)."""
-    for process in process_tree(pid):
-        try:
-            tasks = os.listdir(f"/proc/{process}/task")
-        except FileNotFoundError:
-            continue
-        for task in tasks:
-            try:
-                os.sched_setaffinity(int(task), cores)
-            except (ProcessLookupError, OSError):
-                continue
-
-
 def run_variant(args, variant: Variant, specs, console: Console) -> dict:
     from launch.comparison_systems import PdserveCluster
     from pdserve.engine import EngineSettings
@@ -78,6 +66,7 @@ def run_variant(args, variant: Variant, specs, console: Console) -> dict:
         engine = replace(engine, vllm_spin_ms=variant.spin_ms)
     system = PdserveCluster.fixed(engine, PREFILL_CORE, DECODE_CORE, args.out / "logs", args.transport, variant.name,
                                   topology=args.topology)
+    system.spec = replace(system.spec, router_cores=None if variant.router_on_prefill else "")
     mine = os.sched_getaffinity(0)
     system.start()
     try:
@@ -88,11 +77,8 @@ def run_variant(args, variant: Variant, specs, console: Console) -> dict:
                   "router": lambda: cpu_seconds(process_tree(cluster.router.pid)),
                   "redis": lambda: cpu_seconds([cluster.redis.process.pid]),
                   "client": lambda: time.process_time()}
-        if variant.pin_unbound:
-            prefill_cores = {int(PREFILL_CORE)}
-            bind_tree(cluster.router.pid, prefill_cores)
-            bind_tree(cluster.redis.process.pid, prefill_cores)
-            os.sched_setaffinity(0, prefill_cores)
+        if variant.client_on_prefill:
+            os.sched_setaffinity(0, {int(PREFILL_CORE)})
         cpu_before, cores_before, started = {k: f() for k, f in groups.items()}, \
             per_core_ticks(Path("/proc/stat").read_text()), time.perf_counter()
         result = asyncio.run(run_with_progress(system.target(), specs, PromptSynthesizer(seed=args.seed, token_id_high=250),
@@ -170,8 +156,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shape", choices=SHAPE_NAMES, default="short-long", help="workload shape (default short-long)")
     p.add_argument("--rate", type=float, required=True, help="offered requests per second")
     p.add_argument("--num-requests", type=int, default=200, help="requests per run (default 200)")
-    p.add_argument("--variants", default="floating,pinned",
-                   help="comma-separated: floating, pinned, spinN (default floating,pinned)")
+    p.add_argument("--variants", default="floating,router,pinned",
+                   help="comma-separated: floating, router, pinned, spinN, spinvllm (default floating,router,pinned)")
     p.add_argument("--rounds", type=int, default=1,
                    help="ABBA rounds: each runs the variants in order, then in reverse (default 1: two runs each)")
     p.add_argument("--transport", default="tcp", choices=["tcp", "shm", "torch"], help="KV transport (default tcp)")
@@ -190,8 +176,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(error))
     if os.cpu_count() is None or len(os.sched_getaffinity(0)) < 2:
         p.error("this needs two cores: one per worker")
-    if args.topology == "aggregated" and any(v.pin_unbound for v in args.variant_list):
-        p.error("pinned needs a core of its own: the aggregated worker takes both")
+    if args.topology == "aggregated" and any(v.client_on_prefill or v.name == "router" for v in args.variant_list):
+        p.error("router and pinned need a core apart from the decode worker's: the aggregated worker takes both")
     return args
 
 

@@ -23,6 +23,10 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=8000, help="router HTTP port (0: any free port)")
     parser.add_argument("--prefill-cores", default=None, help="CPU cores for prefill engines (default: first half)")
     parser.add_argument("--decode-cores", default=None, help="CPU cores for decode engines (default: second half)")
+    parser.add_argument("--router-cores", default=None,
+                        help="CPU cores for the router ('' = any core; default: the prefill workers' cores when "
+                             "they are apart from the decode workers', else any). Every token the router relays "
+                             "costs CPU, which on a decode core lengthens the decode steps")
     parser.add_argument("--log-dir", default="", help="where process logs go (default: a temporary folder)")
     add_placement_options(parser)
     add_chat_parsing_options(parser)
@@ -54,4 +58,5 @@ def cluster_spec(args: argparse.Namespace):
     return ClusterSpec(engine=engine_settings(args, probe_cores=probe_cores), num_prefill=num_prefill, num_decode=args.decode,
                        transport=args.transport, kv_encryption=args.kv_encryption, grpc_port=args.grpc_port, http_port=args.http_port,
                        cpu_cores=cores, local_prefill_max_tokens=args.local_prefill_max_tokens, log_dir=args.log_dir,
-                       topology=args.topology, router_flags=(*router_flags(args), *chat_parsing_argv(args)))
+                       topology=args.topology, router_flags=(*router_flags(args), *chat_parsing_argv(args)),
+                       router_cores=args.router_cores)

@@ -62,7 +62,8 @@ def ray_cluster_spec(args: argparse.Namespace):
     from cli.commands.public_api_options import public_api_argv
 
     # the router's TLS and key files: paths the router's node sees (its actor adds --host NODE_IP)
-    base = replace(base, engine=engine, cpu_cores=cores, cluster=args.cluster,
+    # the router's actor runs on whichever node Ray picks: bound to cores only when asked
+    base = replace(base, engine=engine, cpu_cores=cores, cluster=args.cluster, router_cores=args.router_cores or "",
                    log_dir=os.path.abspath(base.log_dir) if base.log_dir else "",
                    router_flags=(*base.router_flags, *public_api_argv(args, with_host=False)))
     pools = {role: RoleResources(num_cpus=_or(getattr(args, f"{role}_cpus"), args.worker_cpus),

@@ -29,6 +29,7 @@ from cli.commands.credential_options import add_cluster_secret_option, add_redis
 from cli.commands.placement_options import add_placement_options, scheduler_config
 from cli.commands.public_api_options import add_public_api_options, public_api_config
 from cli.commands.tracing_options import add_tracing_option, start_tracing
+from pdserve.cpu_placement import bind_this_process
 
 
 def register(subparsers) -> None:
@@ -50,6 +51,10 @@ def register(subparsers) -> None:
     parser.add_argument("--drain-timeout-s", type=float, default=30.0,
                         help="on SIGTERM, how long streams in flight may run before they are cancelled")
     parser.add_argument("--ready-file", default=None, help="write the addresses here once serving")
+    parser.add_argument("--cpu-cores", default="",
+                        help="CPU hosts: bind the router to these cores, e.g. 0 or 0-1 (default '': any core). On a "
+                             "small host keep it off the decode workers' cores: every token it relays there "
+                             "lengthens their steps (`pdserve up` puts it on the prefill workers' cores)")
     add_tracing_option(parser)
     add_public_api_options(parser, host_help="address to listen on (0.0.0.0 in containers: needs TLS and API keys, "
                                              "or --insecure)")
@@ -62,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        bind_this_process(args.cpu_cores)  # before gRPC and asyncio start their threads
         scheduler = scheduler_config(args)
     except (ValueError, OSError) as bad:
         raise SystemExit(f"pdserve router: {bad}") from None

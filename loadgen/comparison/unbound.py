@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-_VARIANT = re.compile(r"floating|pinned|spin(\d+(?:\.\d+)?|vllm)")
+_VARIANT = re.compile(r"floating|router|pinned|spin(\d+(?:\.\d+)?|vllm)")
 VLLM_SPIN = -1.0  # the engine option that leaves vLLM's own spin (1 s in vLLM 0.32)
 MEDIAN_KEYS = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms", "slo_attainment")
 
@@ -16,19 +16,22 @@ MEDIAN_KEYS = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms", "slo_
 @dataclass(frozen=True)
 class Variant:
     name: str
-    pin_unbound: bool       # router, Redis and the client bound to the prefill worker's cores
-    spin_ms: float | None   # the workers' vLLM spin cap (VLLM_SPIN: vLLM's own); None: pdserve's default
+    router_on_prefill: bool  # the router on the prefill worker's cores (`pdserve up`'s default); else any core
+    client_on_prefill: bool  # the load generator there too
+    spin_ms: float | None    # the workers' vLLM spin cap (VLLM_SPIN: vLLM's own); None: pdserve's default
 
 
 def parse_variant(text: str) -> Variant:
-    """floating, pinned, spinN (N ms) or spinvllm (vLLM's own spin), the last two floating;
-    ValueError naming the forms."""
+    """floating (router and client on any core), router (the router on the prefill worker's cores,
+    `pdserve up`'s default), pinned (the client there too), spinN (N ms) or spinvllm (vLLM's own
+    spin), the last two with the router where `pdserve up` puts it; ValueError naming the forms."""
     name = text.strip()
     match = _VARIANT.fullmatch(name)
     if match is None:
-        raise ValueError(f"variant {text!r}: say floating, pinned, spinN (N ms, e.g. spin5) or spinvllm")
+        raise ValueError(f"variant {text!r}: say floating, router, pinned, spinN (N ms, e.g. spin5) or spinvllm")
     spin = match.group(1)
-    return Variant(name, name == "pinned", None if spin is None else VLLM_SPIN if spin == "vllm" else float(spin))
+    return Variant(name, router_on_prefill=name != "floating", client_on_prefill=name == "pinned",
+                   spin_ms=None if spin is None else VLLM_SPIN if spin == "vllm" else float(spin))
 
 
 def variant_medians(rows: Sequence[dict], phases: Sequence[str]) -> dict[str, dict]:

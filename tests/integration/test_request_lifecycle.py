@@ -203,6 +203,14 @@ def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}
 
 
+def test_the_router_runs_on_the_prefill_workers_core_off_the_decode_workers(tcp_cluster):
+    """Every thread of it: the tokens it relays must not lengthen the decode worker's steps."""
+    router = tcp_cluster.router.pid
+    threads = [int(tid) for tid in os.listdir(f"/proc/{router}/task")]
+    assert len(threads) > 1, "expected gRPC's and asyncio's threads beside the main one"
+    assert {tid: os.sched_getaffinity(tid) for tid in threads} == {tid: {0} for tid in threads}
+
+
 def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
     """The libraries measurement chose (tcmalloc; vLLM's CPU guide) in LD_PRELOAD. A worker puts
     them there before vLLM spawns its engine core and model runner, which is where the compute runs."""

@@ -10,13 +10,14 @@ from loadgen.proc_cpu import core_busy_shares, per_core_ticks
 
 
 def test_variants_name_where_the_unbound_processes_run_and_the_spin_cap():
-    assert parse_variant("floating") == Variant("floating", False, None)
-    assert parse_variant(" pinned ") == Variant("pinned", True, None)
-    assert parse_variant("spin5") == Variant("spin5", False, 5.0)
+    assert parse_variant("floating") == Variant("floating", False, False, None)
+    assert parse_variant("router") == Variant("router", True, False, None)
+    assert parse_variant(" pinned ") == Variant("pinned", True, True, None)
+    assert parse_variant("spin5") == Variant("spin5", True, False, 5.0)
     assert parse_variant("spin0.5").spin_ms == 0.5
     assert parse_variant("spinvllm").spin_ms == VLLM_SPIN < 0       # the engine option for vLLM's own spin
     for bad in ("", "spin", "pinned2", "spin-1"):
-        with pytest.raises(ValueError, match="say floating, pinned, spinN"):
+        with pytest.raises(ValueError, match="say floating, router, pinned, spinN"):
             parse_variant(bad)
 
 
