@@ -10,6 +10,7 @@ from pathlib import Path
 from loadgen.proc_cpu import OtherLoad, wait_for_quiet
 from pdserve.dtype_probe import resolve_auto_dtype, this_host_kind
 from pdserve.make_model import build_model
+from pdserve.engine import DEFAULT_VLLM_SPIN_MS
 from pdserve.preload import DEFAULT_LIBRARIES, find_preload
 from planner.profiler.engine_speed import VLLM_AUTO, Variant, median_result, run_variant, speed_table
 
@@ -22,7 +23,7 @@ adding one of pdserve's choices to the one before:
   vLLM defaults      --dtype auto as vLLM resolves it, no preload, vLLM's busy-polling
   + measured dtype   the dtype pdserve's probe picks on this host (--dtype auto in pdserve)
   + tcmalloc         LD_PRELOAD libtcmalloc_minimal (vLLM's CPU guide)
-  pdserve defaults   + the 50 ms cap on vLLM's busy-polling: what a pdserve worker runs
+  pdserve defaults   + pdserve's cap on vLLM's busy-polling (DEFAULT_VLLM_SPIN_MS): what a pdserve worker runs
   + Intel OpenMP     pdserve defaults with libiomp5 preloaded too (vLLM's CPU guide; opt-in:
                      --preload tcmalloc,iomp5)
   other dtype        pdserve defaults with the dtype the probe did not pick
@@ -42,9 +43,9 @@ def variants(measured: str) -> list[Variant]:
     other = "float32" if measured == "bfloat16" else "bfloat16"
     return [Variant("vLLM defaults", VLLM_AUTO), Variant("+ measured dtype", measured),
             Variant("+ tcmalloc", measured, ("tcmalloc",)),
-            Variant("pdserve defaults", measured, DEFAULT_LIBRARIES, 50.0),
-            Variant("+ Intel OpenMP", measured, ("tcmalloc", "iomp5"), 50.0),
-            Variant(f"other dtype ({other})", other, DEFAULT_LIBRARIES, 50.0)]
+            Variant("pdserve defaults", measured, DEFAULT_LIBRARIES, DEFAULT_VLLM_SPIN_MS),
+            Variant("+ Intel OpenMP", measured, ("tcmalloc", "iomp5"), DEFAULT_VLLM_SPIN_MS),
+            Variant(f"other dtype ({other})", other, DEFAULT_LIBRARIES, DEFAULT_VLLM_SPIN_MS)]
 
 
 def select_variants(all_variants: list[Variant], names: str) -> list[Variant]:

@@ -53,6 +53,13 @@ def native_dtype(cpuinfo: str | None = None) -> str:
     return "bfloat16" if flags & {"avx512_bf16", "amx_bf16", "bf16"} else "float32"
 
 
+# vLLM's busy-poll cap, ms. Measured under load on a 2-core host (BENCHMARKS "Where the unbound
+# processes run, and how long vLLM spins"): against 50 ms, 5 ms cut a one-core decode worker's
+# TPOT 9.6 -> 7.4 ms and a worker over both cores' TTFT p90 4.0 s -> 0.3 s (its OpenMP threads wait
+# on a core the poller holds). 0 is not safe: a reader may then sleep through a notification.
+DEFAULT_VLLM_SPIN_MS = 5.0
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     model: str
@@ -68,8 +75,8 @@ class EngineSettings:
     cpu_cores: str = ""   # CPU hosts: cores the engine's threads are bound to, e.g. "0" or "0-1"; "" = vLLM's choice
     # How long vLLM's engine-core and model-runner processes busy-poll each other after a message
     # before sleeping on a socket (vLLM: 1 s). On CPU hosts that poll competes with the compute
-    # threads; see pdserve.vllm_plugin. Negative: leave vLLM's own value.
-    vllm_spin_ms: float = 50.0
+    # threads; see pdserve.vllm_plugin and DEFAULT_VLLM_SPIN_MS. Negative: leave vLLM's own value.
+    vllm_spin_ms: float = DEFAULT_VLLM_SPIN_MS
     # CPU hosts: the libraries of pdserve.preload.LIBRARIES preloaded into vLLM's engine processes
     # where installed (default: the measured choice, tcmalloc; see pdserve.preload). (): vLLM's own.
     preload: tuple[str, ...] = DEFAULT_LIBRARIES

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pdserve.preload import DEFAULT_LIBRARIES
-from pdserve.engine import EngineSettings
+from pdserve.engine import DEFAULT_VLLM_SPIN_MS, EngineSettings
 
 
 def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = True,
@@ -42,10 +42,11 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
                             "among tcmalloc and iomp5 (Intel OpenMP; vLLM's CPU guide recommends both; measured "
                             "on two host kinds, Intel OpenMP was never faster beyond noise) (default: %(default)s)")
     group.add_argument("--no-preload", action="store_true", help="CPU hosts: preload nothing (vLLM's own choice)")
-    group.add_argument("--vllm-spin-ms", type=float, default=50.0,
+    group.add_argument("--vllm-spin-ms", type=float, default=DEFAULT_VLLM_SPIN_MS,
                        help="how long vLLM's engine processes busy-poll each other after each message before "
-                            "sleeping (vLLM's own: 1000; polling steals CPU from compute on CPU hosts); "
-                            "negative keeps vLLM's (default: %(default)s)")
+                            "sleeping (vLLM's own: 1000; polling steals CPU from compute on CPU hosts, from the "
+                            "OpenMP threads of a worker over several cores most); negative keeps vLLM's "
+                            "(default: %(default)s)")
 
 
 def engine_settings(args: argparse.Namespace, cpu_cores: str = "", probe_cores: str | None = None) -> EngineSettings:
