@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 PREFILL_CORE, DECODE_CORE = "0", "1"
 
 
-def run_variant(args, variant: Variant, specs, console: Console) -> dict:
+def run_variant(args, variant: Variant, specs) -> dict:
     from launch.comparison_systems import PdserveCluster
     from pdserve.engine import EngineSettings
 
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, variants = [], {v.name: v for v in args.variant_list}
     for name, _ in abba(list(variants), args.rounds):
         console.rule(name)
-        rows.append(run_variant(args, variants[name], specs, console))
+        rows.append(run_variant(args, variants[name], specs))
     summary = variant_medians(rows, PHASES)
     lines = report(summary, args, console)
     (args.out / "unbound_placement.json").write_text(json.dumps(

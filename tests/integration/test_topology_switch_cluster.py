@@ -9,6 +9,7 @@ which topology the model picks, and when, is tests/unit/planner/test_topology_sw
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 
@@ -57,10 +58,16 @@ def cluster(tiny_model, tmp_path_factory):
 
 
 async def wait_for(condition, timeout_s: float, what: str) -> None:
+    """Until `condition()` (a plain or an async function) holds; fails naming `what` past the deadline."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
+    while not await _holds(condition):
         assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
         await asyncio.sleep(0.1)
+
+
+async def _holds(condition) -> bool:
+    result = condition()
+    return bool(await result) if inspect.isawaitable(result) else bool(result)
 
 
 async def test_the_planner_switches_a_live_cluster_to_aggregated_without_losing_a_request(cluster, tmp_path):
@@ -98,14 +105,11 @@ async def test_the_planner_switches_a_live_cluster_to_aggregated_without_losing_
                        "a request prefilled by the prefill worker")
         # the first decision must see the traffic: a router load published before any arrival
         # counted says 0 req/s, and the planner sizes the pools to their minimum for it
-        deadline_s = time.monotonic() + 60
-        while time.monotonic() < deadline_s:
+        async def traffic_published() -> bool:
             live = merge_loads(await read_router_loads(loop.redis, "default"))
-            if live is not None and live.arrival_rate_rps > 0:
-                break
-            await asyncio.sleep(0.5)
-        else:
-            pytest.fail("the router published no load with traffic in 60 s")
+            return live is not None and live.arrival_rate_rps > 0
+
+        await wait_for(traffic_published, 60, "a router load with traffic")
         tick = await loop.tick()
         while tick.decision is None:  # the router has not published its load yet
             await asyncio.sleep(0.5)
