@@ -35,9 +35,9 @@ offers both systems --multiples of that knee (default 1.5x and 2x). A request is
 meets the SLO pair; good req/s at a rate = the rate x the share of offered requests that were good
 (refusals are misses), and attainment among admitted counts only the requests not refused.
 
-Aims (issue 14): at 1.5x and 2x its knee pdserve keeps >= 0.9 of its peak good req/s, and >= 90%
-of the requests it admits meet the SLO pair. vLLM admits everything: its curve shows what
-queueing past the knee does.
+Aims (issue 14): at 1.5x and 2x its knee pdserve keeps >= 0.9 of the peak good req/s it reached at or
+below that rate, and >= 90% of the requests it admits meet the SLO pair. vLLM admits everything:
+its curve shows what queueing past the knee does.
 
 Writes <out-dir>/<label>.json, <label>.md and <label>.png (good req/s and attainment among
 admitted against the offered rate). About 25-35 minutes.

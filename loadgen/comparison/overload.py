@@ -9,8 +9,11 @@ Definitions (`bench/overload.py` measures them):
   admission (HTTP 429 / RESOURCE_EXHAUSTED): what a client that was let in gets.
 - the knee = the system's goodput on the rate grid (`loadgen.sweep.goodput_on_grid`: the rate at
   which attainment first falls below the target, interpolated).
-- the aim holds at k x the knee when good req/s there is at least `keep` of the system's peak good
-  req/s over every rate measured and attainment among the admitted is at least the target.
+- the aim holds at k x the knee when good req/s there is at least `keep` of the peak good req/s the
+  system reached at or below that offered rate, and attainment among the admitted is at least the
+  target. "Keeps" is read as "does not lose what it had reached": a system whose good req/s still
+  rises past the knee (admission refusing the excess) keeps all of it at 1.5x even when its 2x point
+  is higher; the peak over every rate would call that rise a loss.
 """
 
 from __future__ import annotations
@@ -71,15 +74,16 @@ def overload_rates(knee: float, multiples: Sequence[float]) -> list[float]:
 
 def verdicts(points: Sequence[OverloadPoint], system: str, knee: float, multiples: Sequence[float],
              keep: float = 0.9, target: float = 0.9) -> list[OverloadVerdict]:
-    """For each multiple of the knee: `system`'s point there against its peak good req/s over
-    every point of it; a multiple not measured is left out."""
+    """For each multiple of the knee: `system`'s point there against the peak good req/s of its
+    points at or below that rate (what it had reached before the load grew); a multiple not
+    measured is left out."""
     own = [p for p in points if p.system == system]
-    peak = max((p.good_rps for p in own), default=0.0)
     found = []
     for multiple, rate in zip(multiples, overload_rates(knee, multiples)):
         point = next((p for p in own if abs(p.rate_rps - rate) < 1e-6), None)
         if point is None:
             continue
+        peak = max(p.good_rps for p in own if p.rate_rps <= rate + 1e-6)
         share = point.good_rps / peak if peak > 0 else 0.0
         admitted_ok = point.admitted_attainment is not None and point.admitted_attainment >= target
         found.append(OverloadVerdict(multiple, rate, point.good_rps, share, point.admitted_attainment,

@@ -60,3 +60,16 @@ def test_a_point_whose_admitted_requests_miss_does_not_hold_however_many_are_goo
     runs = [_run("B-slo", 1.0, 1.0, 1.0), _run("B-slo", 1.5, 0.62, 0.85, refused=1)]
     (verdict,) = verdicts(overload_points(runs, "tight"), "B-slo", 1.0, (1.5,))
     assert verdict.share_of_peak == pytest.approx(0.93) and not verdict.holds
+
+
+def test_the_peak_is_the_best_reached_at_or_below_the_offered_rate_so_a_rise_past_the_knee_is_no_loss():
+    # admission refuses the excess, so good req/s keeps rising past the knee (the AMX run's shape)
+    runs = [_run("B*", 1.0, 1.0, 1.0), _run("B*", 1.5, 0.85, 0.97, refused=6),
+            _run("B*", 2.0, 0.85, 0.93, refused=10)]
+    found = {v.multiple: v for v in verdicts(overload_points(runs, "tight"), "B*", 1.0, (1.5, 2.0))}
+    assert found[1.5].share_of_peak == pytest.approx(1.0) and found[1.5].holds  # 1.275 of 1.275 reached
+    assert found[2.0].share_of_peak == pytest.approx(1.0) and found[2.0].holds  # 1.7 is the new peak
+    # a fall past the point reached below it still counts against it
+    runs.append(_run("B*", 3.0, 0.4, 0.95, refused=20))
+    (three,) = verdicts(overload_points(runs, "tight"), "B*", 1.0, (3.0,))
+    assert three.share_of_peak == pytest.approx(1.2 / 1.7) and not three.holds
