@@ -48,8 +48,8 @@ from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_table, phase_table, plot_verdicts, verdict,
                                verdict_table, verdicts_to_json)
 from planner.validation_phases import measured_phases
-from planner.validation_runs import (RateRun, ValidationSetup, as_sent, auto_rates, cluster_cpu_s, compare,
-                                     load_earlier, planned_router, router_flags_for, write_validation)
+from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, as_sent, auto_rates, cluster_cpu_s,
+                                     compare, load_earlier, planned_router, router_flags_for, write_validation)
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,7 +146,12 @@ def measured(args: argparse.Namespace, console: Console):
                                     shape.workload.build(rate_rps=1.0, num_requests=ROUTER_SAMPLE_REQUESTS))
             setup = ValidationSetup(args.model.name, slo, workload_record(shape), args.transport, topology, router)
             console.rule(f"{topology.label}: {name} ({shape.description})")
-            yield setup, measure(args, first, shape, setup, max_model_len, out_dir, console), out_dir
+            try:
+                runs = measure(args, first, shape, setup, max_model_len, out_dir, console)
+            except NoRateMeetsSlos as why:  # the other shapes and topologies still run
+                console.print(f"skipped {name} on {topology.label}: {why}")
+                continue
+            yield setup, runs, out_dir
 
 
 def resimulated(args: argparse.Namespace, console: Console):

@@ -182,7 +182,13 @@ class ServingCosts:
     whatever core is free and otherwise stretches the engines' steps:
     - `host_cpu_s_per_token` (amortised as under load: measured at the largest batch),
       `host_cpu_s_per_request`;
-    - `host_cores`: the cores every process shares (0: the host is not modelled).
+    - `host_cores`: the cores every process shares (0: the host is not modelled);
+    - `router_cpu_s_per_token`, `router_cpu_s_per_request`: the router's own part of the two host
+      terms above. Where the router is bound to the prefill workers' cores (`pdserve up`'s default
+      for a cluster with a prefill pool apart from its decode workers:
+      `launch.commands.router_cores_for`), that part runs there and stretches only their steps, and
+      the rest (the client) goes wherever a core is free; elsewhere all of it floats. 0 (a profile
+      measured before the router was measured apart): all of it floats.
     The spread around those medians (`planner.profiler.spread`: deviations in seconds at equally
     spaced quantiles, ascending; () when not measured, and the simulator then charges the medians):
     - `first_token_spread_s`: of lone requests' first token, within each prompt length;
@@ -199,6 +205,8 @@ class ServingCosts:
     host_cpu_s_per_token: float = 0.0
     host_cpu_s_per_request: float = 0.0
     host_cores: int = 0
+    router_cpu_s_per_token: float = 0.0
+    router_cpu_s_per_request: float = 0.0
     first_token_spread_s: tuple[float, ...] = ()
     decode_step_spread_s: tuple[float, ...] = ()
 
@@ -210,6 +218,10 @@ class ServingCosts:
                 continue
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                      and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
+        for part in ("token", "request"):
+            router, host = getattr(self, f"router_cpu_s_per_{part}"), getattr(self, f"host_cpu_s_per_{part}")
+            _require(router <= host, f"serving.router_cpu_s_per_{part} ({router!r}) is part of "
+                     f"serving.host_cpu_s_per_{part} ({host!r}) and cannot exceed it")
 
 
 SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")

@@ -75,12 +75,17 @@ def router_flags_for(router: RouterSettings, directory: Path) -> list[str]:
     return router_config.router_flags(directory, SLO())
 
 
+class NoRateMeetsSlos(ValueError):
+    """The profile predicts the SLOs met at no rate for this shape and topology: nothing to size
+    the rates from."""
+
+
 def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str, duration_s: float,
                min_requests: int, topology: Topology = Topology.disaggregated(1, 1),
                router: RouterSettings | None = None) -> list[float]:
     """`AUTO_RATE_SHARES` of the simulated goodput of `topology`, for the same run length the real
     runs get (a fixed request count would arrive all at once at high rates and never show the
-    overload). Raises SystemExit when the profile meets the SLOs at no rate."""
+    overload). Raises NoRateMeetsSlos when the profile meets the SLOs at no rate."""
     fit = fit_perf_model(profile)
     settings = _with_router(SimSettings.from_profile(profile, transport), router)
     attainment = make_attainment_fn(
@@ -88,7 +93,8 @@ def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: 
         settings, fit.model, slo)
     goodput, _, _ = max_rate(lambda rate: attainment(topology, rate), SearchSettings())
     if goodput <= 0:
-        raise SystemExit(f"the first profile meets the SLOs at no rate on {topology.label}; give --rates or looser SLOs")
+        raise NoRateMeetsSlos(f"the first profile meets the SLOs at no rate on {topology.label}; give --rates or "
+                              "looser SLOs")
     return [round(goodput * share, 3) for share in AUTO_RATE_SHARES]
 
 

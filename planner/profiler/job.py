@@ -232,7 +232,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
                       f" + {serving.decode_cpu_s_per_request * 1e3:.2f} ms/request, prefill worker CPU"
                       f" {serving.prefill_cpu_s_per_request * 1e3:.2f} ms/request; host (router, client)"
                       f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_request * 1e3:.2f}"
-                      f" ms/request on {serving.host_cores} cores", markup=False)
+                      f" ms/request on {serving.host_cores} cores (the router's part {serving.router_cpu_s_per_token * 1e6:.0f}"
+                      f" us/token + {serving.router_cpu_s_per_request * 1e3:.2f} ms/request)", markup=False)
         for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
             if spread:
                 console.print(f"  spread of the {name} around its median: {spread_summary(spread)}", markup=False)

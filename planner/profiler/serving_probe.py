@@ -13,7 +13,8 @@
     the decode worker's API process (gRPC, handler)  -> decode_cpu_s_per_request
     the prefill worker's API process                 -> prefill_cpu_s_per_request
     the router and this process (the client)         -> host_cpu_s_per_request
-    the router alone                                 -> its share, netted out of the batches below
+    the router alone                                 -> router_cpu_s_per_request (its part of the
+                                                        above), netted out of the batches below
   Each group's CPU while the cluster sits idle (heartbeats, timers, the progress bar) is netted
   out of both runs first: it is not work the traffic brings, and at a slow model's low profiling
   rate it would read as tens of ms per request (43 ms per request of "router and client" CPU on
@@ -34,8 +35,9 @@
   cost). Per token cost is not what a lone request shows: a step's outputs wake the API process,
   the router and the client once for the whole batch, so at batch 1 the wake-ups look like
   per-token cost and a model built on them saturates at a fraction of the rate the cluster serves. The host's CPU per
-  token (`host_cpu_s_per_token`) is taken from the largest batch (median of its repeats), where
-  it is amortised as under load, net of the router's per-request share.
+  token (`host_cpu_s_per_token`) and the router's part of it (`router_cpu_s_per_token`) are taken
+  from the largest batch (median of its repeats), where they are amortised as under load, net of
+  the router's per-request share.
 - The latencies are then net of the CPU terms the simulator charges on the same path (the
   prefill worker's per request on the first token; the decode worker's per request and one
   step's cost on the handoff), so nothing is counted twice.
@@ -179,6 +181,7 @@ class BatchRun:
     host_cpu_s: float        # the router's and this process's CPU over the whole run
     tokens: int
     gaps_s: tuple[float, ...] = ()  # every gap inside the window (its median is step_s)
+    router_cpu_s: float = 0.0       # the router's part of host_cpu_s (0: not measured apart)
 
 
 class NoCommonWindow(RuntimeError):
@@ -199,9 +202,10 @@ def common_window(runs: Sequence[Sequence[float]]) -> tuple[float, float, list[f
 
 
 async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu, seed: int,
-                             output_tokens: int = BATCH_OUTPUT_TOKENS) -> BatchRun:
-    """Sends `batch` short-prompt requests at once and times the steps they decode together.
-    Raises NoCommonWindow when they never did."""
+                             output_tokens: int = BATCH_OUTPUT_TOKENS, router_cpu=None) -> BatchRun:
+    """Sends `batch` short-prompt requests at once and times the steps they decode together;
+    `host_cpu` and `router_cpu` (optional) read the CPU seconds of the unbound processes and of the
+    router alone. Raises NoCommonWindow when they never did."""
     import numpy as np
 
     from pdserve.client import AsyncClient
@@ -210,15 +214,15 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
     prompts = [[int(i) for i in rng.integers(10, vocab_size, size=BATCH_PROMPT_TOKENS)] for _ in range(batch)]
 
     async with AsyncClient(target) as client:
-        cpu_before = host_cpu()
+        router_before, cpu_before = router_cpu() if router_cpu else 0.0, host_cpu()
         runs = await asyncio.gather(*(token_times(client, ids, output_tokens) for ids in prompts))
-        cpu_after = host_cpu()
+        cpu_after, router_after = host_cpu(), router_cpu() if router_cpu else 0.0
     start, end, gaps = common_window(runs)
     inside = sum(1 for marks in runs for t in marks if start <= t <= end)
     generated = statistics.median(sum(1 for t in marks if t <= (start + end) / 2) for marks in runs)
     return BatchRun(batch, statistics.median(gaps), batch * (BATCH_PROMPT_TOKENS + generated),
                     inside / (end - start), cpu_after - cpu_before, sum(len(marks) for marks in runs),
-                    tuple(gaps))
+                    tuple(gaps), router_after - router_before)
 
 
 def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured: Sequence[DecodeSample]) -> float:
@@ -239,30 +243,41 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
     step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0. The
     engine step is `engine_step_s` on `engine_rows` (the engine table), the model where none fits.
 
-    The host's CPU per token is the largest batch's host CPU net of the router's per-request
-    share (the batched runs' client sends token ids and does next to nothing per request, unlike
-    the load generator whose per-request cost `host.host_cpu_s_per_request` also holds).
+    The host's CPU per token, and the router's part of it, are `unbound_cpu_per_token`'s.
 
-    The stretch is the simulator's (`planner.simulator.host`) for one stepping engine and the host's
-    load at each run's token rate, so the fitted terms and the simulator's host model do not both
-    count the same CPU."""
+    The stretch is the simulator's (`planner.simulator.host`) for one stepping engine (the decode
+    worker's; the prefill worker's core, where the router is bound, idles) and the host's load at
+    each run's token rate, so the fitted terms and the simulator's host model do not both count the
+    same CPU."""
     import numpy as np
 
-    from planner.simulator.host import stretch_for_load
+    from planner.simulator.host import stretch_for_loads
 
-    largest = max(run.batch for run in runs)
-    host_per_token = max(0.0, statistics.median((run.host_cpu_s - run.batch * router_cpu_s_per_request) / run.tokens
-                                                for run in runs if run.batch == largest))
+    host_per_token, router_per_token = unbound_cpu_per_token(runs, router_cpu_s_per_request)
     residuals = []
     for run in runs:
-        load_cores = host_per_token * run.tokens_per_s
-        stretch = stretch_for_load(load_cores, host.host_cores, busy_cores=1)
+        stretch = stretch_for_loads((host_per_token - router_per_token) * run.tokens_per_s,
+                                    router_per_token * run.tokens_per_s, host.host_cores, busy_cores=1,
+                                    router_cores=1 if router_per_token > 0 else 0)
         residuals.append(run.step_s / stretch - engine_step_s(run.batch, run.context_tokens, model, engine_rows))
     batches = np.array([run.batch for run in runs], dtype=float)
     slope, intercept = np.polyfit(batches, np.array(residuals), 1)
     if slope < 0:  # per-token serving cost cannot be negative: the mean residual is all per step
         slope, intercept = 0.0, float(np.mean(residuals))
     return max(0.0, float(intercept)), float(slope), host_per_token
+
+
+def unbound_cpu_per_token(runs: Sequence[BatchRun], router_cpu_s_per_request: float) -> tuple[float, float]:
+    """(host, router) CPU seconds per token streamed, from the largest batch's runs (medians),
+    each net of the router's per-request share: the batched runs' client sends token ids and does
+    next to nothing per request, unlike the load generator whose per-request cost
+    `host_cpu_s_per_request` also holds. The router's part is at most the host's."""
+    largest = [run for run in runs if run.batch == max(r.batch for r in runs)]
+    host = max(0.0, statistics.median((run.host_cpu_s - run.batch * router_cpu_s_per_request) / run.tokens
+                                      for run in largest))
+    router = max(0.0, statistics.median((run.router_cpu_s - run.batch * router_cpu_s_per_request) / run.tokens
+                                        for run in largest))
+    return host, min(host, router)
 
 
 async def _steady_run(target: str, rate_rps: float, plan: ServingPlan, output_tokens: int, groups: dict, seed: int):
@@ -316,6 +331,7 @@ def measure_cpu(target: str, pids: dict[str, int], rate_rps: float, plan: Servin
     host_request, _ = solve_per_request_and_token(short, long, "host")
     router_request, _ = solve_per_request_and_token(short, long, "router")
     prefill_request = (short.cpu_s["prefill"] + long.cpu_s["prefill"]) / (short.requests + long.requests)
+    router_request = min(router_request, host_request)  # a part of it, whatever the noise
     return ServingCosts(decode_cpu_s_per_request=decode_request, prefill_cpu_s_per_request=prefill_request,
                         host_cpu_s_per_request=host_request, host_cores=len(os.sched_getaffinity(0))), router_request
 
@@ -343,7 +359,8 @@ def measure_served_steps(target: str, router_pid: int, model: PerfModel, engine_
         for output_tokens in batch_output_attempts(plan.max_output_tokens):
             try:
                 run = asyncio.run(run_batch(target, batch, vocab_size, lambda: host_cpu_seconds(router_pid),
-                                            seed=100 + index, output_tokens=output_tokens))
+                                            seed=100 + index, output_tokens=output_tokens,
+                                            router_cpu=lambda: cpu_seconds(process_tree(router_pid))))
                 break
             except NoCommonWindow as why:
                 advance(f"serving: batch {batch}: {why}; again with {output_tokens * 2} output tokens", step=False)
@@ -359,7 +376,8 @@ def measure_served_steps(target: str, router_pid: int, model: PerfModel, engine_
     if skipped:
         advance(f"serving: skipped batches {skipped} (never decoded together); fitted on the others", step=False)
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows)
-    return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs))
+    _, router_per_token_s = unbound_cpu_per_token(runs, router_cpu_s_per_request)
+    return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs), router_per_token_s)
 
 
 @dataclass(frozen=True)
@@ -370,6 +388,7 @@ class ServedSteps:
     decode_cpu_s_per_token: float
     host_cpu_s_per_token: float
     spread_s: tuple[float, ...] = ()
+    router_cpu_s_per_token: float = 0.0  # the router's part of host_cpu_s_per_token
 
 
 def batch_output_attempts(max_output_tokens: int, attempts: int = 3) -> list[int]:
@@ -408,4 +427,5 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                                  - steps.decode_cpu_s_per_token),
                    decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
                    host_cpu_s_per_token=steps.host_cpu_s_per_token,
+                   router_cpu_s_per_token=steps.router_cpu_s_per_token, router_cpu_s_per_request=router_request,
                    first_token_spread_s=lone.first_token_spread_s, decode_step_spread_s=steps.spread_s)

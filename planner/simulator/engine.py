@@ -14,7 +14,8 @@ transfer completions, then step ends.
 
 Serving costs (`SimSettings.serving`, measured through a real cluster): a prefilled request reaches
 its decode instance `handoff_s` after its first token; the workers' per-request and per-token CPU
-lengthens their steps; the host's unbound load (`planner.simulator.host`) stretches steps that
+lengthens their steps; the host's unbound load (`planner.simulator.host`: the router's part on
+the prefill instances' cores where there are any, the client's anywhere) stretches steps that
 start while it spills onto busy cores; `first_token_s` is added to what the client sees (TTFT and
 end-to-end latency, not TPOT). Where the profile measured their spread, each decode step and each
 first token also takes a seeded draw of it (`planner.simulator.spread`), so tails come from the
@@ -100,10 +101,13 @@ class _Cluster:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._dirty: dict[int, Instance] = {}
-        self.host = HostCpu(settings.serving)
+        self._cores_per_instance = settings.serving.host_cores / topology.devices * topology.devices_per_instance
+        # the router is bound to the prefill instances' cores where there are any (a prefill pool
+        # is apart from the decode side: `launch.commands.router_cores_for`), else it floats
+        self.host = HostCpu(settings.serving, router_cores=topology.num_prefill * self._cores_per_instance)
         self.spread = ServiceSpread(settings.serving, settings.spread_seed)
         self._stepping: set[int] = set()  # ids of the instances with a step running
-        self._cores_per_instance = settings.serving.host_cores / topology.devices * topology.devices_per_instance
+        self._stepping_prefill: set[int] = set()  # of those, the prefill instances (the router's cores)
 
     def _push(self, at_s: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (at_s, kind, self._seq, payload))
@@ -146,10 +150,15 @@ class _Cluster:
 
     def _start_steps(self, now: float) -> None:
         for instance in self._dirty.values():
+            prefill = isinstance(instance, PrefillInstance)
             busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
-            end_s = instance.start_step(now, self.host.stretch(now, busy_cores), self.spread.step_extra_s())
+            busy_router_cores = (len(self._stepping_prefill) + prefill) * self._cores_per_instance
+            stretch = self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=prefill)
+            end_s = instance.start_step(now, stretch, self.spread.step_extra_s())
             if end_s is not None:
                 self._stepping.add(id(instance))
+                if prefill:
+                    self._stepping_prefill.add(id(instance))
                 self._push(end_s, STEP_END, instance)
         self._dirty.clear()
 
@@ -164,6 +173,7 @@ class _Cluster:
     def _on_step_end(self, instance: Instance, now: float) -> None:
         self._dirty[id(instance)] = instance
         self._stepping.discard(id(instance))
+        self._stepping_prefill.discard(id(instance))
         done: StepDone = instance.finish_step(now)
         for request in done.prefilled:
             if isinstance(instance, PrefillInstance):

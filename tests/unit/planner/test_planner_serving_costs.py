@@ -10,7 +10,7 @@ from planner_testkit import ROUND_MODEL, round_settings, spec
 
 from planner.profile import ProfileError, ServingCosts
 from planner.simulator import Topology, simulate
-from planner.simulator.host import HostCpu
+from planner.simulator.host import HostCpu, stretch_for_load, stretch_for_loads
 
 EXACT = dict(abs=1e-12)
 
@@ -76,3 +76,58 @@ def test_host_load_lowers_the_rate_a_cluster_sustains():
 def test_negative_costs_are_refused_naming_the_field():
     with pytest.raises(ProfileError, match="serving.handoff_s must be a number >= 0"):
         ServingCosts(handoff_s=-0.1)
+
+
+def test_a_router_bound_to_the_prefill_core_stretches_only_the_prefill_steps():
+    # 2 cores: the router (0.5 cores of load) bound to the prefill core, the client's 0.3 anywhere
+    # prefill idle, decode stepping: the router takes its idle core, the client the half it leaves
+    assert stretch_for_loads(0.3, 0.5, 2, busy_cores=1, router_cores=1, busy_router_cores=0) == 1.0
+    # the client wants 0.8: 0.3 of it spills onto the decode step
+    assert stretch_for_loads(0.8, 0.5, 2, busy_cores=1, router_cores=1, busy_router_cores=0) == \
+        pytest.approx(1 / (1 - 0.3), **EXACT)
+    # both stepping: the router's 0.5 shares the prefill core alone, the client's 0.2 both cores
+    both = dict(busy_cores=2, router_cores=1, busy_router_cores=1)
+    assert stretch_for_loads(0.2, 0.5, 2, **both, on_router_cores=True) == pytest.approx(1 / (1 - 0.6), **EXACT)
+    assert stretch_for_loads(0.2, 0.5, 2, **both, on_router_cores=False) == pytest.approx(1 / (1 - 0.1), **EXACT)
+    # a floating router is part of the rest: the old rule exactly
+    for busy in (1, 2):
+        assert stretch_for_loads(0.2, 0.5, 2, busy_cores=busy) == stretch_for_load(0.7, 2, busy)
+    assert stretch_for_load(1.6, 2, 1) == pytest.approx(1 / (1 - 0.6), **EXACT)
+
+
+def test_the_host_keeps_the_routers_part_apart_only_where_it_is_bound_and_measured():
+    costs = ServingCosts(host_cpu_s_per_token=0.001, router_cpu_s_per_token=0.0006, host_cores=2)
+    bound = HostCpu(costs, window_s=1.0, router_cores=1)
+    floating = HostCpu(costs, window_s=1.0, router_cores=0)
+    for host in (bound, floating):
+        host.tokens_emitted(0.5, 1500)  # 1.5 cores in all: the router 0.9, the client 0.6
+        assert host.load_cores(1.0) == pytest.approx(1.5, **EXACT)
+    # both engines step: bound, the router's 0.9 shares the prefill core and the client's 0.6 both
+    assert bound.stretch(1.0, 2, busy_router_cores=1, on_router_cores=False) == pytest.approx(1 / (1 - 0.3), **EXACT)
+    assert bound.stretch(1.0, 2, busy_router_cores=1, on_router_cores=True) == pytest.approx(1 / (1 - 0.9), **EXACT)
+    assert floating.stretch(1.0, 2, busy_router_cores=1, on_router_cores=False) == pytest.approx(1 / (1 - 0.75), **EXACT)
+    # a profile that did not measure the router apart: all of it floats, wherever the router is
+    old = HostCpu(ServingCosts(host_cpu_s_per_token=0.001, host_cores=2), window_s=1.0, router_cores=1)
+    assert old.router_cores == 0.0
+    with pytest.raises(ValueError, match="router_cores must be >= 0"):
+        HostCpu(costs, router_cores=-1)
+
+
+def test_the_routers_part_cannot_exceed_the_hosts():
+    with pytest.raises(ProfileError, match="router_cpu_s_per_token .* is part of serving.host_cpu_s_per_token"):
+        ServingCosts(host_cpu_s_per_token=0.001, router_cpu_s_per_token=0.002)
+    with pytest.raises(ProfileError, match="router_cpu_s_per_request .* is part of"):
+        ServingCosts(router_cpu_s_per_request=0.001)
+
+
+def test_a_bound_router_moves_the_hosts_load_from_the_decode_steps_to_the_prefill_steps():
+    """1P+1D with the prefill core busy most of the time: the same host load, floating or with
+    the router's part bound to the prefill core, against the engines alone."""
+    requests = [spec(i * 0.3, 150, 10) for i in range(100)]  # a 0.25 s prefill every 0.3 s: 83% busy
+
+    def run(router_part: float):
+        costs = ServingCosts(host_cpu_s_per_token=0.01, router_cpu_s_per_token=router_part, host_cores=2)
+        return simulate(requests, Topology.disaggregated(1, 1), round_settings(serving=costs), ROUND_MODEL)
+    floating, bound = run(0.0), run(0.01)
+    assert bound.tpot_s.mean() < floating.tpot_s.mean()
+    assert bound.ttft_s.mean() > floating.ttft_s.mean()

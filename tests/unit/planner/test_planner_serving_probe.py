@@ -148,7 +148,7 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
 
     tried, notes = [], []
 
-    async def run_batch(target, batch, vocab_size, host_cpu, seed, output_tokens):
+    async def run_batch(target, batch, vocab_size, host_cpu, seed, output_tokens, router_cpu=None):
         tried.append((batch, output_tokens))
         if batch == 64 or (batch == 16 and output_tokens == 64):   # 16 joins at 128 tokens; 64 never does
             raise NoCommonWindow(f"the {batch} profiling requests never decoded together (window 0.000 s)")
