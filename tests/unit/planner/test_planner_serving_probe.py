@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+from dataclasses import replace
+
 import pytest
 from planner_testkit import ROUND_MODEL
 
@@ -98,6 +100,29 @@ def test_the_host_cpu_per_token_comes_from_the_largest_batch_and_its_stretch_is_
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, ROUND_MODEL, host, router_cpu_s_per_request=0.001)
     assert host_per_token_s == pytest.approx(0.0004, abs=1e-12)
     assert step_s == pytest.approx(0.001, abs=1e-9) and per_token_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_routers_part_of_the_host_cpu_is_measured_apart_and_its_load_kept_on_the_prefill_core():
+    from planner.profiler.serving_probe import unbound_cpu_per_token
+
+    # largest batch: host 0.8 s over 2000 tokens after the router's 1 ms x 32 requests, the router's
+    # own 0.032 + 0.5 s of it -> 0.4 ms/token in all, 0.25 of it the router's
+    big = BatchRun(32, 0.0, 32 * 40, 4000, 0.032 + 0.8, 2000, router_cpu_s=0.032 + 0.5)
+    assert unbound_cpu_per_token([big], 0.001) == pytest.approx((0.0004, 0.00025), abs=1e-12)
+    # noise that puts the router above the host is capped at the host's
+    assert unbound_cpu_per_token([replace(big, router_cpu_s=2.0)], 0.001) == pytest.approx((0.0004, 0.0004), abs=1e-12)
+    # all of it the router's, 1.2 cores at 4000 tokens/s: bound to the idle prefill core it does not
+    # stretch the decode step (the served steps are the engine's + 1 ms); floating, 0.2 cores of it
+    # would have, and the fit would read the steps as cheaper than they are
+    runs = [batch_run(1, ROUND_MODEL.decode_step_s(1, 40) + 0.001, tokens_per_s=10, tokens=50),
+            BatchRun(32, ROUND_MODEL.decode_step_s(32, 32 * 40) + 0.001, 32 * 40, 4000, 0.032 + 0.6, 2000,
+                     router_cpu_s=0.032 + 0.6)]
+    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, ROUND_MODEL, ServingCosts(host_cores=2), 0.001)
+    assert host_per_token_s == pytest.approx(0.0003, abs=1e-12)
+    assert step_s == pytest.approx(0.001, abs=1e-9) and per_token_s == pytest.approx(0.0, abs=1e-9)
+    floating = [runs[0], replace(runs[1], router_cpu_s=0.0)]
+    step_floating, _, _ = fit_served_steps(floating, ROUND_MODEL, ServingCosts(host_cores=2), 0.001)
+    assert step_floating < 0.0009  # the big run's step divided by a 1.25x stretch it did not have
 
 
 def test_the_engine_step_a_served_step_is_compared_with_is_the_measured_row_moved_along_the_context():
