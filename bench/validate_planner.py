@@ -85,7 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="trace CSV of the trace shape (default <repo>/../shared/data/traces/AzureLLMInferenceTrace_conv.csv)")
     p.add_argument("--ttft-slo-ms", type=float, default=200.0, help="TTFT SLO (default 200)")
     p.add_argument("--tpot-slo-ms", type=float, default=20.0, help="TPOT SLO (default 20)")
-    p.add_argument("--transport", default="tcp", choices=["tcp", "torch"], help="the cluster's KV transport")
+    p.add_argument("--transport", default="tcp", choices=["shm", "tcp", "torch"],
+                   help="the cluster's KV transport, which the profiles must have measured (default tcp; "
+                        "`pdserve up` serves over shm on one host)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "validate_planner")
     args = p.parse_args(argv)

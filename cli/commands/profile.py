@@ -12,10 +12,13 @@ DESCRIPTION = """\
 Measure what the planner needs to know about this host, for one model and engine setup:
   - prefill time against prompt tokens (one request alone, chunked by the engine's token budget);
   - decode step time against batch size and total context (concurrent requests, ignore_eos);
-  - KV transfer time against bytes, for each transport (the real transports over loopback).
+  - KV transfer time against bytes, for each transport (the real transports over loopback; shm,
+    the one-sided copy out of the producer's shared memory, is what `pdserve up` serves over on
+    one host, and what `pdserve plan` plans with by default when measured).
 --through engine (default) times one colocated vLLM engine bound to --cpu-cores, the cores one
 worker gets. --through cluster times that engine on the first of --cluster-cores, then starts a
-real 1P+1D local cluster (prefill on the first, decode on the second) and measures what serving
+real 1P+1D local cluster over the first of --transports (prefill on the first core, decode on the
+second) and measures what serving
 adds around the engines: the latency of the router's and the gRPC hops on the first token and on
 the handoff to decode, the CPU the workers' API processes take from their own cores per request
 and per token, and the CPU of the router and a client on the same host. On small models and few
@@ -44,8 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("profile.json"), help="profile file to write (default profile.json)")
-    p.add_argument("--transports", default="tcp,torch",
-                   help="comma-separated KV transports to measure: tcp, torch (default tcp,torch)")
+    p.add_argument("--transports", default="shm,tcp,torch",
+                   help="comma-separated KV transports to measure: shm (one-sided, what `pdserve up` serves over "
+                        "on one host), tcp, torch (default shm,tcp,torch); with --through cluster the first is "
+                        "the transport of the cluster pass")
     p.add_argument("--cpu-cores", default="0",
                    help="cores to bind the engine to, as one worker is bound (default 0; '' = vLLM's choice)")
     p.add_argument("--through", choices=["engine", "cluster"], default="engine",

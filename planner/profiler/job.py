@@ -47,7 +47,7 @@ from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
 @dataclass(frozen=True)
 class ProfileJob:
     engine: WorkerEngineSettings
-    transports: tuple[str, ...] = ("tcp", "torch")
+    transports: tuple[str, ...] = ("shm", "tcp", "torch")  # the first is the cluster pass's (pdserve up's on one host)
     quick: bool = False
     out: Path = Path("profile.json")
     show_progress: bool = True
@@ -56,9 +56,9 @@ class ProfileJob:
     wide: bool = True  # path "cluster": also the engine tables of one engine on both workers' cores
 
     def __post_init__(self) -> None:
-        unknown = set(self.transports) - {"tcp", "torch"}
+        unknown = set(self.transports) - {"shm", "tcp", "torch"}
         if not self.transports or unknown:
-            raise ValueError(f"--transports must list tcp and/or torch, got {','.join(self.transports) or 'nothing'}")
+            raise ValueError(f"--transports must list shm, tcp and/or torch, got {','.join(self.transports) or 'nothing'}")
         if self.path not in ("engine", "cluster"):
             raise ValueError(f"--through must be engine or cluster, got {self.path!r}")
 

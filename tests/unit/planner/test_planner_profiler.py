@@ -70,13 +70,25 @@ def test_model_info_names_the_fix_for_a_missing_checkpoint(tmp_path):
         model_info(tmp_path, "bfloat16", 32)
 
 
-@pytest.mark.parametrize("transport", ["tcp", "torch"])
-def test_transfer_probe_moves_whole_blocks_over_the_real_transport(transport):
+@pytest.mark.parametrize("transport", ["tcp", "torch", "shm"])
+def test_transfer_probe_moves_whole_blocks_over_the_real_transport(transport, monkeypatch):
+    from planner.profiler import transfer_probe
+
+    made = []
+
+    class Recorded(transfer_probe.Segment):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self.path)
+
+    monkeypatch.setattr(transfer_probe, "Segment", Recorded)
     geometry = BlockGeometry(num_layers=2, num_kv_heads=2, head_dim=64, block_size=32, dtype="bfloat16")
     rows = list(measure_transfers(geometry, transport, (1, 8), repeats=2))
     assert [(r.transport, r.num_blocks, r.kv_bytes) for r in rows] == [
         (transport, 1, 2 * 2 * 32 * 128 * 2), (transport, 8, 8 * 2 * 2 * 32 * 128 * 2)]
     assert all(0 < r.transfer_s < 5 for r in rows)
+    # shm's producer cache lived in a segment of its own, unlinked once measured; the others in none
+    assert len(made) == (transport == "shm") and not any(path.exists() for path in made)
 
 
 def test_the_serving_probe_batches_are_points_the_engine_table_measures():
