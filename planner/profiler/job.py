@@ -89,7 +89,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
                      engine.block_size, job.quick)
     serving_steps = 0
     if job.path == "cluster":
-        from planner.profiler.serving_probe import serving_plan
+        from planner.profiler.serving_fit import serving_plan
 
         serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).steps
     wide_engine = wide_engine_settings(engine, job)

@@ -11,8 +11,9 @@ import pytest
 from planner_testkit import ROUND_MODEL
 
 from planner.profile import DecodeSample, ServingCosts
-from planner.profiler.serving_probe import (BatchRun, CpuRun, cpu_seconds, engine_step_s, fit_served_steps,
-                                            process_tree, solve_per_request_and_token)
+from loadgen.proc_cpu import cpu_seconds, process_tree
+from planner.profiler.serving_fit import (BatchRun, CpuRun, engine_step_s, fit_served_steps,
+                                          solve_per_request_and_token)
 from planner.simulator.host import stretch_for_load
 
 
@@ -103,7 +104,7 @@ def test_the_host_cpu_per_token_comes_from_the_largest_batch_and_its_stretch_is_
 
 
 def test_the_routers_part_of_the_host_cpu_is_measured_apart_and_its_load_kept_on_the_prefill_core():
-    from planner.profiler.serving_probe import unbound_cpu_per_token
+    from planner.profiler.serving_fit import unbound_cpu_per_token
 
     # largest batch: host 0.8 s over 2000 tokens after the router's 1 ms x 32 requests, the router's
     # own 0.032 + 0.5 s of it -> 0.4 ms/token in all, 0.25 of it the router's
@@ -148,7 +149,7 @@ def test_where_the_fit_misses_the_engine_the_miss_is_not_read_as_serving_cost():
 
 
 def test_a_batched_run_whose_requests_never_decoded_together_is_named_not_measured():
-    from planner.profiler.serving_probe import NoCommonWindow, common_window
+    from planner.profiler.serving_fit import NoCommonWindow, common_window
 
     # token times of 3 requests: all three decode together between 1.0 and 1.3
     together = [[0.0, 1.0, 1.1, 1.2, 1.3], [0.1, 0.9, 1.05, 1.15, 1.35], [0.2, 0.95, 1.0, 1.1, 1.4]]
@@ -161,7 +162,7 @@ def test_a_batched_run_whose_requests_never_decoded_together_is_named_not_measur
 
 
 def test_a_batched_run_is_retried_with_longer_outputs_within_the_context():
-    from planner.profiler.serving_probe import batch_output_attempts
+    from planner.profiler.serving_fit import batch_output_attempts
 
     assert batch_output_attempts(2032) == [64, 128, 256]
     assert batch_output_attempts(200) == [64, 128]
@@ -169,7 +170,8 @@ def test_a_batched_run_is_retried_with_longer_outputs_within_the_context():
 
 
 def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_it_never_does():
-    from planner.profiler.serving_probe import NoCommonWindow, ServingPlan, measure_served_steps
+    from planner.profiler.serving_fit import NoCommonWindow, ServingPlan
+    from planner.profiler.serving_probe import measure_served_steps
 
     tried, notes = [], []
 

@@ -1,0 +1,197 @@
+"""The pure half of the serving probe (`planner.profiler.serving_probe`, which measures): the plan of
+its runs and the fits that turn what they measured into `ServingCosts` terms. No I/O here: every
+function takes plain values (token times, CPU seconds, the engine-only model) and is tested so.
+
+The forms fitted (the probe's module doc says how each input is measured):
+- per group of processes, cpu = a * requests + b * tokens through two steady runs
+  (`solve_per_request_and_token`);
+- served decode step / the host's stretch - engine step = decode_step_s + decode_cpu_s_per_token * B
+  over batched runs of B requests (`fit_served_steps`), the engine step from the engine table's own
+  row (`engine_step_s`), the host's stretch the simulator's (`planner.simulator.host`);
+- the host's and the router's CPU per token from the largest batch (`unbound_cpu_per_token`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.perf_model import PerfModel
+from planner.profile import DecodeSample, ServingCosts
+from planner.profiler.plan import QUICK_BATCHES as QUICK_ENGINE_BATCHES
+from planner.profiler.plan import SHORT_CONTEXT
+
+SHORT_OUTPUT, LONG_OUTPUT = 2, 32
+# decode batch sizes the served steps are fitted on, each run BATCH_REPEATS times (one run is noisy);
+# batch sizes and prompts the engine table measures too (`planner.profiler.plan`)
+BATCHES, QUICK_BATCHES, BATCH_REPEATS = (1, 4, 8, 16, 32, 64), QUICK_ENGINE_BATCHES, 2
+BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS = SHORT_CONTEXT, 64
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    prompt_tokens: tuple[int, ...]   # lone requests for the latencies
+    repeats: int
+    load_prompt_tokens: int          # the CPU runs' prompts
+    load_requests: int               # per CPU run
+    decode_batches: tuple[int, ...]  # batch sizes of the served-step runs, in run order (repeats included)
+    max_output_tokens: int = 4 * BATCH_OUTPUT_TOKENS  # the longest output a batched run may ask (the context)
+
+    @property
+    def steps(self) -> int:
+        """Progress steps `measure_serving` reports."""
+        return 3 + len(self.prompt_tokens) + len(self.decode_batches)
+
+
+def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool) -> ServingPlan:
+    prompts = tuple(n for n in (32, 128, 512) if n + LONG_OUTPUT < max_model_len) or (max_model_len // 4,)
+    sizes = sorted({min(b, max_num_seqs) for b in (QUICK_BATCHES if quick else BATCHES)})
+    batches = tuple(sizes) if quick else tuple(sizes) * BATCH_REPEATS
+    return ServingPlan(prompts, 3 if quick else 6, min(128, max_model_len // 4), 24 if quick else 60, batches,
+                       max_output_tokens=max_model_len - BATCH_PROMPT_TOKENS)
+
+
+@dataclass(frozen=True)
+class CpuRun:
+    requests: int
+    tokens: int
+    cpu_s: dict[str, float]  # group -> CPU seconds over the run
+    wall_s: float = 0.0      # the run's length
+
+    def net_of_idle(self, idle_cores: dict[str, float]) -> CpuRun:
+        """This run's CPU without what each group uses idle (`idle_cores` x the run's length),
+        at least 0."""
+        return CpuRun(self.requests, self.tokens,
+                      {group: max(0.0, cpu - idle_cores.get(group, 0.0) * self.wall_s)
+                       for group, cpu in self.cpu_s.items()}, self.wall_s)
+
+
+def solve_per_request_and_token(short: CpuRun, long: CpuRun, group: str) -> tuple[float, float]:
+    """(a, b) of cpu = a*requests + b*tokens through the two runs, clamped at 0 (noise)."""
+    d_tokens = long.tokens - short.tokens
+    if d_tokens <= 0:
+        raise ValueError("the long-output run must stream more tokens than the short one")
+    per_token = max(0.0, (long.cpu_s[group] - short.cpu_s[group]) / d_tokens)
+    per_request = max(0.0, (short.cpu_s[group] - per_token * short.tokens) / short.requests)
+    return per_request, per_token
+
+
+@dataclass(frozen=True)
+class LoneLatencies:
+    """Medians over lone requests of what the client saw beyond the engine-only model, and the
+    first token's spread around its median (`planner.profiler.spread`)."""
+
+    first_token_s: float
+    handoff_s: float
+    first_token_spread_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    """B requests decoding together: what a step took as the client saw it."""
+
+    batch: int
+    step_s: float            # median gap between a request's tokens while all B decode
+    context_tokens: float    # the batch's total context at the middle of that window
+    tokens_per_s: float      # tokens the client received per second over the window
+    host_cpu_s: float        # the router's and this process's CPU over the whole run
+    tokens: int
+    gaps_s: tuple[float, ...] = ()  # every gap inside the window (its median is step_s)
+    router_cpu_s: float = 0.0       # the router's part of host_cpu_s (0: not measured apart)
+
+
+class NoCommonWindow(RuntimeError):
+    """The requests of a batched run never all decoded at once (the first finished before the last
+    had its KV): the run measured no step of that batch."""
+
+
+def common_window(runs: Sequence[Sequence[float]]) -> tuple[float, float, list[float]]:
+    """(start, end, gaps): the window in which every request (its token times) is past its handoff
+    and none has finished, and the gaps between consecutive tokens inside it. Raises NoCommonWindow
+    when it holds fewer gaps than requests."""
+    start, end = max(marks[1] for marks in runs), min(marks[-1] for marks in runs)
+    gaps = [b - a for marks in runs for a, b in zip(marks, marks[1:]) if a >= start and b <= end]
+    if end <= start or len(gaps) < len(runs):
+        raise NoCommonWindow(f"the {len(runs)} profiling requests never decoded together (window "
+                             f"{max(0.0, end - start):.3f} s)")
+    return start, end, gaps
+
+
+def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured: Sequence[DecodeSample]) -> float:
+    """The engine-only step at `batch` and `context_tokens`: the measured row at the same batch with
+    the nearest context, moved along the model's context slope to this context; the model alone
+    when no row has this batch."""
+    rows = [row for row in measured if row.batch_size == batch]
+    if not rows:
+        return model.decode_step_s(batch, round(context_tokens))
+    row = min(rows, key=lambda r: abs(r.context_tokens - context_tokens))
+    return row.step_s + model.decode_step_s(batch, round(context_tokens)) - model.decode_step_s(batch, row.context_tokens)
+
+
+def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
+                     router_cpu_s_per_request: float = 0.0,
+                     engine_rows: Sequence[DecodeSample] = ()) -> tuple[float, float, float]:
+    """(decode_step_s, decode_cpu_s_per_token, host_cpu_s_per_token) from batched runs: served
+    step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0. The
+    engine step is `engine_step_s` on `engine_rows` (the engine table), the model where none fits.
+
+    The host's CPU per token, and the router's part of it, are `unbound_cpu_per_token`'s.
+
+    The stretch is the simulator's (`planner.simulator.host`) for one stepping engine (the decode
+    worker's; the prefill worker's core, where the router is bound, idles) and the host's load at
+    each run's token rate, so the fitted terms and the simulator's host model do not both count the
+    same CPU."""
+    import numpy as np
+
+    from planner.simulator.host import stretch_for_loads
+
+    host_per_token, router_per_token = unbound_cpu_per_token(runs, router_cpu_s_per_request)
+    residuals = []
+    for run in runs:
+        stretch = stretch_for_loads((host_per_token - router_per_token) * run.tokens_per_s,
+                                    router_per_token * run.tokens_per_s, host.host_cores, busy_cores=1,
+                                    router_cores=1 if router_per_token > 0 else 0)
+        residuals.append(run.step_s / stretch - engine_step_s(run.batch, run.context_tokens, model, engine_rows))
+    batches = np.array([run.batch for run in runs], dtype=float)
+    slope, intercept = np.polyfit(batches, np.array(residuals), 1)
+    if slope < 0:  # per-token serving cost cannot be negative: the mean residual is all per step
+        slope, intercept = 0.0, float(np.mean(residuals))
+    return max(0.0, float(intercept)), float(slope), host_per_token
+
+
+def unbound_cpu_per_token(runs: Sequence[BatchRun], router_cpu_s_per_request: float) -> tuple[float, float]:
+    """(host, router) CPU seconds per token streamed, from the largest batch's runs (medians),
+    each net of the router's per-request share: the batched runs' client sends token ids and does
+    next to nothing per request, unlike the load generator whose per-request cost
+    `host_cpu_s_per_request` also holds. The router's part is at most the host's."""
+    largest = [run for run in runs if run.batch == max(r.batch for r in runs)]
+    host = max(0.0, statistics.median((run.host_cpu_s - run.batch * router_cpu_s_per_request) / run.tokens
+                                      for run in largest))
+    router = max(0.0, statistics.median((run.router_cpu_s - run.batch * router_cpu_s_per_request) / run.tokens
+                                        for run in largest))
+    return host, min(host, router)
+
+
+def steady_rate(model: PerfModel, prompt_tokens: int) -> float:
+    """A request rate that keeps both engines about a third busy at the CPU runs' long outputs."""
+    per_request_s = max(model.prefill_s(prompt_tokens, prompt_tokens),
+                        LONG_OUTPUT * model.decode_step_s(1, prompt_tokens))
+    return 0.3 / per_request_s
+
+
+@dataclass(frozen=True)
+class ServedSteps:
+    """The served decode step's terms (`fit_served_steps`) and its spread (`planner.profiler.spread`)."""
+
+    decode_step_s: float
+    decode_cpu_s_per_token: float
+    host_cpu_s_per_token: float
+    spread_s: tuple[float, ...] = ()
+    router_cpu_s_per_token: float = 0.0  # the router's part of host_cpu_s_per_token
+
+
+def batch_output_attempts(max_output_tokens: int, attempts: int = 3) -> list[int]:
+    """The output lengths a batched run tries: BATCH_OUTPUT_TOKENS, then doubled, within the context."""
+    lengths = [BATCH_OUTPUT_TOKENS * 2 ** i for i in range(attempts)]
+    return [n for n in lengths if n <= max_output_tokens] or [max(2, max_output_tokens)]
