@@ -1,0 +1,91 @@
+"""How steady this machine's cores are: the pure half of bench/host_speed.py.
+
+A benchmark compares systems run one after another and trusts that the machine ran at one speed.
+The quiet check (`loadgen.proc_cpu.wait_for_quiet`) sees other processes inside this VM; it does
+not see the host under the VM: a neighbour on the same physical core, or a clock that moves. The
+probe times one fixed matrix product again and again on each core, in windows of a second or two,
+first each core alone and then both at once (as a 1P+1D cluster runs them). From those windows:
+
+- a phase's swing is p90 / p10 of its windows' milliseconds per product: 1.0 on a steady machine;
+- the together/alone ratio is the median with both cores busy over the median alone: above 1 when
+  the two virtual cores share something underneath (a physical core, its caches or its matrix
+  unit), which the planner's one-core tables, measured with the other core idle, do not hold.
+
+`verdict` says whether figures taken on the machine can be compared at the level a benchmark
+claims (its `max_swing`, default 1.25: a run-to-run difference under 25% is within the machine's
+own swing otherwise).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_SWING = 1.25
+
+
+@dataclass(frozen=True)
+class PhaseSpeed:
+    """The windows of one phase (one core alone, or every core together) in ms per product."""
+
+    name: str
+    p10_ms: float
+    p50_ms: float
+    p90_ms: float
+    min_ms: float
+    max_ms: float
+    windows: int
+
+    @property
+    def swing(self) -> float:
+        """p90 / p10 of the windows: how far the machine's speed moved within the phase."""
+        return self.p90_ms / self.p10_ms
+
+
+def phase_speed(name: str, window_ms: Sequence[float]) -> PhaseSpeed:
+    """Summarises one phase's windows; ValueError on none or on a non-positive window."""
+    values = [float(v) for v in window_ms]
+    if not values:
+        raise ValueError(f"phase {name!r}: no windows were timed")
+    if min(values) <= 0:
+        raise ValueError(f"phase {name!r}: a window took {min(values)} ms per product (must be > 0)")
+    p10, p50, p90 = (float(np.percentile(values, q)) for q in (10, 50, 90))
+    return PhaseSpeed(name, p10, p50, p90, min(values), max(values), len(values))
+
+
+def together_over_alone(alone: Sequence[PhaseSpeed], together: Sequence[PhaseSpeed]) -> float:
+    """Median ms per product with every core busy over the median of the cores alone: 1.0 when the
+    cores share nothing that slows them."""
+    return statistics.median(p.p50_ms for p in together) / statistics.median(p.p50_ms for p in alone)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    steady: bool
+    worst_swing: float
+    sharing: float   # together_over_alone
+    text: str
+
+
+def verdict(phases: Mapping[str, Sequence[PhaseSpeed]], max_swing: float = MAX_SWING) -> Verdict:
+    """`phases`: "alone" and "together", each a PhaseSpeed per core. Steady when no phase swings by
+    more than `max_swing` and the cores do not slow each other by more than it either."""
+    if max_swing <= 1.0:
+        raise ValueError(f"max_swing must be > 1, got {max_swing}")
+    everything = [p for group in phases.values() for p in group]
+    worst = max(everything, key=lambda p: p.swing)
+    sharing = together_over_alone(phases["alone"], phases["together"])
+    notes = []
+    if worst.swing > max_swing:
+        notes.append(f"its speed swings: {worst.name} ran {worst.p10_ms:.2f}-{worst.p90_ms:.2f} ms per product "
+                     f"(p10-p90, {worst.swing:.2f}x; slowest window {worst.max_ms:.2f})")
+    if sharing > max_swing:
+        notes.append(f"its cores slow each other: {sharing:.2f}x slower with both busy than alone")
+    steady = not notes
+    text = ("steady: every phase within {:.2f}x, both cores busy {:.2f}x of alone".format(worst.swing, sharing)
+            if steady else "not steady: " + "; ".join(notes)
+            + f". Differences under {max(worst.swing, sharing) - 1:.0%} between runs are within the machine's own")
+    return Verdict(steady, worst.swing, sharing, text)

@@ -1,0 +1,61 @@
+"""The pure parts of bench/host_speed.py (loadgen/comparison/host_speed.py): the swing of a phase's
+windows, whether the cores slow each other, and the verdict on the machine; and the tool's --help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen.comparison.host_speed import phase_speed, together_over_alone, verdict
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_a_phase_swing_is_p90_over_p10_of_its_windows():
+    steady = phase_speed("core 0 alone", [10.0] * 20)
+    assert (steady.p10_ms, steady.p50_ms, steady.p90_ms, steady.swing, steady.windows) == (10.0, 10.0, 10.0, 1.0, 20)
+    # the windows this session's VM gave with nothing else running: 7.4 to 15.7 ms
+    seen = phase_speed("core 0 alone", [8.1, 7.8, 15.7, 13.4, 7.9, 7.7, 7.4, 11.3, 8.7, 8.4,
+                                         13.6, 12.2, 9.5, 9.9, 11.1, 9.6, 13.4, 10.1, 8.3, 8.7])
+    assert seen.min_ms == 7.4 and seen.max_ms == 15.7
+    assert 1.6 < seen.swing < 1.8
+    with pytest.raises(ValueError, match="no windows"):
+        phase_speed("x", [])
+    with pytest.raises(ValueError, match="must be > 0"):
+        phase_speed("x", [1.0, 0.0])
+
+
+def test_cores_that_share_a_physical_core_are_slower_together_than_alone():
+    alone = [phase_speed("core 0 alone", [10.0] * 5), phase_speed("core 1 alone", [12.0] * 5)]
+    apart = [phase_speed("core 0 with", [10.0] * 5), phase_speed("core 1 with", [12.0] * 5)]
+    shared = [phase_speed("core 0 with", [18.0] * 5), phase_speed("core 1 with", [22.0] * 5)]
+    assert together_over_alone(alone, apart) == pytest.approx(1.0)
+    assert together_over_alone(alone, shared) == pytest.approx(20.0 / 11.0)
+
+
+def test_the_verdict_names_what_makes_a_machine_unfit_for_close_comparisons():
+    alone = [phase_speed("core 0 alone", [10.0, 10.2, 9.9, 10.1] * 5)]
+    calm = [phase_speed("core 0 with the others busy", [10.1, 10.3, 10.0, 10.2] * 5)]
+    good = verdict({"alone": alone, "together": calm})
+    assert good.steady and good.text.startswith("steady")
+
+    swinging = [phase_speed("core 0 with the others busy", [8.0, 16.0, 8.0, 12.0] * 5)]
+    bad = verdict({"alone": alone, "together": swinging})
+    assert not bad.steady and "its speed swings: core 0 with the others busy" in bad.text
+
+    sharing = [phase_speed("core 0 with the others busy", [15.0, 15.1, 14.9, 15.0] * 5)]
+    bad = verdict({"alone": alone, "together": sharing})
+    assert not bad.steady and "slow each other: 1.49x" in bad.text
+    # a looser bar calls the same machine steady
+    assert verdict({"alone": alone, "together": sharing}, max_swing=1.6).steady
+    with pytest.raises(ValueError, match="max_swing must be > 1"):
+        verdict({"alone": alone, "together": calm}, max_swing=1.0)
+
+
+def test_the_tool_explains_itself():
+    shown = subprocess.run([sys.executable, str(REPO / "bench" / "host_speed.py"), "--help"],
+                           capture_output=True, text=True, check=True, timeout=60)
+    assert "steady enough to compare figures" in shown.stdout and "--phase-s" in shown.stdout
