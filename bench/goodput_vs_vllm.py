@@ -15,7 +15,7 @@ from rich.console import Console
 
 from launch.comparison_systems import PdserveCluster, VllmServers
 from loadgen.comparison.budget import Budget, estimate_run_s, quiet_wait_s, skip_reason
-from loadgen.comparison.config import PLAN_PREFIX, QUICK, CompareConfig, prompts_for, schedule, workload
+from loadgen.comparison.config import PLAN_PREFIX, QUICK, CompareConfig, plan_pair, prompts_for, schedule, workload
 from loadgen.comparison.goodput import Measurement, Skipped, settled
 from loadgen.comparison.report import report
 from loadgen.harness import run_with_progress
@@ -41,7 +41,8 @@ Side by side, in one run, on the same two cores and the same `bench` model:
      cannot meet the TTFT SLO (bench/overload.py measures it past its knee)
   B*-<pair> (--plan PAIR=DIR) the cluster `pdserve plan --write-router-config DIR` picked for that
      SLO pair (tight or loose): its topology and pool sizes on the same two cores, its router files
-     (cost model, placement policy) and SLOs; the report sets the plan's predicted goodput beside it
+     (cost model, placement policy) and SLOs; the report sets the plan's predicted goodput beside it;
+     --plan loose-VARIANT=DIR2 runs a copy of a plan (its placement.json changed, say) beside it
   C  (--with-c) two vLLM servers, one per core, requests dealt round robin: one core per engine
      like B, without disaggregation
 Workload: one fixed request set, the first N requests of the Azure LLM inference conversation
@@ -224,7 +225,9 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
                              "--input-len 1536 --output-len 24 --range-ratio 0.333`)")
     parser.add_argument("--plan", action="append", type=_plan, metavar="PAIR=DIR", default=[],
                         help="also run B*-PAIR: the cluster `pdserve plan --write-router-config DIR` picked for the "
-                             "SLO pair PAIR (tight or loose; plan with this run's SLOs and workload); repeatable")
+                             "SLO pair PAIR (tight or loose; plan with this run's SLOs and workload); repeatable. "
+                             "PAIR-VARIANT (loose-q50=DIR2) runs another copy of a plan, e.g. with its router's "
+                             "placement.json changed, as B*-loose-q50 beside B*-loose")
     args = parser.parse_args(argv)
     given = {name: value for name, value in (
         ("rates_rps", args.rates), ("num_requests", args.num_requests), ("trace_path", args.trace),
@@ -262,21 +265,28 @@ def _vllm_batched_tokens(parser, systems: tuple[str, ...] | None) -> tuple[int, 
 
 
 def predictions(config: CompareConfig) -> dict[str, tuple[str, str, float]]:
-    """B*-<pair> -> (pair, the plan's topology, its predicted goodput), for the report."""
-    plans = {pair: read_planned_cluster(directory) for pair, directory in config.plans}
-    return {PLAN_PREFIX + pair: (pair, plan.topology.label, plan.predicted_goodput_rps) for pair, plan in plans.items()}
+    """B*-<name> -> (the SLO pair it was planned for, the plan's topology, its predicted goodput), for the report."""
+    plans = {name: read_planned_cluster(directory) for name, directory in config.plans}
+    return {PLAN_PREFIX + name: (plan_pair(name), plan.topology.label, plan.predicted_goodput_rps)
+            for name, plan in plans.items()}
 
 
 def _plan(text: str) -> tuple[str, Path]:
-    """PAIR=DIR, DIR holding the cluster.json `pdserve plan --write-router-config` writes."""
-    pair, sep, directory = text.partition("=")
-    if not sep or pair not in ("tight", "loose"):
+    """NAME=DIR (NAME: tight, loose, or either with a variant, loose-q50), DIR holding the
+    cluster.json `pdserve plan --write-router-config` writes."""
+    name, sep, directory = text.partition("=")
+    try:
+        plan_pair(name)
+    except ValueError as bad:
+        raise argparse.ArgumentTypeError(f"expected tight=DIR or loose=DIR (or loose-VARIANT=DIR), got {text!r}: "
+                                         f"{bad}") from bad
+    if not sep:
         raise argparse.ArgumentTypeError(f"expected tight=DIR or loose=DIR, got {text!r}")
     try:
         read_planned_cluster(Path(directory))
     except ValueError as bad:
         raise argparse.ArgumentTypeError(str(bad)) from bad
-    return pair, Path(directory)
+    return name, Path(directory)
 
 
 def _s(ms: float | None) -> float | None:

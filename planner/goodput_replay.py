@@ -9,7 +9,7 @@ How each system of the comparison is modelled (`modelled_system`), on the compar
 - B, B-tcp: 1 prefill + 1 decode worker, a router without SLOs;
 - B-slo: the same with the tight SLO pair on the router (admission); B-hybrid: 1P+1H, tight pair;
 - B-agg: one aggregated pdserve worker over both cores, `1Cx2`, tight pair on the router;
-- B*-<pair>: the plan's topology, its router files (cost model and placement policy) and SLOs.
+- B*-<name> (tight, loose, or either with a variant: loose-q50): the plan's topology, its router files (cost model and placement policy) and SLOs.
 C (two vLLM servers dealt round robin) is no topology of the planner's and is not modelled.
 The real routers of B, B-slo, B-hybrid and B-agg start from the CPU default cost model and
 calibrate it online; the simulated ones use the profile's (the simulator's default).
@@ -54,7 +54,7 @@ class ModelledSystem:
 
 def modelled_system(key: str, tight: SLO, plans: dict[str, PlannedCluster]) -> ModelledSystem | None:
     """`key`'s model (see the module's list), `tight` the comparison's tight SLO pair and `plans`
-    each B*-<pair>'s plan by pair; None for a system the planner has no topology for."""
+    each B*-<name>'s plan by name; None for a system the planner has no topology for."""
     if key == "A" or key.startswith("A-"):
         budget = int(key[2:]) if key.startswith("A-") else 0
         return ModelledSystem(Topology.aggregated(1, budget, devices_per_instance=2), routed=False)

@@ -5,6 +5,7 @@ Default paths are relative to the repository root, where the benchmarks run."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,18 @@ PDSERVE_SYSTEMS = ("B", "B-tcp", "B-hybrid", "B-agg", "B-slo")
 # (1,024-2,048 prompt and 16-32 output tokens, Poisson arrivals), where prefill dominates.
 SHAPES = ("trace", "long-prompt")
 LONG_PROMPT = dict(kind="random", arrival="poisson", prompt_mean=1536, output_mean=24, range_ratio=1 / 3)
-PLAN_PREFIX = "B*-"   # B*-<pair>: the cluster `pdserve plan` picked for that SLO pair (--plan PAIR=DIR)
+PLAN_PREFIX = "B*-"   # B*-<name>: the cluster `pdserve plan` picked for an SLO pair (--plan NAME=DIR)
+_PLAN_NAME = re.compile(r"(tight|loose)(-[a-z0-9]+)?")
+
+
+def plan_pair(name: str) -> str:
+    """The SLO pair a --plan name was planned for: `tight` or `loose`, alone or with a variant
+    (`loose-q50`: the loose plan's cluster with its router files changed, run beside it).
+    ValueError for any other name."""
+    match = _PLAN_NAME.fullmatch(name)
+    if match is None:
+        raise ValueError(f"a plan is named tight or loose, or that with a variant (loose-q50), got {name!r}")
+    return match.group(1)
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,7 @@ class CompareConfig:
     pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: over tcp; B-hybrid, B-agg
     vllm_batched_tokens: tuple[int, ...] = ()  # more vLLM systems, A-<n>: A with --max-num-batched-tokens n (A*'s sweep)
     shape: str = "trace"  # SHAPES
-    plans: tuple[tuple[str, Path], ...] = ()  # (SLO pair, plan dir): B*-<pair> runs the cluster `pdserve plan` wrote there
+    plans: tuple[tuple[str, Path], ...] = ()  # (plan name, dir): B*-<name> runs the cluster `pdserve plan` wrote there
     transport: str = "auto"  # B's KV transport (auto: shared memory on one host)
     budget_s: float = 19 * 60.0  # the whole run, report included
     start_estimate_s: float = 45.0  # per server brought up (vLLM or a pdserve cluster)
@@ -82,9 +94,11 @@ class CompareConfig:
                              f"{', '.join(self.pdserve_systems) or 'none'}")
         if self.shape not in SHAPES:
             raise ValueError(f"the workload shape must be one of {', '.join(SHAPES)}, got {self.shape!r}")
-        pairs = [name for name, _ in self.plans]
-        if len(set(pairs)) != len(pairs) or set(pairs) - {"tight", "loose"}:
-            raise ValueError(f"--plan names each SLO pair (tight, loose) at most once, got {', '.join(pairs)}")
+        names = [name for name, _ in self.plans]
+        for name in names:
+            plan_pair(name)
+        if len(set(names)) != len(names):
+            raise ValueError(f"--plan names each plan at most once, got {', '.join(names)}")
         if any(n < 32 for n in self.vllm_batched_tokens):
             raise ValueError(f"max_num_batched_tokens of an A-<n> system must be >= 32, got {self.vllm_batched_tokens}")
         if not self.budget_s > self.report_reserve_s:

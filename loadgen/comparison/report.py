@@ -34,7 +34,9 @@ def system_label(system: str) -> str:
     if system.startswith("A-") and system[2:].isdigit():
         return f"{system}: vLLM colocated, max_num_batched_tokens {system[2:]}"
     if system.startswith("B*-"):
-        return f"{system}: pdserve as `pdserve plan` picked for the {system[3:]} SLO pair"
+        pair, _, variant = system[3:].partition("-")
+        return (f"{system}: pdserve as `pdserve plan` picked for the {pair} SLO pair"
+                + (f", variant {variant}" if variant else ""))
     return SYSTEM_LABELS.get(system, system)
 
 

@@ -233,9 +233,18 @@ def test_a_plan_per_slo_pair_becomes_a_b_star_system_and_its_prediction_is_set_b
     found = {"tight": {"A": (1.0, True), "B*-tight": (2.0, True)}, "loose": {}}
     headers, rows = plan_rows(found, predictions(config), [0.5, 1.0, 2.0, 3.0])
     assert rows == [["B*-tight", "tight", "2C", "2.40", "2.00", "+20%"]]
-    for bad in (["--plan", f"medium={tmp_path / 't'}"], ["--plan", f"loose={tmp_path / 'missing'}"]):
+    for bad in (["--plan", f"medium={tmp_path / 't'}"], ["--plan", f"loose={tmp_path / 'missing'}"],
+                ["--plan", f"loose-={tmp_path / 't'}"], ["--plan", f"tight={tmp_path / 't'}", "--plan", f"tight={tmp_path / 't'}"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+    # a variant of a plan (its router files changed) runs beside it, judged under the pair it was planned for
+    config = parse_args(["--systems", "A", "--plan", f"tight={tmp_path / 't'}", "--plan", f"tight-q50={tmp_path / 't'}"])
+    assert config.systems == ("A", "B*-tight", "B*-tight-q50")
+    assert predictions(config)["B*-tight-q50"] == ("tight", "2C", 2.4)
+    found["tight"]["B*-tight-q50"] = (2.6, True)
+    _, rows = plan_rows(found, predictions(config), [0.5, 1.0, 2.0, 3.0])
+    assert ["B*-tight-q50", "tight", "2C", "2.40", "2.60", "-8%"] in rows
 
 
 def test_the_long_prompt_shape_replays_the_same_prefill_heavy_lengths_at_every_rate():
