@@ -29,7 +29,7 @@ from pdserve.roles import Topology
 from pdserve.timings import Timings
 from router.live_view import LiveView
 from router.policies.admission import Refuse, Scale, admit
-from router.policies.calibration import Calibration, CalibrationConfig
+from router.policies.calibration import Calibration, CalibrationConfig, ttft_observation
 from router.policies.ordering import DispatchQueue, QueuedItem, priority_key, queue_share
 from router.policies.placement import (CostModel, OnlinePrefillFit, Placement, PlacementConfig, Prediction,
                                        RequestView, dispatch_open, evaluate)
@@ -302,7 +302,9 @@ class Scheduler:
         tokens, like with like (a 3-token answer's TPOT is mostly its handoff, under any load)."""
         slo, now_s = self.config.slo, self.clock()
         if "ttft" in self.calibration and served.ttft_s > 0:
-            self.calibration["ttft"].observe(expected.ttft_s, served.ttft_s, slo.ttft_s or NOMINAL_TTFT_SLO_S, now_s)
+            predicted_s, observed_s = ttft_observation(expected.ttft_s, expected.ttft_wait_s, served.ttft_s,
+                                                       self.config.placement.calibrate_ttft)
+            self.calibration["ttft"].observe(predicted_s, observed_s, slo.ttft_s or NOMINAL_TTFT_SLO_S, now_s)
         if "tpot" in self.calibration and served.output_tokens >= 2 and served.e2e_s > served.ttft_s:
             intervals = served.output_tokens - 1
             tpot_s = (served.e2e_s - served.ttft_s) / intervals

@@ -2,8 +2,9 @@
 
 Contract of `admit(best, request, config, scale, judge_ttft, judge_tpot)` (judge_*: that SLO is set):
 - `best` is the placement's prediction for the request (`placement.place(...).prediction`), or
-  None when no path can take it at all; `scale` multiplies its TTFT and decode step by what
-  recent requests saw against their predictions (`router.policies.calibration`; 1: as predicted);
+  None when no path can take it at all; `scale` multiplies its TTFT (or, with `calibrate_ttft`
+  "wait", the TTFT's wait for the prompts ahead) and decode step by what recent requests saw
+  against their predictions (`router.policies.calibration`; 1: as predicted);
 - no path: `Refuse(min_retry_after_s, ...)`;
 - with `judge_ttft`, the scaled TTFT above ttft_slo * (1 + refuse_slack): `Refuse` with
   retry_after_s = max(min_retry_after_s, ceil(scaled ttft - ttft_slo)): the predicted time for the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from router.policies.calibration import scaled_ttft_s
 from router.policies.placement.config import PlacementConfig
 from router.policies.placement.paths import Prediction
 from router.policies.placement.state import RequestView
@@ -56,12 +58,13 @@ def admit(best: Prediction | None, request: RequestView, config: PlacementConfig
         return Refuse(config.min_retry_after_s, "no worker can take the request now (no decode worker, or none "
                                                 "with free KV blocks for its prompt and max_tokens)")
     allowance = 1.0 + config.refuse_slack
-    ttft_s = best.ttft_s * scale.ttft
+    ttft_s = scaled_ttft_s(best.ttft_s, best.ttft_wait_s, scale.ttft, config.calibrate_ttft)
     limit_s = request.ttft_slo_s * allowance
     if judge_ttft and ttft_s > limit_s:
         drain_s = math.ceil(ttft_s - request.ttft_slo_s - _FLOAT_NOISE_S)
         return Refuse(max(config.min_retry_after_s, float(drain_s)),
-                      f"predicted time to first token {ttft_s:.2f} s{_scaled(scale.ttft)} exceeds the limit of "
+                      f"predicted time to first token {ttft_s:.2f} s"
+                      f"{_scaled(scale.ttft, 'its wait ' if config.calibrate_ttft == 'wait' else '')} exceeds the limit of "
                       f"{limit_s:.2f} s (SLO {request.ttft_slo_s:.2f} s x {allowance:g})")
     tpot_s = best.decode_step_s * scale.tpot
     tpot_limit_s = request.tpot_slo_s * allowance
@@ -73,5 +76,5 @@ def admit(best: Prediction | None, request: RequestView, config: PlacementConfig
     return Admit()
 
 
-def _scaled(factor: float) -> str:
-    return "" if factor == 1.0 else f" (x{factor:.2f}, as recent requests saw against their predictions)"
+def _scaled(factor: float, what: str = "") -> str:
+    return "" if factor == 1.0 else f" ({what}x{factor:.2f}, as recent requests saw against their predictions)"

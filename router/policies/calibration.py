@@ -25,6 +25,14 @@ taken when 9 in 10 recent ones predicted like it met the SLO.
 - Until `min_observations` are kept the factor is 1. Observations older than `max_age_s` are
   forgotten: a factor learned in one burst does not outlive it, and a factor high enough to refuse
   everything (so that nothing new is observed) lapses back to 1 instead of refusing for ever.
+- What the TTFT factor scales (`PlacementConfig.calibrate_ttft`, `ttft_observation`,
+  `scaled_ttft_s`): "whole", the whole predicted TTFT, learned from whole TTFTs; or "wait", only
+  its wait for the prompts ahead, learned from (observed TTFT - predicted own service) / predicted
+  wait, so only requests that waited teach it. Measured on an AMX VM (BENCHMARKS "B* on an AMX VM
+  whose speed swings"): a whole-TTFT factor of 1.4-2.4, learned from queued requests, refused
+  2,000-token prompts whose own prefill (most of their prediction, and predicted well) a 1P+1D
+  cluster then served within the SLO at the same send times. "wait" is the option to measure
+  against it; "whole" stays the default until that is measured on a steady machine.
 - The factor stays within [1 / max_factor, max_factor]: a burst of outliers can neither make
   admission refuse everything nor admit everything, and the feedback (a high factor refuses more,
   the load falls, the ratios fall) settles instead of running away.
@@ -93,3 +101,27 @@ class Calibration:
         rank = max(0, math.ceil(self.config.quantile * len(ordered)) - 1)
         bound = self.config.max_factor
         return min(bound, max(1.0 / bound, ordered[rank]))
+
+
+def ttft_observation(predicted_ttft_s: float, predicted_wait_s: float, observed_ttft_s: float,
+                     scales: str) -> tuple[float, float]:
+    """(predicted, observed) of what the TTFT factor scales, for `Calibration.observe`: the whole
+    TTFT, or ("wait") the wait alone: observed = observed TTFT - the predicted own service, at
+    least a millisecond (a request that waited less than predicted teaches a ratio near 0, not
+    nothing). A request predicted not to wait gives (0, ...), which `observe` ignores."""
+    if scales == "whole":
+        return predicted_ttft_s, observed_ttft_s
+    if scales != "wait":
+        raise ValueError(f"the TTFT calibration scales the whole TTFT or its wait, got {scales!r}")
+    own_s = predicted_ttft_s - predicted_wait_s
+    return predicted_wait_s, max(1e-3, observed_ttft_s - own_s)
+
+
+def scaled_ttft_s(predicted_ttft_s: float, predicted_wait_s: float, factor: float, scales: str) -> float:
+    """The predicted TTFT admission judges: all of it times `factor` ("whole"), or its own service
+    as predicted plus its wait times `factor` ("wait")."""
+    if scales == "whole":
+        return predicted_ttft_s * factor
+    if scales != "wait":
+        raise ValueError(f"the TTFT calibration scales the whole TTFT or its wait, got {scales!r}")
+    return predicted_ttft_s - predicted_wait_s + predicted_wait_s * factor

@@ -19,6 +19,7 @@ from router.policies.placement.scorers import DEFAULT_WEIGHTS, SCORERS
 DEFAULT_CLASS_RANK: Mapping[str, int] = {"interactive": 0, "": 1, "batch": 2}
 _INT_KEYS = ("local_prefill_max_tokens", "max_queued_prefill_tokens_per_worker")
 _FLOAT_KEYS = ("refuse_slack", "min_retry_after_s", "class_gap_s", "calibration_quantile")
+CALIBRATE_TTFT = ("whole", "wait")  # what the TTFT calibration scales (PlacementConfig.calibrate_ttft)
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,11 @@ class PlacementConfig:
     `calibration_quantile`: admission scales its predictions by that quantile of recent requests'
     observed / predicted ratios (`router.policies.calibration`; 0: no scaling). `class_rank`: SLO class -> rank, 0 first; a class not listed
     ranks as "" (or last if "" is not listed). `class_gap_s`: seconds of waiting that make up one
-    rank. `max_queued_prefill_tokens_per_worker`: the dispatch gate (0: no gate)."""
+    rank. `max_queued_prefill_tokens_per_worker`: the dispatch gate (0: no gate).
+    `calibrate_ttft`: what the TTFT calibration scales: "whole", the whole predicted TTFT (the
+    default), or "wait", only its wait for the prompts ahead (`Prediction.ttft_wait_s`), learned
+    from queued requests alone: a long prompt's own prefill, which the model predicts well, is not
+    scaled by the error of the queue (an option to measure side by side; see router.policies.calibration)."""
 
     weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     local_prefill_max_tokens: int = 0
@@ -40,6 +45,7 @@ class PlacementConfig:
     class_gap_s: float = 2.0
     max_queued_prefill_tokens_per_worker: int = 4096
     calibration_quantile: float = 0.75
+    calibrate_ttft: str = "whole"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
@@ -56,6 +62,8 @@ class PlacementConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.calibrate_ttft not in CALIBRATE_TTFT:
+            raise ValueError(f"calibrate_ttft must be one of {', '.join(CALIBRATE_TTFT)}, got {self.calibrate_ttft!r}")
         if self.calibration_quantile >= 1.0:
             raise ValueError(f"calibration_quantile must be below 1 (0.75: cover 3 in 4 recent requests; 0: off), "
                              f"got {self.calibration_quantile}")
@@ -120,6 +128,8 @@ def _check_type(key: str, value: Any) -> None:
         raise ValueError(f"{key}: expected a whole number of tokens, got {value!r}")
     if key in _FLOAT_KEYS and not _is_number(value):
         raise ValueError(f"{key}: expected a number, got {value!r}")
+    if key == "calibrate_ttft" and not isinstance(value, str):
+        raise ValueError(f"{key}: expected one of {', '.join(CALIBRATE_TTFT)}, got {value!r}")
     if key in ("weights", "class_rank"):
         check, kind = (_is_number, "a number") if key == "weights" else (_is_int, "a whole number")
         if not isinstance(value, Mapping):

@@ -60,12 +60,14 @@ class Prediction:
     """`ttft_s`: arrival at the worker to first token (the router's own queue not included).
     `decode_stall_s`: how long each decode already running on the decode worker waits because of
     this request (0 when none runs). `kv_transfer_s`: the KV move, paid before the second token.
-    `decode_step_s`: the decode worker's step once this request has joined its batch."""
+    `decode_step_s`: the decode worker's step once this request has joined its batch.
+    `ttft_wait_s`: the part of `ttft_s` spent waiting for the prompts queued ahead (0: none)."""
 
     ttft_s: float
     decode_stall_s: float
     kv_transfer_s: float
     decode_step_s: float
+    ttft_wait_s: float = 0.0
 
 
 def predict(path: Path, request: RequestView, workers_by_id: Mapping[str, WorkerView], cost: CostModel) -> Prediction:
@@ -77,11 +79,11 @@ def predict(path: Path, request: RequestView, workers_by_id: Mapping[str, Worker
         queue_s = cost.queue_s(prefill.queued_prefill_tokens, prefill.queued_prefill_prompts, prefill.head_elapsed_s,
                                prefill.head_tokens)
         ttft_s = queue_s + cost.prefill_s(request.uncached_tokens(prefill))
-        return Prediction(ttft_s, 0.0, cost.kv_transfer_s(request.num_prompt_tokens), step_s)
+        return Prediction(ttft_s, 0.0, cost.kv_transfer_s(request.num_prompt_tokens), step_s, ttft_wait_s=queue_s)
     slowdown = cost.local_prefill_slowdown(decode.running_decodes)
     own_prefill_s = cost.prefill_s(request.uncached_tokens(decode)) * slowdown
     queue_s = cost.queue_s(decode.queued_prefill_tokens, decode.queued_prefill_prompts, decode.head_elapsed_s,
                            decode.head_tokens)
     ttft_s = queue_s * slowdown + own_prefill_s + step_s
     stall_s = own_prefill_s if decode.running_decodes > 0 else 0.0
-    return Prediction(ttft_s, stall_s, 0.0, step_s)
+    return Prediction(ttft_s, stall_s, 0.0, step_s, ttft_wait_s=queue_s * slowdown)

@@ -68,3 +68,25 @@ def test_factor_is_bounded(ratio, factor):
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         CalibrationConfig(**kwargs)
+
+
+def test_the_wait_alone_is_learned_from_requests_that_waited():
+    from router.policies.calibration import scaled_ttft_s, ttft_observation
+
+    # predicted 1.0 s: 0.4 s own prefill + 0.6 s of wait; seen 1.3 s -> the wait took 0.9 s (1.5x)
+    assert ttft_observation(1.0, 0.6, 1.3, "whole") == (1.0, 1.3)
+    assert ttft_observation(1.0, 0.6, 1.3, "wait") == (0.6, pytest.approx(0.9))
+    # faster than its own service predicted: the wait counts as a millisecond, a ratio near 0
+    assert ttft_observation(1.0, 0.6, 0.3, "wait") == (0.6, 1e-3)
+    # predicted not to wait: nothing to learn (observe ignores a zero prediction)
+    predicted, observed = ttft_observation(0.9, 0.0, 1.0, "wait")
+    assert not Calibration(CalibrationConfig(min_observations=1)).observe(predicted, observed, SLO_S)
+    calibration = Calibration(CalibrationConfig(min_observations=1))
+    assert calibration.observe(*ttft_observation(1.0, 0.6, 1.3, "wait"), SLO_S)
+    assert calibration.factor() == pytest.approx(1.5)
+    # judged: the own service as predicted, the wait scaled
+    assert scaled_ttft_s(1.0, 0.6, 1.5, "whole") == pytest.approx(1.5)
+    assert scaled_ttft_s(1.0, 0.6, 1.5, "wait") == pytest.approx(0.4 + 0.9)
+    for bad in (lambda: ttft_observation(1.0, 0.6, 1.3, "queue"), lambda: scaled_ttft_s(1.0, 0.6, 1.5, "")):
+        with pytest.raises(ValueError, match="the whole TTFT or its wait"):
+            bad()

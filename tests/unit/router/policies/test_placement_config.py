@@ -14,6 +14,8 @@ def test_defaults():
     assert dict(config.class_rank) == {"interactive": 0, "": 1, "batch": 2}
     assert (config.local_prefill_max_tokens, config.refuse_slack, config.min_retry_after_s, config.class_gap_s,
             config.max_queued_prefill_tokens_per_worker, config.calibration_quantile) == (0, 0.0, 1.0, 2.0, 4096, 0.75)
+    assert config.calibrate_ttft == "whole"
+    assert PlacementConfig.from_dict({"calibrate_ttft": "wait"}).calibrate_ttft == "wait"
 
 
 def test_listed_weights_are_the_whole_mix_and_cannot_be_changed_afterwards():
@@ -44,6 +46,8 @@ def test_an_unknown_scorer_is_refused_with_the_known_ones():
     ({"class_rank": {}}, r"class_rank: need at least one class"),
     ({"min_retry_after_s": -1}, r"min_retry_after_s must be a finite number >= 0, got -1"),
         ({"class_gap_s": float("inf")}, r"class_gap_s must be a finite number >= 0, got inf"),
+    ({"calibrate_ttft": 1}, r"calibrate_ttft: expected one of whole, wait, got 1"),
+    ({"calibrate_ttft": "queue"}, r"calibrate_ttft must be one of whole, wait, got 'queue'"),
 ])
 def test_a_bad_value_is_refused_naming_its_key(data, message):
     with pytest.raises(ValueError, match=message):

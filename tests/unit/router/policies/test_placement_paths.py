@@ -26,7 +26,8 @@ def test_disaggregated_first_token_waits_for_the_prefill_queue_then_its_own_pref
     workers = {"p0": _prefill(queued=8000), "d0": _decode(running=3)}
     prediction = predict(Disaggregated("p0", "d0"), _request(200), workers, COST)
     assert prediction == Prediction(ttft_s=pytest.approx(0.874 + 0.03004), decode_stall_s=0.0,
-                                    kv_transfer_s=pytest.approx(0.007), decode_step_s=pytest.approx(0.024))
+                                    kv_transfer_s=pytest.approx(0.007), decode_step_s=pytest.approx(0.024),
+                                    ttft_wait_s=pytest.approx(0.874))   # the queue's part, apart
 
 
 def test_disaggregated_prefill_skips_the_prefill_workers_cached_prefix():
@@ -42,7 +43,7 @@ def test_local_prefill_is_slowed_by_running_decodes_and_stalls_them():
     own_prefill_s = (0.01 + 0.004 + 0.0000016) * 1.2       # 40 uncached tokens, 1 + 0.05 * 4
     assert prediction == Prediction(ttft_s=pytest.approx(0.111 * 1.2 + own_prefill_s + 0.025),
                                     decode_stall_s=pytest.approx(own_prefill_s), kv_transfer_s=0.0,
-                                    decode_step_s=pytest.approx(0.025))
+                                    decode_step_s=pytest.approx(0.025), ttft_wait_s=pytest.approx(0.111 * 1.2))
 
 
 def test_local_prefill_on_an_idle_decode_worker_stalls_nobody():

@@ -71,3 +71,19 @@ def test_a_full_decode_batch_refuses_on_tpot(step_s, scale, judge_tpot, admitted
 
 def test_without_a_ttft_slo_a_late_prediction_is_not_refused():
     assert admit(_best(50.0), REQUEST, PlacementConfig(), judge_ttft=False) == Admit()
+
+
+def test_with_the_wait_calibrated_a_long_prompt_is_judged_on_its_own_prefill_as_predicted():
+    # 1.6 s predicted: 1.0 s of own prefill, 0.6 s waiting for the prompts ahead; recent requests
+    # waited 1.5x what was predicted. The whole TTFT scaled (the default, 2.4 s) misses a 2 s SLO;
+    # the wait scaled (1.0 + 0.9) does not. A request that waits nothing is not scaled at all.
+    request = RequestView(num_prompt_tokens=2000, max_tokens=20, ttft_slo_s=2.0, tpot_slo_s=0.1)
+    queued = Prediction(ttft_s=1.6, decode_stall_s=0.0, kv_transfer_s=0.0, decode_step_s=0.02, ttft_wait_s=0.6)
+    whole = admit(queued, request, PlacementConfig(), Scale(ttft=1.5))
+    assert isinstance(whole, Refuse) and "2.40 s (x1.50, as recent requests saw" in whole.reason
+    assert admit(queued, request, PlacementConfig(calibrate_ttft="wait"), Scale(ttft=1.5)) == Admit()
+    still_late = admit(queued, request, PlacementConfig(calibrate_ttft="wait"), Scale(ttft=2.0))
+    assert isinstance(still_late, Refuse) and "2.20 s (its wait x2.00" in still_late.reason
+    alone = Prediction(ttft_s=1.9, decode_stall_s=0.0, kv_transfer_s=0.0, decode_step_s=0.02)
+    assert admit(alone, request, PlacementConfig(calibrate_ttft="wait"), Scale(ttft=4.0)) == Admit()
+    assert isinstance(admit(alone, request, PlacementConfig(), Scale(ttft=4.0)), Refuse)
