@@ -276,16 +276,13 @@ def _plan(text: str) -> tuple[str, Path]:
     cluster.json `pdserve plan --write-router-config` writes."""
     name, sep, directory = text.partition("=")
     try:
+        if not sep:
+            raise ValueError("no =DIR")
         plan_pair(name)
+        read_planned_cluster(Path(directory))
     except ValueError as bad:
         raise argparse.ArgumentTypeError(f"expected tight=DIR or loose=DIR (or loose-VARIANT=DIR), got {text!r}: "
                                          f"{bad}") from bad
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected tight=DIR or loose=DIR, got {text!r}")
-    try:
-        read_planned_cluster(Path(directory))
-    except ValueError as bad:
-        raise argparse.ArgumentTypeError(str(bad)) from bad
     return name, Path(directory)
 
 

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         windows[name] = run_phase(on, args.phase_s, args.window_s)
     alone = [phase_speed(f"core {core} alone", windows[f"core {core} alone"][core]) for core in cores]
     together = [phase_speed(f"core {core} with the others busy", windows["all together"][core]) for core in cores]
-    judged = verdict({"alone": alone, "together": together}, args.max_swing)
+    judged = verdict(alone, together, args.max_swing)
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [*alone, *together]

@@ -19,7 +19,7 @@ own swing otherwise).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,14 +70,13 @@ class Verdict:
     text: str
 
 
-def verdict(phases: Mapping[str, Sequence[PhaseSpeed]], max_swing: float = MAX_SWING) -> Verdict:
-    """`phases`: "alone" and "together", each a PhaseSpeed per core. Steady when no phase swings by
-    more than `max_swing` and the cores do not slow each other by more than it either."""
+def verdict(alone: Sequence[PhaseSpeed], together: Sequence[PhaseSpeed], max_swing: float = MAX_SWING) -> Verdict:
+    """`alone` and `together`: a PhaseSpeed per core each. Steady when no phase swings by more than
+    `max_swing` and the cores do not slow each other by more than it either."""
     if max_swing <= 1.0:
         raise ValueError(f"max_swing must be > 1, got {max_swing}")
-    everything = [p for group in phases.values() for p in group]
-    worst = max(everything, key=lambda p: p.swing)
-    sharing = together_over_alone(phases["alone"], phases["together"])
+    worst = max([*alone, *together], key=lambda p: p.swing)
+    sharing = together_over_alone(alone, together)
     notes = []
     if worst.swing > max_swing:
         notes.append(f"its speed swings: {worst.name} ran {worst.p10_ms:.2f}-{worst.p90_ms:.2f} ms per product "

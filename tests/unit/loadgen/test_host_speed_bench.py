@@ -39,20 +39,20 @@ def test_cores_that_share_a_physical_core_are_slower_together_than_alone():
 def test_the_verdict_names_what_makes_a_machine_unfit_for_close_comparisons():
     alone = [phase_speed("core 0 alone", [10.0, 10.2, 9.9, 10.1] * 5)]
     calm = [phase_speed("core 0 with the others busy", [10.1, 10.3, 10.0, 10.2] * 5)]
-    good = verdict({"alone": alone, "together": calm})
+    good = verdict(alone, calm)
     assert good.steady and good.text.startswith("steady")
 
     swinging = [phase_speed("core 0 with the others busy", [8.0, 16.0, 8.0, 12.0] * 5)]
-    bad = verdict({"alone": alone, "together": swinging})
+    bad = verdict(alone, swinging)
     assert not bad.steady and "its speed swings: core 0 with the others busy" in bad.text
 
     sharing = [phase_speed("core 0 with the others busy", [15.0, 15.1, 14.9, 15.0] * 5)]
-    bad = verdict({"alone": alone, "together": sharing})
+    bad = verdict(alone, sharing)
     assert not bad.steady and "slow each other: 1.49x" in bad.text
     # a looser bar calls the same machine steady
-    assert verdict({"alone": alone, "together": sharing}, max_swing=1.6).steady
+    assert verdict(alone, sharing, max_swing=1.6).steady
     with pytest.raises(ValueError, match="max_swing must be > 1"):
-        verdict({"alone": alone, "together": calm}, max_swing=1.0)
+        verdict(alone, calm, max_swing=1.0)
 
 
 def test_the_tool_explains_itself():
