@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(result)
             print(f"[{step}/{len(order)}] {policy} round {round_index}: computed {result.computed_share:.0%} of "
                   f"{result.prompt_tokens_sent} prompt tokens, TTFT p50 {result.ttft_p50_ms:.0f} ms p90 "
-                  f"{result.ttft_p90_ms:.0f} ms, attainment {result.attainment:.0%}, failed {result.failed}, "
+                  f"{result.ttft_p90_ms:.0f} ms, attainment {result.attainment:.0%}, refused {result.refused}, "
+                  f"failed {result.failed}, "
                   f"other load {result.other_load_cores:.2f} cores", flush=True)
     finally:
         if cluster is not None:

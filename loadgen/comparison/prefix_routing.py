@@ -34,7 +34,8 @@ class PrefixRun:
     ttft_p50_ms: float
     ttft_p90_ms: float
     attainment: float
-    failed: int
+    refused: int   # refused at admission (429): the router's decision, not a lost request
+    failed: int    # errors and timeouts, refusals not among them
     other_load_cores: float
 
     @property
@@ -48,7 +49,7 @@ def prefix_run(policy: str, round_index: int, records: Sequence[RequestRecord], 
     summary = summarize(records, duration_s, slo)
     return PrefixRun(policy, round_index, sum(r.prompt_tokens for r in records), computed_tokens,
                      summary["median_ttft_ms"], summary["p90_ttft_ms"], summary["slo_attainment"],
-                     summary["failed"], other_load_cores)
+                     summary["refused"], summary["failed"] - summary["refused"], other_load_cores)
 
 
 def policy_medians(runs: Sequence[PrefixRun]) -> dict[str, dict[str, float]]:

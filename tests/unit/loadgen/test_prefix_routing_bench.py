@@ -36,3 +36,13 @@ def test_medians_per_policy_and_abba_order():
     assert medians["prefix-aware"]["computed_share"] == pytest.approx(0.3)
     assert medians["least-loaded"]["ttft_p50_ms"] == pytest.approx(600.0) and medians["least-loaded"]["runs"] == 2
     assert abba(["a", "b"], 2) == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3)]
+
+
+def test_a_refusal_is_counted_apart_from_a_failure():
+    refused = RequestRecord(index=1, scheduled_s=0.0, sent_s=0.0, client_queue_s=0.0, prompt_tokens=1000,
+                            requested_output_tokens=2, status="refused", error="429 predicted TTFT over the SLO")
+    failed = RequestRecord(index=2, scheduled_s=0.0, sent_s=0.0, client_queue_s=0.0, prompt_tokens=1000,
+                           requested_output_tokens=2, status="error", error="500 boom")
+    run = prefix_run("prefix-aware", 0, [_record(0, 1000, 0.1), refused, failed], 10.0, computed_tokens=1000,
+                     slo=SLO(ttft_s=1.0), other_load_cores=0.0)
+    assert (run.refused, run.failed) == (1, 1)
