@@ -19,11 +19,13 @@ from loadgen.comparison.config import PLAN_PREFIX, QUICK, CompareConfig, plan_pa
 from loadgen.comparison.goodput import Measurement, Skipped, settled
 from loadgen.comparison.report import report
 from loadgen.harness import run_with_progress
+from loadgen.host_probe import speed_check_ms
 from loadgen.metrics import summarize
 from loadgen.proc_cpu import OtherLoad, wait_for_quiet
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.workload import RequestSpec
+from pdserve.cpu_placement import parse_cores
 from planner.router_config import read_planned_cluster
 
 DESCRIPTION = """\
@@ -56,8 +58,10 @@ resends its prompts), and every request generates exactly its trace output lengt
 For every rate the systems are measured one after the other (ABBA order: A,B at the first rate,
 B,A at the next, ...; with C: A,B,C then C,B,A), so machine noise hits all; only one system is up
 at a time, and each run starts with uncounted warm-up requests, after waiting up to 45 s for other
-processes to go quiet. A request is good when it meets the TTFT SLO and the TPOT SLO; two SLO pairs
-share one TTFT SLO, with a tight and a loose TPOT. Goodput = the offered rate at which SLO
+processes to go quiet and timing a fixed matrix product on every core for 2 s (the machine's
+speed, which moves on a shared VM: each run's is reported against the run's median). A request
+is good when it meets the TTFT SLO and the TPOT SLO; two SLO pairs share one TTFT SLO, with a
+tight and a loose TPOT. Goodput = the offered rate at which SLO
 attainment first falls below 90% (interpolated between the grid's rates). Reported: the goodput of
 each system per SLO pair and the ratios to A, attainment-vs-rate plots (one per SLO pair), latency
 CDFs, and how much CPU other processes took during each run. The machine may be shared: a run
@@ -91,6 +95,8 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
         if attempts and skip_reason(config, budget.remaining_s(), need_s) is not None:
             break  # no time to re-measure: keep the noisy attempt
         wait_for_quiet(config.quiet_cores, quiet_wait_s(config, budget.remaining_s(), need_s))
+        host_ms = (speed_check_ms(sorted(parse_cores(config.colocated_cores)), config.host_check_s)
+                   if config.host_check_s else None)
         other = OtherLoad.start()
         kv_cpu_before_s = _kv_producer_cpu_s(system)
         suffix = f" retry (noise {attempts[-1].other_load_cores:.1f} cores)" if attempts else ""
@@ -104,7 +110,7 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
         kv_cpu_s = None if kv_cpu_before_s is None else _kv_producer_cpu_s(system) - kv_cpu_before_s
         summaries = {p.name: summarize(result.records, result.duration_s, p.slo) for p in config.slo_pairs}
         attempts.append(Measurement(system.key, rate_rps, result, summaries, other_cores, restarted, len(attempts) + 1,
-                                    kv_cpu_s))
+                                    kv_cpu_s, host_ms))
         if other_cores <= config.quiet_cores:
             break
     return min(attempts, key=lambda m: m.other_load_cores) if attempts else None
@@ -228,8 +234,12 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
                              "SLO pair PAIR (tight or loose; plan with this run's SLOs and workload); repeatable. "
                              "PAIR-VARIANT (loose-q50=DIR2) runs another copy of a plan, e.g. with its router's "
                              "placement.json changed, as B*-loose-q50 beside B*-loose")
+    parser.add_argument("--host-check-s", type=float, default=None,
+                        help="before each run, time a fixed matrix product on every core for this long and record "
+                             "the machine's speed with the run (default 2; 0: off). bench/host_speed.py explains why")
     args = parser.parse_args(argv)
     given = {name: value for name, value in (
+        ("host_check_s", args.host_check_s),
         ("rates_rps", args.rates), ("num_requests", args.num_requests), ("trace_path", args.trace),
         ("budget_s", None if args.budget_min is None else args.budget_min * 60), ("with_c", args.with_c or None),
         ("pdserve_systems", _pdserve_systems(parser, args.systems)), ("transport", args.transport),

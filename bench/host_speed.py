@@ -18,55 +18,17 @@ Writes OUT/host_speed.json (every window), OUT/host_speed.md and OUT/host_speed.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # one thread per probe,
-    os.environ[_var] = "1"                                                     # before numpy loads
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import sys
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from loadgen.comparison.host_speed import MAX_SWING, phase_speed, verdict  # noqa: E402
-
-PRODUCT_SIZE = 384  # float32 n x n: a few ms per product on a 2020s core, inside the L2 cache
-
-
-def time_windows(core: int, seconds: float, window_s: float, queue) -> None:
-    """On `core` alone, ms per product in each window of `window_s` for `seconds`: (core, [ms])."""
-    import numpy as np
-
-    os.sched_setaffinity(0, {core})
-    rng = np.random.default_rng(core)
-    a, b = (rng.standard_normal((PRODUCT_SIZE, PRODUCT_SIZE), dtype=np.float32) for _ in range(2))
-    for _ in range(5):
-        a @ b
-    windows, end = [], time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        started, products = time.perf_counter(), 0
-        while time.perf_counter() - started < window_s:
-            a @ b
-            products += 1
-        windows.append((time.perf_counter() - started) / products * 1e3)
-    queue.put((core, windows))
-
-
-def run_phase(cores: list[int], seconds: float, window_s: float) -> dict[int, list[float]]:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    probes = [context.Process(target=time_windows, args=(core, seconds, window_s, queue)) for core in cores]
-    for probe in probes:
-        probe.start()
-    results = dict(queue.get(timeout=seconds + 60) for _ in probes)
-    for probe in probes:
-        probe.join()
-    return results
+from loadgen.host_probe import PRODUCT_SIZE, run_phase  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -55,6 +55,7 @@ class CompareConfig:
     quiet_cores: float = NOISY_OTHER_CORES  # before each run, wait until other processes use at most this many cores ...
     max_quiet_wait_s: float = 45.0  # ... or this long (the machine is shared); a run above it is "noisy"
     noisy_retries: int = 1  # a noisy run is measured again this many times; the quietest attempt is kept
+    host_check_s: float = 2.0  # before each run, every core computes a fixed product this long: the run's machine speed (0: off)
     seed: int = 0
     with_c: bool = False  # also measure C: two 1-core vLLM servers, round robin
     pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: over tcp; B-hybrid, B-agg
@@ -101,6 +102,8 @@ class CompareConfig:
             raise ValueError(f"--plan names each plan at most once, got {', '.join(names)}")
         if any(n < 32 for n in self.vllm_batched_tokens):
             raise ValueError(f"max_num_batched_tokens of an A-<n> system must be >= 32, got {self.vllm_batched_tokens}")
+        if self.host_check_s < 0:
+            raise ValueError(f"host_check_s must be >= 0 (0: no speed check), got {self.host_check_s}")
         if not self.budget_s > self.report_reserve_s:
             raise ValueError(f"the time budget ({self.budget_s:g} s) must exceed the report's reserve "
                              f"({self.report_reserve_s:g} s): raise --budget-min")

@@ -88,3 +88,33 @@ def verdict(alone: Sequence[PhaseSpeed], together: Sequence[PhaseSpeed], max_swi
             if steady else "not steady: " + "; ".join(notes)
             + f". Differences under {max(worst.swing, sharing) - 1:.0%} between runs are within the machine's own")
     return Verdict(steady, worst.swing, sharing, text)
+
+
+def speed_factors(ms_per_product: Sequence[float | None]) -> list[float | None]:
+    """Each run's machine speed against the run's median: ms per product over the median of every
+    run measured (1.0: as usual; 1.4: the machine computed 1.4x slower just before that run).
+    None where a run has no check; ValueError on a non-positive figure."""
+    measured = [v for v in ms_per_product if v is not None]
+    if any(v <= 0 for v in measured):
+        raise ValueError(f"ms per product must be > 0, got {min(measured)}")
+    if not measured:
+        return [None for _ in ms_per_product]
+    median = statistics.median(measured)
+    return [None if v is None else v / median for v in ms_per_product]
+
+
+def speed_summary(ms_per_product: Sequence[float | None], labels: Sequence[str], max_swing: float = MAX_SWING) -> str:
+    """One line for a report: the spread of the checks before each run, and which runs started on a
+    machine more than `max_swing` slower than its median (their figures carry that)."""
+    if len(labels) != len(ms_per_product):
+        raise ValueError(f"{len(labels)} labels for {len(ms_per_product)} figures")
+    factors = speed_factors(ms_per_product)
+    measured = [v for v in ms_per_product if v is not None]
+    if not measured:
+        return "the machine's speed was not checked before the runs"
+    p10, p50, p90 = (float(np.percentile(measured, q)) for q in (10, 50, 90))
+    slow = [f"{label} (x{f:.2f})" for label, f in zip(labels, factors) if f is not None and f > max_swing]
+    return (f"machine speed before each run: median {p50:.2f} ms per product, p10-p90 {p10:.2f}-{p90:.2f} "
+            f"({p90 / p10:.2f}x) over {len(measured)} runs; "
+            + (f"{len(slow)} started over {max_swing:g}x slower than the median: {', '.join(slow)}" if slow
+               else f"none started over {max_swing:g}x slower than the median"))

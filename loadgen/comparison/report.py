@@ -18,6 +18,7 @@ from rich.table import Table
 
 from loadgen.comparison.goodput import (NOISY_OTHER_CORES, Measurement, Skipped, SLOPair, attainment_curves, best_vllm,
                                         format_goodput, goodputs, is_noisy, is_vllm, quiet_runs, ratio)
+from loadgen.comparison.host_speed import speed_factors, speed_summary
 from loadgen.metrics import PHASES, tpot_s
 from loadgen.plots import plot_latency_cdfs  # also selects matplotlib's Agg backend
 
@@ -93,16 +94,25 @@ def _ratio_cell(by_system: dict[str, tuple[float, bool]], system: str, baseline:
 
 def per_rate_rows(measurements: Sequence[Measurement], pairs: Sequence[SLOPair]) -> tuple[list[str], list[list[str]]]:
     headers = ["rate (req/s)", "system", "sent", "ok/failed/timeout", *(f"attain {p.name}" for p in pairs),
-               "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms", "other cores"]
+               "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms", "machine speed", "other cores"]
     rows = []
-    for m in sorted(measurements, key=lambda m: (m.rate_rps, m.system)):
+    ordered = sorted(measurements, key=lambda m: (m.rate_rps, m.system))
+    factors = speed_factors([m.host_ms_per_product for m in ordered])
+    for m, factor in zip(ordered, factors):
         s = m.summaries[pairs[0].name]
         rows.append([f"{m.rate_rps:g}", m.system, str(s["num_prompts"]),
                      f"{s['completed']}/{s['failed'] - s['timed_out']}/{s['timed_out']}",
                      *(f"{m.summaries[p.name]['slo_attainment']:.0%}" for p in pairs),
                      f"{s['median_ttft_ms']:.0f}", f"{s['p90_ttft_ms']:.0f}", f"{s['median_tpot_ms']:.1f}",
-                     f"{s['p90_tpot_ms']:.1f}", f"{m.other_load_cores:.2f}{_notes(m)}"])
+                     f"{s['p90_tpot_ms']:.1f}", "-" if factor is None else f"x{factor:.2f}",
+                     f"{m.other_load_cores:.2f}{_notes(m)}"])
     return headers, rows
+
+
+def machine_speed_line(measurements: Sequence[Measurement]) -> str:
+    """The report's line on the machine's speed before each run (`host_speed.speed_summary`)."""
+    ordered = sorted(measurements, key=lambda m: (m.rate_rps, m.system))
+    return speed_summary([m.host_ms_per_product for m in ordered], [f"{m.system} @ {m.rate_rps:g}" for m in ordered])
 
 
 def _notes(m: Measurement) -> str:
@@ -174,11 +184,12 @@ def report(config, measurements: Sequence[Measurement], console: Console, wall_s
     for title, (headers, rows) in sections:
         console.print(rich_table(title, headers, rows))
     noisy = [m for m in measurements if is_noisy(m)]
+    speed = machine_speed_line(measurements)
     console.print(f"wall time {wall_s / 60:.1f} min; {len(noisy)} of {len(measurements)} runs noisy "
-                  f"(other processes > {NOISY_OTHER_CORES} cores); {len(skipped)} points skipped for time")
+                  f"(other processes > {NOISY_OTHER_CORES} cores); {len(skipped)} points skipped for time\n{speed}")
     config.out_dir.mkdir(parents=True, exist_ok=True)
     paths = [_write_json(config, measurements, found, wall_s, argv, skipped),
-             _write_markdown(config, sections, wall_s, noisy, skipped)]
+             _write_markdown(config, sections, wall_s, noisy, skipped, speed)]
     paths += [plot_attainment(config, measurements, p, found[p.name]) for p in pairs]
     paths += _plot_cdfs(config, measurements)
     console.print("wrote " + ", ".join(str(p) for p in paths))
@@ -218,7 +229,7 @@ def _ratio(by_system: dict[str, tuple[float, bool]], system: str) -> float | Non
 def _run_json(m: Measurement) -> dict[str, Any]:
     records = m.result.records
     return {"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
-            "restarted": m.restarted, "attempts": m.attempts, "summaries": m.summaries,
+            "host_ms_per_product": m.host_ms_per_product, "restarted": m.restarted, "attempts": m.attempts, "summaries": m.summaries,
             "requests": {"status": [r.status for r in records], "error": [r.error for r in records],
                          "prompt_tokens": [r.prompt_tokens for r in records],
                          "output_tokens": [r.output_tokens for r in records],
@@ -227,9 +238,10 @@ def _run_json(m: Measurement) -> dict[str, Any]:
                          **{f"{phase}_s": [getattr(r.phases, f"{phase}_s", None) for r in records] for phase in PHASES}}}
 
 
-def _write_markdown(config, sections, wall_s: float, noisy: Sequence[Measurement], skipped: Sequence[Skipped]):
+def _write_markdown(config, sections, wall_s: float, noisy: Sequence[Measurement], skipped: Sequence[Skipped],
+                    speed: str):
     parts = [f"_{wall_s / 60:.1f} min (budget {config.budget_s / 60:g} min); {len(noisy)} noisy runs "
-             f"(other processes > {NOISY_OTHER_CORES} cores); {len(skipped)} points skipped for time_"]
+             f"(other processes > {NOISY_OTHER_CORES} cores); {len(skipped)} points skipped for time_", f"_{speed}_"]
     parts += [f"**{title}**\n\n{markdown_table(headers, rows)}" for title, (headers, rows) in sections]
     path = config.out_dir / f"{config.label}.md"
     path.write_text("\n\n".join(parts) + "\n")

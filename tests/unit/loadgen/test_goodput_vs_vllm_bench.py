@@ -254,3 +254,18 @@ def test_the_long_prompt_shape_replays_the_same_prefill_heavy_lengths_at_every_r
     assert all(1024 <= r.prompt_tokens <= 2048 and 16 <= r.output_tokens <= 32 for r in slow)
     with pytest.raises(ValueError, match="the workload shape must be one of trace, long-prompt"):
         BenchConfig(shape="chat")
+
+
+def test_each_run_shows_the_machine_speed_it_started_on():
+    from loadgen.comparison.report import machine_speed_line, per_rate_rows
+
+    summary = {"num_prompts": 10, "completed": 10, "failed": 0, "timed_out": 0, "slo_attainment": 1.0,
+               "median_ttft_ms": 100.0, "p90_ttft_ms": 200.0, "median_tpot_ms": 20.0, "p90_tpot_ms": 30.0}
+    runs = [Measurement(system, rate, None, {"tight": summary, "loose": summary}, 0.0, False, host_ms_per_product=ms)
+            for system, rate, ms in (("A", 1.0, 1.0), ("B", 1.0, 1.0), ("A", 2.0, 1.5), ("B", 2.0, None))]
+    headers, rows = per_rate_rows(runs, PAIRS)
+    speed = headers.index("machine speed")
+    assert [row[speed] for row in rows] == ["x1.00", "x1.00", "x1.50", "-"]
+    assert "A @ 2 (x1.50)" in machine_speed_line(runs)
+    with pytest.raises(ValueError, match="host_check_s must be >= 0"):
+        BenchConfig(host_check_s=-1.0)

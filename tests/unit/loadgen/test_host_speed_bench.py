@@ -3,13 +3,14 @@ windows, whether the cores slow each other, and the verdict on the machine; and 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from loadgen.comparison.host_speed import phase_speed, together_over_alone, verdict
+from loadgen.comparison.host_speed import phase_speed, speed_factors, speed_summary, together_over_alone, verdict
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -59,3 +60,29 @@ def test_the_tool_explains_itself():
     shown = subprocess.run([sys.executable, str(REPO / "bench" / "host_speed.py"), "--help"],
                            capture_output=True, text=True, check=True, timeout=60)
     assert "steady enough to compare figures" in shown.stdout and "--phase-s" in shown.stdout
+
+
+def test_each_run_carries_its_machine_speed_against_the_runs_median():
+    assert speed_factors([1.0, 1.2, None, 0.8]) == [pytest.approx(1.0), pytest.approx(1.2), None, pytest.approx(0.8)]
+    assert speed_factors([None, None]) == [None, None]
+    with pytest.raises(ValueError, match="must be > 0"):
+        speed_factors([1.0, 0.0])
+    # the AMX VM's swing: one run began on a machine 1.6x slower than usual
+    line = speed_summary([0.77, 0.78, 1.25, 0.76, None], ["A @ 1", "B @ 1", "B @ 1.5", "A @ 1.5", "A @ 2"])
+    assert "median 0.78 ms per product" in line and "over 4 runs" in line
+    assert "1 started over 1.25x slower than the median: B @ 1.5 (x1.61)" in line
+    assert "none started" in speed_summary([0.77, 0.80], ["A @ 1", "B @ 1"])
+    assert "not checked" in speed_summary([None], ["A @ 1"])
+    with pytest.raises(ValueError, match="labels"):
+        speed_summary([1.0], [])
+
+
+def test_the_speed_check_times_a_real_product_on_every_core():
+    from loadgen.host_probe import run_phase, speed_check_ms
+
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    windows = run_phase(cores, seconds=0.3, window_s=0.1)
+    assert sorted(windows) == cores and all(len(w) >= 2 and min(w) > 0 for w in windows.values())
+    assert speed_check_ms(cores, seconds=0.3, window_s=0.1) > 0
+    with pytest.raises(ValueError, match="window_s <= seconds"):
+        run_phase(cores, seconds=0.1, window_s=0.5)
