@@ -64,6 +64,11 @@ class HardwareInfo:
     device: str = "cpu"
     host_kind: str = ""       # `pdserve.dtype_probe.this_host_kind()`: profiles carry to hosts of one kind
     dtype_choice: str = ""    # how the engine's dtype was chosen (the probe's decision and timings)
+    # the machine's speed when the profile began and ended (`loadgen.host_probe.speed_check_ms`: ms per
+    # fixed product, every core busy; 0: not checked): a shared VM's moves by 1.5-2x, and every table
+    # here holds only at the speed it was measured at
+    machine_ms_start: float = 0.0
+    machine_ms_end: float = 0.0
 
     def __post_init__(self) -> None:
         _positive_int("hardware", "num_cores", self.num_cores)

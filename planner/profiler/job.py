@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -24,6 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from loadgen.comparison.host_speed import drift_note
+from loadgen.host_probe import speed_check_ms
 from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings as WorkerEngineSettings
 from planner.perf_model import FitReport, fit_perf_model
@@ -81,6 +84,7 @@ def _progress(show: bool) -> Progress:
 def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     """Measure, write `job.out` and `<job.out stem>.png`, print the fit. Takes minutes (`quick`: ~1)."""
     started = time.perf_counter()
+    machine_ms_start = speed_check_ms(sorted(os.sched_getaffinity(0)))
     engine = replace(job.engine, enable_prefix_caching=False)
     if job.path == "cluster":
         engine = replace(engine, cpu_cores=job.cluster_cores[0])  # the engine alone, on one worker's cores
@@ -113,8 +117,10 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
             wide_prefill, wide_decode, _, _ = asyncio.run(_measure_engine(wide_engine, plan, advance))
             wide = (WideEngine(len(parse_cores(wide_engine.cpu_cores)), wide_prefill, wide_decode),)
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
+    hardware = replace(hardware_info(engine.cpu_cores, engine.model, engine.dtype), machine_ms_start=machine_ms_start,
+                       machine_ms_end=speed_check_ms(sorted(os.sched_getaffinity(0))))
     profile = Profile(
-        hardware=hardware_info(engine.cpu_cores, engine.model, engine.dtype), model=model,
+        hardware=hardware, model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,
                               kv_cache_memory_bytes=engine.kv_cache_bytes, enforce_eager=True),
         prefill=prefill, decode=decode, kv_transfer=transfers,
@@ -224,6 +230,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
     console.print(table)
     for line in fit.lines():
         console.print("  " + line, markup=False)
+    if note := drift_note(profile.hardware.machine_ms_start, profile.hardware.machine_ms_end):
+        console.print("  " + note, markup=False)
     serving = profile.serving
     if serving != ServingCosts():
         console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms,"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.comparison.host_speed import phase_speed, speed_factors, speed_summary, together_over_alone, verdict
+from loadgen.comparison.host_speed import drift_note, phase_speed, speed_factors, speed_summary, together_over_alone, verdict
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -86,3 +86,9 @@ def test_the_speed_check_times_a_real_product_on_every_core():
     assert speed_check_ms(cores, seconds=0.3, window_s=0.1) > 0
     with pytest.raises(ValueError, match="window_s <= seconds"):
         run_phase(cores, seconds=0.1, window_s=0.5)
+
+
+def test_a_profile_says_how_far_the_machine_moved_while_it_was_measured():
+    assert drift_note(0.0, 0.8) == "" and drift_note(0.8, 0.0) == ""
+    assert "0.77 ms per product at the start, 0.80 at the end (within 1.04x)" in drift_note(0.77, 0.80)
+    assert "moved 1.50x while measured" in drift_note(1.2, 0.8)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -40,6 +41,17 @@ def test_save_then_load_round_trips(tmp_path):
     save_profile(build_example_profile(), path)
     assert load_profile(path) == build_example_profile()
     assert json.loads(path.read_text())["version"] == PROFILE_VERSION
+
+
+def test_the_machine_speed_a_profile_was_measured_at_round_trips_and_older_profiles_still_load(tmp_path):
+    example = build_example_profile()
+    timed = replace(example, hardware=replace(example.hardware, machine_ms_start=0.77, machine_ms_end=0.91))
+    save_profile(timed, tmp_path / "timed.json")
+    assert load_profile(tmp_path / "timed.json").hardware.machine_ms_end == 0.91
+    older = profile_to_dict(example)
+    for key in ("machine_ms_start", "machine_ms_end"):
+        older["hardware"].pop(key)
+    assert profile_from_dict(older).hardware.machine_ms_start == 0.0   # not checked
 
 
 @pytest.mark.parametrize("mutate, message", [
