@@ -16,7 +16,8 @@ from loadgen.comparison.budget import Budget
 from loadgen.comparison.config import PLAN_PREFIX, CompareConfig
 from loadgen.comparison.goodput import Measurement
 from loadgen.comparison.overload import OverloadPoint, knee_rps, overload_points, overload_rates, verdicts
-from loadgen.comparison.report import markdown_table, rich_table, system_label
+from loadgen.comparison.host_speed import speed_factors
+from loadgen.comparison.report import machine_speed_line, markdown_table, rich_table, system_label
 
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model (as
@@ -103,36 +104,42 @@ def main(argv: list[str] | None = None) -> int:
 def _report(config, args, measured: list[Measurement], points: list[OverloadPoint], knee: float, bracketed: bool,
             found, skipped, console: Console, wall_s: float) -> None:
     headers = ["system", "rate (req/s)", "x knee", "good req/s", "attainment", "among admitted", "refused",
-               "TTFT p90 ms", "other cores"]
+               "TTFT p90 ms", "machine speed", "other cores"]
     by_key = {(m.system, m.rate_rps): m for m in measured}
+    factors = dict(zip(by_key, speed_factors([m.host_ms_per_product for m in by_key.values()])))
     rows = []
     for p in points:
         m = by_key[(p.system, p.rate_rps)]
         s = m.summaries[args.pair]
+        factor = factors[(p.system, p.rate_rps)]
         rows.append([p.system, f"{p.rate_rps:g}", f"{p.rate_rps / knee:.2f}" if knee else "-", f"{p.good_rps:.3f}",
                      f"{p.attainment:.0%}", "-" if p.admitted_attainment is None else f"{p.admitted_attainment:.0%}",
-                     f"{p.refused_share:.0%}", f"{s['p90_ttft_ms']:.0f}", f"{m.other_load_cores:.2f}"])
+                     f"{p.refused_share:.0%}", f"{s['p90_ttft_ms']:.0f}", "-" if factor is None else f"x{factor:.2f}",
+                     f"{m.other_load_cores:.2f}"])
     verdict_headers = ["x knee", "rate (req/s)", "good req/s", "share of peak", "among admitted", "holds"]
     verdict_rows = [[f"{v.multiple:g}", f"{v.rate_rps:g}", f"{v.good_rps:.3f}", f"{v.share_of_peak:.2f}",
                      "-" if v.admitted_attainment is None else f"{v.admitted_attainment:.0%}",
                      "yes" if v.holds else "NO"] for v in found]
     console.print(rich_table(f"Runs under the {args.pair} pair", headers, rows))
     console.print(rich_table(f"{args.system} past its knee ({knee:.3f} req/s)", verdict_headers, verdict_rows))
+    speed = machine_speed_line(measured)
+    console.print(speed)
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
     pair = next(p for p in config.slo_pairs if p.name == args.pair)
     (out / f"{config.label}.md").write_text(
         f"SLO pair {args.pair}: {pair.describe()}; {config.num_requests} trace requests per run; "
         f"{args.system}'s knee {knee:.3f} req/s{'' if bracketed else ' (not bracketed)'}; wall {wall_s / 60:.1f} min\n\n"
-        + markdown_table(headers, rows) + "\n" + markdown_table(verdict_headers, verdict_rows)
+        + markdown_table(headers, rows) + "\n" + markdown_table(verdict_headers, verdict_rows) + f"\n_{speed}_\n"
         + "".join(f"\nskipped {s.system} @ {s.rate_rps:g}: {s.reason}" for s in skipped) + "\n")
     (out / f"{config.label}.json").write_text(json.dumps({
         "argv": sys.argv, "pair": args.pair, "knee_rps": knee, "knee_bracketed": bracketed, "wall_s": wall_s,
         "points": [asdict(p) for p in points], "verdicts": [asdict(v) for v in found],
         "skipped": [asdict(s) for s in skipped],
         "runs": [{"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
-                  "attempts": m.attempts, "summary": {k: v for k, v in m.summaries[args.pair].items()
-                                                      if not isinstance(v, dict)}} for m in measured]}, indent=2))
+                  "host_ms_per_product": m.host_ms_per_product, "attempts": m.attempts,
+                  "summary": {k: v for k, v in m.summaries[args.pair].items() if not isinstance(v, dict)}}
+                 for m in measured]}, indent=2))
     _plot(points, knee, args, out / f"{config.label}.png")
     console.print(f"wrote {out / config.label}.{{json,md,png}}")
 

@@ -73,3 +73,29 @@ def test_the_peak_is_the_best_reached_at_or_below_the_offered_rate_so_a_rise_pas
     runs.append(_run("B*", 3.0, 0.4, 0.95, refused=20))
     (three,) = verdicts(overload_points(runs, "tight"), "B*", 1.0, (3.0,))
     assert three.share_of_peak == pytest.approx(1.2 / 1.7) and not three.holds
+
+
+def test_the_report_gives_each_run_the_machine_speed_it_started_on(tmp_path, monkeypatch):
+    import io
+    import runpy
+    from argparse import Namespace
+    from dataclasses import replace
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from loadgen.comparison.config import CompareConfig
+
+    bench = Path(__file__).resolve().parents[3] / "bench"
+    monkeypatch.syspath_prepend(str(bench))   # the script imports its sibling goodput_vs_vllm, as when run
+    overload = runpy.run_path(str(bench / "overload.py"))
+    full = {"p90_ttft_ms": 500.0}
+    runs = [replace(m, summaries={"tight": m.summaries["tight"] | full}, host_ms_per_product=ms)
+            for m, ms in zip(RUNS, (1.0, 1.0, 1.0, 1.0, 1.6, 1.0, 1.0, 1.0, None))]
+    points = overload_points(runs, "tight")
+    config = CompareConfig(pdserve_systems=("B-slo",), out_dir=tmp_path, label="overload_test", cdf_rates_rps=())
+    args = Namespace(pair="tight", system="B-slo", multiples=(1.5, 2.0))
+    overload["_report"](config, args, runs, points, 1.0, True, [], [], Console(file=io.StringIO()), 60.0)
+    written = (tmp_path / "overload_test.md").read_text()
+    assert "| machine speed |" in written and "x1.60" in written
+    assert "B-slo @ 2 (x1.60)" in written
