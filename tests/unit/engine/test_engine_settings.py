@@ -5,7 +5,16 @@ import os
 import pytest
 
 from kv_transfer.config import ConnectorConfig
-from pdserve.engine import EngineSettings, engine_args, native_dtype
+from pdserve.engine import EngineSettings, engine_args, executor_env, native_dtype, resolved_executor
+
+
+@pytest.fixture(autouse=True)
+def _own_environment():
+    """engine_args sets what vLLM's child processes inherit in os.environ: keep it to each test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_a_colocated_engine_may_span_several_gpus():
@@ -72,3 +81,36 @@ def test_auto_dtype_is_resolved_when_the_settings_are_made_so_workers_get_a_conc
     from launch.commands import engine_option_argv
     argv = engine_option_argv(settings)
     assert argv[argv.index("--dtype") + 1] == settings.dtype
+
+
+def test_a_one_device_cpu_engine_runs_its_model_in_the_engine_core_process():
+    assert resolved_executor(EngineSettings(model="m"), gpu=False) == "uni"
+    assert resolved_executor(EngineSettings(model="m", tensor_parallel_size=2), gpu=False) == "mp"
+    assert resolved_executor(EngineSettings(model="m"), gpu=True) == "mp"           # vLLM's own choice there
+    assert resolved_executor(EngineSettings(model="m", executor="mp"), gpu=False) == "mp"
+    with pytest.raises(ValueError, match="executor 'ray'"):
+        EngineSettings(model="m", executor="ray")
+    with pytest.raises(ValueError, match="one device's model"):
+        EngineSettings(model="m", executor="uni", tensor_parallel_size=2)
+
+
+def test_the_in_process_model_gets_the_openmp_binding_vllm_gives_its_model_runner():
+    assert executor_env("uni", "0-1") == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_PLACES": "{0,1}",
+                                          "OMP_PROC_BIND": "true"}
+    assert executor_env("uni", "") == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert executor_env("mp", "1") == {}
+
+
+def test_the_executor_reaches_vllm_and_does_not_leak_into_the_next_engine(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    args = engine_args(EngineSettings(model="m", cpu_cores="1"), "colocated")
+    if os.path.exists("/dev/nvidia0"):
+        pytest.skip("a GPU host: the executor is vLLM's choice")
+    assert args.distributed_executor_backend == "uni"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["OMP_PLACES"] == "{1}"
+    args = engine_args(EngineSettings(model="m", executor="mp"), "colocated")
+    assert args.distributed_executor_backend is None
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ and "OMP_PLACES" not in os.environ
+    from launch.commands import engine_option_argv
+    argv = engine_option_argv(EngineSettings(model="m", executor="mp"))
+    assert argv[argv.index("--vllm-executor") + 1] == "mp"
