@@ -88,6 +88,24 @@ class PerfModel:
         raise KeyError(f"no engine over {devices} devices was profiled (measured widths: {list(self.widths)}); "
                        "re-run `pdserve profile --through cluster` to measure one over every core")
 
+    def slower(self, factor: float) -> PerfModel:
+        """This model on a machine `factor` times slower: every compute time (prefill, decode step,
+        each wide engine's) and every KV transfer's time multiplied by it. What the plan's robust
+        pick asks of a topology: does it still meet the SLOs if the machine runs that much slower
+        than it was profiled (a shared VM's speed moves by 1.1-2x; `pdserve plan --speed-margin`)?"""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"a speed factor must be a finite number > 0, got {factor}")
+        if factor == 1.0:
+            return self
+        p, d = self.prefill, self.decode
+        return PerfModel(
+            prefill=PrefillCoeffs(p.step_s * factor, p.per_token_s * factor, p.per_token2_s * factor),
+            decode=DecodeCoeffs(d.step_s * factor, d.per_seq_s * factor, d.per_context_token_s * factor,
+                                d.per_context_token_past_knee_s * factor, d.context_knee_tokens),
+            transfer={name: TransferCoeffs(t.latency_s * factor, t.bytes_per_s / factor)
+                      for name, t in self.transfer.items()},
+            wide=tuple((width, model.slower(factor)) for width, model in self.wide))
+
     @property
     def widths(self) -> tuple[int, ...]:
         """The devices one engine may span: 1 and every wide engine profiled."""

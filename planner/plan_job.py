@@ -42,6 +42,13 @@ class PlanInputs:
     token_budgets: tuple[int, ...] = DEFAULT_TOKEN_BUDGETS  # aggregated and hybrid: engine step budgets tried
     router_config_dir: Path | None = None  # --write-router-config: where the picked cluster's router files go
     objective: str = "per-device"  # the pick: highest goodput per device, or "total" within the budget
+    # the robust pick: rank by the goodput on a machine this much slower than profiled (0.1: 10%); 0: nominal
+    speed_margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.speed_margin < 1.0:
+            raise ValueError(f"the speed margin must be in [0, 1), e.g. 0.1 for a machine 10% slower than "
+                             f"profiled; got {self.speed_margin}")
 
     @property
     def include_colocated(self) -> bool:
@@ -168,6 +175,8 @@ def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console)
 def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     _print_header(console, inputs)
     attainment = make_attainment_fn(inputs.workload_at, inputs.settings, inputs.fit.model, inputs.slo)
+    robust = (make_attainment_fn(inputs.workload_at, inputs.settings, inputs.fit.model.slower(1 + inputs.speed_margin),
+                                 inputs.slo) if inputs.speed_margin > 0 else None)
     widths = inputs.fit.model.widths
     total = len(enumerate_topologies(inputs.budget_devices, inputs.kinds, inputs.local_prefill_caps,
                                      inputs.token_budgets, widths))
@@ -176,10 +185,10 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
         task = progress.add_task("searching topologies", total=total, last="")
         result = search_splits(attainment, inputs.budget_devices, inputs.search, kinds=inputs.kinds,
                                local_prefill_caps=inputs.local_prefill_caps, objective=inputs.objective,
-                               token_budgets=inputs.token_budgets, widths=widths,
+                               token_budgets=inputs.token_budgets, widths=widths, robust_attainment=robust,
                                progress=lambda label: progress.update(task, advance=1, last=label))
     elapsed = time.perf_counter() - started
-    console.print(report.search_table(result, inputs.search.target_attainment))
+    console.print(report.search_table(result, inputs.search.target_attainment, inputs.speed_margin))
     _print_picks(console, result)
     points = _operating_points(inputs, list(result.best_by_kind().values()))
     console.print(report.detail_table("simulated latency at the goodput rate", points))
@@ -191,6 +200,7 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     out = inputs.output_dir / f"{inputs.label}_search.json"
     out.write_text(json.dumps({"workload": inputs.workload_label, "slo": inputs.slo.as_ms(),
                                "target_attainment": inputs.search.target_attainment,
+                               "speed_margin": inputs.speed_margin,
                                "budget_devices": inputs.budget_devices, "search_s": elapsed,
                                **report.search_json(result),
                                "prefill_load_at_goodput": {label: round(summary["prefill_load"], 4)

@@ -22,15 +22,22 @@ def marks(result: SplitSearch) -> dict[int, str]:
     return out
 
 
-def search_table(result: SplitSearch, target: float) -> Table:
-    table = Table(title=f"goodput per topology (highest rate with >= {target:.0%} of requests meeting the SLOs); "
-                        "D: decode workers, H: hybrid decode workers (/N: local prefill cap), C: aggregated")
+def search_table(result: SplitSearch, target: float, speed_margin: float = 0.0) -> Table:
+    """One row per topology; with a `speed_margin` (the robust pick) its goodput on a machine that
+    much slower too, which the pick ranks by."""
+    title = (f"goodput per topology (highest rate with >= {target:.0%} of requests meeting the SLOs); "
+             "D: decode workers, H: hybrid decode workers (/N: local prefill cap), C: aggregated")
+    if speed_margin > 0:
+        title += f"; picked by the rate {speed_margin:.0%} slower"
+    table = Table(title=title)
+    robust = [(f"{speed_margin:.0%} slower req/s", "right")] if speed_margin > 0 else []
     for name, justify in (("topology", "left"), ("kind", "left"), ("devices", "right"), ("rate req/s", "right"),
-                          ("req/s/device", "right"), ("attainment", "right"), ("", "left")):
+                          *robust, ("req/s/device", "right"), ("attainment", "right"), ("", "left")):
         table.add_column(name, justify=justify, no_wrap=True)
     marked = marks(result)
     for r in result.results:
-        table.add_row(r.topology.label, r.topology.kind, str(r.topology.devices), f"{r.max_rate_rps:.3f}",
+        slower = [f"{r.robust_rate_rps:.3f}" if r.robust_rate_rps is not None else "-"] if speed_margin > 0 else []
+        table.add_row(r.topology.label, r.topology.kind, str(r.topology.devices), f"{r.max_rate_rps:.3f}", *slower,
                       f"{r.goodput_per_device:.3f}", f"{r.attainment:.1%}", marked.get(id(r), ""),
                       style="bold green" if id(r) in marked else None)
     return table
@@ -78,6 +85,7 @@ def search_json(result: SplitSearch) -> dict[str, Any]:
                 "local_prefill_max_tokens": r.topology.local_prefill_max_tokens,
                 "token_budget": r.topology.token_budget, "devices": r.topology.devices, "max_rate_rps": r.max_rate_rps,
                 "goodput_per_device": r.goodput_per_device, "attainment": r.attainment,
+                "robust_rate_rps": r.robust_rate_rps,
                 "samples": [{"rate_rps": rate, "attainment": value} for rate, value in r.samples]}
 
     label = lambda r: r.topology.label if r is not None else None  # noqa: E731

@@ -12,7 +12,8 @@ assumes attainment does not rise with the rate and does not fall with more insta
   pick is the highest goodput per device of all (objective "per-device": what to add when a pool
   grows; ties: fewer devices, then search order) or the highest goodput within the budget
   (objective "total": how best to use the devices one has; ties: fewer devices), and each
-  kind's best is reported beside it;
+  kind's best is reported beside it; given a second oracle on a slower machine
+  (`robust_attainment`), the goodput ranked is the one there (the robust pick);
 - `fewest_devices`: the reverse question, each kind's fewest devices meeting the target at a
   given rate over the same variants (splits walked as a staircase of minimal M for each N;
   aggregated K workers of each width and token budget), and the fewest of all.
@@ -58,10 +59,18 @@ class RateSearch:
     max_rate_rps: float  # 0.0 when even min_rate_rps misses the target
     attainment: float  # at max_rate_rps
     samples: tuple[tuple[float, float], ...]
+    # the highest rate meeting the target on a machine slower than profiled (`search_splits`'
+    # `robust_attainment`); None: not searched
+    robust_rate_rps: float | None = None
 
     @property
     def goodput_per_device(self) -> float:
         return self.max_rate_rps / self.topology.devices
+
+    @property
+    def ranking_rate_rps(self) -> float:
+        """What the pick ranks by: the robust rate where it was searched, else the nominal one."""
+        return self.max_rate_rps if self.robust_rate_rps is None else self.robust_rate_rps
 
 
 @dataclass(frozen=True)
@@ -140,12 +149,15 @@ class FewestDevices:
 
 
 def _best(results: tuple[RateSearch, ...], objective: str = "per-device") -> RateSearch | None:
+    """The pick by `objective`, ranked by each result's `ranking_rate_rps` (the robust rate where it
+    was searched), the nominal rate breaking ties; None when no topology meets the target."""
     feasible = [r for r in results if r.max_rate_rps > 0]
     if not feasible:
         return None
     if objective == "total":
-        return max(feasible, key=lambda r: (r.max_rate_rps, -r.topology.devices))
-    return max(feasible, key=lambda r: (r.goodput_per_device, -r.topology.devices, r.max_rate_rps))
+        return max(feasible, key=lambda r: (r.ranking_rate_rps, r.max_rate_rps, -r.topology.devices))
+    return max(feasible, key=lambda r: (r.ranking_rate_rps / r.topology.devices, r.goodput_per_device,
+                                        -r.topology.devices, r.max_rate_rps))
 
 
 def max_rate(attainment: Callable[[float], float], settings: SearchSettings,
@@ -189,10 +201,17 @@ def max_rate(attainment: Callable[[float], float], settings: SearchSettings,
     return lo, at_lo, tuple(samples)
 
 
-def search_topology(attainment: AttainmentFn, topology: Topology, settings: SearchSettings) -> RateSearch:
+def search_topology(attainment: AttainmentFn, topology: Topology, settings: SearchSettings,
+                    robust_attainment: AttainmentFn | None = None) -> RateSearch:
+    """The topology's highest rate meeting the target; with `robust_attainment` (the same oracle
+    on a slower machine) its highest rate there too, searched from the nominal one."""
     rate, value, samples = max_rate(lambda r: attainment(topology, r), settings,
                                     settings.rate_hint_rps * topology.devices)
-    return RateSearch(topology, rate, value, samples)
+    robust = None
+    if robust_attainment is not None:
+        robust, _, _ = max_rate(lambda r: robust_attainment(topology, r), settings,
+                                rate or settings.rate_hint_rps * topology.devices)
+    return RateSearch(topology, rate, value, samples, robust)
 
 
 def enumerate_splits(budget_devices: int) -> list[Topology]:
@@ -241,13 +260,15 @@ def search_splits(attainment: AttainmentFn, budget_devices: int, settings: Searc
                   local_prefill_caps: Sequence[int] = DEFAULT_LOCAL_PREFILL_CAPS,
                   objective: str = "per-device",
                   token_budgets: Sequence[int] = DEFAULT_TOKEN_BUDGETS,
-                  widths: Sequence[int] = (1,)) -> SplitSearch:
+                  widths: Sequence[int] = (1,), robust_attainment: AttainmentFn | None = None) -> SplitSearch:
     """Goodput of every topology `enumerate_topologies` lists (`include_colocated=False` drops the
-    aggregated ones), picked by `objective`."""
+    aggregated ones), picked by `objective`; with `robust_attainment` each is searched on the slower
+    machine too and the pick ranks by that rate (a topology whose SLO margin is its own service
+    time loses its goodput when the machine slows; one with room keeps it)."""
     kinds = [kind for kind in kinds if include_colocated or kind != "aggregated"]
     results = []
     for topology in enumerate_topologies(budget_devices, kinds, local_prefill_caps, token_budgets, widths):
-        results.append(search_topology(attainment, topology, settings))
+        results.append(search_topology(attainment, topology, settings, robust_attainment))
         if progress:
             progress(topology.label)
     return SplitSearch(tuple(results), objective)

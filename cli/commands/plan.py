@@ -106,6 +106,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the pick: the highest goodput per device (what to grow a pool by; it may leave devices "
                         "unused) or the highest goodput within --devices (how best to use the devices you have) "
                         "(default per-device)")
+    g.add_argument("--speed-margin", type=float, default=0.0,
+                   help="the robust pick: rank topologies by their goodput on a machine this much slower than "
+                        "profiled (0.1: 10%%), so a pick whose SLO margin is its own service time, which loses its "
+                        "goodput when a shared VM slows, gives way to one with room; 0: by the profile's speed "
+                        "(default 0)")
     g.add_argument("--topologies", type=_kinds, default=("disaggregated", "hybrid", "aggregated"),
                    help="topology kinds to search, comma-separated (default disaggregated,hybrid,aggregated)")
     g.add_argument("--local-prefill-caps", type=_caps, default=(0, 256, 1024),
@@ -172,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
             search=SearchSettings(target_attainment=args.attainment_target, rel_tol=args.rel_tol),
             budget_devices=args.devices, output_dir=args.output_dir, label=args.label,
             show_progress=not args.no_progress, kinds=kinds, local_prefill_caps=args.local_prefill_caps,
-            token_budgets=args.token_budgets, router_config_dir=args.write_router_config, objective=args.objective)
+            token_budgets=args.token_budgets, router_config_dir=args.write_router_config, objective=args.objective,
+            speed_margin=args.speed_margin)
     except (ProfileError, ValueError, KeyError, FileNotFoundError) as bad:
         raise SystemExit(f"pdserve plan: {bad}") from bad
     args.output_dir.mkdir(parents=True, exist_ok=True)

@@ -196,3 +196,16 @@ def test_a_wide_engine_needs_two_devices_and_enough_rows():
     short["prefill"] = short["prefill"][:2]
     with pytest.raises(ProfileError, match="wide\\[2 devices\\].prefill needs rows"):
         profile_from_dict(profile_to_dict(build_example_profile()) | {"wide": [short]})
+
+
+def test_a_slower_machine_multiplies_every_compute_and_transfer_time():
+    model = fit_perf_model(build_example_profile()).model
+    slow = model.slower(1.25)
+    assert slow.prefill_s(1000, 2048) == pytest.approx(1.25 * model.prefill_s(1000, 2048))
+    assert slow.decode_step_s(16, 4096) == pytest.approx(1.25 * model.decode_step_s(16, 4096))
+    assert slow.transfer_s(1 << 20, "tcp") == pytest.approx(1.25 * model.transfer_s(1 << 20, "tcp"))
+    assert model.slower(1.0) is model
+    for width, wide in model.wide:
+        assert slow.on_devices(width).decode_step_s(4, 512) == pytest.approx(1.25 * wide.decode_step_s(4, 512))
+    with pytest.raises(ValueError, match="finite number > 0"):
+        model.slower(0.0)

@@ -279,3 +279,25 @@ def test_workers_wider_than_a_device_only_in_a_cluster_that_stays_aggregated():
     for devices, kinds in ((2, ("disaggregated",)), (2, ("aggregated", "hybrid")), (0, ("aggregated",))):
         with pytest.raises(ValueError, match="a prefill or decode worker is one device"):
             check_worker_devices(devices, kinds)
+
+
+def test_the_robust_pick_ranks_by_the_goodput_left_on_a_slower_machine():
+    """On the nominal machine 1P+1D serves 2.0 req/s and 2C 1.8; on a slower one the split, whose
+    SLO margin is its own prefill time, keeps 0.9 and 2C 1.6: the robust pick is 2C, the nominal
+    one 1P+1D, and each result carries both rates."""
+    nominal = {Topology.disaggregated(1, 1): 2.0, Topology.aggregated(2): 1.8, Topology.aggregated(1): 0.9}
+    slower = {Topology.disaggregated(1, 1): 0.9, Topology.aggregated(2): 1.6, Topology.aggregated(1): 0.8}
+
+    def oracle(capacity):
+        return lambda topology, rate: 1.0 if rate <= capacity[topology] else 0.5
+
+    settings = SearchSettings(rel_tol=0.01)
+    plain = search_splits(oracle(nominal), 2, settings, kinds=NOT_HYBRID, objective="total", token_budgets=(0,))
+    robust = search_splits(oracle(nominal), 2, settings, kinds=NOT_HYBRID, objective="total", token_budgets=(0,),
+                           robust_attainment=oracle(slower))
+    assert plain.best.topology == Topology.disaggregated(1, 1) and plain.best.robust_rate_rps is None
+    assert robust.best.topology == Topology.aggregated(2)
+    assert robust.best.max_rate_rps == pytest.approx(1.8, rel=0.02)
+    assert robust.best.robust_rate_rps == pytest.approx(1.6, rel=0.02)
+    split = robust.best_of("disaggregated")
+    assert split.max_rate_rps == pytest.approx(2.0, rel=0.02) and split.robust_rate_rps == pytest.approx(0.9, rel=0.02)
