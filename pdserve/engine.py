@@ -80,9 +80,9 @@ class EngineSettings:
     # CPU hosts: the libraries of pdserve.preload.LIBRARIES preloaded into vLLM's engine processes
     # where installed (default: the measured choice, tcmalloc; see pdserve.preload). (): vLLM's own.
     preload: tuple[str, ...] = DEFAULT_LIBRARIES
-    # Where the model runs: "uni", in vLLM's engine-core process; "mp", in a model-runner process of
-    # its own (vLLM's choice on CPU); "auto": "uni" for a one-device engine on CPU, vLLM's choice
-    # elsewhere. See `executor_env`.
+    # Where the model runs: "uni", in vLLM's engine-core process (CPU, one device: one process and one
+    # vLLM import less, up a third sooner); "mp", in a model-runner process of its own; "auto": vLLM's
+    # choice (mp on CPU). See `executor_env` for why uni is not the default yet.
     executor: str = "auto"
 
     def __post_init__(self) -> None:
@@ -140,11 +140,9 @@ def thread_env(cpu_cores: str) -> dict[str, str]:
 
 
 def resolved_executor(settings: EngineSettings, gpu: bool) -> str:
-    """"uni" or "mp" for `settings` (`EngineSettings.executor`; "auto": "uni" for a one-device engine on
-    CPU, else "mp", which on a GPU stands for vLLM's own choice)."""
-    if settings.executor != "auto":
-        return settings.executor
-    return "uni" if not gpu and settings.tensor_parallel_size == 1 else "mp"
+    """"uni" or "mp" for `settings` (`EngineSettings.executor`; "auto" is "mp", which stands for vLLM's
+    own choice: its multiprocess executor on CPU). "uni" on a GPU host is vLLM's to take or refuse."""
+    return "uni" if settings.executor == "uni" else "mp"
 
 
 def executor_env(executor: str, cpu_cores: str) -> dict[str, str]:
@@ -159,7 +157,10 @@ def executor_env(executor: str, cpu_cores: str) -> dict[str, str]:
     of each): the engine up in 16 s against 23-25 s, the same prefill and decode step times
     (within 1-4%), the same greedy tokens. VLLM_ENABLE_V1_MULTIPROCESSING=0 is what keeps vLLM's
     CPU platform from forcing its multiprocess executor; AsyncLLM still runs the engine core in a
-    process of its own."""
+    process of its own. Not the default yet: with it, a streamed answer's tokens were sent two to an
+    event (vLLM's output collector merges deltas when the API process falls behind the engine) in one
+    case of the compatibility suite against vLLM's server, where vLLM's sent one; the suite reads
+    only text-only events as timing-dependent (tests/openai_compat.py `coalesced`)."""
     if executor != "uni":
         return {}
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -196,15 +196,14 @@ def test_http_completions_stream_chat_and_models(tcp_cluster):
 
 
 def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
-    """The API process and vLLM's engine core, which runs the model itself on CPU (executor "uni";
-    with "mp" a model-runner process too): none polls on the other worker's core."""
+    """The API process, vLLM's engine core and (executor "mp", vLLM's choice on CPU) its model runner:
+    none polls on the other worker's core."""
     for role, core in (("prefill", 0), ("decode", 1)):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
         tree = process_tree(worker.pid)
         names = [psutil.Process(pid).name() for pid in tree]
         assert any("EngineCore" in name for name in names), f"{role}: no engine core among {names}"
-        assert not any(name.startswith("VLLM::Worker") for name in names), \
-            f"{role}: a model-runner process beside the engine core ({names}): the model should run in it"
+        assert any(name.startswith("VLLM::Worker") for name in names), f"{role}: no model runner among {names}"
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}
 
 
@@ -218,7 +217,7 @@ def test_the_router_runs_on_the_prefill_workers_core_off_the_decode_workers(tcp_
 
 def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
     """The libraries measurement chose (tcmalloc; vLLM's CPU guide) in LD_PRELOAD. A worker puts
-    them there before vLLM spawns its engine core, which is where the compute runs."""
+    them there before vLLM spawns its engine core and model runner, which is where the compute runs."""
     from pdserve.preload import DEFAULT_LIBRARIES, find_preload, loaded_libraries
 
     preload = find_preload(names=DEFAULT_LIBRARIES)
@@ -227,7 +226,7 @@ def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
     wanted = {os.path.basename(os.path.realpath(path)) for path in preload.paths}  # maps name the real file
     for role in ("prefill", "decode"):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
-        engine_processes = process_tree(worker.pid)[1:]  # the engine core (the model runs in it), ...
+        engine_processes = process_tree(worker.pid)[1:]  # the engine core, the model runner, ...
         assert engine_processes, f"{role}: vLLM's processes not found"
         assert {pid: wanted <= loaded_libraries(pid) for pid in engine_processes} == \
             {pid: True for pid in engine_processes}
@@ -240,8 +239,8 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def test_every_thread_of_a_worker_and_its_thread_pools_fit_the_workers_core(tcp_cluster):
-    """OpenMP's compute threads, MKL's and every other thread of the API process and the engine core
-    (the model runs in it) run on the worker's one core, and the pools are sized for one core."""
+    """OpenMP's compute threads, MKL's and every other thread of the API process, the engine core
+    and the model runner run on the worker's one core, and the pools are sized for one core."""
     for role, core in (("prefill", 0), ("decode", 1)):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
         for pid in process_tree(worker.pid)[1:]:  # vLLM's processes (the API process sets these for them)

@@ -83,10 +83,10 @@ def test_auto_dtype_is_resolved_when_the_settings_are_made_so_workers_get_a_conc
     assert argv[argv.index("--dtype") + 1] == settings.dtype
 
 
-def test_a_one_device_cpu_engine_runs_its_model_in_the_engine_core_process():
-    assert resolved_executor(EngineSettings(model="m"), gpu=False) == "uni"
-    assert resolved_executor(EngineSettings(model="m", tensor_parallel_size=2), gpu=False) == "mp"
-    assert resolved_executor(EngineSettings(model="m"), gpu=True) == "mp"           # vLLM's own choice there
+def test_the_model_runs_in_the_engine_core_process_when_asked_and_where_vllm_puts_it_otherwise():
+    assert resolved_executor(EngineSettings(model="m", executor="uni"), gpu=False) == "uni"
+    assert resolved_executor(EngineSettings(model="m"), gpu=False) == "mp"          # vLLM's own choice
+    assert resolved_executor(EngineSettings(model="m"), gpu=True) == "mp"
     assert resolved_executor(EngineSettings(model="m", executor="mp"), gpu=False) == "mp"
     with pytest.raises(ValueError, match="executor 'ray'"):
         EngineSettings(model="m", executor="ray")
@@ -103,9 +103,7 @@ def test_the_in_process_model_gets_the_openmp_binding_vllm_gives_its_model_runne
 
 def test_the_executor_reaches_vllm_and_does_not_leak_into_the_next_engine(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    args = engine_args(EngineSettings(model="m", cpu_cores="1"), "colocated")
-    if os.path.exists("/dev/nvidia0"):
-        pytest.skip("a GPU host: the executor is vLLM's choice")
+    args = engine_args(EngineSettings(model="m", cpu_cores="1", executor="uni"), "colocated")
     assert args.distributed_executor_backend == "uni"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["OMP_PLACES"] == "{1}"
     args = engine_args(EngineSettings(model="m", executor="mp"), "colocated")
