@@ -1,6 +1,7 @@
-"""Where vLLM runs the model on CPU: in its engine-core process ("uni", opt-in with
-`--vllm-executor uni`) or in a model-runner process of its own ("mp", vLLM's choice on CPU, the default). One colocated engine of the `bench`
-model on the given cores per run, the two executors alternated, each run in a fresh process:
+"""Where vLLM runs the model on CPU: in its engine-core process ("uni", opt-in with `--vllm-executor
+uni`) or in a model-runner process of its own ("mp", vLLM's choice on CPU, the default). One
+colocated engine of the `bench` model on the given cores per run, the two executors alternated, each
+run in a fresh process:
 
     python bench/executor_ab.py --cores 1 --rounds 2 --out bench/results/executor_ab
 
