@@ -139,7 +139,7 @@ def thread_env(cpu_cores: str) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": cpu_cores, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
 
-def resolved_executor(settings: EngineSettings, gpu: bool) -> str:
+def resolved_executor(settings: EngineSettings) -> str:
     """"uni" or "mp" for `settings` (`EngineSettings.executor`; "auto" is "mp", which stands for vLLM's
     own choice: its multiprocess executor on CPU). "uni" on a GPU host is vLLM's to take or refuse."""
     return "uni" if settings.executor == "uni" else "mp"
@@ -179,7 +179,7 @@ def engine_args(settings: EngineSettings, role: EngineRole, connector: Connector
     for key in THREAD_KEYS:  # one engine's binding must not leak into the next one started here
         os.environ.pop(key, None)
     os.environ.update(thread_env(settings.cpu_cores))
-    executor = resolved_executor(settings, on_gpu())
+    executor = resolved_executor(settings)
     os.environ.update(executor_env(executor, settings.cpu_cores))
     if settings.vllm_spin_ms >= 0:  # read by pdserve.vllm_plugin in the engine's child processes
         os.environ[SPIN_ENV] = f"{settings.vllm_spin_ms / 1000:g}"

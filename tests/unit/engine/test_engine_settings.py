@@ -84,10 +84,9 @@ def test_auto_dtype_is_resolved_when_the_settings_are_made_so_workers_get_a_conc
 
 
 def test_the_model_runs_in_the_engine_core_process_when_asked_and_where_vllm_puts_it_otherwise():
-    assert resolved_executor(EngineSettings(model="m", executor="uni"), gpu=False) == "uni"
-    assert resolved_executor(EngineSettings(model="m"), gpu=False) == "mp"          # vLLM's own choice
-    assert resolved_executor(EngineSettings(model="m"), gpu=True) == "mp"
-    assert resolved_executor(EngineSettings(model="m", executor="mp"), gpu=False) == "mp"
+    assert resolved_executor(EngineSettings(model="m", executor="uni")) == "uni"
+    assert resolved_executor(EngineSettings(model="m")) == "mp"          # vLLM's own choice
+    assert resolved_executor(EngineSettings(model="m", executor="mp")) == "mp"
     with pytest.raises(ValueError, match="executor 'ray'"):
         EngineSettings(model="m", executor="ray")
     with pytest.raises(ValueError, match="one device's model"):
