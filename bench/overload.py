@@ -17,7 +17,7 @@ from loadgen.comparison.config import PLAN_PREFIX, CompareConfig
 from loadgen.comparison.goodput import Measurement
 from loadgen.comparison.overload import OverloadPoint, knee_rps, overload_points, overload_rates, verdicts
 from loadgen.comparison.host_speed import speed_factors
-from loadgen.comparison.report import machine_speed_line, markdown_table, rich_table, system_label
+from loadgen.comparison.report import machine_speed_line, markdown_table, rich_table, speed_cell, system_label
 
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model (as
@@ -114,7 +114,7 @@ def _report(config, args, measured: list[Measurement], points: list[OverloadPoin
         factor = factors[(p.system, p.rate_rps)]
         rows.append([p.system, f"{p.rate_rps:g}", f"{p.rate_rps / knee:.2f}" if knee else "-", f"{p.good_rps:.3f}",
                      f"{p.attainment:.0%}", "-" if p.admitted_attainment is None else f"{p.admitted_attainment:.0%}",
-                     f"{p.refused_share:.0%}", f"{s['p90_ttft_ms']:.0f}", "-" if factor is None else f"x{factor:.2f}",
+                     f"{p.refused_share:.0%}", f"{s['p90_ttft_ms']:.0f}", speed_cell(factor),
                      f"{m.other_load_cores:.2f}"])
     verdict_headers = ["x knee", "rate (req/s)", "good req/s", "share of peak", "among admitted", "holds"]
     verdict_rows = [[f"{v.multiple:g}", f"{v.rate_rps:g}", f"{v.good_rps:.3f}", f"{v.share_of_peak:.2f}",

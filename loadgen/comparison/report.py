@@ -104,9 +104,14 @@ def per_rate_rows(measurements: Sequence[Measurement], pairs: Sequence[SLOPair])
                      f"{s['completed']}/{s['failed'] - s['timed_out']}/{s['timed_out']}",
                      *(f"{m.summaries[p.name]['slo_attainment']:.0%}" for p in pairs),
                      f"{s['median_ttft_ms']:.0f}", f"{s['p90_ttft_ms']:.0f}", f"{s['median_tpot_ms']:.1f}",
-                     f"{s['p90_tpot_ms']:.1f}", "-" if factor is None else f"x{factor:.2f}",
+                     f"{s['p90_tpot_ms']:.1f}", speed_cell(factor),
                      f"{m.other_load_cores:.2f}{_notes(m)}"])
     return headers, rows
+
+
+def speed_cell(factor: float | None) -> str:
+    """A run's machine speed against the run's median, as its table shows it ("-": not checked)."""
+    return "-" if factor is None else f"x{factor:.2f}"
 
 
 def machine_speed_line(measurements: Sequence[Measurement]) -> str:
@@ -229,7 +234,8 @@ def _ratio(by_system: dict[str, tuple[float, bool]], system: str) -> float | Non
 def _run_json(m: Measurement) -> dict[str, Any]:
     records = m.result.records
     return {"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
-            "host_ms_per_product": m.host_ms_per_product, "restarted": m.restarted, "attempts": m.attempts, "summaries": m.summaries,
+            "host_ms_per_product": m.host_ms_per_product, "restarted": m.restarted, "attempts": m.attempts,
+            "summaries": m.summaries,
             "requests": {"status": [r.status for r in records], "error": [r.error for r in records],
                          "prompt_tokens": [r.prompt_tokens for r in records],
                          "output_tokens": [r.output_tokens for r in records],
