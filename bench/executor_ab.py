@@ -1,5 +1,5 @@
-"""Where vLLM runs the model on CPU: in its engine-core process ("uni", opt-in with `--vllm-executor
-uni`) or in a model-runner process of its own ("mp", vLLM's choice on CPU, the default). One
+"""Where vLLM runs the model on CPU: in its engine-core process ("uni", pdserve's default there) or
+in a model-runner process of its own ("mp", vLLM's choice on CPU, `--vllm-executor mp`). One
 colocated engine of the `bench` model on the given cores per run, the two executors alternated, each
 run in a fresh process:
 
@@ -7,7 +7,8 @@ run in a fresh process:
 
 Per run: seconds until the engine serves, the processes under it, a prompt of 128 / 1,000 / 2,000
 tokens alone (median of 5), the decode step at batch 1 and 16 (256-token prompts, 32 steps), and
-the greedy tokens of four fixed prompts (which must match across executors). Writes one JSON per
+the greedy tokens of four fixed prompts (which must match across executors). The dtype is the one
+`pdserve up --dtype auto` runs on those cores (the probe's, cached per host kind). Writes one JSON per
 run and a summary (executor_ab.md). About 90 s per run on a 2-vCPU Xeon.
 """
 
@@ -34,11 +35,13 @@ async def one_run(executor: str, cores: str, model: str) -> dict:
 
     import psutil
 
+    from pdserve.dtype_probe import resolve_auto_dtype
     from pdserve.engine import EngineSettings, start_engine
     from planner.profiler.engine_probe import EngineProbe
 
-    settings = EngineSettings(model=model, max_model_len=4096, kv_cache_bytes=512 << 20, max_num_seqs=64,
-                              enable_prefix_caching=False, cpu_cores=cores, executor=executor)
+    dtype = resolve_auto_dtype(model, cores).dtype   # what `pdserve up --dtype auto` runs on these cores
+    settings = EngineSettings(model=model, dtype=dtype, max_model_len=4096, kv_cache_bytes=512 << 20,
+                              max_num_seqs=64, enable_prefix_caching=False, cpu_cores=cores, executor=executor)
     started = time.perf_counter()
     engine = start_engine(settings, "colocated")
     result = {"executor": executor, "cores": cores, "dtype": settings.dtype, "up_s": time.perf_counter() - started,

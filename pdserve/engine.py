@@ -81,8 +81,8 @@ class EngineSettings:
     # where installed (default: the measured choice, tcmalloc; see pdserve.preload). (): vLLM's own.
     preload: tuple[str, ...] = DEFAULT_LIBRARIES
     # Where the model runs: "uni", in vLLM's engine-core process (CPU, one device: one process and one
-    # vLLM import less, up a third sooner); "mp", in a model-runner process of its own; "auto": vLLM's
-    # choice (mp on CPU). See `executor_env` for why uni is not the default yet.
+    # vLLM import less, up a third sooner); "mp", in a model-runner process of its own (vLLM's choice
+    # on CPU); "auto": uni on a CPU host with one device's model, else vLLM's choice (`resolved_executor`).
     executor: str = "auto"
 
     def __post_init__(self) -> None:
@@ -139,10 +139,14 @@ def thread_env(cpu_cores: str) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": cpu_cores, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
 
-def resolved_executor(settings: EngineSettings) -> str:
-    """"uni" or "mp" for `settings` (`EngineSettings.executor`; "auto" is "mp", which stands for vLLM's
-    own choice: its multiprocess executor on CPU). "uni" on a GPU host is vLLM's to take or refuse."""
-    return "uni" if settings.executor == "uni" else "mp"
+def resolved_executor(settings: EngineSettings, gpu: bool) -> str:
+    """"uni" or "mp" for `settings` (`EngineSettings.executor`) on a host with (`gpu`) or without GPUs.
+    "auto" is "uni" on CPU with one device's model (`executor_env` says why) and "mp" otherwise,
+    which stands for vLLM's own choice (on a GPU, vLLM runs one device's model in its engine core
+    anyway). An explicit "uni" on a GPU host is vLLM's to take or refuse."""
+    if settings.executor == "auto":
+        return "uni" if not gpu and settings.tensor_parallel_size == 1 else "mp"
+    return settings.executor
 
 
 def executor_env(executor: str, cpu_cores: str) -> dict[str, str]:
@@ -157,10 +161,10 @@ def executor_env(executor: str, cpu_cores: str) -> dict[str, str]:
     of each): the engine up in 16 s against 23-25 s, the same prefill and decode step times
     (within 1-4%), the same greedy tokens. VLLM_ENABLE_V1_MULTIPROCESSING=0 is what keeps vLLM's
     CPU platform from forcing its multiprocess executor; AsyncLLM still runs the engine core in a
-    process of its own. Not the default yet: with it, a streamed answer's tokens were sent two to an
-    event (vLLM's output collector merges deltas when the API process falls behind the engine) in one
-    case of the compatibility suite against vLLM's server, where vLLM's sent one; the suite reads
-    only text-only events as timing-dependent (tests/openai_compat.py `coalesced`)."""
+    process of its own. A streamed answer may then carry two tokens in one event more often (vLLM's
+    output collector merges the deltas of steps the API process has not sent yet, as vLLM's own
+    server does when it falls behind); the compatibility suite reads a stream as the tokens it
+    carries however they were cut (tests/openai_compat.py `coalesced`)."""
     if executor != "uni":
         return {}
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -179,7 +183,7 @@ def engine_args(settings: EngineSettings, role: EngineRole, connector: Connector
     for key in THREAD_KEYS:  # one engine's binding must not leak into the next one started here
         os.environ.pop(key, None)
     os.environ.update(thread_env(settings.cpu_cores))
-    executor = resolved_executor(settings)
+    executor = resolved_executor(settings, on_gpu())
     os.environ.update(executor_env(executor, settings.cpu_cores))
     if settings.vllm_spin_ms >= 0:  # read by pdserve.vllm_plugin in the engine's child processes
         os.environ[SPIN_ENV] = f"{settings.vllm_spin_ms / 1000:g}"

@@ -98,9 +98,10 @@ def stream_view(events: list[dict]) -> dict:
     """A stream as the events of each choice, in order ("choice 0": [...], ...), then the events
     without a choice ("no choice": the usage event, an error event): choices of a request with
     `n` > 1 or several prompts stream interleaved in any order, each choice's own order is kept.
-    How a choice's text is cut into events depends on timing (vLLM's server sends the tokens of
+    How a choice's tokens are cut into events depends on timing (vLLM's server sends the tokens of
     several engine steps in one event when it falls behind the engine), so a run of events that
-    carry only text is read as one, its text joined onto the next event's (`coalesced`)."""
+    carry only text, token ids and logprobs is read as one, joined onto the next event
+    (`coalesced`)."""
     view: dict[str, list] = {}
     for event in events:
         choices = event.get("choices") if isinstance(event, dict) else None
@@ -113,51 +114,47 @@ def stream_view(events: list[dict]) -> dict:
 
 
 def coalesced(events: list[dict]) -> list[dict]:
-    """One choice's events with each run of text-only events (`_text_only`) joined onto the event
-    after it: its text first, then that event's (or, before an event without text or at the end,
-    the run as one event)."""
+    """One choice's events with each run of piece events (`_is_piece`: text, token ids, logprobs
+    and nothing else) joined onto the event after it (`_joined`: strings and lists concatenated in
+    order), or kept as one event at the end. How many tokens an event carries depends on timing: an
+    OpenAI server sends the tokens of several engine steps in one event when it falls behind its
+    engine (vLLM's output collector merges their deltas), so two servers that send the same tokens
+    read the same here however they cut them."""
     out: list[dict] = []
     pending: dict | None = None
     for event in events:
-        text = _text_only(event)
-        if text is not None:
-            pending = event if pending is None else _with_text(pending, _text_of(pending) + text)
-            continue
-        if pending is not None:
-            own = _text_of(event)
-            if own is None:
-                out.append(pending)
-            else:
-                event = _with_text(event, _text_of(pending) + own)
+        if pending is not None:   # the event's own fields (id, created, ...) kept, the choice joined
+            event = event | {"choices": [_joined(pending["choices"][0], event["choices"][0])]}
             pending = None
-        out.append(event)
+        if _is_piece(event):
+            pending = event
+        else:
+            out.append(event)
     return out + ([pending] if pending is not None else [])
 
 
-def _text_of(event: dict) -> str | None:
+PIECE_FIELDS = ("index", "text", "delta", "logprobs", "token_ids")   # what a piece event's choice may carry
+
+
+def _is_piece(event: dict) -> bool:
+    """The event's choice carries only a piece of the answer: text (a chat's `delta.content`), its
+    token ids and their logprobs; no role, tool call, finish reason or prompt field."""
     choice = event["choices"][0]
-    text = choice["delta"].get("content") if isinstance(choice.get("delta"), dict) else choice.get("text")
-    return text if isinstance(text, str) else None
-
-
-def _with_text(event: dict, text: str) -> dict:
-    choice = dict(event["choices"][0])
-    if isinstance(choice.get("delta"), dict):
-        choice["delta"] = choice["delta"] | {"content": text}
-    else:
-        choice["text"] = text
-    return event | {"choices": [choice]}
-
-
-def _text_only(event: dict) -> str | None:
-    """The text of an event whose choice carries text and nothing else (no role, tool call,
-    logprobs, token ids or finish reason), else None."""
-    choice = event["choices"][0]
-    carried = {key for key, value in choice.items() if _carries(value) and key not in ("index", "text", "delta")}
     delta = choice.get("delta")
-    if carried or (isinstance(delta, dict) and {key for key, value in delta.items() if _carries(value)} != {"content"}):
-        return None
-    return _text_of(event)
+    carried = {key for key, value in choice.items() if _carries(value)}
+    delta_carried = {key for key, value in delta.items() if _carries(value)} if isinstance(delta, dict) else set()
+    return carried <= set(PIECE_FIELDS) and delta_carried <= {"content"}
+
+
+def _joined(earlier: Any, later: Any) -> Any:
+    """Two consecutive pieces of one stream as one: strings and lists concatenated, objects joined
+    field by field, a null or absent side giving way to the other, any other value the later one's."""
+    if isinstance(earlier, dict) and isinstance(later, dict):
+        keys = [*earlier, *(key for key in later if key not in earlier)]
+        return {key: _joined(earlier.get(key), later.get(key)) for key in keys}
+    if isinstance(earlier, (str, list)) and type(earlier) is type(later):
+        return earlier + later
+    return earlier if later is None else later
 
 
 def _carries(value) -> bool:

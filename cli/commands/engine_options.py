@@ -45,7 +45,8 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
     group.add_argument("--vllm-executor", choices=EXECUTORS, default="auto",
                        help="where vLLM runs the model: uni, in its engine-core process (CPU, one device: an "
                             "engine starts a third sooner, one process and one vLLM import less); mp, in a "
-                            "model-runner process of its own; auto: vLLM's choice, mp on CPU (default: auto)")
+                            "model-runner process of its own (vLLM's choice on CPU); auto: uni on CPU with one "
+                            "device's model, else vLLM's choice (default: auto)")
     group.add_argument("--vllm-spin-ms", type=float, default=DEFAULT_VLLM_SPIN_MS,
                        help="how long vLLM's engine processes busy-poll each other after each message before "
                             "sleeping (vLLM's own: 1000; polling steals CPU from compute on CPU hosts, from the "

@@ -83,10 +83,12 @@ def test_auto_dtype_is_resolved_when_the_settings_are_made_so_workers_get_a_conc
     assert argv[argv.index("--dtype") + 1] == settings.dtype
 
 
-def test_the_model_runs_in_the_engine_core_process_when_asked_and_where_vllm_puts_it_otherwise():
-    assert resolved_executor(EngineSettings(model="m", executor="uni")) == "uni"
-    assert resolved_executor(EngineSettings(model="m")) == "mp"          # vLLM's own choice
-    assert resolved_executor(EngineSettings(model="m", executor="mp")) == "mp"
+def test_the_model_runs_in_the_engine_core_process_on_cpu_and_where_vllm_puts_it_otherwise():
+    assert resolved_executor(EngineSettings(model="m"), gpu=False) == "uni"     # auto: CPU, one device
+    assert resolved_executor(EngineSettings(model="m", tensor_parallel_size=2), gpu=False) == "mp"
+    assert resolved_executor(EngineSettings(model="m"), gpu=True) == "mp"       # vLLM's own choice
+    assert resolved_executor(EngineSettings(model="m", executor="mp"), gpu=False) == "mp"
+    assert resolved_executor(EngineSettings(model="m", executor="uni"), gpu=True) == "uni"
     with pytest.raises(ValueError, match="executor 'ray'"):
         EngineSettings(model="m", executor="ray")
     with pytest.raises(ValueError, match="one device's model"):
@@ -108,6 +110,7 @@ def test_the_executor_reaches_vllm_and_does_not_leak_into_the_next_engine(monkey
     args = engine_args(EngineSettings(model="m", executor="mp"), "colocated")
     assert args.distributed_executor_backend is None
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ and "OMP_PLACES" not in os.environ
+    assert engine_args(EngineSettings(model="m"), "colocated").distributed_executor_backend == "uni"  # CPU default
     from launch.commands import engine_option_argv
     argv = engine_option_argv(EngineSettings(model="m", executor="mp"))
     assert argv[argv.index("--vllm-executor") + 1] == "mp"

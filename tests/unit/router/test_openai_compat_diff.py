@@ -75,6 +75,30 @@ def test_a_stream_s_text_is_compared_however_it_was_cut_into_events_and_the_rest
     assert [e["choices"][0]["delta"]["content"] for e in coalesced(empty_fields)] == ["abc"]  # None, [] carry nothing
 
 
+def test_a_stream_s_token_ids_and_logprobs_are_read_as_one_however_they_were_cut():
+    def chat(content, ids, finish=None):
+        entries = [{"token": c, "logprob": -0.5, "bytes": [ord(c)], "top_logprobs": []} for c in content]
+        return {"id": "x", "choices": [{"index": 0, "delta": {"content": content}, "token_ids": ids,
+                                        "logprobs": {"content": entries, "refusal": None}, "finish_reason": finish}]}
+    role = {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "prompt_token_ids": [7, 8], "finish_reason": None}]}
+    vllm = [role, chat("ab", [1, 2]), chat("c", [3], finish="length")]
+    pdserve = [role, chat("a", [1]), chat("b", [2]), chat("c", [3], finish="length")]
+    assert compare(Answer(200, vllm, True), Answer(200, pdserve, True)) == []
+    assert coalesced(pdserve) == [role, chat("abc", [1, 2, 3], finish="length")]
+    swapped = [role, chat("a", [2]), chat("b", [1]), chat("c", [3], finish="length")]
+    assert compare(Answer(200, vllm, True), Answer(200, swapped, True)) == [
+        Difference("events.choice 0.1.choices.0.token_ids.0", 1, 2),
+        Difference("events.choice 0.1.choices.0.token_ids.1", 2, 1)]   # the order of the tokens counts
+
+    def completion(text, offsets):
+        return {"id": "x", "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": {
+            "text_offset": offsets, "token_logprobs": [-0.5] * len(text), "tokens": list(text),
+            "top_logprobs": [{c: -0.5} for c in text]}}]}
+    cut = [completion("a", [0]), completion("bc", [1, 2])]
+    assert coalesced(cut) == [completion("abc", [0, 1, 2])]   # a run at the end stays one event
+
+
 def test_only_an_intended_entry_s_path_case_and_vllm_value_excuse_a_difference():
     named = Difference("body.error.param", None, "n")
     renamed = Difference("body.error.param", "input_tokens", "prompt")
