@@ -59,11 +59,16 @@ class WorkerPool:
         for client in clients:
             await client.close()
 
-    async def refresh(self) -> None:
+    async def refresh(self, after_outage: bool = False) -> None:
+        """Replaces the snapshot with the registry's. `after_outage`: the first read since Redis was
+        unreachable; Redis may be back empty (restarted), with the workers re-registering one by one
+        at their next heartbeat, so for `recovery_s` a worker of the last snapshot the registry does
+        not list yet is kept (as after a registry found empty at once: a reset)."""
         records = await self.registry.workers()
         now_s = time.monotonic()
-        if not records and self._workers and self._recovering_until_s < now_s - self.recovery_s:
-            self._recovering_until_s = now_s + self.recovery_s   # every worker gone at once: a Redis reset
+        reset = not records and self._workers and self._recovering_until_s < now_s - self.recovery_s
+        if after_outage or reset:
+            self._recovering_until_s = now_s + self.recovery_s
         self._workers = refreshed_snapshot(self._workers, records, keep_missing=now_s < self._recovering_until_s)
         self.published_topology = self._checked_topology(await self.registry.topology())
 
@@ -83,16 +88,13 @@ class WorkerPool:
         while True:
             await asyncio.sleep(self.refresh_s)
             try:
-                await self.refresh()
+                await self.refresh(after_outage=failing)
             except (RedisError, OSError) as error:
                 if not failing:
                     logger.warning("registry refresh failed (%s); routing on the last snapshot", error)
                 failing = True
             else:
                 if failing:
-                    # Redis is back, maybe empty (restarted): until every worker's next heartbeat,
-                    # a worker of the last snapshot the registry does not list yet is kept.
-                    self._recovering_until_s = time.monotonic() + self.recovery_s
                     logger.info("registry reachable again: %d workers", len(self._workers))
                 failing = False
 

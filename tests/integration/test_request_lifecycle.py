@@ -196,14 +196,19 @@ def test_http_completions_stream_chat_and_models(tcp_cluster):
 
 
 def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
-    """The API process, vLLM's engine core and (executor "mp", vLLM's choice on CPU) its model runner:
-    none polls on the other worker's core."""
+    """The API process and vLLM's engine core, which on CPU runs the model itself (executor "auto":
+    uni there, no model-runner process) with the OpenMP binding vLLM gives a model runner: none
+    polls on the other worker's core."""
     for role, core in (("prefill", 0), ("decode", 1)):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
         tree = process_tree(worker.pid)
-        names = [psutil.Process(pid).name() for pid in tree]
-        assert any("EngineCore" in name for name in names), f"{role}: no engine core among {names}"
-        assert any(name.startswith("VLLM::Worker") for name in names), f"{role}: no model runner among {names}"
+        names = {pid: psutil.Process(pid).name() for pid in tree}
+        engine_cores = [pid for pid, name in names.items() if "EngineCore" in name]
+        assert len(engine_cores) == 1, f"{role}: not one engine core among {sorted(names.values())}"
+        assert not any(name.startswith("VLLM::Worker") for name in names.values()), \
+            f"{role}: a model-runner process among {sorted(names.values())}, where the engine core runs the model"
+        environ = _environ(engine_cores[0])
+        assert (environ.get("OMP_PLACES"), environ.get("OMP_PROC_BIND")) == (f"{{{core}}}", "true")
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}
 
 
@@ -217,7 +222,7 @@ def test_the_router_runs_on_the_prefill_workers_core_off_the_decode_workers(tcp_
 
 def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
     """The libraries measurement chose (tcmalloc; vLLM's CPU guide) in LD_PRELOAD. A worker puts
-    them there before vLLM spawns its engine core and model runner, which is where the compute runs."""
+    them there before vLLM spawns its engine core (and, executor mp, its model runner), where the compute runs."""
     from pdserve.preload import DEFAULT_LIBRARIES, find_preload, loaded_libraries
 
     preload = find_preload(names=DEFAULT_LIBRARIES)
@@ -226,7 +231,7 @@ def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
     wanted = {os.path.basename(os.path.realpath(path)) for path in preload.paths}  # maps name the real file
     for role in ("prefill", "decode"):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
-        engine_processes = process_tree(worker.pid)[1:]  # the engine core, the model runner, ...
+        engine_processes = process_tree(worker.pid)[1:]  # the engine core, ...
         assert engine_processes, f"{role}: vLLM's processes not found"
         assert {pid: wanted <= loaded_libraries(pid) for pid in engine_processes} == \
             {pid: True for pid in engine_processes}

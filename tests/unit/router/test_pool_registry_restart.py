@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+from redis.exceptions import RedisError
+
 from launch.redis_server import start_redis
 from pdserve.registry import Registry, WorkerRecord
 from router.pool import WorkerPool, refreshed_snapshot
@@ -38,7 +41,38 @@ async def test_refresh_keeps_the_last_snapshot_while_redis_is_down_and_resumes_a
 
         server = start_redis(port=port)  # an empty Redis; workers register again on their next beat
         await registry.heartbeat(WorkerRecord("decode-2", "decode", "tiny", "10.0.0.2:50061"), ttl_s=60)
-        await wait_for(lambda: decode_ids(pool) == ["decode-2"], 5, "the refresh to see the new registry")
+        await wait_for(lambda: decode_ids(pool) == ["decode-2"], 10, "the refresh to see the new registry")
+    finally:
+        await pool.close()
+        await registry.close()
+        server.stop()
+
+
+async def test_the_first_read_after_an_outage_keeps_the_workers_that_have_not_re_registered_yet():
+    """Redis back empty, one worker re-registered before the router's first read: the other one
+    (alive, its heartbeat not due yet) stays routable for `recovery_s`, then goes if still unlisted."""
+    server = start_redis()
+    port = server.port
+    registry = Registry(server.url, "default")
+    pool = WorkerPool(registry, recovery_s=0.3)   # refreshed by hand below: no background loop
+    try:
+        for worker_id, role in (("prefill-1", "prefill"), ("decode-1", "decode")):
+            await registry.heartbeat(WorkerRecord(worker_id, role, "tiny", "10.0.0.1:1"), ttl_s=60)
+        await pool.refresh()
+        server.stop()
+        with pytest.raises(RedisError):
+            await pool.refresh()   # the outage, as the refresh loop sees it
+        server = start_redis(port=port)
+        worker = Registry(server.url, "default")   # the decode worker's own client, beating first
+        await worker.heartbeat(WorkerRecord("decode-1", "decode", "tiny", "10.0.0.1:1"), ttl_s=60)
+        await worker.close()
+        await pool.refresh(after_outage=True)
+        assert [w.worker_id for w in pool.workers("prefill")] == ["prefill-1"]   # kept while it re-registers
+        await asyncio.sleep(0.4)
+        await pool.refresh()
+        assert pool.workers("prefill") == []   # never came back: gone after the recovery window
+        await pool.refresh(after_outage=False)
+        assert decode_ids(pool) == ["decode-1"]
     finally:
         await pool.close()
         await registry.close()
