@@ -38,8 +38,12 @@ def ratios(alone: list[float], together: list[float]) -> list[float]:
     return [t / a for a, t in zip(alone, together)]
 
 
-def _wait(path: Path) -> None:
+def _wait(path: Path, children: list = ()) -> None:
+    """Until `path` exists; raises if one of `children` (the engines' processes) has failed first."""
     while not path.exists():
+        failed = [child.args[-1] for child in children if child.poll() not in (None, 0)]
+        if failed:
+            raise RuntimeError(f"the {', '.join(failed)} engine's process failed before {path.name}")
         time.sleep(0.05)
 
 
@@ -83,20 +87,20 @@ def orchestrate(args) -> dict:
     files = args.out / SIGNALS
     shutil.rmtree(files, ignore_errors=True)
     files.mkdir(parents=True)
-    children = [subprocess.Popen([sys.executable, __file__, "--role", role, *sys.argv[1:]],
+    children = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--role", role],
                                  stdout=subprocess.DEVNULL) for role in ("prefill", "decode")]
-    _wait(files / "ready_prefill")
-    _wait(files / "ready_decode")
+    _wait(files / "ready_prefill", children)
+    _wait(files / "ready_decode", children)
     for rnd in range(args.rounds):
         for go, done in ((f"go_alone_{rnd}", f"done_alone_{rnd}"), (f"go_decode_{rnd}", f"done_decode_{rnd}")):
             (files / go).touch()
-            _wait(files / done)
+            _wait(files / done, children)
         (files / f"load_{rnd}").touch()
         time.sleep(4)   # the decode batch prefilled and stepping
         (files / f"go_together_{rnd}").touch()
-        _wait(files / f"done_together_{rnd}")
+        _wait(files / f"done_together_{rnd}", children)
         (files / f"stop_{rnd}").touch()
-        _wait(files / f"stopped_{rnd}")
+        _wait(files / f"stopped_{rnd}", children)
         print(f"round {rnd + 1}/{args.rounds} done", flush=True)
     for child in children:
         child.wait()

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Served A/B: a 1P+1D bench cluster with vLLM's layout (mp) and the model in the engine core (uni),
 # ABBA, the same trace requests at the same rate; client-side TTFT/TPOT/ITL.
-cd /work/main
+cd "$(dirname "$0")/../../../.."   # the checkout this script sits in
 OUT=/tmp/served_ab; mkdir -p $OUT
 i=0
 for ex in mp uni uni mp; do

@@ -1,8 +1,9 @@
 """vLLM's server (A) on both cores: client ITL at a steady batch vs the engine alone's decode step."""
 import asyncio, json, subprocess, sys
 from pathlib import Path
-sys.path.insert(0, "/work/main")
-MODEL = "/work/main/models/bench"
+REPO = Path(__file__).resolve().parents[4]   # bench/results/mixed_step_xeon/a_served/ -> the checkout
+sys.path.insert(0, str(REPO))
+MODEL = str(REPO / "models" / "bench")
 
 def served():
     from pdserve.dtype_probe import resolve_auto_dtype
@@ -14,7 +15,7 @@ def served():
     with VllmOpenAIServer(s, log_path=Path("/tmp/a_served_vllm.log")) as server:
         for conc in (4, 16):
             label = f"a_c{conc}"
-            subprocess.run(["/work/main/.venv/bin/pdserve", "load", "--target", server.url, "--concurrency", str(conc),
+            subprocess.run([str(REPO / ".venv" / "bin" / "pdserve"), "load", "--target", server.url, "--concurrency", str(conc),
                             "--input-len", "256", "--output-len", "100", "--range-ratio", "0", "--num-prompts", str(conc * 3),
                             "--output-dir", "/tmp/a_served", "--label", label, "--no-progress"], check=True, stdout=subprocess.DEVNULL)
             d = json.load(open(f"/tmp/a_served/{label}.json"))
