@@ -114,9 +114,10 @@ def stream_view(events: list[dict]) -> dict:
 
 
 def coalesced(events: list[dict]) -> list[dict]:
-    """One choice's events with each run of piece events (`_is_piece`: text, token ids, logprobs
-    and nothing else) joined onto the event after it (`_joined`: strings and lists concatenated in
-    order), or kept as one event at the end. How many tokens an event carries depends on timing: an
+    """One choice's events with each run of piece events (`_is_piece`: text, token ids, logprobs,
+    a tool call's next argument characters, and nothing else) joined onto the event after it
+    (`_joined`: strings and lists concatenated in order, tool calls by their index), or kept as
+    one event at the end. How many tokens an event carries depends on timing: an
     OpenAI server sends the tokens of several engine steps in one event when it falls behind its
     engine (vLLM's output collector merges their deltas), so two servers that send the same tokens
     read the same here however they cut them."""
@@ -138,20 +139,38 @@ PIECE_FIELDS = ("index", "text", "delta", "logprobs", "token_ids")   # what a pi
 
 def _is_piece(event: dict) -> bool:
     """The event's choice carries only a piece of the answer: text (a chat's `delta.content`), its
-    token ids and their logprobs; no role, tool call, finish reason or prompt field."""
+    token ids and their logprobs, or more characters of a tool call's arguments (the call's index
+    and `function.arguments` only); no role, new tool call, finish reason or prompt field."""
     choice = event["choices"][0]
     delta = choice.get("delta")
     carried = {key for key, value in choice.items() if _carries(value)}
     delta_carried = {key for key, value in delta.items() if _carries(value)} if isinstance(delta, dict) else set()
-    return carried <= set(PIECE_FIELDS) and delta_carried <= {"content"}
+    calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+    return (carried <= set(PIECE_FIELDS) and delta_carried <= {"content", "tool_calls"}
+            and all(_arguments_only(call) for call in calls or ()))
 
 
-def _joined(earlier: Any, later: Any) -> Any:
-    """Two consecutive pieces of one stream as one: strings and lists concatenated, objects joined
-    field by field, a null or absent side giving way to the other, any other value the later one's."""
+def _arguments_only(call: Any) -> bool:
+    """A streamed tool call's delta that only continues its arguments (no id, type or name)."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return False
+    function = {key for key, value in call["function"].items() if _carries(value)}
+    return {key for key, value in call.items() if _carries(value)} <= {"index", "function"} and function <= {"arguments"}
+
+
+def _joined(earlier: Any, later: Any, key: str = "") -> Any:
+    """Two consecutive pieces of one stream as one: strings and lists concatenated (tool calls,
+    `key` "tool_calls", joined call by call on their index), objects joined field by field, a null or
+    absent side giving way to the other, any other value the later one's."""
     if isinstance(earlier, dict) and isinstance(later, dict):
-        keys = [*earlier, *(key for key in later if key not in earlier)]
-        return {key: _joined(earlier.get(key), later.get(key)) for key in keys}
+        keys = [*earlier, *(k for k in later if k not in earlier)]
+        return {k: _joined(earlier.get(k), later.get(k), k) for k in keys}
+    if key == "tool_calls" and isinstance(earlier, list) and isinstance(later, list):
+        by_index: dict[Any, Any] = {}
+        for call in [*earlier, *later]:
+            at = call.get("index") if isinstance(call, dict) else id(call)
+            by_index[at] = _joined(by_index[at], call) if at in by_index else call
+        return list(by_index.values())
     if isinstance(earlier, (str, list)) and type(earlier) is type(later):
         return earlier + later
     return earlier if later is None else later

@@ -99,6 +99,27 @@ def test_a_stream_s_token_ids_and_logprobs_are_read_as_one_however_they_were_cut
     assert coalesced(cut) == [completion("abc", [0, 1, 2])]   # a run at the end stays one event
 
 
+def test_a_streamed_tool_call_s_arguments_are_read_as_one_however_they_were_cut():
+    def call(index=0, arguments=None, finish=None, name=None, **head):
+        function = {"arguments": arguments} | ({"name": name} if name else {})
+        calls = [] if arguments is None else [{"index": index, **head, "function": function}]
+        return {"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
+                                        "finish_reason": finish}]}
+    opened = call(id="call-1", type="function", name="get_weather", arguments="")
+    # vLLM sent the arguments in two events and the finish apart; pdserve in one event with the finish
+    vllm = [opened, call(arguments='{"on": tr'), call(arguments='ue}'), call(finish="tool_calls")]
+    pdserve = [opened, call(arguments='{"on": true}', finish="tool_calls")]
+    assert compare(Answer(200, vllm, True), Answer(200, pdserve, True)) == []
+    assert coalesced(vllm)[1]["choices"][0]["delta"]["tool_calls"] == [
+        {"index": 0, "function": {"arguments": '{"on": true}'}}]   # one call, its arguments joined
+    other = [opened, call(arguments='{"on": fa'), call(arguments="lse}"), call(finish="tool_calls")]
+    assert [d.path for d in compare(Answer(200, vllm, True), Answer(200, other, True))] == [
+        "events.choice 0.1.choices.0.delta.tool_calls.0.function.arguments"]
+    # a second call's opening (its id and name) is never a piece: it stays an event of its own
+    second = call(index=1, id="call-2", type="function", name="get_time", arguments="")
+    assert len(coalesced([opened, call(arguments="{}"), second, call(finish="tool_calls")])) == 3
+
+
 def test_only_an_intended_entry_s_path_case_and_vllm_value_excuse_a_difference():
     named = Difference("body.error.param", None, "n")
     renamed = Difference("body.error.param", "input_tokens", "prompt")
