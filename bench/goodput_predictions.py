@@ -28,6 +28,10 @@ Prints, per system and rate, measured against simulated TTFT and TPOT (p50, p90)
 under each SLO pair, and each system's goodput both ways on the comparison's grid of rates.
 No cluster runs: it takes seconds.
 
+vLLM's server (A, A-<n>) is charged vLLM's own serving costs where the profile measured them
+(`pdserve profile --through cluster --vllm-server`), else pdserve's (the profile's `serving`, as
+replays before that measurement did); --baseline-costs pdserve forces the latter, to compare.
+
 Writes <result stem>_predicted.json (or --label's), .md (tables for BENCHMARKS.md) and .png
 (attainment against rate per SLO pair: measured solid, simulated dashed).
 """
@@ -50,6 +54,9 @@ def main() -> int:
     parser.add_argument("--transport", default="tcp",
                         help="the profile's KV transport the simulator charges (default tcp; the comparison's "
                              "shared memory is not profiled and costs less)")
+    parser.add_argument("--baseline-costs", choices=("vllm", "pdserve"), default="vllm",
+                        help="serving costs charged to vLLM's server: its own, from the profile's vllm_server "
+                             "section (default; pdserve's when the profile has none), or pdserve's")
     parser.add_argument("--label", help="output file stem, beside the result (default <result stem>_predicted)")
     args = parser.parse_args()
     result = json.loads(args.result.read_text())
@@ -57,6 +64,12 @@ def main() -> int:
     plans = {pair: read_planned_cluster(Path(directory)) for pair, directory in result["config"].get("plans", [])}
     profile = load_profile(args.profile)
     settings, model = SimSettings.from_profile(profile, args.transport), fit_perf_model(profile).model
+    vllm_server = profile.vllm_server if args.baseline_costs == "vllm" else None
+    console = Console()
+    console.print("vLLM's server is charged " + ("its own serving costs (the profile's vllm_server)" if vllm_server
+                                                 else "pdserve's serving costs (" + ("--baseline-costs pdserve)"
+                                                 if args.baseline_costs == "pdserve"
+                                                 else "the profile did not measure vLLM's server)")))
     config = result["config"]
     target = config["attainment_target"]
     workload_config = CompareConfig(  # what the comparison's workload is built from
@@ -66,7 +79,7 @@ def main() -> int:
 
     rows, curves = [], {}
     for run in result["runs"]:
-        system = modelled_system(run["system"], slo_pairs["tight"], plans)
+        system = modelled_system(run["system"], slo_pairs["tight"], plans, vllm_server)
         if system is None:
             continue
         specs = workload(workload_config, run["rate_rps"])
@@ -83,7 +96,6 @@ def main() -> int:
                                for side in ("measured", "simulated")}
                       for (p, system, side) in curves if p == pair and side == "measured"} for pair in slo_pairs}
 
-    console = Console()
     latency_table, goodput_table = _latency_table(rows, slo_pairs), Table(title="goodput (req/s) on the comparison's grid")
     for column in ("SLO pair", "system", "topology", "measured", "simulated", "error"):
         goodput_table.add_column(column)
@@ -100,7 +112,8 @@ def main() -> int:
 
     stem = args.result.with_name(args.label or args.result.stem + "_predicted")
     stem.with_suffix(".json").write_text(json.dumps(
-        {"result": str(args.result), "profile": str(args.profile), "transport": args.transport, "rows": rows,
+        {"result": str(args.result), "profile": str(args.profile), "transport": args.transport,
+         "vllm_server_costs": "vllm" if vllm_server else "pdserve", "rows": rows,
          "goodput_rps": {pair: {system: {side: {"goodput_rps": value, "bracketed": bracketed}
                                          for side, (value, bracketed) in sides.items()}
                                 for system, sides in systems.items()} for pair, systems in goodput.items()}},

@@ -5,7 +5,9 @@ of the comparison has the planner's prediction beside it, not only the plan's pi
 How each system of the comparison is modelled (`modelled_system`), on the comparison's two cores:
 - A, A-<n> (vLLM's server): one engine over both cores, `1Cx2` (`@n`: its token budget), no router
   in front (nothing refused, no dispatch gate: every request joins the engine's queue at arrival,
-  first come first served);
+  first come first served), with vLLM's server's own serving costs where the profile measured them
+  (`Profile.vllm_server`, `pdserve profile --vllm-server`), else pdserve's (the profile's `serving`:
+  what earlier replays charged, 1-3 ms a step where vLLM's API process took 8-9 on the Xeon);
 - B, B-tcp: 1 prefill + 1 decode worker, a router without SLOs;
 - B-slo: the same with the tight SLO pair on the router (admission); B-hybrid: 1P+1H, tight pair;
 - B-agg: one aggregated pdserve worker over both cores, `1Cx2`, tight pair on the router;
@@ -28,6 +30,7 @@ from loadgen.metrics import SLO
 from loadgen.workload import RequestSpec
 from planner.evaluate import with_router_slo
 from planner.perf_model import PerfModel
+from planner.profile import ServingCosts
 from planner.router_config import COST_FILE, PLACEMENT_FILE, PlannedCluster
 from planner.simulator import SimSettings, Topology, simulate
 from router.policies.placement import CostModel, PlacementConfig
@@ -50,14 +53,18 @@ class ModelledSystem:
     router_slo: SLO | None = None  # the SLOs its router was given; None: none
     router_dir: Path | None = None  # a plan's router files; None: the simulator's own cost model and policy
     routed: bool = True  # False: no router in front (vLLM's server): nothing is refused
+    serving: ServingCosts | None = None  # its own serving costs; None: the settings' (pdserve's)
 
 
-def modelled_system(key: str, tight: SLO, plans: dict[str, PlannedCluster]) -> ModelledSystem | None:
-    """`key`'s model (see the module's list), `tight` the comparison's tight SLO pair and `plans`
-    each B*-<name>'s plan by name; None for a system the planner has no topology for."""
+def modelled_system(key: str, tight: SLO, plans: dict[str, PlannedCluster],
+                    vllm_server: ServingCosts | None = None) -> ModelledSystem | None:
+    """`key`'s model (see the module's list), `tight` the comparison's tight SLO pair, `plans`
+    each B*-<name>'s plan by name and `vllm_server` vLLM's server's serving costs (None: not
+    measured); None for a system the planner has no topology for."""
     if key == "A" or key.startswith("A-"):
         budget = int(key[2:]) if key.startswith("A-") else 0
-        return ModelledSystem(Topology.aggregated(1, budget, devices_per_instance=2), routed=False)
+        return ModelledSystem(Topology.aggregated(1, budget, devices_per_instance=2), routed=False,
+                              serving=vllm_server)
     if key in FIXED:
         return ModelledSystem(FIXED[key], tight if key in TIGHT_ROUTERS else None)
     if key.startswith(PLAN_PREFIX) and key[len(PLAN_PREFIX):] in plans:
@@ -78,7 +85,10 @@ def sent_requests(specs: Sequence[RequestSpec], record: dict[str, list]) -> list
 
 def settings_for(system: ModelledSystem, settings: SimSettings) -> SimSettings:
     """`settings` with `system`'s router: its SLOs, a plan's files; for a system without a router,
-    no admission and no dispatch gate (every request reaches the engine's own queue at arrival)."""
+    no admission and no dispatch gate (every request reaches the engine's own queue at arrival);
+    a system with serving costs of its own runs with those."""
+    if system.serving is not None:
+        settings = replace(settings, serving=system.serving)
     if system.router_slo is not None:
         settings = with_router_slo(settings, system.router_slo)
     if system.router_dir is not None:

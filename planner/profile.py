@@ -12,6 +12,9 @@ A profile is JSON with a format tag and a version. Version 1 holds:
 - `wide` (optional; empty when absent): the prefill and decode tables again, of one engine spread
   over several devices (`WideEngine`: on a CPU host, one engine bound to both cores, as vLLM's own
   server runs): what a worker that spans devices computes at, measured, not scaled;
+- `vllm_server` (optional; null when absent): what vLLM's own OpenAI server adds around the widest
+  engine (`ServingCosts`, the latency and step terms only; `pdserve profile --vllm-server`): the
+  baseline a goodput comparison judges pdserve against, predicted with its own costs;
 - three measured tables:
   `prefill`  one request alone: `prefill_s` for `prompt_tokens`, chunked by `chunk_tokens`;
   `decode`   one engine step: `step_s` for `batch_size` sequences holding `context_tokens` in total;
@@ -285,11 +288,14 @@ class Profile:
     notes: str = ""
     serving: ServingCosts = ServingCosts()
     wide: tuple[WideEngine, ...] = ()
+    vllm_server: ServingCosts | None = None  # vLLM's own server around the widest engine; None: not measured
 
     def __post_init__(self) -> None:
         _check_engine_tables(self.prefill, self.decode, "")
         widths = [engine.devices for engine in self.wide]
         _require(len(set(widths)) == len(widths), f"wide lists a width twice: {widths}")
+        _require(self.vllm_server is None or bool(self.wide),
+                 "vllm_server is measured around the widest engine: the profile needs a wide engine too")
         for transport in self.transports:
             sizes = {row.kv_bytes for row in self.kv_transfer if row.transport == transport}
             _require(len(sizes) >= MIN_TRANSFER_ROWS_PER_TRANSPORT,
@@ -345,6 +351,8 @@ def profile_from_dict(data: dict[str, Any]) -> Profile:
         notes=str(data.get("notes", "")),
         serving=_build(ServingCosts, data.get("serving", {}), "profile.serving"),
         wide=_wide(data.get("wide", [])),
+        vllm_server=(None if data.get("vllm_server") is None
+                     else _build(ServingCosts, data["vllm_server"], "profile.vllm_server")),
     )
 
 

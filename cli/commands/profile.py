@@ -25,8 +25,11 @@ and per token, and the CPU of the router and a client on the same host. On small
 cores those are as large as the engine's own costs, and the planner's predictions hold only with
 them. Then it times the engine again bound to both cluster cores (--no-wide skips it): one
 worker spanning two devices, as vLLM's own server runs, which `pdserve plan` weighs against two
-one-core workers. Otherwise the profile describes one device per worker. Give the same engine
-options your workers run with.
+one-core workers. Otherwise the profile describes one device per worker. With --vllm-server it
+then starts vLLM's own OpenAI server on that wide engine and measures what its API process adds
+(the first token, each decode step): the baseline's serving costs, so that a goodput comparison's
+predictions of vLLM (bench/goodput_predictions.py) charge vLLM's costs, not pdserve's. Give the
+same engine options your workers run with.
 
 Writes OUT (a versioned JSON profile recording hardware, model and engine settings) and OUT with
 a .png suffix (measured points and the fitted model), and prints the fit and its error.
@@ -60,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-wide", action="store_true",
                    help="--through cluster: skip the engine on both cluster cores (the planner then offers only "
                         "one-core workers)")
+    p.add_argument("--vllm-server", action="store_true",
+                   help="--through cluster, with the wide engine: also measure vLLM's own OpenAI server around "
+                        "it (a minute or two more; the baseline of goodput comparisons)")
     p.add_argument("--quick", action="store_true", help="fewest points (tests, smoke runs): about a minute")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     add_engine_options(p)
@@ -80,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         job = ProfileJob(engine=engine_settings(args, args.cpu_cores),
                          transports=tuple(t.strip() for t in args.transports.split(",") if t.strip()),
                          quick=args.quick, out=args.out, show_progress=not args.no_progress, path=args.through,
-                         cluster_cores=_two_core_sets(args.cluster_cores), wide=not args.no_wide)
+                         cluster_cores=_two_core_sets(args.cluster_cores), wide=not args.no_wide,
+                         vllm_server=args.vllm_server)
         console = Console()
         outcome = run_profile(job, console)
     except (PlanError, ProfileError, ValueError, FileNotFoundError) as bad:

@@ -57,6 +57,7 @@ class ProfileJob:
     path: Literal["engine", "cluster"] = "engine"
     cluster_cores: tuple[str, str] = ("0", "1")  # path "cluster": the prefill and the decode worker's cores
     wide: bool = True  # path "cluster": also the engine tables of one engine on both workers' cores
+    vllm_server: bool = False  # with the wide engine: also vLLM's own server around it (the baseline's costs)
 
     def __post_init__(self) -> None:
         unknown = set(self.transports) - {"shm", "tcp", "torch"}
@@ -64,6 +65,9 @@ class ProfileJob:
             raise ValueError(f"--transports must list shm, tcp and/or torch, got {','.join(self.transports) or 'nothing'}")
         if self.path not in ("engine", "cluster"):
             raise ValueError(f"--through must be engine or cluster, got {self.path!r}")
+        if self.vllm_server and (self.path != "cluster" or not self.wide):
+            raise ValueError("--vllm-server measures vLLM's server around the wide engine: it needs --through "
+                             "cluster, without --no-wide")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,10 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
         serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).steps
     wide_engine = wide_engine_settings(engine, job)
     wide_steps = (1 + plan.num_points) if wide_engine is not None else 0
+    if wide_engine is not None and job.vllm_server:
+        from planner.profiler.vllm_server_probe import vllm_server_steps
+
+        wide_steps += vllm_server_steps(engine.max_model_len, engine.max_num_seqs, job.quick)
     total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports) + serving_steps + wide_steps
     with _progress(job.show_progress) as progress:
         task = progress.add_task("profiling", total=total, last="")
@@ -110,12 +118,15 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
 
         transfers = _measure_transfers(model, job.transports, plan, advance)
         prefill, decode, budget, version = asyncio.run(_measure_engine(engine, plan, advance))
-        serving, wide = ServingCosts(), ()
+        serving, wide, vllm_server = ServingCosts(), (), None
         if job.path == "cluster":
             serving = _measure_serving(engine, job, model, prefill, decode, transfers, budget, advance)
         if wide_engine is not None:
             wide_prefill, wide_decode, _, _ = asyncio.run(_measure_engine(wide_engine, plan, advance))
             wide = (WideEngine(len(parse_cores(wide_engine.cpu_cores)), wide_prefill, wide_decode),)
+            if job.vllm_server:
+                vllm_server = _measure_vllm_server(wide_engine, job, model, wide_prefill, wide_decode, budget,
+                                                   advance)
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
     hardware = replace(hardware_info(engine.cpu_cores, engine.model, engine.dtype), machine_ms_start=machine_ms_start,
                        machine_ms_end=speed_check_ms(sorted(os.sched_getaffinity(0))))
@@ -129,9 +140,11 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
               + ("colocated vLLM engine" if job.path == "engine"
                  else "engine tables of one colocated engine, serving costs of a 1P+1D cluster")
               + (f"; wide engine on cores {wide_engine.cpu_cores}" if wide_engine is not None else "")
+              + ("; vLLM's own server around it" if vllm_server is not None else "")
               + ", prefix caching off",
         serving=serving,
         wide=wide,
+        vllm_server=vllm_server,
     )
     job.out.parent.mkdir(parents=True, exist_ok=True)
     save_profile(profile, job.out)
@@ -198,6 +211,23 @@ def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: Model
                            fit_perf_model(engine_only).model, decode, model.kv_bytes_per_token, job.quick, advance)
 
 
+def _measure_vllm_server(engine: WorkerEngineSettings, job: ProfileJob, model: ModelInfo, prefill, decode,
+                         budget: int, advance) -> ServingCosts:
+    """vLLM's own server around the wide engine just measured (its fit is the baseline they add to)."""
+    import json
+
+    from planner.profiler.vllm_server_probe import measure_vllm_server
+
+    wide_only = Profile(hardware=hardware_info(engine.cpu_cores), model=model,
+                        engine=EngineSettings(vllm_version="", max_num_batched_tokens=budget,
+                                              max_num_seqs=engine.max_num_seqs,
+                                              kv_cache_memory_bytes=engine.kv_cache_bytes),
+                        prefill=prefill, decode=decode, kv_transfer=())
+    vocab_size = int(json.loads((Path(engine.model) / "config.json").read_text())["vocab_size"])
+    return measure_vllm_server(engine, fit_perf_model(wide_only).model, decode, vocab_size, job.quick, advance,
+                               log_path=job.out.with_name(job.out.stem + "_vllm_server.log"))
+
+
 async def _measure(probe, plan: ProfilePlan, budget: int, advance):
     """Prefill and decode rows from an `EngineProbe`."""
     await probe.warm_up()
@@ -245,6 +275,10 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
         for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
             if spread:
                 console.print(f"  spread of the {name} around its median: {spread_summary(spread)}", markup=False)
+    if (server := profile.vllm_server) is not None:
+        console.print(f"  vLLM's own server around the wide engine: first token +{server.first_token_s * 1e3:.2f} ms,"
+                      f" decode step +{server.decode_step_s * 1e3:.2f} ms + {server.decode_cpu_s_per_token * 1e6:.0f}"
+                      " us/token of the batch", markup=False)
 
 
 def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: float) -> None:

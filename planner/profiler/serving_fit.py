@@ -118,6 +118,19 @@ def common_window(runs: Sequence[Sequence[float]]) -> tuple[float, float, list[f
     return start, end, gaps
 
 
+def batch_run_of(batch: int, runs: Sequence[Sequence[float]], host_cpu_s: float = 0.0,
+                 router_cpu_s: float = 0.0) -> BatchRun:
+    """A batched run from its requests' token times (`runs`, one list per request, in seconds) and
+    the unbound processes' CPU over it: the median gap inside the `common_window`, the batch's
+    context at the window's middle (each request's `BATCH_PROMPT_TOKENS` and the tokens it had by
+    then) and the tokens per second received inside it. Raises NoCommonWindow as that does."""
+    start, end, gaps = common_window(runs)
+    inside = sum(1 for marks in runs for t in marks if start <= t <= end)
+    generated = statistics.median(sum(1 for t in marks if t <= (start + end) / 2) for marks in runs)
+    return BatchRun(batch, statistics.median(gaps), batch * (BATCH_PROMPT_TOKENS + generated),
+                    inside / (end - start), host_cpu_s, sum(len(marks) for marks in runs), tuple(gaps), router_cpu_s)
+
+
 def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured: Sequence[DecodeSample]) -> float:
     """The engine-only step at `batch` and `context_tokens`: the measured row at the same batch with
     the nearest context, moved along the model's context slope to this context; the model alone

@@ -57,7 +57,7 @@ from planner.perf_model import PerfModel
 from planner.profile import DecodeSample, ServingCosts
 from planner.profiler.serving_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, LONG_OUTPUT, SHORT_OUTPUT,
                                           BatchRun, CpuRun, LoneLatencies, NoCommonWindow, ServedSteps, ServingPlan,
-                                          batch_output_attempts, common_window, fit_served_steps, serving_plan,
+                                          batch_output_attempts, batch_run_of, fit_served_steps, serving_plan,
                                           solve_per_request_and_token, steady_rate, unbound_cpu_per_token)
 from planner.profiler.spread import spread_of
 
@@ -84,30 +84,43 @@ async def token_times(client, ids: list[int], max_tokens: int) -> list[float]:
     return marks
 
 
-async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_token: int, block_size: int,
-                                 transport: str, plan: ServingPlan, vocab_size: int, advance) -> LoneLatencies:
+async def lone_runs(stream, plan: ServingPlan, vocab_size: int, advance,
+                    label: str = "serving") -> list[tuple[int, float, list[float]]]:
+    """Every lone request of `plan` (`plan.repeats` per prompt length, `LONE_PAUSE_S` apart, random
+    ids, `LONE_OUTPUT` tokens) sent through `stream(ids, max_tokens)`, which returns its token times:
+    (prompt tokens, when it was sent, its token times) each, in order."""
     import numpy as np
 
+    rng, runs = np.random.default_rng(7), []
+    for n in plan.prompt_tokens:
+        for _ in range(plan.repeats):
+            await asyncio.sleep(LONE_PAUSE_S)
+            ids = [int(i) for i in rng.integers(10, vocab_size, size=n)]
+            started = time.perf_counter()
+            runs.append((n, started, await stream(ids, LONE_OUTPUT)))
+        advance(f"{label}: lone {n}-token requests")
+    return runs
+
+
+async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_token: int, block_size: int,
+                                 transport: str, plan: ServingPlan, vocab_size: int, advance) -> LoneLatencies:
     from pdserve.client import AsyncClient
 
-    rng, first, handoff = np.random.default_rng(7), [], []
-    first_by_length: list[list[float]] = []
     async with AsyncClient(target) as client:
-        for n in plan.prompt_tokens:
-            first_by_length.append([])
-            for _ in range(plan.repeats):
-                await asyncio.sleep(LONE_PAUSE_S)
-                ids = [int(i) for i in rng.integers(10, vocab_size, size=n)]
-                started = time.perf_counter()
-                marks = await token_times(client, ids, LONE_OUTPUT)
-                kv_bytes = -(-n // block_size) * block_size * kv_bytes_per_token
-                first.append(marks[0] - started - model.prefill_s(n, n))
-                first_by_length[-1].append(first[-1])
-                handoff.append(marks[1] - marks[0] - model.transfer_s(kv_bytes, transport)
-                               - model.decode_step_s(1, n + 1))
-            advance(f"serving: lone {n}-token requests")
+        runs = await lone_runs(lambda ids, k: token_times(client, ids, k), plan, vocab_size, advance)
+    first = [marks[0] - started - model.prefill_s(n, n) for n, started, marks in runs]
+    handoff = [marks[1] - marks[0] - model.transfer_s(-(-n // block_size) * block_size * kv_bytes_per_token, transport)
+               - model.decode_step_s(1, n + 1) for n, _, marks in runs]
     return LoneLatencies(max(0.0, statistics.median(first)), max(0.0, statistics.median(handoff)),
-                         spread_of(first_by_length))
+                         spread_of(by_length([n for n, _, _ in runs], first)))
+
+
+def by_length(lengths: list[int], values: list[float]) -> list[list[float]]:
+    """`values` grouped by their prompt length (`lengths`, the same order), in order of first appearance."""
+    groups: dict[int, list[float]] = {}
+    for n, value in zip(lengths, values):
+        groups.setdefault(n, []).append(value)
+    return list(groups.values())
 
 
 async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu, seed: int,
@@ -126,12 +139,7 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
         router_before, cpu_before = router_cpu() if router_cpu else 0.0, host_cpu()
         runs = await asyncio.gather(*(token_times(client, ids, output_tokens) for ids in prompts))
         cpu_after, router_after = host_cpu(), router_cpu() if router_cpu else 0.0
-    start, end, gaps = common_window(runs)
-    inside = sum(1 for marks in runs for t in marks if start <= t <= end)
-    generated = statistics.median(sum(1 for t in marks if t <= (start + end) / 2) for marks in runs)
-    return BatchRun(batch, statistics.median(gaps), batch * (BATCH_PROMPT_TOKENS + generated),
-                    inside / (end - start), cpu_after - cpu_before, sum(len(marks) for marks in runs),
-                    tuple(gaps), router_after - router_before)
+    return batch_run_of(batch, runs, cpu_after - cpu_before, router_after - router_before)
 
 
 async def _steady_run(target: str, rate_rps: float, plan: ServingPlan, output_tokens: int, groups: dict, seed: int):
@@ -190,38 +198,46 @@ def measure_cpu(target: str, pids: dict[str, int], rate_rps: float, plan: Servin
                         host_cpu_s_per_request=host_request, host_cores=len(os.sched_getaffinity(0))), router_request
 
 
-def measure_served_steps(target: str, router_pid: int, model: PerfModel, engine_rows: Sequence[DecodeSample],
+def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, engine_rows: Sequence[DecodeSample],
                          host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
-                         advance, run_batch=None) -> ServedSteps:
+                         advance, run_batch=None, label: str = "serving") -> ServedSteps:
     """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches` (`run_batch`:
-    `batched_decode_run`'s signature; tests give their own). A run whose
+    `batched_decode_run`'s signature; tests and `vllm_server_probe` give their own; `router_pid`
+    None: no router, no host CPU read; `label` heads the progress notes). A run whose
     requests never decoded together (on a slow or busy host the first can finish before the last
     one's KV arrives) is retried with outputs twice as long, up to `batch_output_attempts`; a batch
     that still fails is skipped with a note, and the fit runs on the rest if two batch sizes remain.
     The spread is that of every run's gaps around the run's own median step."""
     run_batch = run_batch or batched_decode_run
+    if router_pid is None:
+        host_cpu = router_cpu = None
+    else:
+        def host_cpu() -> float:
+            return host_cpu_seconds(router_pid)
+
+        def router_cpu() -> float:
+            return cpu_seconds(process_tree(router_pid))
     runs, skipped = [], []
     for index, batch in enumerate(plan.decode_batches):
         run = None
         for output_tokens in batch_output_attempts(plan.max_output_tokens):
             try:
-                run = asyncio.run(run_batch(target, batch, vocab_size, lambda: host_cpu_seconds(router_pid),
-                                            seed=100 + index, output_tokens=output_tokens,
-                                            router_cpu=lambda: cpu_seconds(process_tree(router_pid))))
+                run = asyncio.run(run_batch(target, batch, vocab_size, host_cpu, seed=100 + index,
+                                            output_tokens=output_tokens, router_cpu=router_cpu))
                 break
             except NoCommonWindow as why:
-                advance(f"serving: batch {batch}: {why}; again with {output_tokens * 2} output tokens", step=False)
+                advance(f"{label}: batch {batch}: {why}; again with {output_tokens * 2} output tokens", step=False)
         if run is None:
             skipped.append(batch)
         else:
             runs.append(run)
-        advance(f"serving: decode steps at batch {batch}")
+        advance(f"{label}: decode steps at batch {batch}")
     if len({run.batch for run in runs}) < 2:
         raise RuntimeError(f"served decode steps need two batch sizes; the requests of batches {skipped} never "
                            "decoded together even with longer outputs (is max_num_seqs below the batch, or the "
                            "host too busy?)")
     if skipped:
-        advance(f"serving: skipped batches {skipped} (never decoded together); fitted on the others", step=False)
+        advance(f"{label}: skipped batches {skipped} (never decoded together); fitted on the others", step=False)
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows)
     _, router_per_token_s = unbound_cpu_per_token(runs, router_cpu_s_per_request)
     return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs), router_per_token_s)

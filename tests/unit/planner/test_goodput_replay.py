@@ -58,3 +58,23 @@ def test_a_server_without_a_router_takes_every_request_in_arrival_order():
     b_slo = modelled_system("B-slo", SLO(ttft_s=0.5, tpot_s=1.0), {})
     refused = simulated(requests, b_slo, settings, ROUND_MODEL, {"tight": b_slo.router_slo})["tight"]["refused"]
     assert refused > 0  # the router given an SLO refuses what it predicts late
+
+
+def test_vllm_s_server_is_charged_its_own_serving_costs_when_the_profile_measured_them():
+    from planner.profile import ServingCosts
+
+    pdserve_costs = ServingCosts(decode_step_s=0.001, host_cores=2, host_cpu_s_per_token=1e-4)
+    vllm_costs = ServingCosts(first_token_s=0.02, decode_step_s=0.008)
+    settings = round_settings(serving=pdserve_costs)
+    own = modelled_system("A-512", TIGHT, {}, vllm_server=vllm_costs)
+    assert settings_for(own, settings).serving == vllm_costs   # the host model (pdserve's client) is off too
+    assert settings_for(modelled_system("A", TIGHT, {}), settings).serving == pdserve_costs  # not measured
+    # pdserve's own systems keep pdserve's costs whatever vLLM's are
+    assert modelled_system("B-agg", TIGHT, {}, vllm_server=vllm_costs).serving is None
+    # a lone request: its first token 20 ms later, each later token 8 ms a step later, as charged
+    wide = replace(ROUND_MODEL, wide=((2, ROUND_MODEL),))
+    alone = [spec(0.0, 50, 5)]
+    charged = simulate(alone, own.topology, settings_for(own, settings), wide)
+    bare = simulate(alone, own.topology, settings_for(modelled_system("A-512", TIGHT, {}), round_settings()), wide)
+    assert charged.ttft_s[0] - bare.ttft_s[0] == pytest.approx(0.02)
+    assert charged.tpot_s[0] - bare.tpot_s[0] == pytest.approx(0.008)

@@ -188,6 +188,22 @@ def test_a_malformed_wide_engine_is_refused(wide, message):
         profile_from_dict(data)
 
 
+def test_vllm_s_server_costs_round_trip_beside_the_wide_engine_they_were_measured_on(tmp_path):
+    server = {"first_token_s": 0.012, "decode_step_s": 0.008, "decode_cpu_s_per_token": 2e-5,
+              "decode_step_spread_s": [-0.002, 0.0, 0.004]}
+    data = profile_to_dict(build_example_profile()) | {"wide": [_wide_tables(1.9, 1.25)], "vllm_server": server}
+    profile = profile_from_dict(data)
+    save_profile(profile, tmp_path / "p.json")
+    loaded = load_profile(tmp_path / "p.json")
+    assert loaded == profile and loaded.vllm_server.decode_step_s == 0.008
+    assert loaded.vllm_server.decode_step_spread_s == (-0.002, 0.0, 0.004) and loaded.vllm_server.host_cores == 0
+    assert load_profile(EXAMPLE_PROFILE_PATH).vllm_server is None   # a profile that did not measure it
+    with pytest.raises(ProfileError, match="vllm_server is measured around the widest engine"):
+        profile_from_dict(profile_to_dict(build_example_profile()) | {"vllm_server": server})
+    with pytest.raises(ProfileError, match="profile.vllm_server.*decode_step_s must be a number >= 0"):
+        profile_from_dict(data | {"vllm_server": server | {"decode_step_s": -1}})
+
+
 def test_a_wide_engine_needs_two_devices_and_enough_rows():
     narrow = _wide_tables(1.0, 1.0) | {"devices": 1}
     with pytest.raises(ProfileError, match="wide\\[\\].devices must be an integer >= 2"):

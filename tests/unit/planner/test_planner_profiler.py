@@ -111,3 +111,7 @@ def test_the_wide_engine_is_the_engine_on_both_cluster_cores_and_only_through_a_
     assert wide_engine_settings(engine, ProfileJob(engine=engine, path="cluster", wide=False)) is None
     assert wide_engine_settings(engine, ProfileJob(engine=engine, path="engine")) is None
     assert wide_engine_settings(engine, ProfileJob(engine=engine, path="cluster", cluster_cores=("0", "0"))) is None
+    assert ProfileJob(engine=engine, path="cluster", vllm_server=True).vllm_server
+    for no_wide_engine in ({"path": "engine"}, {"path": "cluster", "wide": False}):
+        with pytest.raises(ValueError, match="--vllm-server measures vLLM's server around the wide engine"):
+            ProfileJob(engine=engine, vllm_server=True, **no_wide_engine)

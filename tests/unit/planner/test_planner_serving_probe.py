@@ -161,6 +161,26 @@ def test_a_batched_run_whose_requests_never_decoded_together_is_named_not_measur
         common_window(apart)
 
 
+def test_a_batched_run_is_read_off_its_token_times_inside_the_common_window():
+    from planner.profiler.serving_fit import BATCH_PROMPT_TOKENS, batch_run_of
+
+    # two requests stepping every 10 ms from 1.00 s; both decode together from 1.01 to 1.05
+    first = [1.00, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06]
+    second = [0.99, 1.01, 1.02, 1.03, 1.04, 1.05]
+    run = batch_run_of(2, [first, second], host_cpu_s=0.3, router_cpu_s=0.1)
+    assert run.batch == 2 and run.step_s == pytest.approx(0.01)
+    assert len(run.gaps_s) == 8 and all(g == pytest.approx(0.01) for g in run.gaps_s)
+    assert run.tokens == 13 and run.tokens_per_s == pytest.approx(10 / 0.04)   # 5 tokens each inside the window
+    assert run.context_tokens == 2 * (BATCH_PROMPT_TOKENS + 4)   # each had 4 tokens by the window's middle, 1.03 s
+    assert (run.host_cpu_s, run.router_cpu_s) == (0.3, 0.1)
+
+
+def test_lone_latencies_are_grouped_by_prompt_length_for_their_spread():
+    from planner.profiler.serving_probe import by_length
+
+    assert by_length([32, 32, 128, 32, 512], [1.0, 2.0, 3.0, 4.0, 5.0]) == [[1.0, 2.0, 4.0], [3.0], [5.0]]
+
+
 def test_a_batched_run_is_retried_with_longer_outputs_within_the_context():
     from planner.profiler.serving_fit import batch_output_attempts
 
