@@ -44,10 +44,12 @@ class ServingPlan:
         return 3 + len(self.prompt_tokens) + len(self.decode_batches)
 
 
-def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool) -> ServingPlan:
+def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool,
+                 batch_repeats: int = BATCH_REPEATS) -> ServingPlan:
+    """The runs of a serving probe; `batch_repeats` runs of each batch size (one with `quick`)."""
     prompts = tuple(n for n in (32, 128, 512) if n + LONG_OUTPUT < max_model_len) or (max_model_len // 4,)
     sizes = sorted({min(b, max_num_seqs) for b in (QUICK_BATCHES if quick else BATCHES)})
-    batches = tuple(sizes) if quick else tuple(sizes) * BATCH_REPEATS
+    batches = tuple(sizes) if quick else tuple(sizes) * batch_repeats
     return ServingPlan(prompts, 3 if quick else 6, min(128, max_model_len // 4), 24 if quick else 60, batches,
                        max_output_tokens=max_model_len - BATCH_PROMPT_TOKENS)
 

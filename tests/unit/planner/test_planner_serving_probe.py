@@ -175,6 +175,14 @@ def test_a_batched_run_is_read_off_its_token_times_inside_the_common_window():
     assert (run.host_cpu_s, run.router_cpu_s) == (0.3, 0.1)
 
 
+def test_a_probe_may_run_each_batch_size_more_often_but_a_quick_one_runs_each_once():
+    from planner.profiler.serving_fit import BATCHES, serving_plan
+
+    assert serving_plan(4096, 64, False, batch_repeats=4).decode_batches == BATCHES * 4
+    assert serving_plan(4096, 64, False).decode_batches == BATCHES * 2
+    assert serving_plan(4096, 16, True, batch_repeats=4).decode_batches == (1, 4, 16)
+
+
 def test_lone_latencies_are_grouped_by_prompt_length_for_their_spread():
     from planner.profiler.serving_probe import by_length
 
