@@ -224,8 +224,7 @@ def _measure_vllm_server(engine: WorkerEngineSettings, job: ProfileJob, model: M
                                               kv_cache_memory_bytes=engine.kv_cache_bytes),
                         prefill=prefill, decode=decode, kv_transfer=())
     vocab_size = int(json.loads((Path(engine.model) / "config.json").read_text())["vocab_size"])
-    return measure_vllm_server(engine, fit_perf_model(wide_only).model, decode, vocab_size, job.quick, advance,
-                               log_path=job.out.with_name(job.out.stem + "_vllm_server.log"))
+    return measure_vllm_server(engine, fit_perf_model(wide_only).model, decode, vocab_size, job.quick, advance)
 
 
 async def _measure(probe, plan: ProfilePlan, budget: int, advance):
