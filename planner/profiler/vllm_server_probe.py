@@ -14,9 +14,9 @@ table:
   a + b * B (`serving_fit.fit_served_steps`, with no host model: the API process runs on the
   engine's cores, so what it takes shows in the gap, not as a stretch); their spread.
 Each batch size runs `BATCH_REPEATS` times, twice the cluster probe's: on an AVX-512 EPYC one run's
-median gap sat either about 1 or about 8 ms above the engine's step, run to run at the same batch
-(the API process floats over the engine's two cores), so few runs fit one mode or the other; the
-fit over more runs is their mean, which is what a request's TPOT sees over many steps.
+median gap sat either 1-3 or 6-8 ms above the engine's step, run to run at the same batch (probably
+where the floating API process lands against the engine's threads), so a few runs fit one mode or
+the other; the fit over more runs is their mean, which is what a request's TPOT sees over many steps.
 The rest stays 0: a server has no handoff, no router and no second worker, and `host_cores` 0 keeps
 the simulator's host model off (the load generator, on the same host, is not modelled for the
 baseline either; the cluster's profile charges it to pdserve through its host terms).
