@@ -66,10 +66,10 @@ def main() -> int:
     settings, model = SimSettings.from_profile(profile, args.transport), fit_perf_model(profile).model
     vllm_server = profile.vllm_server if args.baseline_costs == "vllm" else None
     console = Console()
-    console.print("vLLM's server is charged " + ("its own serving costs (the profile's vllm_server)" if vllm_server
-                                                 else "pdserve's serving costs (" + ("--baseline-costs pdserve)"
-                                                 if args.baseline_costs == "pdserve"
-                                                 else "the profile did not measure vLLM's server)")))
+    charged = ("its own serving costs (the profile's vllm_server)" if vllm_server
+               else "pdserve's serving costs (--baseline-costs pdserve)" if args.baseline_costs == "pdserve"
+               else "pdserve's serving costs (the profile did not measure vLLM's server)")
+    console.print(f"vLLM's server is charged {charged}")
     config = result["config"]
     target = config["attainment_target"]
     workload_config = CompareConfig(  # what the comparison's workload is built from

@@ -197,34 +197,35 @@ async def _measure_engine(settings: WorkerEngineSettings, plan: ProfilePlan, adv
     return prefill, decode, budget, vllm.__version__
 
 
+def _engine_model(engine: WorkerEngineSettings, model: ModelInfo, prefill, decode, budget: int, transfers=()):
+    """The fit of the engine tables just measured: the baseline serving costs are measured against."""
+    return fit_perf_model(Profile(hardware=hardware_info(engine.cpu_cores), model=model,
+                                  engine=EngineSettings(vllm_version="", max_num_batched_tokens=budget,
+                                                        max_num_seqs=engine.max_num_seqs,
+                                                        kv_cache_memory_bytes=engine.kv_cache_bytes),
+                                  prefill=prefill, decode=decode, kv_transfer=transfers)).model
+
+
 def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: ModelInfo, prefill, decode, transfers,
                      budget: int, advance) -> ServingCosts:
-    """The serving costs around the engine just measured (its fit is the baseline they add to)."""
+    """The serving costs of a 1P+1D cluster around the engine just measured."""
     from planner.profiler.serving_probe import measure_serving
 
-    engine_only = Profile(hardware=hardware_info(engine.cpu_cores), model=model,
-                          engine=EngineSettings(vllm_version="", max_num_batched_tokens=budget,
-                                                max_num_seqs=engine.max_num_seqs,
-                                                kv_cache_memory_bytes=engine.kv_cache_bytes),
-                          prefill=prefill, decode=decode, kv_transfer=transfers)
     return measure_serving(replace(engine, cpu_cores=""), job.transports[0], job.cluster_cores,
-                           fit_perf_model(engine_only).model, decode, model.kv_bytes_per_token, job.quick, advance)
+                           _engine_model(engine, model, prefill, decode, budget, transfers), decode,
+                           model.kv_bytes_per_token, job.quick, advance)
 
 
 def _measure_vllm_server(engine: WorkerEngineSettings, job: ProfileJob, model: ModelInfo, prefill, decode,
                          budget: int, advance) -> ServingCosts:
-    """vLLM's own server around the wide engine just measured (its fit is the baseline they add to)."""
+    """vLLM's own server around the wide engine just measured."""
     import json
 
     from planner.profiler.vllm_server_probe import measure_vllm_server
 
-    wide_only = Profile(hardware=hardware_info(engine.cpu_cores), model=model,
-                        engine=EngineSettings(vllm_version="", max_num_batched_tokens=budget,
-                                              max_num_seqs=engine.max_num_seqs,
-                                              kv_cache_memory_bytes=engine.kv_cache_bytes),
-                        prefill=prefill, decode=decode, kv_transfer=())
     vocab_size = int(json.loads((Path(engine.model) / "config.json").read_text())["vocab_size"])
-    return measure_vllm_server(engine, fit_perf_model(wide_only).model, decode, vocab_size, job.quick, advance)
+    return measure_vllm_server(engine, _engine_model(engine, model, prefill, decode, budget), decode, vocab_size,
+                               job.quick, advance)
 
 
 async def _measure(probe, plan: ProfilePlan, budget: int, advance):

@@ -13,12 +13,16 @@ from pdserve.registry import Registry, WorkerRecord
 from router.pool import WorkerPool, refreshed_snapshot
 
 
-async def wait_for(predicate, timeout_s: float, what: str) -> None:
+async def wait_for(predicate, timeout_s: float, what: str, between=None) -> None:
+    """Polls `predicate` every 50 ms until it holds (`between`: a coroutine function awaited before
+    each new look, e.g. a refresh by hand); TimeoutError naming `what` past `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} within {timeout_s} s")
         await asyncio.sleep(0.05)
+        if between is not None:
+            await between()
 
 
 def decode_ids(pool: WorkerPool) -> list[str]:
@@ -36,7 +40,8 @@ async def test_refresh_keeps_the_last_snapshot_while_redis_is_down_and_resumes_a
         assert decode_ids(pool) == ["decode-1"]
 
         server.stop()
-        await asyncio.sleep(0.5)  # ~10 failed refreshes
+        with pytest.raises(RedisError):
+            await pool.refresh()   # the registry is gone, as the background refresh finds it every 50 ms
         assert decode_ids(pool) == ["decode-1"]  # routing goes on with what it knew
 
         server = start_redis(port=port)  # an empty Redis; workers register again on their next beat
@@ -68,11 +73,8 @@ async def test_the_first_read_after_an_outage_keeps_the_workers_that_have_not_re
         await worker.close()
         await pool.refresh(after_outage=True)
         assert [w.worker_id for w in pool.workers("prefill")] == ["prefill-1"]   # kept while it re-registers
-        deadline = time.monotonic() + 10.0
-        while pool.workers("prefill") and time.monotonic() < deadline:   # until the window has passed
-            await asyncio.sleep(0.05)
-            await pool.refresh()
-        assert pool.workers("prefill") == []   # never came back: gone after the recovery window
+        await wait_for(lambda: not pool.workers("prefill"), 10, "the unlisted worker to go after the recovery "
+                       "window", between=pool.refresh)   # never came back: gone after the window
         await pool.refresh(after_outage=False)
         assert decode_ids(pool) == ["decode-1"]
     finally:
