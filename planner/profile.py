@@ -202,6 +202,11 @@ class ServingCosts:
     - `first_token_spread_s`: of lone requests' first token, within each prompt length;
     - `decode_step_spread_s`: of the gaps between a request's tokens while a batch decodes
       together, within each batched run.
+    Engines on different cores slowing each other (`planner.profiler.corun_probe`: shared caches,
+    memory bandwidth, SMT siblings sold as two vCPUs), as a ratio of an engine's time while another
+    engine steps on the other worker's cores to its time alone (1: none measured, or none):
+    - `corun_prefill_stretch`: of a prompt computed beside a decoding engine;
+    - `corun_decode_stretch`: of a decode step beside an engine computing prompts.
     """
 
     first_token_s: float = 0.0
@@ -217,12 +222,19 @@ class ServingCosts:
     router_cpu_s_per_request: float = 0.0
     first_token_spread_s: tuple[float, ...] = ()
     decode_step_spread_s: tuple[float, ...] = ()
+    corun_prefill_stretch: float = 1.0
+    corun_decode_stretch: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in SPREAD_FIELDS:
                 object.__setattr__(self, f.name, _spread(f.name, value))
+                continue
+            if f.name in CORUN_FIELDS:
+                _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                         and 0.5 <= value <= 4.0, f"serving.{f.name} must be a ratio in [0.5, 4] (1: engines on "
+                         f"different cores do not slow each other), got {value!r}")
                 continue
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                      and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
@@ -233,6 +245,7 @@ class ServingCosts:
 
 
 SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
+CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch")
 
 
 def _spread(name: str, value: Any) -> tuple[float, ...]:

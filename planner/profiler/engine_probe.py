@@ -58,14 +58,34 @@ class EngineProbe:
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
                               output_kind=RequestOutputKind.DELTA)
 
-    async def _run(self, prompt_tokens: int, max_tokens: int) -> "Marks":
-        """(time, tokens so far) at each output of one request, times from `time.perf_counter`."""
+    async def _run(self, prompt_tokens: int, max_tokens: int, on_output=None) -> "Marks":
+        """(time, tokens so far) at each output of one request, times from `time.perf_counter`;
+        `on_output(tokens so far)` at each. Cancelled, the engine aborts the request."""
         marks, produced = [], 0
         request_id = f"profile-{next(_request_ids)}"
         async for output in self.engine.generate(self._prompt(prompt_tokens), self._params(max_tokens), request_id):
             produced += len(output.outputs[0].token_ids)
             marks.append((time.perf_counter(), produced))
+            if on_output is not None:
+                on_output(produced)
         return marks
+
+    async def hold_decoding(self, batch_size: int, context_per_seq: int, max_tokens: int,
+                            decoding: asyncio.Event, tokens: list[int]) -> None:
+        """Keeps `batch_size` requests decoding until cancelled (a batch that ends is started again);
+        sets `decoding` once every request of the first batch has its second token (the batch is
+        past its prefill) and counts in `tokens[0]` the tokens the slowest request decoded."""
+        while True:
+            produced, decoded_before = [0] * batch_size, tokens[0]
+
+            def seen(i: int, n: int) -> None:
+                produced[i] = n
+                if min(produced) >= 2:
+                    decoding.set()
+                    tokens[0] = decoded_before + min(produced) - 1
+
+            await asyncio.gather(*(self._run(context_per_seq, max_tokens, lambda n, i=i: seen(i, n))
+                                   for i in range(batch_size)))
 
     async def prefill_s(self, prompt_tokens: int, repeats: int) -> float:
         """Median seconds from submitting a `prompt_tokens` prompt alone to its first token."""

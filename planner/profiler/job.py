@@ -4,8 +4,9 @@ Order: KV transfers first (no engine running, so they do not compete with it), t
 decode timings of one colocated vLLM engine (prefix caching off) bound to the cores one worker
 gets: the engine's own costs. With `ProfileJob.path` "cluster", then a real 1P+1D local cluster
 measures what serving adds around those engines (`planner.profiler.serving_probe`: the hops'
-latencies, the workers' and the router's CPU); the profile's `serving` section holds it, and
-(`ProfileJob.wide`) the same engine tables are measured again on one engine bound to both
+latencies, the workers' and the router's CPU), then two engines on the two workers' cores at once
+(`planner.profiler.corun_probe`: how much each slows the other); the profile's `serving` section
+holds both, and (`ProfileJob.wide`) the same engine tables are measured again on one engine bound to both
 workers' cores: the profile's `wide` engine, one worker spanning two devices, as vLLM's own server
 runs on the host. The rest of a profile describes one device per worker.
 """
@@ -95,11 +96,14 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     model = model_info(engine.model, engine.dtype, engine.block_size)
     plan = make_plan(engine.max_model_len, engine.max_num_seqs, engine.kv_cache_bytes // model.kv_bytes_per_token,
                      engine.block_size, job.quick)
-    serving_steps = 0
+    serving_steps, corun = 0, None
     if job.path == "cluster":
+        from planner.profiler.corun_probe import corun_plan
         from planner.profiler.serving_fit import serving_plan
 
-        serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).steps
+        corun = corun_plan(engine.max_model_len, engine.max_num_seqs, engine.kv_cache_bytes // model.kv_bytes_per_token,
+                           job.quick)
+        serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).steps + corun.steps
     wide_engine = wide_engine_settings(engine, job)
     wide_steps = (1 + plan.num_points) if wide_engine is not None else 0
     if wide_engine is not None and job.vllm_server:
@@ -121,6 +125,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
         serving, wide, vllm_server = ServingCosts(), (), None
         if job.path == "cluster":
             serving = _measure_serving(engine, job, model, prefill, decode, transfers, budget, advance)
+            serving = _measure_corun(serving, engine, job, corun, advance)
         if wide_engine is not None:
             wide_prefill, wide_decode, _, _ = asyncio.run(_measure_engine(wide_engine, plan, advance))
             wide = (WideEngine(len(parse_cores(wide_engine.cpu_cores)), wide_prefill, wide_decode),)
@@ -216,6 +221,19 @@ def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: Model
                            model.kv_bytes_per_token, job.quick, advance)
 
 
+def _measure_corun(serving: ServingCosts, engine: WorkerEngineSettings, job: ProfileJob, plan,
+                   advance) -> ServingCosts:
+    """`serving` with the co-run stretches of two engines on the cluster's two workers' cores."""
+    from planner.profiler.corun_probe import corun_stretches, measure_corun
+
+    rounds = measure_corun(engine, job.cluster_cores, plan, advance)
+    prompt, step = corun_stretches(rounds)
+    advance(f"co-run: a {plan.prompt_tokens}-token prompt {prompt:.3f}x its time alone (beside "
+            f"{min(r.tokens_beside for r in rounds)}+ decoded tokens), a decode step of {plan.batch} {step:.3f}x "
+            f"(beside {min(r.prompts_beside for r in rounds)}+ prompts)", step=False)
+    return replace(serving, corun_prefill_stretch=round(prompt, 4), corun_decode_stretch=round(step, 4))
+
+
 def _measure_vllm_server(engine: WorkerEngineSettings, job: ProfileJob, model: ModelInfo, prefill, decode,
                          budget: int, advance) -> ServingCosts:
     """vLLM's own server around the wide engine just measured."""
@@ -272,6 +290,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
                       f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_request * 1e3:.2f}"
                       f" ms/request on {serving.host_cores} cores (the router's part {serving.router_cpu_s_per_token * 1e6:.0f}"
                       f" us/token + {serving.router_cpu_s_per_request * 1e3:.2f} ms/request)", markup=False)
+        console.print(f"  engines on the two workers' cores together: a prompt {serving.corun_prefill_stretch:.3f}x its"
+                      f" time alone, a decode step {serving.corun_decode_stretch:.3f}x", markup=False)
         for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
             if spread:
                 console.print(f"  spread of the {name} around its median: {spread_summary(spread)}", markup=False)

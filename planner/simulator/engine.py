@@ -17,7 +17,9 @@ its decode instance `handoff_s` after its first token; the workers' per-request 
 lengthens their steps; the host's unbound load (`planner.simulator.host`: the router's part on
 the prefill instances' cores where there are any, the client's anywhere) stretches steps that
 start while it spills onto busy cores; `first_token_s` is added to what the client sees (TTFT and
-end-to-end latency, not TPOT). Where the profile measured their spread, each decode step and each
+end-to-end latency, not TPOT). A step that starts while another instance steps takes the measured
+co-run stretch too (`corun_stretch`: engines on different cores slowing each other). Where the
+profile measured their spread, each decode step and each
 first token also takes a seeded draw of it (`planner.simulator.spread`), so tails come from the
 host's measured distribution rather than from the medians alone.
 """
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from planner.perf_model import PerfModel
+from planner.profile import ServingCosts
 from planner.simulator.cost import cost_model_from
 from planner.simulator.config import SimSettings, SimulationError, Topology
 from planner.simulator.host import HostCpu
@@ -85,6 +88,13 @@ def _check_requests(requests: list[SimRequest], settings: SimSettings) -> None:
                 f"request {r.index} ({r.prompt_tokens} prompt + {r.output_tokens} output tokens) needs "
                 f"{needed} KV blocks but an instance holds {settings.num_kv_blocks}; raise "
                 "kv_cache_memory_bytes or cap the workload's lengths")
+
+
+def corun_stretch(serving: ServingCosts, prefill: bool) -> float:
+    """How much slower a step is while another instance steps on other cores: a prefill instance's
+    by the measured prompt's ratio, any other's (decode, and the mixed steps of hybrid and colocated
+    instances, whose batch decodes) by the decode step's."""
+    return serving.corun_prefill_stretch if prefill else serving.corun_decode_stretch
 
 
 class _Cluster:
@@ -154,6 +164,8 @@ class _Cluster:
             busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
             busy_router_cores = (len(self._stepping_prefill) + prefill) * self._cores_per_instance
             stretch = self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=prefill)
+            if len(self._stepping) - (id(instance) in self._stepping) > 0:
+                stretch *= corun_stretch(self.settings.serving, prefill)
             end_s = instance.start_step(now, stretch, self.spread.step_extra_s())
             if end_s is not None:
                 self._stepping.add(id(instance))

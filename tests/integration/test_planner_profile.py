@@ -103,3 +103,15 @@ def test_the_engine_is_measured_again_over_both_cluster_cores(quick_profile):
     assert model.widths == (1, 2)
     assert model.on_devices(2).prefill_s(1024, 2048) > model.on_devices(2).prefill_s(32, 2048) > 0
     assert "wide engine on cores 0,1" in profile.notes and "[one engine on 2 devices]" in quick_profile[1]
+
+
+def test_the_cluster_pass_measures_two_engines_on_the_workers_cores_together(quick_profile):
+    serving = load_profile(quick_profile[0]).serving
+    # each side's measurement ran while the other worked: its batch decoded tokens during the prompt's,
+    # it computed prompts during the decode's
+    note = next(line for line in quick_profile[1].splitlines() if line.startswith("note: co-run:"))
+    beside = [int(word.rstrip("+")) for word in note.split() if word.rstrip("+").isdigit() and word.endswith("+")]
+    assert len(beside) == 2 and min(beside) >= 1, note
+    # the ratios the simulator charges: a shared host may slow either side, but not by 2x or more
+    assert 0.7 < serving.corun_prefill_stretch < 2.0 and 0.7 < serving.corun_decode_stretch < 2.0
+    assert "engines on the two workers' cores together: a prompt" in quick_profile[1]

@@ -131,3 +131,32 @@ def test_a_bound_router_moves_the_hosts_load_from_the_decode_steps_to_the_prefil
     floating, bound = run(0.0), run(0.01)
     assert bound.tpot_s.mean() < floating.tpot_s.mean()
     assert bound.ttft_s.mean() > floating.ttft_s.mean()
+
+
+def test_steps_beside_another_instances_step_take_the_measured_corun_stretch():
+    # R1 alone: prefill 0.1525, 5 blocks pulled by 0.2075, then decode steps of 0.0201, 0.0202 and
+    # 0.0203 s (context 51, 52, 53). R2 arrives at 0.22, while R1's first step runs: its prefill takes
+    # 2x (0.305 s, first token at 0.525), and R1's next two steps start beside it: 1.5x each.
+    costs = ServingCosts(corun_prefill_stretch=2.0, corun_decode_stretch=1.5)
+    requests = [spec(0.0, 50, 4), spec(0.22, 50, 1)]
+    t = simulate(requests, Topology.disaggregated(1, 1), round_settings(serving=costs), ROUND_MODEL).timeline
+    assert t["first_token_s"].tolist() == pytest.approx([0.1525, 0.22 + 2 * 0.1525], **EXACT)
+    assert t["finish_s"][0] == pytest.approx(0.2075 + 0.0201 + 1.5 * (0.0202 + 0.0203), **EXACT)
+    alone = simulate(requests, Topology.disaggregated(1, 1), round_settings(), ROUND_MODEL).timeline
+    assert alone["first_token_s"].tolist() == pytest.approx([0.1525, 0.22 + 0.1525], **EXACT)
+    assert alone["finish_s"][0] == pytest.approx(0.2075 + 0.0201 + 0.0202 + 0.0203, **EXACT)
+
+
+def test_one_instance_alone_never_takes_the_corun_stretch():
+    costs = ServingCosts(corun_prefill_stretch=2.0, corun_decode_stretch=2.0)
+    requests = [spec(0.0, 50, 6), spec(0.03, 80, 3)]
+    plain = simulate(requests, Topology.aggregated(1), round_settings(), ROUND_MODEL)
+    corun = simulate(requests, Topology.aggregated(1), round_settings(serving=costs), ROUND_MODEL)
+    for name, values in plain.timeline.items():
+        assert corun.timeline[name].tolist() == values.tolist(), name
+
+
+@pytest.mark.parametrize("value", [0.0, 0.3, 5.0, float("nan"), True])
+def test_a_corun_stretch_outside_its_range_is_refused_naming_the_field(value):
+    with pytest.raises(ProfileError, match="corun_decode_stretch"):
+        ServingCosts(corun_decode_stretch=value)

@@ -1,0 +1,51 @@
+"""The co-run probe's pure parts: its plan within the engine's limits, and the stretches from rounds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.profile import load_profile, profile_from_dict, profile_to_dict, save_profile
+from planner.profiler.corun_probe import CorunRound, corun_plan, corun_stretches
+from planner.profiles.example import build_example_profile
+
+
+def test_the_stretches_are_the_median_over_rounds_of_together_over_alone():
+    rounds = [CorunRound(1.0, 1.10, 0.020, 0.021), CorunRound(2.0, 2.04, 0.020, 0.030),
+              CorunRound(1.0, 1.06, 0.010, 0.0105)]
+    prompt, step = corun_stretches(rounds)
+    assert prompt == pytest.approx(1.06) and step == pytest.approx(1.05)
+
+
+def test_no_rounds_is_an_error_not_a_ratio_of_one():
+    with pytest.raises(ValueError, match="no co-run rounds"):
+        corun_stretches([])
+
+
+def test_the_plan_keeps_within_the_context_the_batch_cap_and_the_kv_cache():
+    full = corun_plan(4096, 64, kv_tokens=100_000, quick=False)
+    assert (full.prompt_tokens, full.batch, full.rounds, full.repeats) == (1024, 16, 3, 3)
+    assert (full.hold_context_tokens, full.hold_tokens) == (64, 512)
+    assert full.steps == 1 + 4 * 3
+    quick = corun_plan(4096, 64, kv_tokens=100_000, quick=True)
+    assert (quick.prompt_tokens, quick.rounds) == (256, 1)
+    short = corun_plan(512, 4, kv_tokens=100_000, quick=False)
+    assert short.prompt_tokens == 511 and short.batch == 4
+    assert short.hold_context_tokens + short.hold_tokens < 512
+    # a KV cache of 4,096 tokens holds 16 held requests of 64 + 191 tokens, no more: none is preempted
+    small = corun_plan(4096, 64, kv_tokens=4096, quick=False)
+    assert small.batch * (small.hold_context_tokens + small.hold_tokens + 1) <= 4096
+
+
+def test_the_stretches_round_trip_and_an_older_profile_reads_as_engines_that_do_not_slow_each_other(tmp_path):
+    example = build_example_profile()
+    measured = replace(example, serving=replace(example.serving, corun_prefill_stretch=1.062,
+                                                corun_decode_stretch=1.031))
+    save_profile(measured, tmp_path / "corun.json")
+    assert load_profile(tmp_path / "corun.json") == measured
+    older = profile_to_dict(measured)
+    for key in ("corun_prefill_stretch", "corun_decode_stretch"):
+        older["serving"].pop(key)
+    serving = profile_from_dict(older).serving
+    assert (serving.corun_prefill_stretch, serving.corun_decode_stretch) == (1.0, 1.0)
