@@ -23,7 +23,10 @@ adds around the engines: the latency of the router's and the gRPC hops on the fi
 the handoff to decode, the CPU the workers' API processes take from their own cores per request
 and per token, and the CPU of the router and a client on the same host. On small models and few
 cores those are as large as the engine's own costs, and the planner's predictions hold only with
-them. Then it times the engine again bound to both cluster cores (--no-wide skips it): one
+them. It then starts two engines at once, one on each cluster core, and measures how much each
+slows the other (a prompt beside a decoding batch, a decode step beside prompts: shared caches,
+memory bandwidth, or two vCPUs of one physical core), which the planner charges a step taken while
+another worker steps. Then it times the engine again bound to both cluster cores (--no-wide skips it): one
 worker spanning two devices, as vLLM's own server runs, which `pdserve plan` weighs against two
 one-core workers. Otherwise the profile describes one device per worker. With --vllm-server it
 then starts vLLM's own OpenAI server on that wide engine and measures what its API process adds
