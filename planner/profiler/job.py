@@ -118,7 +118,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
             """One step of the plan done, or (`step` False) a note on the one under way, printed too."""
             progress.update(task, advance=1 if step else 0, last=label)
             if not step:
-                progress.console.print(f"note: {label}", markup=False, highlight=False)
+                progress.console.print(f"note: {label}", markup=False, highlight=False, soft_wrap=True)
 
         transfers = _measure_transfers(model, job.transports, plan, advance)
         prefill, decode, budget, version = asyncio.run(_measure_engine(engine, plan, advance))
