@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import select
+import signal
 import socket
 import statistics
 import subprocess
@@ -147,7 +149,7 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
                 processes[role] = subprocess.Popen(
                     [sys.executable, "-m", "planner.profiler.corun_probe", "--role", role, "--address", address,
                      "--settings", json.dumps(asdict(side)), "--plan", json.dumps(asdict(plan))],
-                    stdout=subprocess.DEVNULL)
+                    stdout=subprocess.DEVNULL, start_new_session=True)   # its group holds vLLM's engine core too
             peers = _accept(server, processes)
             for peer in peers.values():
                 peer.recv()   # {"ready": dtype}: its engine is up and warmed
@@ -161,9 +163,11 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
         finally:
             server.close()
             for process in processes.values():
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)   # what is left of its group after a failure
+                except ProcessLookupError:
+                    pass
+                process.wait()
 
 
 def _accept(server: socket.socket, processes: dict[str, subprocess.Popen]) -> dict[str, _Peer]:

@@ -49,3 +49,44 @@ def test_the_stretches_round_trip_and_an_older_profile_reads_as_engines_that_do_
         older["serving"].pop(key)
     serving = profile_from_dict(older).serving
     assert (serving.corun_prefill_stretch, serving.corun_decode_stretch) == (1.0, 1.0)
+
+
+def test_an_engine_that_exits_before_it_connects_is_named_at_once(tmp_path):
+    import socket
+    import subprocess
+    import time
+
+    from planner.profiler.corun_probe import _accept
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(tmp_path / "probe.sock"))
+    server.listen(2)
+    server.settimeout(0.1)
+    processes = {"prompt": subprocess.Popen(["false"]), "decode": subprocess.Popen(["sleep", "30"])}
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="the co-run probe's prompt engine exited before it connected"):
+            _accept(server, processes)
+        assert time.monotonic() - started < 30
+    finally:
+        processes["decode"].kill()
+        processes["decode"].wait()
+        server.close()
+
+
+def test_a_side_that_exits_mid_measurement_is_an_error_not_a_hang():
+    import socket
+
+    from planner.profiler.corun_probe import _Peer
+
+    ours, theirs = socket.socketpair()
+    try:
+        theirs.sendall(b'{"seconds": 0.5}\n{"seco')
+        peer = _Peer("decode", ours, exit_code=lambda: None)
+        assert peer.recv(timeout_s=5) == {"seconds": 0.5}
+        peer.exit_code = lambda: -9
+        with pytest.raises(RuntimeError, match="decode engine exited \\(-9\\)"):
+            peer.recv(timeout_s=5)
+    finally:
+        ours.close()
+        theirs.close()
