@@ -18,7 +18,7 @@ lengthens their steps; the host's unbound load (`planner.simulator.host`: the ro
 the prefill instances' cores where there are any, the client's anywhere) stretches steps that
 start while it spills onto busy cores; `first_token_s` is added to what the client sees (TTFT and
 end-to-end latency, not TPOT). A step that starts while another instance steps takes the measured
-co-run stretch too (`corun_stretch`: engines on different cores slowing each other). Where the
+co-run stretch too (`corun_stretches`: engines on different cores slowing each other). Where the
 profile measured their spread, each decode step and each
 first token also takes a seeded draw of it (`planner.simulator.spread`), so tails come from the
 host's measured distribution rather than from the medians alone.
@@ -90,11 +90,14 @@ def _check_requests(requests: list[SimRequest], settings: SimSettings) -> None:
                 "kv_cache_memory_bytes or cap the workload's lengths")
 
 
-def corun_stretch(serving: ServingCosts, prefill: bool) -> float:
-    """How much slower a step is while another instance steps on other cores: a prefill instance's
-    by the measured prompt's ratio, any other's (decode, and the mixed steps of hybrid and colocated
-    instances, whose batch decodes) by the decode step's."""
-    return serving.corun_prefill_stretch if prefill else serving.corun_decode_stretch
+NO_CORUN = (1.0, 1.0)
+
+
+def corun_stretches(serving: ServingCosts) -> tuple[float, float]:
+    """(a prompt's, a decode step's) stretch while another instance steps on other cores: a prefill
+    step takes the first, a decode step the second, a mixed step (colocated, hybrid) the first when
+    it carries a prompt chunk, else the second."""
+    return serving.corun_prefill_stretch, serving.corun_decode_stretch
 
 
 class _Cluster:
@@ -164,9 +167,9 @@ class _Cluster:
             busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
             busy_router_cores = (len(self._stepping_prefill) + prefill) * self._cores_per_instance
             stretch = self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=prefill)
-            if len(self._stepping) - (id(instance) in self._stepping) > 0:
-                stretch *= corun_stretch(self.settings.serving, prefill)
-            end_s = instance.start_step(now, stretch, self.spread.step_extra_s())
+            beside_another = len(self._stepping) - (id(instance) in self._stepping) > 0
+            end_s = instance.start_step(now, stretch, self.spread.step_extra_s(),
+                                        corun_stretches(self.settings.serving) if beside_another else NO_CORUN)
             if end_s is not None:
                 self._stepping.add(id(instance))
                 if prefill:

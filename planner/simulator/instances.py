@@ -98,8 +98,10 @@ class PrefillInstance:
     def enqueue(self, request: SimRequest) -> None:
         self.queue.append(request)
 
-    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0) -> float | None:
-        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it. A
+    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0,
+                   corun: tuple[float, float] = (1.0, 1.0)) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it, and
+        `corun` (a prompt's, a decode step's) how much another instance stepping beside it does. A
         prefill step emits no decode token: `extra_s`, the decode step's drawn spread, is not its."""
         if self._running or not self.queue:
             return None
@@ -107,7 +109,7 @@ class PrefillInstance:
         starting = sum(r.prefill_start_s is None for r in self.queue)  # before plan_chunks stamps them
         tokens, units = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
         starting -= sum(r.prefill_start_s is None for r in self.queue)
-        duration = stretch * (self._model.prefill_step_s(tokens, units)
+        duration = stretch * corun[0] * (self._model.prefill_step_s(tokens, units)
                               + starting * s.serving.prefill_cpu_s_per_request)
         self._running, self.busy_s = True, self.busy_s + duration
         return now + duration
@@ -161,8 +163,10 @@ class DecodeInstance:
     def transfer_done(self, request: SimRequest) -> None:
         self._ready.append(request)
 
-    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0) -> float | None:
-        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it and
+    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0,
+                   corun: tuple[float, float] = (1.0, 1.0)) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it, `corun`
+        (a prompt's, a decode step's) how much another instance stepping beside it does, and
         `extra_s` the served step's drawn spread (`planner.simulator.spread`)."""
         if self._step_start_s is not None:
             return None
@@ -172,7 +176,7 @@ class DecodeInstance:
         if self.batch.size == 0:
             return None
         size, serving = self.batch.size, self._settings.serving
-        duration = jittered(stretch * (self._model.decode_step_s(size, self.batch.context_tokens)
+        duration = jittered(stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
                                        + serving.decode_step_s + size * serving.decode_cpu_s_per_token
                                        + len(self._first_step) * serving.decode_cpu_s_per_request), extra_s)
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
@@ -229,8 +233,11 @@ class ColocatedInstance:
         request.blocks, self.used_blocks = blocks, self.used_blocks + blocks
         return True
 
-    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0) -> float | None:
-        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it and
+    def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0,
+                   corun: tuple[float, float] = (1.0, 1.0)) -> float | None:
+        """Plans the next step; `stretch` >= 1 is how much the host's other load slows it, `corun`
+        (a prompt's, a decode step's) how much another instance stepping beside it does (a step
+        with a prompt chunk takes the prompt's, a decode-only step the decode step's), and
         `extra_s` the served decode step's drawn spread, charged when the step decodes."""
         if self._step_start_s is not None:
             return None
@@ -245,10 +252,11 @@ class ColocatedInstance:
             tokens, units = tokens + more, units + more_units
         if tokens == 0 and self.batch.size == 0:
             return None
-        duration = stretch * (self._model.mixed_step_s(tokens, units, self.batch.size, self.batch.context_tokens)
-                              + (s.serving.decode_step_s if self.batch.size else 0.0)
-                              + self.batch.size * s.serving.decode_cpu_s_per_token
-                              + len(self._first_step) * s.serving.decode_cpu_s_per_request)
+        duration = stretch * corun[0 if tokens else 1] * (
+            self._model.mixed_step_s(tokens, units, self.batch.size, self.batch.context_tokens)
+            + (s.serving.decode_step_s if self.batch.size else 0.0)
+            + self.batch.size * s.serving.decode_cpu_s_per_token
+            + len(self._first_step) * s.serving.decode_cpu_s_per_request)
         if self.batch.size:
             duration = jittered(duration, extra_s)
         self._step_start_s, self.busy_s = now, self.busy_s + duration

@@ -160,3 +160,24 @@ def test_one_instance_alone_never_takes_the_corun_stretch():
 def test_a_corun_stretch_outside_its_range_is_refused_naming_the_field(value):
     with pytest.raises(ProfileError, match="corun_decode_stretch"):
         ServingCosts(corun_decode_stretch=value)
+
+
+def test_a_mixed_step_takes_the_prompts_stretch_with_a_chunk_and_the_decode_steps_without():
+    from planner.simulator.instances import ColocatedInstance
+    from planner.simulator.state import ItlLog, SimRequest
+
+    def steps(corun):
+        instance = ColocatedInstance(0, round_settings(), ROUND_MODEL, ItlLog())
+        instance.enqueue(SimRequest(0, 0.0, 50, 3))
+        durations, now = [], 0.0
+        while (end := instance.start_step(now, corun=corun)) is not None:
+            durations.append(end - now)
+            instance.finish_step(end)
+            now = end
+        return durations
+
+    plain, stretched = steps((1.0, 1.0)), steps((2.0, 3.0))
+    # the first step computes the 50-token prompt; the next two only decode
+    assert len(plain) == len(stretched) == 3
+    assert stretched[0] == pytest.approx(2.0 * plain[0], **EXACT)
+    assert stretched[1:] == pytest.approx([3.0 * d for d in plain[1:]], **EXACT)
