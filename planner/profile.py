@@ -207,6 +207,7 @@ class ServingCosts:
     engine steps on the other worker's cores to its time alone (1: none measured, or none):
     - `corun_prefill_stretch`: of a prompt computed beside a decoding engine;
     - `corun_decode_stretch`: of a decode step beside an engine computing prompts.
+    Kept as measured (the median over rounds); the simulator takes a ratio below 1 as 1 (noise).
     """
 
     first_token_s: float = 0.0

@@ -96,8 +96,9 @@ NO_CORUN = (1.0, 1.0)
 def corun_stretches(serving: ServingCosts) -> tuple[float, float]:
     """(a prompt's, a decode step's) stretch while another instance steps on other cores: a prefill
     step takes the first, a decode step the second, a mixed step (colocated, hybrid) the first when
-    it carries a prompt chunk, else the second."""
-    return serving.corun_prefill_stretch, serving.corun_decode_stretch
+    it carries a prompt chunk, else the second. A ratio measured below 1 is taken as 1: a neighbour
+    does not speed a step up (two busy cores run no faster), so below 1 is the rounds' noise."""
+    return max(1.0, serving.corun_prefill_stretch), max(1.0, serving.corun_decode_stretch)
 
 
 class _Cluster:

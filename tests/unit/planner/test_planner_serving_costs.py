@@ -181,3 +181,13 @@ def test_a_mixed_step_takes_the_prompts_stretch_with_a_chunk_and_the_decode_step
     assert len(plain) == len(stretched) == 3
     assert stretched[0] == pytest.approx(2.0 * plain[0], **EXACT)
     assert stretched[1:] == pytest.approx([3.0 * d for d in plain[1:]], **EXACT)
+
+
+def test_a_corun_ratio_measured_below_one_never_speeds_a_step_up():
+    requests = [spec(0.0, 50, 4), spec(0.22, 50, 1)]
+    plain = simulate(requests, Topology.disaggregated(1, 1), round_settings(), ROUND_MODEL)
+    below = simulate(requests, Topology.disaggregated(1, 1),
+                     round_settings(serving=ServingCosts(corun_prefill_stretch=0.98, corun_decode_stretch=0.9)),
+                     ROUND_MODEL)
+    for name, values in plain.timeline.items():
+        assert below.timeline[name].tolist() == values.tolist(), name
