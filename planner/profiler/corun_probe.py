@@ -246,16 +246,6 @@ async def _serve(role: str, settings: EngineSettings, plan: CorunPlan, address: 
                 return await probe.prefill_s(plan.prompt_tokens, plan.repeats)
             return (await probe.decode(plan.batch, plan.context_tokens, plan.decode_steps)).step_s
 
-        async def until_stopped(work) -> None:
-            """Runs `work` until the orchestrator's next line arrives (it is read by the caller)."""
-            task = asyncio.ensure_future(work)
-            try:
-                while not select.select([conn], [], [], 0)[0]:
-                    await asyncio.sleep(0.02)
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-
         await measure()   # the measured shapes warmed too
         peer.send({"ready": settings.dtype})
         while True:
@@ -263,7 +253,7 @@ async def _serve(role: str, settings: EngineSettings, plan: CorunPlan, address: 
             if command == "measure":
                 peer.send({"seconds": await measure()})
             elif command == "loop":
-                done = await _loop(role, probe, plan, peer, until_stopped)
+                done = await _loop(role, probe, plan, peer)
                 peer.recv()   # {"do": "stop"}
                 peer.send({"stopped": done})
             else:
@@ -275,23 +265,36 @@ async def _serve(role: str, settings: EngineSettings, plan: CorunPlan, address: 
         gc.collect()
 
 
-async def _loop(role: str, probe, plan: CorunPlan, peer: _Peer, until_stopped) -> int:
+async def _until_readable(conn: socket.socket, work) -> None:
+    """Runs `work` (a coroutine or task) until a line arrives on `conn` (read by the caller), then
+    cancels it (a cancelled request is aborted by the engine)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not select.select([conn], [], [], 0)[0]:
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _loop(role: str, probe, plan: CorunPlan, peer: _Peer) -> int:
     """The side's own work until "stop": prompts back to back, or a batch held decoding. Answers
     {"looping": true} once it is under way (a prompt computed, the batch past its prefill); returns
     what it finished after that answer: prompts computed, or tokens the batch's slowest request
     decoded (a prompt cut off by "stop" is not counted)."""
     if role == "prompt":
-        computed = [0]
+        computed = 0
 
         async def prompts() -> None:
+            nonlocal computed
             while True:
                 await probe.prefill_s(plan.prompt_tokens, 1)
-                computed[0] += 1
+                computed += 1
 
         await probe.prefill_s(plan.prompt_tokens, 1)
         peer.send({"looping": True})
-        await until_stopped(prompts())
-        return computed[0]
+        await _until_readable(peer.conn, prompts())
+        return computed
     decoding, tokens = asyncio.Event(), [0]
     hold = asyncio.ensure_future(probe.hold_decoding(plan.batch, plan.hold_context_tokens, plan.hold_tokens,
                                                      decoding, tokens))
@@ -302,11 +305,7 @@ async def _loop(role: str, probe, plan: CorunPlan, peer: _Peer, until_stopped) -
         hold.result()
     peer.send({"looping": True})
     decoded_before = tokens[0]
-
-    async def held() -> None:
-        await hold
-
-    await until_stopped(held())
+    await _until_readable(peer.conn, hold)
     return tokens[0] - decoded_before
 
 
