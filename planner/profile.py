@@ -234,7 +234,8 @@ class ServingCosts:
                 continue
             if f.name in CORUN_FIELDS:
                 _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                         and 0.5 <= value <= 4.0, f"serving.{f.name} must be a ratio in [0.5, 4] (1: engines on "
+                         and CORUN_RANGE[0] <= value <= CORUN_RANGE[1],
+                         f"serving.{f.name} must be a ratio in [{CORUN_RANGE[0]}, {CORUN_RANGE[1]:g}] (1: engines on "
                          f"different cores do not slow each other), got {value!r}")
                 continue
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -247,6 +248,9 @@ class ServingCosts:
 
 SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
 CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch")
+# What a co-run stretch may be: below 0.5 or above 4 is a broken measurement, not two engines on
+# different cores (SMT siblings sharing one core slow each other by 1.3-2x)
+CORUN_RANGE = (0.5, 4.0)
 
 
 def _spread(name: str, value: Any) -> tuple[float, ...]:

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdserve.engine import EngineSettings
+from planner.profile import CORUN_RANGE
 
 ROLES = ("prompt", "decode")
 START_TIMEOUT_S = 600.0   # an engine start on the slowest host kind takes ~1 min; a hang is not that
@@ -68,14 +69,15 @@ def corun_plan(max_model_len: int, max_num_seqs: int, kv_tokens: int, quick: boo
     the context, 16 decoding requests (at most `max_num_seqs`), 3 rounds (`quick`: 1). Beside a
     prompt the decode side keeps a batch of short prompts decoding, up to 512 tokens each (within
     the context and the `kv_tokens` the KV cache holds, so nothing is preempted): its prefills are a
-    small part of its time."""
+    small part of its time. `quick` keeps three rounds of three prefills: a median of one round is
+    one hiccup of a shared host (a quick profile once measured a 256-token prompt 2.5x its time
+    alone)."""
     prompt = min(256 if quick else 1024, max_model_len - 1)
     batch = max(1, min(16, max_num_seqs))
     context = max(1, min(256, max_model_len - 64))
     hold_context = max(1, min(64, max_model_len // 4))
     hold = max(2, min(512, max_model_len - hold_context - 1, kv_tokens // batch - hold_context - 1))
-    return CorunPlan(prompt, batch, context, 16 if quick else 48, 2 if quick else 3, 1 if quick else 3,
-                     hold_context, hold)
+    return CorunPlan(prompt, batch, context, 16 if quick else 48, 3, 3, hold_context, hold)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,14 @@ def corun_stretches(rounds: list[CorunRound]) -> tuple[float, float]:
     prompt = statistics.median(r.prompt_together_s / r.prompt_alone_s for r in rounds)
     step = statistics.median(r.step_together_s / r.step_alone_s for r in rounds)
     return prompt, step
+
+
+def chargeable_stretch(measured: float) -> float:
+    """The stretch the profile keeps for a `measured` one: within `CORUN_RANGE`, rounded to 4
+    places. Outside it the measurement is broken (a host that stalled one side), and the bound is
+    closer to the truth than the number; the profile's note shows both."""
+    low, high = CORUN_RANGE
+    return round(min(high, max(low, measured)), 4)
 
 
 class _Peer:

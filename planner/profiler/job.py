@@ -224,14 +224,19 @@ def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: Model
 def _measure_corun(serving: ServingCosts, engine: WorkerEngineSettings, job: ProfileJob, plan,
                    advance) -> ServingCosts:
     """`serving` with the co-run stretches of two engines on the cluster's two workers' cores."""
-    from planner.profiler.corun_probe import corun_stretches, measure_corun
+    from planner.profiler.corun_probe import chargeable_stretch, corun_stretches, measure_corun
 
     rounds = measure_corun(engine, job.cluster_cores, plan, advance)
     prompt, step = corun_stretches(rounds)
-    advance(f"co-run: a {plan.prompt_tokens}-token prompt {prompt:.3f}x its time alone (beside "
-            f"{min(r.tokens_beside for r in rounds)}+ decoded tokens), a decode step of {plan.batch} {step:.3f}x "
-            f"(beside {min(r.prompts_beside for r in rounds)}+ prompts)", step=False)
-    return replace(serving, corun_prefill_stretch=round(prompt, 4), corun_decode_stretch=round(step, 4))
+    kept = chargeable_stretch(prompt), chargeable_stretch(step)
+
+    def shown(measured: float, charged: float) -> str:
+        return f"{measured:.3f}x" if round(measured, 4) == charged else f"{measured:.3f}x (kept as {charged:g}x)"
+
+    advance(f"co-run: a {plan.prompt_tokens}-token prompt {shown(prompt, kept[0])} its time alone (beside "
+            f"{min(r.tokens_beside for r in rounds)}+ decoded tokens), a decode step of {plan.batch} "
+            f"{shown(step, kept[1])} (beside {min(r.prompts_beside for r in rounds)}+ prompts)", step=False)
+    return replace(serving, corun_prefill_stretch=kept[0], corun_decode_stretch=kept[1])
 
 
 def _measure_vllm_server(engine: WorkerEngineSettings, job: ProfileJob, model: ModelInfo, prefill, decode,

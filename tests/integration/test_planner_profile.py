@@ -12,7 +12,8 @@ import pytest
 from planner.perf_model import fit_perf_model
 from pdserve.dtype_probe import cached_decision
 from pdserve.engine import native_dtype
-from planner.profile import DTYPE_BYTES, load_profile
+from planner.profile import CORUN_RANGE, DTYPE_BYTES, load_profile
+from planner.profiler.corun_probe import chargeable_stretch
 from planner.profiler.plan import make_plan
 
 pytestmark = pytest.mark.integration
@@ -112,6 +113,14 @@ def test_the_cluster_pass_measures_two_engines_on_the_workers_cores_together(qui
     note = next(line for line in quick_profile[1].splitlines() if line.startswith("note: co-run:"))
     beside = [int(word.rstrip("+")) for word in note.split() if word.rstrip("+").isdigit() and word.endswith("+")]
     assert len(beside) == 2 and min(beside) >= 1, note
-    # the ratios the simulator charges: a shared host may slow either side, but not by 2x or more
-    assert 0.7 < serving.corun_prefill_stretch < 2.0 and 0.7 < serving.corun_decode_stretch < 2.0
-    assert "engines on the two workers' cores together: a prompt" in quick_profile[1]
+    # the ratios the simulator charges are the ones measured (or the range's bound, said so), and
+    # the report prints what the profile keeps. How large they are is the host's business: SMT
+    # siblings sold as two vCPUs slow each other by up to 2x, and a CI host has measured 2.5x.
+    stretches = (serving.corun_prefill_stretch, serving.corun_decode_stretch)
+    assert all(CORUN_RANGE[0] <= stretch <= CORUN_RANGE[1] for stretch in stretches)
+    measured = [float(word[:-1]) for word in note.split() if word.endswith("x") and word[:-1].replace(".", "").isdigit()]
+    assert len(measured) == 2, note
+    for shown, kept in zip(measured, stretches):
+        assert kept == pytest.approx(chargeable_stretch(shown), abs=6e-4), note
+    assert (f"engines on the two workers' cores together: a prompt {stretches[0]:.3f}x its time alone, "
+            f"a decode step {stretches[1]:.3f}x") in " ".join(quick_profile[1].split())   # the report wraps lines

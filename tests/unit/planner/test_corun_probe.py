@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from planner.profile import load_profile, profile_from_dict, profile_to_dict, save_profile
-from planner.profiler.corun_probe import CorunRound, corun_plan, corun_stretches
+from planner.profiler.corun_probe import CorunRound, chargeable_stretch, corun_plan, corun_stretches
 from planner.profiles.example import build_example_profile
 
 
@@ -16,6 +16,15 @@ def test_the_stretches_are_the_median_over_rounds_of_together_over_alone():
               CorunRound(1.0, 1.06, 0.010, 0.0105)]
     prompt, step = corun_stretches(rounds)
     assert prompt == pytest.approx(1.06) and step == pytest.approx(1.05)
+
+
+def test_a_stretch_outside_what_two_engines_can_do_is_kept_at_the_bound():
+    assert chargeable_stretch(1.06234) == 1.0623
+    assert chargeable_stretch(0.2) == 0.5 and chargeable_stretch(9.0) == 4.0
+    # what is kept is always a stretch the profile accepts
+    example = build_example_profile()
+    for measured in (0.01, 0.97, 2.49, 50.0):
+        replace(example.serving, corun_prefill_stretch=chargeable_stretch(measured))
 
 
 def test_no_rounds_is_an_error_not_a_ratio_of_one():
@@ -29,7 +38,7 @@ def test_the_plan_keeps_within_the_context_the_batch_cap_and_the_kv_cache():
     assert (full.hold_context_tokens, full.hold_tokens) == (64, 512)
     assert full.steps == 1 + 4 * 3
     quick = corun_plan(4096, 64, kv_tokens=100_000, quick=True)
-    assert (quick.prompt_tokens, quick.rounds) == (256, 1)
+    assert (quick.prompt_tokens, quick.rounds, quick.repeats) == (256, 3, 3)
     short = corun_plan(512, 4, kv_tokens=100_000, quick=False)
     assert short.prompt_tokens == 511 and short.batch == 4
     assert short.hold_context_tokens + short.hold_tokens < 512
