@@ -148,8 +148,9 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
                      router_cpu_s_per_request: float = 0.0,
                      engine_rows: Sequence[DecodeSample] = ()) -> tuple[float, float, float]:
     """(decode_step_s, decode_cpu_s_per_token, host_cpu_s_per_token) from batched runs: served
-    step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0. The
-    engine step is `engine_step_s` on `engine_rows` (the engine table), the model where none fits.
+    step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0 (runs of
+    one batch size: b = 0, a their mean). The engine step is `engine_step_s` on `engine_rows` (the
+    engine table), the model where none fits.
 
     The host's CPU per token, and the router's part of it, are `unbound_cpu_per_token`'s.
 
@@ -169,6 +170,8 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
                                     router_cores=1 if router_per_token > 0 else 0)
         residuals.append(run.step_s / stretch - engine_step_s(run.batch, run.context_tokens, model, engine_rows))
     batches = np.array([run.batch for run in runs], dtype=float)
+    if len(set(batches)) < 2:   # one batch size measured: no slope to fit, all of it per step
+        return max(0.0, float(np.mean(residuals))), 0.0, host_per_token
     slope, intercept = np.polyfit(batches, np.array(residuals), 1)
     if slope < 0:  # per-token serving cost cannot be negative: the mean residual is all per step
         slope, intercept = 0.0, float(np.mean(residuals))

@@ -206,7 +206,8 @@ def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, 
     None: no router, no host CPU read; `label` heads the progress notes). A run whose
     requests never decoded together (on a slow or busy host the first can finish before the last
     one's KV arrives) is retried with outputs twice as long, up to `batch_output_attempts`; a batch
-    that still fails is skipped with a note, and the fit runs on the rest if two batch sizes remain.
+    that still fails is skipped with a note, and the fit runs on the rest (one batch size left: its
+    step alone, no per-token term, said in a note); none left raises.
     The spread is that of every run's gaps around the run's own median step."""
     run_batch = run_batch or batched_decode_run
     if router_pid is None:
@@ -232,11 +233,13 @@ def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, 
         else:
             runs.append(run)
         advance(f"{label}: decode steps at batch {batch}")
+    if not runs:
+        raise RuntimeError(f"served decode steps: the requests of batches {skipped} never decoded together even "
+                           "with longer outputs (is max_num_seqs below the batch, or the host too busy?)")
     if len({run.batch for run in runs}) < 2:
-        raise RuntimeError(f"served decode steps need two batch sizes; the requests of batches {skipped} never "
-                           "decoded together even with longer outputs (is max_num_seqs below the batch, or the "
-                           "host too busy?)")
-    if skipped:
+        advance(f"{label}: only batch {runs[0].batch} decoded together (batches {skipped} never did: streams that "
+                "arrive in bursts, or a host too busy); its step is fitted alone, with no per-token term", step=False)
+    elif skipped:
         advance(f"{label}: skipped batches {skipped} (never decoded together); fitted on the others", step=False)
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows)
     _, router_per_token_s = unbound_cpu_per_token(runs, router_cpu_s_per_request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -53,7 +54,12 @@ def vllm_openai_server(tiny_model, tmp_path_factory):
     from loadgen.vllm_server import VllmOpenAIServer
 
     log = tmp_path_factory.mktemp("vllm-openai-server") / "server.log"   # vLLM logs here; never parsed
-    with VllmOpenAIServer(engine_settings(tiny_model), log_path=log, served_model_name=tiny_model.name,
+    # bound to every core, as the profile and the benchmarks run it: left to vLLM's auto binding on
+    # two vCPUs, its worker gets one and its engine core's polling starves the API process on the
+    # other, and streams arrive in bursts (loadgen/vllm_server.py)
+    cores = ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
+    with VllmOpenAIServer(replace(engine_settings(tiny_model), cpu_cores=cores), log_path=log,
+                          served_model_name=tiny_model.name,
                           extra_args=TOOL_PARSER_FLAGS) as server:
         yield server
 

@@ -227,5 +227,28 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
     async def never(*args, **kwargs):
         raise NoCommonWindow("never")
 
-    with pytest.raises(RuntimeError, match=r"need two batch sizes.*batches \[1, 16, 64\]"):
+    with pytest.raises(RuntimeError, match=r"batches \[1, 16, 64\] never decoded together"):
         measure_served_steps("t", 0, ROUND_MODEL, (), host, 0.0, 1000, plan, lambda *a, **k: None, run_batch=never)
+
+
+def test_served_steps_of_one_batch_size_are_its_step_alone_and_said_so():
+    """A server whose batched streams arrive in bursts (vLLM's, auto-bound on two vCPUs) leaves only
+    the lone batch measurable: the profile gets its step, no per-token term, and a note, not a
+    failed run."""
+    from planner.profiler.serving_fit import NoCommonWindow, ServingPlan
+    from planner.profiler.serving_probe import measure_served_steps
+
+    notes = []
+
+    async def run_batch(target, batch, vocab_size, host_cpu, seed, output_tokens, router_cpu=None):
+        if batch > 1:
+            raise NoCommonWindow(f"the {batch} profiling requests never decoded together (window 0.000 s)")
+        step_s = ROUND_MODEL.decode_step_s(1, 40) + 0.002   # served: 2 ms beyond the engine's step
+        return BatchRun(1, step_s, 40, 1 / step_s, 0.0, output_tokens, (step_s, step_s))
+
+    plan = ServingPlan((32,), 1, 32, 10, (1, 4, 16), max_output_tokens=2032)
+    steps = measure_served_steps("t", 0, ROUND_MODEL, (), ServingCosts(host_cores=2), 0.0, 1000, plan,
+                                 lambda label, step=True: notes.append((label, step)), run_batch=run_batch)
+    assert steps.decode_step_s == pytest.approx(0.002) and steps.decode_cpu_s_per_token == 0.0
+    assert any("only batch 1 decoded together (batches [4, 16] never did" in label for label, _ in notes)
+    assert sum(step for _, step in notes) == 3
