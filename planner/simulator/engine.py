@@ -15,13 +15,15 @@ transfer completions, then step ends.
 Serving costs (`SimSettings.serving`, measured through a real cluster): a prefilled request reaches
 its decode instance `handoff_s` after its first token; the workers' per-request and per-token CPU
 lengthens their steps; the host's unbound load (`planner.simulator.host`: the router's part on
-the prefill instances' cores where there are any, the client's anywhere) stretches steps that
-start while it spills onto busy cores; `first_token_s` is added to what the client sees (TTFT and
-end-to-end latency, not TPOT). A step that starts while another instance steps takes the measured
-co-run stretch too (`corun_stretches`: engines on different cores slowing each other). Where the
-profile measured their spread, each decode step and each
-first token also takes a seeded draw of it (`planner.simulator.spread`), so tails come from the
-host's measured distribution rather than from the medians alone.
+the prefill instances' cores where there are any, the client's where there is room) stretches
+steps that share a core with it; `first_token_s` is added to what the client sees (TTFT and
+end-to-end latency, not TPOT). A prefilled request's two hops (`first_token_s`, `handoff_s`) take
+the stretch of a prefill step starting as its prompt finishes: their CPU is on the router's cores.
+A step that starts while another instance steps takes the measured co-run stretch too
+(`corun_stretches`: engines on different cores slowing each other). Where the profile measured
+their spread, each decode step and each first token also takes a seeded draw of it
+(`planner.simulator.spread`), so tails come from the host's measured distribution rather than
+from the medians alone.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ class _Cluster:
             now, kind, _, payload = heapq.heappop(heap)
             self.router.now_s = now
             if kind == ARRIVAL:  # one the router refuses is over here: no instance sees it (the host did)
-                self.host.request_arrived(payload.arrival_s)
+                self.host.request_moved(payload.arrival_s)
                 self.router.arrive(payload)
             elif kind == HANDOFF:
                 self._hand_off(payload, now)
@@ -152,8 +154,9 @@ class _Cluster:
         busy = {"prefill": [i.busy_s for i in self.prefill],
                 "decode": [] if self.topology.is_colocated else [i.busy_s for i in self.decode],
                 "colocated": [i.busy_s for i in self.decode] if self.topology.is_colocated else []}
-        first_token_s = self.settings.serving.first_token_s
-        delivery_s = np.maximum(0.0, first_token_s + self.spread.first_token_extra_s(len(requests)))
+        hops = np.array([request.hop_stretch for request in requests])
+        delivery_s = np.maximum(0.0, self.settings.serving.first_token_s * hops
+                                + self.spread.first_token_extra_s(len(requests)))
         return SimResult.from_requests(requests, self.topology, self.itl, busy, delivery_s=delivery_s)
 
     def _check_finished(self, requests: list[SimRequest]) -> None:
@@ -193,18 +196,30 @@ class _Cluster:
         done: StepDone = instance.finish_step(now)
         for request in done.prefilled:
             if isinstance(instance, PrefillInstance):
-                self._push(now + self.settings.serving.handoff_s, HANDOFF, request)
+                request.hop_stretch = self._hop_stretch(now)
+                self._push(now + self.settings.serving.handoff_s * request.hop_stretch, HANDOFF, request)
             else:  # a Local prompt: the first token streams from the decode instance
                 self.router.prefilled(request)
+                self.host.request_moved(now)
         for request in done.finished:
             self.router.finished(request)
+            self.host.request_moved(now)
         self._push_transfers(instance, done.transfers)
         self.host.tokens_emitted(now, instance.step_tokens)
+
+    def _hop_stretch(self, now: float) -> float:
+        """The stretch of a prefilled request's hops (its first token to the client, its handoff):
+        their CPU is the router's and the prefill worker's, on the router's cores, shared as a
+        prefill step starting there now would be."""
+        busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
+        busy_router_cores = (len(self._stepping_prefill) + 1) * self._cores_per_instance
+        return self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=True)
 
     def _hand_off(self, request: SimRequest, now: float) -> None:
         """Prefill is done and the first token is out (`handoff_s` ago): the router has it and
         sends the Decode call to the request's decode instance."""
         self.router.prefilled(request)
+        self.host.request_moved(now)
         if request.output_tokens == 1:  # nothing left to decode
             request.transfer_start_s = request.transfer_end_s = request.first_token_s
             request.first_decode_token_s = request.finish_s = request.first_token_s

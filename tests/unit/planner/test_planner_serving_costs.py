@@ -85,10 +85,20 @@ def test_a_router_bound_to_the_prefill_core_stretches_only_the_prefill_steps():
     # the client wants 0.8: 0.3 of it spills onto the decode step
     assert stretch_for_loads(0.8, 0.5, 2, busy_cores=1, router_cores=1, busy_router_cores=0) == \
         pytest.approx(1 / (1 - 0.3), **EXACT)
-    # both stepping: the router's 0.5 shares the prefill core alone, the client's 0.2 both cores
+    # both stepping: the router's 0.5 shares the prefill core, and the client's 0.2 goes where the
+    # router leaves room (the core not decoding), sharing the prefill step too: the decode step keeps its core
     both = dict(busy_cores=2, router_cores=1, busy_router_cores=1)
-    assert stretch_for_loads(0.2, 0.5, 2, **both, on_router_cores=True) == pytest.approx(1 / (1 - 0.6), **EXACT)
-    assert stretch_for_loads(0.2, 0.5, 2, **both, on_router_cores=False) == pytest.approx(1 / (1 - 0.1), **EXACT)
+    assert stretch_for_loads(0.2, 0.5, 2, **both, on_router_cores=True) == pytest.approx(1 / (1 - 0.7), **EXACT)
+    assert stretch_for_loads(0.2, 0.5, 2, **both, on_router_cores=False) == 1.0
+    # ... and what the router's core has no room for shares the decode step
+    assert stretch_for_loads(0.7, 0.5, 2, **both, on_router_cores=False) == pytest.approx(1 / (1 - 0.2), **EXACT)
+    # the router shares its core even where the prefill step is the only thing there: a step starting
+    # with nothing else stepping is still slowed by the router's load (processor sharing, not idle-first)
+    assert stretch_for_loads(0.0, 0.25, 2, busy_cores=1, router_cores=1, busy_router_cores=1,
+                             on_router_cores=True) == pytest.approx(1 / (1 - 0.25), **EXACT)
+    # one core, the router bound to it: everything shares it
+    assert stretch_for_loads(0.2, 0.3, 1, busy_cores=1, router_cores=1, busy_router_cores=1,
+                             on_router_cores=True) == pytest.approx(1 / (1 - 0.5), **EXACT)
     # a floating router is part of the rest: the old rule exactly
     for busy in (1, 2):
         assert stretch_for_loads(0.2, 0.5, 2, busy_cores=busy) == stretch_for_load(0.7, 2, busy)
@@ -102,8 +112,9 @@ def test_the_host_keeps_the_routers_part_apart_only_where_it_is_bound_and_measur
     for host in (bound, floating):
         host.tokens_emitted(0.5, 1500)  # 1.5 cores in all: the router 0.9, the client 0.6
         assert host.load_cores(1.0) == pytest.approx(1.5, **EXACT)
-    # both engines step: bound, the router's 0.9 shares the prefill core and the client's 0.6 both
-    assert bound.stretch(1.0, 2, busy_router_cores=1, on_router_cores=False) == pytest.approx(1 / (1 - 0.3), **EXACT)
+    # both engines step: bound, the router's 0.9 and the 0.1 of the client's that fits share the
+    # prefill core (capped at MAX_STOLEN), the client's other 0.5 the decode core
+    assert bound.stretch(1.0, 2, busy_router_cores=1, on_router_cores=False) == pytest.approx(1 / (1 - 0.5), **EXACT)
     assert bound.stretch(1.0, 2, busy_router_cores=1, on_router_cores=True) == pytest.approx(1 / (1 - 0.9), **EXACT)
     assert floating.stretch(1.0, 2, busy_router_cores=1, on_router_cores=False) == pytest.approx(1 / (1 - 0.75), **EXACT)
     # a profile that did not measure the router apart: all of it floats, wherever the router is
@@ -191,3 +202,29 @@ def test_a_corun_ratio_measured_below_one_never_speeds_a_step_up():
                      ROUND_MODEL)
     for name, values in plain.timeline.items():
         assert below.timeline[name].tolist() == values.tolist(), name
+
+
+def test_a_first_tokens_hops_share_the_routers_core_like_a_prefill_step():
+    # 1P+1D, the router bound to the prefill core, 0.15 cpu-s of it per request: a third (0.05) at
+    # arrival is 0.1 cores over the 0.5 s window, so the prompt (0.1525 s alone) takes 1 / 0.9 of it,
+    # and so do the two hops after it (first token 4 ms, handoff 3 ms): their CPU is on that core.
+    costs = ServingCosts(first_token_s=0.004, handoff_s=0.003, host_cpu_s_per_request=0.15,
+                         router_cpu_s_per_request=0.15, host_cores=2)
+    result = simulate([spec(0.0, 50, 3)], Topology.disaggregated(1, 1), round_settings(serving=costs), ROUND_MODEL)
+    first_token_s = 0.1525 / 0.9
+    assert result.timeline["first_token_s"].tolist() == pytest.approx([first_token_s], **EXACT)
+    assert result.timeline["transfer_start_s"].tolist() == pytest.approx([first_token_s + 0.003 / 0.9], **EXACT)
+    assert result.ttft_s.tolist() == pytest.approx([first_token_s + 0.004 / 0.9], **EXACT)
+    # without the router's load nothing stretches: the hops are the profile's
+    plain = simulate([spec(0.0, 50, 3)], Topology.disaggregated(1, 1), round_settings(
+        serving=ServingCosts(first_token_s=0.004, handoff_s=0.003, host_cores=2)), ROUND_MODEL)
+    assert plain.ttft_s.tolist() == pytest.approx([0.1525 + 0.004], **EXACT)
+
+
+def test_a_requests_host_cpu_comes_a_third_at_arrival_at_the_handoff_and_at_the_end():
+    host = HostCpu(ServingCosts(host_cpu_s_per_request=0.3, host_cores=2), window_s=1.0)
+    host.request_moved(0.0)
+    assert host.load_cores(0.5) == pytest.approx(0.1, **EXACT)
+    host.request_moved(0.6)
+    host.request_moved(0.9)
+    assert host.load_cores(1.2) == pytest.approx(0.2, **EXACT)   # the arrival's third has left the window
