@@ -220,7 +220,8 @@ class _Cluster:
         sends the Decode call to the request's decode instance."""
         self.router.prefilled(request)
         self.host.request_moved(now)
-        if request.output_tokens == 1:  # nothing left to decode
+        if request.output_tokens == 1:  # nothing left to decode: its end is now
+            self.host.request_moved(now)
             request.transfer_start_s = request.transfer_end_s = request.first_token_s
             request.first_decode_token_s = request.finish_s = request.first_token_s
             return
