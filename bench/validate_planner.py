@@ -48,8 +48,9 @@ from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_table, phase_table, plot_verdicts, verdict,
                                verdict_table, verdicts_to_json)
 from planner.validation_phases import measured_phases
-from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, as_sent, auto_rates, cluster_cpu_s,
-                                     compare, load_earlier, planned_router, router_flags_for, write_validation)
+from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
+                                     cluster_cpu_s, compare, load_earlier, planned_router, requests_at,
+                                     router_flags_for, write_validation)
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -202,13 +203,14 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
     rates = ([float(r) for r in args.rates.split(",")] if args.rates
              else auto_rates(first, shape.workload, slo, args.transport, args.duration_s, args.min_requests,
                              topology, setup.router))
-    console.print(f"rates {rates} req/s; SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
+    console.print(f"rates {rates} req/s ({arrival_minutes(rates, args.duration_s, args.min_requests):.1f} min of "
+                  f"arrivals); SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
                   f"profiles {[p.stem for p in args.profile]}")
     runs = []
     system = start_cluster(args.model, first, setup, max_model_len, out_dir / "logs")
     try:
         for index, rate in enumerate(rates):
-            count = max(args.min_requests, round(rate * args.duration_s))
+            count = requests_at(rate, args.duration_s, args.min_requests)
             specs = shape.workload.build(rate_rps=rate, num_requests=count)
             vocab = model_config(args.model)["vocab_size"]
             prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, vocab))

@@ -80,6 +80,17 @@ class NoRateMeetsSlos(ValueError):
     the rates from."""
 
 
+def requests_at(rate_rps: float, duration_s: float, min_requests: int) -> int:
+    """How many requests a run at `rate_rps` sends: `duration_s` of arrivals, at least `min_requests`."""
+    return max(min_requests, round(rate_rps * duration_s))
+
+
+def arrival_minutes(rates_rps: list[float], duration_s: float, min_requests: int) -> float:
+    """Minutes of arrivals the runs at `rates_rps` take (the time a slow rate's `min_requests`
+    need included; the engines' drain and the cluster's start come on top)."""
+    return sum(requests_at(rate, duration_s, min_requests) / rate for rate in rates_rps) / 60
+
+
 def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: str, duration_s: float,
                min_requests: int, topology: Topology = Topology.disaggregated(1, 1),
                router: RouterSettings | None = None) -> list[float]:
@@ -89,7 +100,7 @@ def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: 
     fit = fit_perf_model(profile)
     settings = _with_router(SimSettings.from_profile(profile, transport), router)
     attainment = make_attainment_fn(
-        lambda rate: workload.build(rate_rps=rate, num_requests=max(min_requests, round(rate * duration_s))),
+        lambda rate: workload.build(rate_rps=rate, num_requests=requests_at(rate, duration_s, min_requests)),
         settings, fit.model, slo)
     goodput, _, _ = max_rate(lambda rate: attainment(topology, rate), SearchSettings())
     if goodput <= 0:

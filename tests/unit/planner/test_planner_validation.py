@@ -161,3 +161,12 @@ def test_a_validation_keeps_its_topology_and_router_so_a_resimulation_places_as_
     assert again.topology == topology and again.router == router and again.workload == {"shape": "long-short"}
     flags = validation_runs.router_flags_for(router, tmp_path / "router")
     assert flags[0] == "--cost-model" and flags[2] == "--placement-config" and "--slo-ttft-ms" not in flags
+
+
+def test_a_run_sends_its_duration_of_arrivals_and_says_how_long_slow_rates_take():
+    from planner.validation_runs import arrival_minutes, requests_at
+
+    assert requests_at(2.0, 30, 30) == 60 and requests_at(0.5, 30, 30) == 30
+    # 30 requests at 0.025 req/s are 20 minutes of arrivals alone (the bench model's long prompts)
+    assert arrival_minutes([0.025], 30, 30) == pytest.approx(20.0)
+    assert arrival_minutes([1.0, 2.0], 30, 30) == pytest.approx(1.0)
