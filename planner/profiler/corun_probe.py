@@ -66,7 +66,7 @@ class CorunPlan:
 
 def corun_plan(max_model_len: int, max_num_seqs: int, kv_tokens: int, quick: bool) -> CorunPlan:
     """The profile's plan: a prompt of 1,024 tokens (the trace's typical length; 256 `quick`) within
-    the context, 16 decoding requests (at most `max_num_seqs`), 3 rounds (`quick`: 1). Beside a
+    the context, 16 decoding requests (at most `max_num_seqs`), 3 rounds. Beside a
     prompt the decode side keeps a batch of short prompts decoding, up to 512 tokens each (within
     the context and the `kv_tokens` the KV cache holds, so nothing is preempted): its prefills are a
     small part of its time. `quick` keeps three rounds of three prefills: a median of one round is

@@ -165,12 +165,17 @@ class _Cluster:
             raise SimulationError(f"{len(unfinished)} requests never finished (first: {unfinished[:5]}); "
                                   "this is a simulator bug, please report it with the workload")
 
+    def _host_stretch(self, now: float, prefill: bool) -> float:
+        """The host's stretch of a step starting now beside the steps running (`prefill`: on a
+        prefill instance's cores, the router's)."""
+        busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
+        busy_router_cores = (len(self._stepping_prefill) + prefill) * self._cores_per_instance
+        return self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=prefill)
+
     def _start_steps(self, now: float) -> None:
         for instance in self._dirty.values():
             prefill = isinstance(instance, PrefillInstance)
-            busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
-            busy_router_cores = (len(self._stepping_prefill) + prefill) * self._cores_per_instance
-            stretch = self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=prefill)
+            stretch = self._host_stretch(now, prefill)
             beside_another = len(self._stepping) - (id(instance) in self._stepping) > 0
             end_s = instance.start_step(now, stretch, self.spread.step_extra_s(),
                                         corun_stretches(self.settings.serving) if beside_another else NO_CORUN)
@@ -196,7 +201,9 @@ class _Cluster:
         done: StepDone = instance.finish_step(now)
         for request in done.prefilled:
             if isinstance(instance, PrefillInstance):
-                request.hop_stretch = self._hop_stretch(now)
+                # its hops' CPU (the router's, the prefill worker's) is on the router's cores,
+                # shared as a prefill step starting now would be
+                request.hop_stretch = self._host_stretch(now, prefill=True)
                 self._push(now + self.settings.serving.handoff_s * request.hop_stretch, HANDOFF, request)
             else:  # a Local prompt: the first token streams from the decode instance
                 self.router.prefilled(request)
@@ -206,14 +213,6 @@ class _Cluster:
             self.host.request_moved(now)
         self._push_transfers(instance, done.transfers)
         self.host.tokens_emitted(now, instance.step_tokens)
-
-    def _hop_stretch(self, now: float) -> float:
-        """The stretch of a prefilled request's hops (its first token to the client, its handoff):
-        their CPU is the router's and the prefill worker's, on the router's cores, shared as a
-        prefill step starting there now would be."""
-        busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
-        busy_router_cores = (len(self._stepping_prefill) + 1) * self._cores_per_instance
-        return self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=True)
 
     def _hand_off(self, request: SimRequest, now: float) -> None:
         """Prefill is done and the first token is out (`handoff_s` ago): the router has it and
