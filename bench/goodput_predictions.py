@@ -13,7 +13,7 @@ from loadgen.comparison.config import CompareConfig, workload
 from loadgen.comparison.goodput import format_goodput
 from loadgen.metrics import SLO
 from loadgen.sweep import goodput_on_grid
-from planner.goodput_replay import modelled_system, sent_requests, simulated
+from planner.goodput_replay import modelled_system, run_speed_factor, sent_requests, simulated
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile
 from planner.router_config import read_planned_cluster
@@ -31,6 +31,12 @@ No cluster runs: it takes seconds.
 vLLM's server (A, A-<n>) is charged vLLM's own serving costs where the profile measured them
 (`pdserve profile --through cluster --vllm-server`), else pdserve's (the profile's `serving`, as
 replays before that measurement did); --baseline-costs pdserve forces the latter, to compare.
+
+--at-run-speed replays each run with the profile's prompts slowed (or sped up) by how much slower
+the machine computed just before that run than while it was profiled: the run's speed check over
+the profile's, where both timed the same product (the engines' dtype's; `loadgen.host_probe`).
+The rest of the model (decode steps, transfers) is the profile's. Compare a replay with it and one
+without to see how much of the plan's error the machine's own drift explains.
 
 Writes <result stem>_predicted.json (or --label's), .md (tables for BENCHMARKS.md) and .png
 (attainment against rate per SLO pair: measured solid, simulated dashed).
@@ -57,6 +63,9 @@ def main() -> int:
     parser.add_argument("--baseline-costs", choices=("vllm", "pdserve"), default="vllm",
                         help="serving costs charged to vLLM's server: its own, from the profile's vllm_server "
                              "section (default; pdserve's when the profile has none), or pdserve's")
+    parser.add_argument("--at-run-speed", action="store_true",
+                        help="slow each run's prompts by the machine's speed before it over its speed at the profile "
+                             "(where both checks timed the same product; other runs replay at the profile's speed)")
     parser.add_argument("--label", help="output file stem, beside the result (default <result stem>_predicted)")
     args = parser.parse_args()
     result = json.loads(args.result.read_text())
@@ -83,14 +92,19 @@ def main() -> int:
         if system is None:
             continue
         specs = workload(workload_config, run["rate_rps"])
-        predicted = simulated(sent_requests(specs, run["requests"]), system, settings, model, slo_pairs)
+        factor = run_speed_factor(run, profile.hardware) if args.at_run_speed else None
+        at_speed = model.prompts_slower(factor) if factor else model
+        predicted = simulated(sent_requests(specs, run["requests"]), system, settings, at_speed, slo_pairs)
         rows.append({"system": run["system"], "topology": system.topology.label, "rate_rps": run["rate_rps"],
+                     "prompt_speed_factor": factor,
                      "measured": {pair: _kept(s) for pair, s in run["summaries"].items()},
                      "simulated": {pair: _kept(s) for pair, s in predicted.items()}})
         for pair in slo_pairs:
             for side in ("measured", "simulated"):
                 curves.setdefault((pair, run["system"], side), []).append(
                     (run["rate_rps"], rows[-1][side][pair]["slo_attainment"]))
+    if args.at_run_speed:
+        console.print(speed_line(rows, profile.hardware.machine_product))
     rates = sorted({row["rate_rps"] for row in rows})
     goodput = {pair: {system: {side: goodput_on_grid(curves[(pair, system, side)], target)
                                for side in ("measured", "simulated")}
@@ -113,6 +127,7 @@ def main() -> int:
     stem = args.result.with_name(args.label or args.result.stem + "_predicted")
     stem.with_suffix(".json").write_text(json.dumps(
         {"result": str(args.result), "profile": str(args.profile), "transport": args.transport,
+         "at_run_speed": args.at_run_speed,
          "vllm_server_costs": "vllm" if vllm_server else "pdserve", "rows": rows,
          "goodput_rps": {pair: {system: {side: {"goodput_rps": value, "bracketed": bracketed}
                                          for side, (value, bracketed) in sides.items()}
@@ -122,6 +137,16 @@ def main() -> int:
     png = _plot(curves, slo_pairs, stem.with_suffix(".png"), target)
     console.print(f"wrote {stem.with_suffix('.json')}, {stem.with_suffix('.md')}, {png}")
     return 0
+
+
+def speed_line(rows: list[dict], product: str) -> str:
+    """How the runs were replayed under --at-run-speed: how many at their own speed, and the spread."""
+    factors = sorted(row["prompt_speed_factor"] for row in rows if row["prompt_speed_factor"])
+    if not factors:
+        return (f"--at-run-speed: no run has a speed check of the profile's product ({product}): every run was "
+                "replayed at the profile's speed")
+    return (f"--at-run-speed: {len(factors)} of {len(rows)} runs replayed with their prompts x{factors[0]:.2f}-"
+            f"x{factors[-1]:.2f} (median x{factors[len(factors) // 2]:.2f}) of the profile's ({product} checks)")
 
 
 def _kept(summary: dict) -> dict:

@@ -1,9 +1,11 @@
 """Is this machine steady enough to compare figures on? Times one fixed matrix product on each core,
 window after window, each core alone and then all together, and says how far the speed moved.
 
-Run it before a benchmark session (about a minute, nothing else running):
+Run it before a benchmark session (about a minute, nothing else running), timing the product in
+the arithmetic the engines will compute in (`pdserve up --dtype auto` picks it per host kind: the
+profile's `dtype_choice` says which):
 
-    python bench/host_speed.py --out bench/results/host_speed_amx
+    python bench/host_speed.py --out bench/results/host_speed_amx --product bfloat16
 
 The quiet check of the benchmarks sees other processes inside this VM, not the host under it: a
 neighbour on the same physical core, or a clock that moves, slows every system that runs then.
@@ -28,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from loadgen.comparison.host_speed import MAX_SWING, phase_speed, verdict  # noqa: E402
-from loadgen.host_probe import PRODUCT_SIZE, run_phase  # noqa: E402
+from loadgen.host_probe import PRODUCTS, describe_product, run_phase  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -36,6 +38,10 @@ def parse_args(argv=None):
     parser.add_argument("--out", type=Path, required=True, help="directory for host_speed.{json,md,png}")
     parser.add_argument("--cores", default=None,
                         help="comma-separated cores to probe (default: every core this process may use)")
+    parser.add_argument("--product", choices=PRODUCTS, default="float32",
+                        help="the product timed: float32 (numpy's BLAS, the default) or a prompt-shaped bfloat16 or "
+                             "float16 GEMM through torch (what bfloat16 engines compute: on an AMX Xeon it slowed 1.3x "
+                             "while float32 held)")
     parser.add_argument("--phase-s", type=float, default=20.0,
                         help="seconds of each phase: each core alone, then all together (default 20)")
     parser.add_argument("--window-s", type=float, default=1.0,
@@ -58,7 +64,7 @@ def main(argv=None) -> int:
     phases_in_order = [(f"core {core} alone", [core]) for core in cores] + [("all together", cores)]
     for index, (name, on) in enumerate(phases_in_order, 1):
         print(f"[{index}/{len(phases_in_order)}] {name}: {args.phase_s:g} s ...", flush=True)
-        windows[name] = run_phase(on, args.phase_s, args.window_s)
+        windows[name] = run_phase(on, args.phase_s, args.window_s, args.product)
     alone = [phase_speed(f"core {core} alone", windows[f"core {core} alone"][core]) for core in cores]
     together = [phase_speed(f"core {core} with the others busy", windows["all together"][core]) for core in cores]
     judged = verdict(alone, together, args.max_swing)
@@ -68,10 +74,10 @@ def main(argv=None) -> int:
     table = ["| phase | windows | p10 ms | p50 ms | p90 ms | slowest ms | swing (p90/p10) |", "|---|---|---|---|---|---|---|"]
     table += [f"| {p.name} | {p.windows} | {p.p10_ms:.2f} | {p.p50_ms:.2f} | {p.p90_ms:.2f} | {p.max_ms:.2f} | "
               f"{p.swing:.2f} |" for p in rows]
-    summary = f"{judged.text}\n\n(one float32 {PRODUCT_SIZE}x{PRODUCT_SIZE} product, {args.window_s:g} s windows)"
+    summary = f"{judged.text}\n\n(one {describe_product(args.product)} product, {args.window_s:g} s windows)"
     (args.out / "host_speed.md").write_text("\n".join(table) + "\n\n" + summary + "\n")
     (args.out / "host_speed.json").write_text(json.dumps({
-        "cores": cores, "phase_s": args.phase_s, "window_s": args.window_s, "product_size": PRODUCT_SIZE,
+        "cores": cores, "phase_s": args.phase_s, "window_s": args.window_s, "product": describe_product(args.product),
         "windows_ms": {name: {str(c): w for c, w in per_core.items()} for name, per_core in windows.items()},
         "steady": judged.steady, "worst_swing": judged.worst_swing, "together_over_alone": judged.sharing,
         "verdict": judged.text}, indent=1))

@@ -6,10 +6,16 @@ machine's speed beside it: a 2-vCPU VM's speed can move by 1.5-2x within minutes
 else running in it (BENCHMARKS "B* on an AMX VM whose speed swings"), which the quiet check does
 not see.
 
-- `run_phase(cores, seconds, window_s)`: one probe process per core, each bound to its core, all
-  at once; core -> ms per product in each window;
-- `speed_check_ms(cores, seconds)`: the median over every window of every core of one such phase
-  (all cores busy, as a cluster runs them): one number per run, lower is faster.
+- `run_phase(cores, seconds, window_s, product)`: one probe process per core, each bound to its
+  core, all at once; core -> ms per product in each window;
+- `speed_check_ms(cores, seconds, product=...)`: the median over every window of every core of one
+  such phase (all cores busy, as a cluster runs them): one number per run, lower is faster.
+
+Which product (`PRODUCTS`): a float32 square product through numpy's BLAS, or a prefill-shaped
+bfloat16 (or float16) product through torch's CPU GEMM (oneDNN: AVX-512 BF16 or AMX tiles where the
+CPU has them). Time the one the engines compute in (`product_for_dtype`): on an AMX Xeon the
+bfloat16 prompts slowed 1.3x between a profile and its runs while the float32 check held within
+1.05x (BENCHMARKS "B* on a steady AMX Xeon"): a check in another unit's arithmetic cannot see that.
 
 Each probe runs one thread (OMP/BLAS threads set to 1 for the probes alone), so a core's figure is
 that core's.
@@ -25,23 +31,65 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 PRODUCT_SIZE = 384  # float32 n x n: a few ms per product on a 2020s core, inside the L2 cache
+# the half-precision product: a 256-token prompt through one 768 -> 3,072 projection, the shape of a
+# prefill's GEMMs (compute-bound: its speed is the matrix unit's); 1-15 ms on one core
+HALF_TOKENS, HALF_IN, HALF_OUT = 256, 768, 3072
+PRODUCTS = ("float32", "bfloat16", "float16")
 _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def time_windows(core: int, seconds: float, window_s: float, queue) -> None:
-    """On `core` alone, ms per product in each window of `window_s` for `seconds`: puts (core, [ms])."""
-    import numpy as np
+def product_for_dtype(dtype: str) -> str:
+    """The product a speed check should time for engines computing in `dtype` (vLLM's names:
+    "bfloat16", "bf16", "half", "float16", "float32", "float"...); float32 for anything else."""
+    name = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32"}.get(dtype, dtype)
+    return name if name in PRODUCTS else "float32"
 
-    os.sched_setaffinity(0, {core})
-    rng = np.random.default_rng(core)
-    a, b = (rng.standard_normal((PRODUCT_SIZE, PRODUCT_SIZE), dtype=np.float32) for _ in range(2))
+
+def describe_product(product: str) -> str:
+    """What `product` times, for a report: 'float32 384x384 (numpy)'."""
+    _check_product(product)
+    if product == "float32":
+        return f"float32 {PRODUCT_SIZE}x{PRODUCT_SIZE} (numpy)"
+    return f"{product} {HALF_TOKENS}x{HALF_IN} @ {HALF_IN}x{HALF_OUT} (torch)"
+
+
+def _check_product(product: str) -> None:
+    if product not in PRODUCTS:
+        raise ValueError(f"unknown product {product!r}: use one of {', '.join(PRODUCTS)}")
+
+
+def _multiply(product: str, seed: int):
+    """A zero-argument call computing one `product` (its operands made and warmed up here)."""
+    if product == "float32":
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        a, b = (rng.standard_normal((PRODUCT_SIZE, PRODUCT_SIZE), dtype=np.float32) for _ in range(2))
+        multiply = a.__matmul__
+        operand = b
+    else:
+        import torch
+
+        torch.set_num_threads(1)
+        generator = torch.Generator().manual_seed(seed)
+        dtype = getattr(torch, product)
+        x = torch.randn(HALF_TOKENS, HALF_IN, generator=generator).to(dtype)
+        operand = torch.randn(HALF_IN, HALF_OUT, generator=generator).to(dtype)
+        multiply = x.__matmul__
     for _ in range(5):
-        a @ b
+        multiply(operand)
+    return lambda: multiply(operand)
+
+
+def time_windows(core: int, seconds: float, window_s: float, queue, product: str = "float32") -> None:
+    """On `core` alone, ms per `product` in each window of `window_s` for `seconds`: puts (core, [ms])."""
+    os.sched_setaffinity(0, {core})
+    multiply = _multiply(product, core)
     windows, end = [], time.perf_counter() + seconds
     while time.perf_counter() < end:
         started, products = time.perf_counter(), 0
         while time.perf_counter() - started < window_s:
-            a @ b
+            multiply()
             products += 1
         windows.append((time.perf_counter() - started) / products * 1e3)
     queue.put((core, windows))
@@ -62,13 +110,15 @@ def _one_thread_children() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def run_phase(cores: Sequence[int], seconds: float, window_s: float) -> dict[int, list[float]]:
-    """A probe on each of `cores` at once for `seconds`: core -> ms per product, window by window."""
+def run_phase(cores: Sequence[int], seconds: float, window_s: float,
+              product: str = "float32") -> dict[int, list[float]]:
+    """A probe on each of `cores` at once for `seconds`: core -> ms per `product`, window by window."""
     if seconds <= 0 or not 0 < window_s <= seconds:
         raise ValueError(f"need 0 < window_s <= seconds, got window_s={window_s}, seconds={seconds}")
+    _check_product(product)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    probes = [context.Process(target=time_windows, args=(core, seconds, window_s, queue), daemon=True)
+    probes = [context.Process(target=time_windows, args=(core, seconds, window_s, queue, product), daemon=True)
               for core in cores]
     with _one_thread_children():
         for probe in probes:
@@ -83,7 +133,8 @@ def run_phase(cores: Sequence[int], seconds: float, window_s: float) -> dict[int
     return results
 
 
-def speed_check_ms(cores: Sequence[int], seconds: float = 2.0, window_s: float = 0.5) -> float:
-    """Every core busy for `seconds`: the median ms per product over all windows (lower is faster)."""
-    windows = run_phase(cores, seconds, window_s)
+def speed_check_ms(cores: Sequence[int], seconds: float = 2.0, window_s: float = 0.5,
+                   product: str = "float32") -> float:
+    """Every core busy for `seconds`: the median ms per `product` over all windows (lower is faster)."""
+    windows = run_phase(cores, seconds, window_s, product)
     return statistics.median(ms for per_core in windows.values() for ms in per_core)

@@ -30,7 +30,7 @@ from loadgen.metrics import SLO
 from loadgen.workload import RequestSpec
 from planner.evaluate import with_router_slo
 from planner.perf_model import PerfModel
-from planner.profile import ServingCosts
+from planner.profile import HardwareInfo, ServingCosts
 from planner.router_config import COST_FILE, PLACEMENT_FILE, PlannedCluster
 from planner.simulator import SimSettings, Topology, simulate
 from router.policies.placement import CostModel, PlacementConfig
@@ -106,3 +106,16 @@ def simulated(requests: Sequence[RequestSpec], system: ModelledSystem, settings:
     """pair -> loadgen's summary of `requests` simulated through `system`, judged by that pair."""
     result = simulate(requests, system.topology, settings_for(system, settings), model)
     return {pair: result.summary(slo) for pair, slo in slo_pairs.items()}
+
+
+def run_speed_factor(run: dict[str, Any], hardware: HardwareInfo) -> float | None:
+    """How much slower than at the profile the machine computed just before `run` (a comparison
+    run's record: its `host_ms_per_product` and `host_product`): the run's check over the mean of
+    the profile's two (`hardware.machine_ms_start`/`_end`). None where it cannot be said: either
+    side unchecked, or the two timed different products (a float32 check says nothing of a
+    bfloat16 engine's speed; comparisons before `host_product` timed float32)."""
+    run_ms = run.get("host_ms_per_product")
+    profiled = [ms for ms in (hardware.machine_ms_start, hardware.machine_ms_end) if ms > 0]
+    if not run_ms or run_ms <= 0 or not profiled or run.get("host_product", "float32") != hardware.machine_product:
+        return None
+    return run_ms / (sum(profiled) / len(profiled))

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from loadgen.host_probe import PRODUCTS as MACHINE_PRODUCTS
+
 PROFILE_FORMAT = "pdserve-profile"
 PROFILE_VERSION = 1
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
@@ -72,9 +74,14 @@ class HardwareInfo:
     # here holds only at the speed it was measured at
     machine_ms_start: float = 0.0
     machine_ms_end: float = 0.0
+    # which product those checks timed (`loadgen.host_probe.PRODUCTS`): the engines' dtype's since
+    # profiles of this field; profiles before it timed float32
+    machine_product: str = "float32"
 
     def __post_init__(self) -> None:
         _positive_int("hardware", "num_cores", self.num_cores)
+        _require(self.machine_product in MACHINE_PRODUCTS,
+                 f"hardware.machine_product {self.machine_product!r} is unknown; use one of {list(MACHINE_PRODUCTS)}")
 
 
 @dataclass(frozen=True)

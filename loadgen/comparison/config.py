@@ -146,6 +146,13 @@ class CompareConfig:
                               kv_cache_bytes=self.kv_cache_mib << 20, max_num_seqs=self.max_num_seqs, seed=self.seed,
                               enable_prefix_caching=False)
 
+    def speed_product(self) -> str:
+        """The product the speed check before each run times: the engines' dtype's, so that a
+        change in the arithmetic they compute in is seen (`loadgen.host_probe.product_for_dtype`)."""
+        from loadgen.host_probe import product_for_dtype
+
+        return product_for_dtype(self.engine_settings().dtype)
+
 
 QUICK = dict(rates_rps=(0.5, 1.0, 2.0), num_requests=16, warmup_requests=2, noisy_retries=0,  # --quick: a smoke run
              budget_s=6 * 60.0, label="goodput_vs_vllm_quick", cdf_rates_rps=(1.0,))

@@ -38,6 +38,7 @@ class Measurement:
     attempts: int = 1  # > 1: earlier attempts were noisy and measured again (this is the quietest)
     kv_producer_cpu_s: float | None = None  # pdserve: CPU of the prefill worker's KV server threads during the run
     host_ms_per_product: float | None = None  # the machine's speed just before the run (loadgen.host_probe); None: unchecked
+    host_product: str = "float32"  # which product that check timed (loadgen.host_probe.PRODUCTS)
 
 
 @dataclass(frozen=True)

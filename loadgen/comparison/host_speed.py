@@ -120,12 +120,13 @@ def speed_summary(ms_per_product: Sequence[float | None], labels: Sequence[str],
                else f"none started over {max_swing:g}x slower than the median"))
 
 
-def drift_note(start_ms: float, end_ms: float, max_swing: float = MAX_SWING) -> str:
+def drift_note(start_ms: float, end_ms: float, max_swing: float = MAX_SWING, product: str = "") -> str:
     """One line on how far the machine's speed moved between two checks of a long measurement (a
-    profile's start and end); "" when neither was checked (0)."""
+    profile's start and end), naming the `product` timed where given; "" when neither was checked (0)."""
     if start_ms <= 0 or end_ms <= 0:
         return ""
     drift = max(start_ms, end_ms) / min(start_ms, end_ms)
     verdict_text = (f"it moved {drift:.2f}x while measured: the tables hold at neither speed exactly"
                     if drift > max_swing else f"within {drift:.2f}x")
-    return f"machine speed {start_ms:.2f} ms per product at the start, {end_ms:.2f} at the end ({verdict_text})"
+    unit = f"ms per {product} product" if product else "ms per product"
+    return f"machine speed {start_ms:.2f} {unit} at the start, {end_ms:.2f} at the end ({verdict_text})"

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from loadgen.comparison.host_speed import drift_note
-from loadgen.host_probe import speed_check_ms
+from loadgen.host_probe import product_for_dtype, speed_check_ms
 from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings as WorkerEngineSettings
 from planner.perf_model import FitReport, fit_perf_model
@@ -89,7 +89,8 @@ def _progress(show: bool) -> Progress:
 def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     """Measure, write `job.out` and `<job.out stem>.png`, print the fit. Takes minutes (`quick`: ~1)."""
     started = time.perf_counter()
-    machine_ms_start = speed_check_ms(sorted(os.sched_getaffinity(0)))
+    product = product_for_dtype(job.engine.dtype)   # the engines' arithmetic, not another unit's
+    machine_ms_start = speed_check_ms(sorted(os.sched_getaffinity(0)), product=product)
     engine = replace(job.engine, enable_prefix_caching=False)
     if job.path == "cluster":
         engine = replace(engine, cpu_cores=job.cluster_cores[0])  # the engine alone, on one worker's cores
@@ -134,7 +135,8 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
                                                    advance)
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
     hardware = replace(hardware_info(engine.cpu_cores, engine.model, engine.dtype), machine_ms_start=machine_ms_start,
-                       machine_ms_end=speed_check_ms(sorted(os.sched_getaffinity(0))))
+                       machine_ms_end=speed_check_ms(sorted(os.sched_getaffinity(0)), product=product),
+                       machine_product=product)
     profile = Profile(
         hardware=hardware, model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,
@@ -283,7 +285,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
     console.print(table)
     for line in fit.lines():
         console.print("  " + line, markup=False)
-    if note := drift_note(profile.hardware.machine_ms_start, profile.hardware.machine_ms_end):
+    if note := drift_note(profile.hardware.machine_ms_start, profile.hardware.machine_ms_end,
+                          product=profile.hardware.machine_product):
         console.print("  " + note, markup=False)
     serving = profile.serving
     if serving != ServingCosts():

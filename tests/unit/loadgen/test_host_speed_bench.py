@@ -88,7 +88,22 @@ def test_the_speed_check_times_a_real_product_on_every_core():
         run_phase(cores, seconds=0.1, window_s=0.5)
 
 
+def test_the_speed_check_times_the_engines_arithmetic_where_they_compute_in_half_precision():
+    from loadgen.host_probe import describe_product, product_for_dtype, run_phase, speed_check_ms
+
+    assert [product_for_dtype(d) for d in ("bfloat16", "bf16", "half", "float16", "float32", "float", "auto")] == \
+        ["bfloat16", "bfloat16", "float16", "float16", "float32", "float32", "float32"]
+    assert describe_product("float32") == "float32 384x384 (numpy)"
+    assert describe_product("bfloat16") == "bfloat16 256x768 @ 768x3072 (torch)"
+    core = sorted(os.sched_getaffinity(0))[:1]
+    windows = run_phase(core, seconds=0.3, window_s=0.1, product="bfloat16")
+    assert sorted(windows) == core and len(windows[core[0]]) >= 2 and min(windows[core[0]]) > 0
+    with pytest.raises(ValueError, match="unknown product 'int8'"):
+        speed_check_ms(core, seconds=0.3, window_s=0.1, product="int8")
+
+
 def test_a_profile_says_how_far_the_machine_moved_while_it_was_measured():
     assert drift_note(0.0, 0.8) == "" and drift_note(0.8, 0.0) == ""
     assert "0.77 ms per product at the start, 0.80 at the end (within 1.04x)" in drift_note(0.77, 0.80)
     assert "moved 1.50x while measured" in drift_note(1.2, 0.8)
+    assert "2.70 ms per bfloat16 product at the start" in drift_note(2.7, 2.8, product="bfloat16")

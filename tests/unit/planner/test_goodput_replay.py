@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from loadgen.metrics import SLO
-from planner.goodput_replay import modelled_system, sent_requests, settings_for, simulated
+from planner.goodput_replay import modelled_system, run_speed_factor, sent_requests, settings_for, simulated
+from planner.profile import HardwareInfo
 from planner.router_config import PlannedCluster
 from planner.simulator import Topology, simulate
 from tests.unit.planner.planner_testkit import ROUND_MODEL, round_settings, spec
@@ -78,3 +79,17 @@ def test_vllm_s_server_is_charged_its_own_serving_costs_when_the_profile_measure
     bare = simulate(alone, own.topology, settings_for(modelled_system("A-512", TIGHT, {}), round_settings()), wide)
     assert charged.ttft_s[0] - bare.ttft_s[0] == pytest.approx(0.02)
     assert charged.tpot_s[0] - bare.tpot_s[0] == pytest.approx(0.008)
+
+
+def test_a_run_is_as_much_slower_than_the_profile_as_its_check_of_the_same_product_says():
+    profiled = HardwareInfo("cpu", 2, machine_ms_start=2.6, machine_ms_end=2.8, machine_product="bfloat16")
+    run = {"host_ms_per_product": 3.51, "host_product": "bfloat16"}
+    assert run_speed_factor(run, profiled) == pytest.approx(1.3)
+    # a float32 check (and every comparison before host_product, which timed float32) says nothing of bfloat16
+    assert run_speed_factor({"host_ms_per_product": 0.77, "host_product": "float32"}, profiled) is None
+    assert run_speed_factor({"host_ms_per_product": 0.77}, profiled) is None
+    assert run_speed_factor({"host_ms_per_product": 0.77}, HardwareInfo("cpu", 2, machine_ms_start=0.7)) == \
+        pytest.approx(1.1)
+    # either side unchecked
+    assert run_speed_factor({"host_ms_per_product": None, "host_product": "bfloat16"}, profiled) is None
+    assert run_speed_factor(run, HardwareInfo("cpu", 2, machine_product="bfloat16")) is None

@@ -204,6 +204,20 @@ def test_vllm_s_server_costs_round_trip_beside_the_wide_engine_they_were_measure
         profile_from_dict(data | {"vllm_server": server | {"decode_step_s": -1}})
 
 
+def test_a_profile_names_the_product_its_speed_checks_timed_and_older_ones_timed_float32():
+    example = build_example_profile()
+    timed = replace(example, hardware=replace(example.hardware, machine_ms_start=2.7, machine_ms_end=2.8,
+                                              machine_product="bfloat16"))
+    assert profile_from_dict(profile_to_dict(timed)).hardware.machine_product == "bfloat16"
+    older = profile_to_dict(example)
+    older["hardware"].pop("machine_product")
+    assert profile_from_dict(older).hardware.machine_product == "float32"
+    wrong = profile_to_dict(example)
+    wrong["hardware"]["machine_product"] = "int8"
+    with pytest.raises(ProfileError, match="machine_product 'int8' is unknown"):
+        profile_from_dict(wrong)
+
+
 def test_a_wide_engine_needs_two_devices_and_enough_rows():
     narrow = _wide_tables(1.0, 1.0) | {"devices": 1}
     with pytest.raises(ProfileError, match="wide\\[\\].devices must be an integer >= 2"):
@@ -215,7 +229,9 @@ def test_a_wide_engine_needs_two_devices_and_enough_rows():
 
 
 def test_a_slower_machine_multiplies_every_compute_and_transfer_time():
-    model = fit_perf_model(build_example_profile()).model
+    model = fit_perf_model(profile_from_dict(profile_to_dict(build_example_profile())
+                                             | {"wide": [_wide_tables(1.9, 1.25)]})).model
+    assert model.widths == (1, 2)
     slow = model.slower(1.25)
     assert slow.prefill_s(1000, 2048) == pytest.approx(1.25 * model.prefill_s(1000, 2048))
     assert slow.decode_step_s(16, 4096) == pytest.approx(1.25 * model.decode_step_s(16, 4096))
@@ -225,3 +241,21 @@ def test_a_slower_machine_multiplies_every_compute_and_transfer_time():
         assert slow.on_devices(width).decode_step_s(4, 512) == pytest.approx(1.25 * wide.decode_step_s(4, 512))
     with pytest.raises(ValueError, match="finite number > 0"):
         model.slower(0.0)
+
+
+def test_slower_prompts_multiply_the_prefill_alone():
+    model = fit_perf_model(profile_from_dict(profile_to_dict(build_example_profile())
+                                             | {"wide": [_wide_tables(1.9, 1.25)]})).model
+    slow = model.prompts_slower(1.3)
+    assert slow.prefill_s(1000, 2048) == pytest.approx(1.3 * model.prefill_s(1000, 2048))
+    assert slow.prefill_s(100, 2048) == pytest.approx(1.3 * model.prefill_s(100, 2048))
+    assert slow.decode_step_s(16, 4096) == model.decode_step_s(16, 4096)
+    assert slow.transfer_s(1 << 20, "tcp") == model.transfer_s(1 << 20, "tcp")
+    assert model.prompts_slower(1.0) is model
+    assert model.widths == (1, 2)
+    for width, wide in model.wide:
+        assert slow.on_devices(width).prefill_s(512, 2048) == pytest.approx(1.3 * wide.prefill_s(512, 2048))
+        assert slow.on_devices(width).decode_step_s(4, 512) == wide.decode_step_s(4, 512)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite number > 0"):
+            model.prompts_slower(bad)
