@@ -36,6 +36,7 @@ PRODUCT_SIZE = 384  # float32 n x n: a few ms per product on a 2020s core, insid
 HALF_TOKENS, HALF_IN, HALF_OUT = 256, 768, 3072
 PRODUCTS = ("float32", "bfloat16", "float16")
 _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_BINDING = ("OMP_PLACES", "OMP_PROC_BIND")
 
 
 def product_for_dtype(dtype: str) -> str:
@@ -97,9 +98,13 @@ def time_windows(core: int, seconds: float, window_s: float, queue, product: str
 
 @contextmanager
 def _one_thread_children() -> Iterator[None]:
-    """Processes started inside inherit OMP/BLAS thread counts of 1; this process's are restored."""
-    saved = {name: os.environ.get(name) for name in _ONE_THREAD}
+    """Processes started inside inherit OMP/BLAS thread counts of 1 and no OpenMP binding (each
+    probe binds itself to its core; a caller's `OMP_PLACES`, such as a profiler running vLLM in
+    its own process, names other cores and libgomp rejects it); this process's are restored."""
+    saved = {name: os.environ.get(name) for name in (*_ONE_THREAD, *_BINDING)}
     os.environ.update({name: "1" for name in _ONE_THREAD})
+    for name in _BINDING:
+        os.environ.pop(name, None)
     try:
         yield
     finally:

@@ -102,6 +102,22 @@ def test_the_speed_check_times_the_engines_arithmetic_where_they_compute_in_half
         speed_check_ms(core, seconds=0.3, window_s=0.1, product="int8")
 
 
+def test_a_probe_on_another_core_is_not_handed_its_callers_openmp_binding(monkeypatch, capfd):
+    """A profiler runs vLLM in its own process with OMP_PLACES naming the engine's core; a probe
+    spawned from there binds itself to another core, where libgomp rejected the inherited places."""
+    from loadgen.host_probe import run_phase
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores: the caller's and the probe's")
+    monkeypatch.setenv("OMP_PLACES", f"{{{cores[0]}}}")
+    monkeypatch.setenv("OMP_PROC_BIND", "true")
+    windows = run_phase([cores[1]], seconds=0.3, window_s=0.1, product="bfloat16")
+    assert min(windows[cores[1]]) > 0
+    assert "libgomp" not in capfd.readouterr().err
+    assert os.environ["OMP_PLACES"] == f"{{{cores[0]}}}" and os.environ["OMP_PROC_BIND"] == "true"  # restored
+
+
 def test_a_profile_says_how_far_the_machine_moved_while_it_was_measured():
     assert drift_note(0.0, 0.8) == "" and drift_note(0.8, 0.0) == ""
     assert "0.77 ms per product at the start, 0.80 at the end (within 1.04x)" in drift_note(0.77, 0.80)
