@@ -66,20 +66,16 @@ def _multiply(product: str, seed: int):
 
         rng = np.random.default_rng(seed)
         a, b = (rng.standard_normal((PRODUCT_SIZE, PRODUCT_SIZE), dtype=np.float32) for _ in range(2))
-        multiply = a.__matmul__
-        operand = b
     else:
         import torch
 
         torch.set_num_threads(1)
         generator = torch.Generator().manual_seed(seed)
-        dtype = getattr(torch, product)
-        x = torch.randn(HALF_TOKENS, HALF_IN, generator=generator).to(dtype)
-        operand = torch.randn(HALF_IN, HALF_OUT, generator=generator).to(dtype)
-        multiply = x.__matmul__
+        a = torch.randn(HALF_TOKENS, HALF_IN, generator=generator).to(getattr(torch, product))
+        b = torch.randn(HALF_IN, HALF_OUT, generator=generator).to(getattr(torch, product))
     for _ in range(5):
-        multiply(operand)
-    return lambda: multiply(operand)
+        a @ b
+    return lambda: a @ b
 
 
 def time_windows(core: int, seconds: float, window_s: float, queue, product: str = "float32") -> None:

@@ -13,6 +13,8 @@ How each system of the comparison is modelled (`modelled_system`), on the compar
 - B-agg: one aggregated pdserve worker over both cores, `1Cx2`, tight pair on the router;
 - B*-<name> (tight, loose, or either with a variant: loose-q50): the plan's topology, its router files (cost model and placement policy) and SLOs.
 C (two vLLM servers dealt round robin) is no topology of the planner's and is not modelled.
+`run_speed_factor` says how much slower than at the profile the machine computed before a run
+(its speed check over the profile's, the same product only), for a replay at the run's own speed.
 The real routers of B, B-slo, B-hybrid and B-agg start from the CPU default cost model and
 calibrate it online; the simulated ones use the profile's (the simulator's default).
 """
