@@ -19,7 +19,7 @@ from loadgen.comparison.config import PLAN_PREFIX, QUICK, CompareConfig, plan_pa
 from loadgen.comparison.goodput import Measurement, Skipped, settled
 from loadgen.comparison.report import report
 from loadgen.harness import run_with_progress
-from loadgen.host_probe import speed_check_ms
+from loadgen.host_probe import speed_check_ms, wake_check_us
 from loadgen.metrics import summarize
 from loadgen.proc_cpu import OtherLoad, wait_for_quiet
 from loadgen.prompts import PromptSynthesizer
@@ -60,7 +60,7 @@ B,A at the next, ...; with C: A,B,C then C,B,A), so machine noise hits all; only
 at a time, and each run starts with uncounted warm-up requests, after waiting up to 45 s for other
 processes to go quiet and timing a fixed matrix product in the engines' dtype on every core for
 2 s (the machine's speed, which moves on a shared VM: each run's is reported against the run's
-median). A request
+median) and a cross-core wake-up round trip (what every hop of a request pays; recorded per run). A request
 is good when it meets the TTFT SLO and the TPOT SLO; two SLO pairs share one TTFT SLO, with a
 tight and a loose TPOT. Goodput = the offered rate at which SLO
 attainment first falls below 90% (interpolated between the grid's rates). Reported: the goodput of
@@ -96,8 +96,10 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
         if attempts and skip_reason(config, budget.remaining_s(), need_s) is not None:
             break  # no time to re-measure: keep the noisy attempt
         wait_for_quiet(config.quiet_cores, quiet_wait_s(config, budget.remaining_s(), need_s))
-        host_ms = (speed_check_ms(sorted(parse_cores(config.colocated_cores)), config.host_check_s,
-                                  product=config.speed_product()) if config.host_check_s else None)
+        cores = sorted(parse_cores(config.colocated_cores))
+        host_ms = (speed_check_ms(cores, config.host_check_s, product=config.speed_product())
+                   if config.host_check_s else None)
+        wake_us = wake_check_us(cores) if config.host_check_s else None
         other = OtherLoad.start()
         kv_cpu_before_s = _kv_producer_cpu_s(system)
         suffix = f" retry (noise {attempts[-1].other_load_cores:.1f} cores)" if attempts else ""
@@ -111,7 +113,7 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
         kv_cpu_s = None if kv_cpu_before_s is None else _kv_producer_cpu_s(system) - kv_cpu_before_s
         summaries = {p.name: summarize(result.records, result.duration_s, p.slo) for p in config.slo_pairs}
         attempts.append(Measurement(system.key, rate_rps, result, summaries, other_cores, restarted, len(attempts) + 1,
-                                    kv_cpu_s, host_ms, config.speed_product()))
+                                    kv_cpu_s, host_ms, config.speed_product(), wake_us))
         if other_cores <= config.quiet_cores:
             break
     return min(attempts, key=lambda m: m.other_load_cores) if attempts else None
@@ -237,8 +239,8 @@ def parse_args(argv: list[str] | None) -> CompareConfig:
                              "placement.json changed, as B*-loose-q50 beside B*-loose")
     parser.add_argument("--host-check-s", type=float, default=None,
                         help="before each run, time a fixed matrix product in the engines' dtype on every core for "
-                             "this long and record the machine's speed with the run (default 2; 0: off). "
-                             "bench/host_speed.py explains why")
+                             "this long, and a cross-core wake-up round trip, and record both with the run "
+                             "(default 2; 0: off). bench/host_speed.py and loadgen/host_probe.py explain why")
     args = parser.parse_args(argv)
     given = {name: value for name, value in (
         ("host_check_s", args.host_check_s),

@@ -42,6 +42,7 @@ from loadgen.harness import run_with_progress
 from loadgen.metrics import SLO, summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
+from loadgen.host_probe import speed_check_ms, wake_check_us
 from planner.profile import Profile, load_profile
 from planner.simulator import SimulationError, Topology
 from loadgen.comparison.goodput import format_goodput
@@ -49,8 +50,8 @@ from planner.validation import (LATENCY_KEYS, METRICS, error_table, phase_table,
                                verdict_table, verdicts_to_json)
 from planner.validation_phases import measured_phases
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
-                                     cluster_cpu_s, compare, load_earlier, planned_router, requests_at,
-                                     router_flags_for, write_validation)
+                                     cluster_cpu_s, compare, load_earlier, machine_against_profile, planned_router,
+                                     requests_at, router_flags_for, write_validation)
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -214,21 +215,32 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             specs = shape.workload.build(rate_rps=rate, num_requests=count)
             vocab = model_config(args.model)["vocab_size"]
             prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, vocab))
+            machine = machine_now(first)
             cpu_before, wall_before = cluster_cpu_s(system.cluster), time.perf_counter()
             result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
                                                    f"{topology.label} {shape.name} {rate:g} req/s"))
             cpu_cores = (cluster_cpu_s(system.cluster) - cpu_before) / (time.perf_counter() - wall_before)
             measured_summary = summarize(result.records, result.duration_s, slo)
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
-                          f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores")
+                          f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
+                          f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "
+                          f"and a {machine['wake_us']:.0f} us wake-up round trip "
+                          f"({machine_against_profile(machine, first.hardware)})")
             if measured_summary["failed"]:
                 console.print(f"[red]{measured_summary['failed']} requests failed at {rate:g} req/s: "
                               f"{measured_summary['errors_by_kind']}[/red]")
             runs.append(RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores,
-                                measured_phases(result.records, len(specs))))
+                                measured_phases(result.records, len(specs)), machine))
     finally:
         system.stop()
     return runs
+
+
+def machine_now(profile: Profile) -> dict[str, float]:
+    """The machine's compute speed (the profile's product) and wake-up round trip, every core, now."""
+    cores = sorted(os.sched_getaffinity(0))
+    return {"ms_per_product": speed_check_ms(cores, product=profile.hardware.machine_product),
+            "wake_us": wake_check_us(cores)}
 
 
 def write_summary(out_dir: Path, verdicts, rates_by_run: dict, console: Console) -> None:

@@ -19,6 +19,15 @@ bfloat16 prompts slowed 1.3x between a profile and its runs while the float32 ch
 
 Each probe runs one thread (OMP/BLAS threads set to 1 for the probes alone), so a core's figure is
 that core's.
+
+- `wake_check_us(cores)`: how long a message takes to go from one core to another and back between
+  two processes that block on a pipe in between, each message after a short idle: the median round
+  trip, microseconds. A compute check never lets a core idle, so it cannot see how slowly a VM's
+  idle vCPU wakes (a busy host under it); every hop of a request (client, router, the workers' API
+  processes, the engine cores) pays that wake-up. On an AVX-512 EPYC VM a profile and a validation
+  run measured the served decode step 2 ms above the engine's and a request's hops 10-16 ms above
+  what a quiet half hour later measured, with the bfloat16 compute check the same (BENCHMARKS, "The
+  same validation on a second VM").
 """
 
 from __future__ import annotations
@@ -139,3 +148,54 @@ def speed_check_ms(cores: Sequence[int], seconds: float = 2.0, window_s: float =
     """Every core busy for `seconds`: the median ms per `product` over all windows (lower is faster)."""
     windows = run_phase(cores, seconds, window_s, product)
     return statistics.median(ms for per_core in windows.values() for ms in per_core)
+
+
+WAKE_IDLE_S = 0.002   # between round trips: the cores go idle, as between the messages of a lightly loaded hop
+WAKE_ROUNDS = 300
+
+
+def _echo(core: int, conn) -> None:
+    """On `core`: send back every message until b"q"."""
+    os.sched_setaffinity(0, {core})
+    while (message := conn.recv_bytes()) != b"q":
+        conn.send_bytes(message)
+
+
+def _round_trip(conn, timeout_s: float = 5.0) -> None:
+    conn.send_bytes(b"x")
+    if not conn.poll(timeout_s):
+        raise RuntimeError(f"the wake-up probe's echo process did not answer within {timeout_s:g} s")
+    conn.recv_bytes()
+
+
+def wake_check_us(cores: Sequence[int], rounds: int = WAKE_ROUNDS, idle_s: float = WAKE_IDLE_S) -> float:
+    """The median round trip, in microseconds, of a one-byte message from a process bound to
+    `cores[0]` to one bound to `cores[-1]` (the same core when only one is given) and back, over
+    `rounds` round trips `idle_s` apart. Lower is faster; ~60-80 us on a quiet 2-vCPU EPYC VM."""
+    if rounds < 1 or idle_s < 0:
+        raise ValueError(f"need rounds >= 1 and idle_s >= 0, got rounds={rounds}, idle_s={idle_s}")
+    if not cores:
+        raise ValueError("no cores to probe")
+    context = multiprocessing.get_context("spawn")
+    here, there = context.Pipe()
+    echo = context.Process(target=_echo, args=(cores[-1], there), daemon=True)
+    echo.start()
+    saved = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cores[0]})
+        _round_trip(here, timeout_s=60.0)   # the echo process is up (spawned: it imports first)
+        for _ in range(20):
+            _round_trip(here)
+        round_trips_us = []
+        for _ in range(rounds):
+            time.sleep(idle_s)
+            started = time.perf_counter()
+            _round_trip(here)
+            round_trips_us.append((time.perf_counter() - started) * 1e6)
+        here.send_bytes(b"q")
+    finally:
+        os.sched_setaffinity(0, saved)
+        echo.join(timeout=5)
+        if echo.is_alive():
+            echo.kill()
+    return statistics.median(round_trips_us)

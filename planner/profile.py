@@ -77,6 +77,11 @@ class HardwareInfo:
     # which product those checks timed (`loadgen.host_probe.PRODUCTS`): the engines' dtype's since
     # profiles of this field; profiles before it timed float32
     machine_product: str = "float32"
+    # how fast an idle core wakes for a message, at the start and the end (`loadgen.host_probe.
+    # wake_check_us`: a cross-core round trip, us; 0: not checked): what every hop of a request pays,
+    # which a compute check does not see
+    machine_wake_us_start: float = 0.0
+    machine_wake_us_end: float = 0.0
 
     def __post_init__(self) -> None:
         _positive_int("hardware", "num_cores", self.num_cores)

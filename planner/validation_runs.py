@@ -20,7 +20,7 @@ from loadgen.proc_cpu import cpu_seconds, process_tree
 from loadgen.workload import RequestSpec
 from planner.evaluate import make_attainment_fn
 from planner.perf_model import fit_perf_model
-from planner.profile import Profile, load_profile
+from planner.profile import HardwareInfo, Profile, load_profile
 from planner.profiler.serving_probe import host_cpu_seconds
 from planner import router_config
 from planner.router_config import router_files, write_router_config
@@ -44,6 +44,9 @@ class RateRun:
     measured: dict
     cluster_cpu_cores: float | None
     phases: dict[str, list[float]] | None = None  # measured, per request (`planner.validation_phases`)
+    # the machine just before the rate ran (`loadgen.host_probe`; None: not checked): ms per product
+    # in the engines' dtype, and the cross-core wake-up round trip in us
+    machine: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,9 @@ def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, l
                             Topology.from_label(earlier.get("topology", "1P+1D")), router)
     measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
     cpu_cores, phases = earlier.get("cluster_cpu_cores", {}), earlier.get("measured_phases", {})
+    machine = earlier.get("machine", {})
     runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows], measured[float(rate)], cpu_cores.get(rate),
-                    _phases_from_json(phases.get(rate)))
+                    _phases_from_json(phases.get(rate)), machine.get(rate))
             for rate, rows in earlier["requests"].items()]
     return setup, runs
 
@@ -196,6 +200,7 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
          **({"resimulated": str(resimulated)} if resimulated else {}),
          **to_json(comparisons),
          "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},
+         "machine": {str(run.rate_rps): run.machine for run in runs if run.machine},
          "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
                                           for r in run.requests] for run in runs},
          "measured_phases": {str(run.rate_rps): _phases_to_json(run.phases) for run in runs if run.phases}},
@@ -204,3 +209,15 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
                           f"{setup.model_name} {setup.topology.label}: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
                           f"TPOT<={slo.tpot_s * 1e3:g} ms)")
     return json_path, png
+
+
+def machine_against_profile(machine: dict[str, float], hardware: HardwareInfo) -> str:
+    """How the machine before a rate compares with it at the profile (`HardwareInfo`): each check
+    over the mean of the profile's two, or 'the profile did not check' for one it lacks."""
+    parts = []
+    for key, start, end, name in (("ms_per_product", hardware.machine_ms_start, hardware.machine_ms_end, "compute"),
+                                  ("wake_us", hardware.machine_wake_us_start, hardware.machine_wake_us_end, "wake-up")):
+        profiled = [v for v in (start, end) if v > 0]
+        parts.append(f"{name} x{machine[key] / (sum(profiled) / len(profiled)):.2f} of the profile's" if profiled
+                     else f"{name}: the profile did not check")
+    return ", ".join(parts)

@@ -39,6 +39,7 @@ class Measurement:
     kv_producer_cpu_s: float | None = None  # pdserve: CPU of the prefill worker's KV server threads during the run
     host_ms_per_product: float | None = None  # the machine's speed just before the run (loadgen.host_probe); None: unchecked
     host_product: str = "float32"  # which product that check timed (loadgen.host_probe.PRODUCTS)
+    host_wake_us: float | None = None  # the cross-core wake-up round trip just before the run (loadgen.host_probe)
 
 
 @dataclass(frozen=True)

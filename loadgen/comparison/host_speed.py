@@ -125,8 +125,21 @@ def drift_note(start_ms: float, end_ms: float, max_swing: float = MAX_SWING, pro
     profile's start and end), naming the `product` timed where given; "" when neither was checked (0)."""
     if start_ms <= 0 or end_ms <= 0:
         return ""
-    drift = max(start_ms, end_ms) / min(start_ms, end_ms)
-    verdict_text = (f"it moved {drift:.2f}x while measured: the tables hold at neither speed exactly"
-                    if drift > max_swing else f"within {drift:.2f}x")
     unit = f"ms per {product} product" if product else "ms per product"
-    return f"machine speed {start_ms:.2f} {unit} at the start, {end_ms:.2f} at the end ({verdict_text})"
+    return (f"machine speed {start_ms:.2f} {unit} at the start, {end_ms:.2f} at the end "
+            f"({_moved(start_ms, end_ms, max_swing, 'the tables')})")
+
+
+def wake_note(start_us: float, end_us: float, max_swing: float = MAX_SWING) -> str:
+    """One line on the cross-core wake-up round trip at a profile's start and end
+    (`loadgen.host_probe.wake_check_us`); "" when not checked (0)."""
+    if start_us <= 0 or end_us <= 0:
+        return ""
+    return (f"wake-up round trip {start_us:.0f} us at the start, {end_us:.0f} at the end "
+            f"({_moved(start_us, end_us, max_swing, 'the serving costs')})")
+
+
+def _moved(start: float, end: float, max_swing: float, measured: str) -> str:
+    drift = max(start, end) / min(start, end)
+    return (f"it moved {drift:.2f}x while measured: {measured} hold at neither speed exactly" if drift > max_swing
+            else f"within {drift:.2f}x")

@@ -234,7 +234,8 @@ def _ratio(by_system: dict[str, tuple[float, bool]], system: str) -> float | Non
 def _run_json(m: Measurement) -> dict[str, Any]:
     records = m.result.records
     return {"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
-            "host_ms_per_product": m.host_ms_per_product, "host_product": m.host_product, "restarted": m.restarted, "attempts": m.attempts,
+            "host_ms_per_product": m.host_ms_per_product, "host_product": m.host_product,
+            "host_wake_us": m.host_wake_us, "restarted": m.restarted, "attempts": m.attempts,
             "summaries": m.summaries,
             "requests": {"status": [r.status for r in records], "error": [r.error for r in records],
                          "prompt_tokens": [r.prompt_tokens for r in records],

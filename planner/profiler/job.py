@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from loadgen.comparison.host_speed import drift_note
-from loadgen.host_probe import product_for_dtype, speed_check_ms
+from loadgen.comparison.host_speed import drift_note, wake_note
+from loadgen.host_probe import product_for_dtype, speed_check_ms, wake_check_us
 from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings as WorkerEngineSettings
 from planner.perf_model import FitReport, fit_perf_model
@@ -91,6 +91,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     started = time.perf_counter()
     product = product_for_dtype(job.engine.dtype)   # the engines' arithmetic, not another unit's
     machine_ms_start = speed_check_ms(sorted(os.sched_getaffinity(0)), product=product)
+    wake_us_start = wake_check_us(sorted(os.sched_getaffinity(0)))
     engine = replace(job.engine, enable_prefix_caching=False)
     if job.path == "cluster":
         engine = replace(engine, cpu_cores=job.cluster_cores[0])  # the engine alone, on one worker's cores
@@ -136,7 +137,8 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
     hardware = replace(hardware_info(engine.cpu_cores, engine.model, engine.dtype), machine_ms_start=machine_ms_start,
                        machine_ms_end=speed_check_ms(sorted(os.sched_getaffinity(0)), product=product),
-                       machine_product=product)
+                       machine_product=product, machine_wake_us_start=wake_us_start,
+                       machine_wake_us_end=wake_check_us(sorted(os.sched_getaffinity(0))))
     profile = Profile(
         hardware=hardware, model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,
@@ -287,6 +289,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
         console.print("  " + line, markup=False)
     if note := drift_note(profile.hardware.machine_ms_start, profile.hardware.machine_ms_end,
                           product=profile.hardware.machine_product):
+        console.print("  " + note, markup=False)
+    if note := wake_note(profile.hardware.machine_wake_us_start, profile.hardware.machine_wake_us_end):
         console.print("  " + note, markup=False)
     serving = profile.serving
     if serving != ServingCosts():

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.comparison.host_speed import drift_note, phase_speed, speed_factors, speed_summary, together_over_alone, verdict
+from loadgen.comparison.host_speed import (drift_note, phase_speed, speed_factors, speed_summary, together_over_alone,
+                                           verdict, wake_note)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -123,3 +124,24 @@ def test_a_profile_says_how_far_the_machine_moved_while_it_was_measured():
     assert "0.77 ms per product at the start, 0.80 at the end (within 1.04x)" in drift_note(0.77, 0.80)
     assert "moved 1.50x while measured" in drift_note(1.2, 0.8)
     assert "2.70 ms per bfloat16 product at the start" in drift_note(2.7, 2.8, product="bfloat16")
+
+
+def test_the_wake_up_check_times_a_real_round_trip_between_two_processes():
+    from loadgen.host_probe import wake_check_us
+
+    cores = sorted(os.sched_getaffinity(0))
+    across = wake_check_us(cores[:2], rounds=20, idle_s=0.001)
+    alone = wake_check_us(cores[:1], rounds=20, idle_s=0.0)
+    assert 0 < across < 1e6 and 0 < alone < 1e6
+    assert os.sched_getaffinity(0) == set(cores)   # the caller's affinity restored
+    for bad in ({"rounds": 0}, {"idle_s": -1.0}):
+        with pytest.raises(ValueError, match="need rounds >= 1"):
+            wake_check_us(cores, **bad)
+    with pytest.raises(ValueError, match="no cores"):
+        wake_check_us([])
+
+
+def test_a_profile_says_how_far_the_wake_up_moved_while_it_was_measured():
+    assert wake_note(0.0, 70.0) == ""
+    assert wake_note(70.0, 75.0) == "wake-up round trip 70 us at the start, 75 at the end (within 1.07x)"
+    assert "moved 3.00x while measured: the serving costs hold at neither" in wake_note(200.0, 600.0)

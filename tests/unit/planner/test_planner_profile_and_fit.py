@@ -210,8 +210,12 @@ def test_a_profile_names_the_product_its_speed_checks_timed_and_older_ones_timed
                                               machine_product="bfloat16"))
     assert profile_from_dict(profile_to_dict(timed)).hardware.machine_product == "bfloat16"
     older = profile_to_dict(example)
-    older["hardware"].pop("machine_product")
+    for key in ("machine_product", "machine_wake_us_start", "machine_wake_us_end"):
+        older["hardware"].pop(key)
     assert profile_from_dict(older).hardware.machine_product == "float32"
+    assert profile_from_dict(older).hardware.machine_wake_us_start == 0.0   # not checked
+    woken = replace(timed, hardware=replace(timed.hardware, machine_wake_us_start=70.0, machine_wake_us_end=81.0))
+    assert profile_from_dict(profile_to_dict(woken)).hardware.machine_wake_us_end == 81.0
     wrong = profile_to_dict(example)
     wrong["hardware"]["machine_product"] = "int8"
     with pytest.raises(ProfileError, match="machine_product 'int8' is unknown"):

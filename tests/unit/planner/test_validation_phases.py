@@ -76,7 +76,7 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
     phases = {"queue": [0.001, 0.002, math.nan, 0.001], "prefill": [0.02, 0.03, math.nan, 0.02],
               "first_gap": [0.01] * 3 + [math.nan], "steady_gap": [0.004] * 4}
     measured = {"median_ttft_ms": 25, "p90_ttft_ms": 30, "median_tpot_ms": 5, "p90_tpot_ms": 6, "slo_attainment": 1.0}
-    runs = [validation_runs.RateRun(1.0, sample, measured, None, phases)]
+    runs = [validation_runs.RateRun(1.0, sample, measured, None, phases, {"ms_per_product": 3.1, "wake_us": 70.0})]
     setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "uniform"}, "tcp")
     comparisons = validation_runs.compare(runs, [profile_path], "tcp", setup.slo)
     assert [row.phase for row in comparisons[0].phases] == list(PHASES)
@@ -84,7 +84,21 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
 
     _, again = validation_runs.load_earlier(tmp_path / "validation.json", default_transport="tcp")
     assert again[0].phases["queue"][:2] == [0.001, 0.002] and math.isnan(again[0].phases["queue"][2])
+    assert again[0].machine == {"ms_per_product": 3.1, "wake_us": 70.0}   # the machine before the rate, kept
     assert validation_runs.compare(again, [profile_path], "tcp", setup.slo)[0].phases == comparisons[0].phases
     assert phase_table(comparisons, "phases").row_count == len(PHASES)
     assert phase_table([validation_runs.compare([validation_runs.RateRun(1.0, sample, measured, None)],
                                                 [profile_path], "tcp", setup.slo)[0]], "none") is None
+
+
+def test_the_machine_before_a_rate_is_said_against_the_profile():
+    from planner.profile import HardwareInfo
+    from planner.validation_runs import machine_against_profile
+
+    profiled = HardwareInfo("cpu", 2, machine_ms_start=3.0, machine_ms_end=3.2, machine_product="bfloat16",
+                            machine_wake_us_start=400.0, machine_wake_us_end=600.0)
+    assert machine_against_profile({"ms_per_product": 3.1, "wake_us": 100.0}, profiled) == \
+        "compute x1.00 of the profile's, wake-up x0.20 of the profile's"
+    older = HardwareInfo("cpu", 2, machine_ms_start=3.0)
+    assert machine_against_profile({"ms_per_product": 6.0, "wake_us": 100.0}, older) == \
+        "compute x2.00 of the profile's, wake-up: the profile did not check"
