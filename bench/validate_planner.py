@@ -17,6 +17,10 @@ one shape on one topology) and, for several, <out-dir>/summary.{json,md,png}: pe
 topology the mean |error| of each latency percentile up to the measured knee and the goodput each
 side puts where attainment crosses 90% on the same grid.
 
+Before each rate the machine is checked (`loadgen.host_probe`: a product in the first profile's
+dtype on every core, and a cross-core wake-up round trip) and printed against the profile's own
+checks: a VM that runs slower than it was profiled shows there, not only in the errors.
+
 validation.json keeps each rate's requests as sent, so a change to the simulator or the model can
 be checked against the same real runs without running the cluster again (a directory of one run,
 or of several as written above):

@@ -90,8 +90,8 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     """Measure, write `job.out` and `<job.out stem>.png`, print the fit. Takes minutes (`quick`: ~1)."""
     started = time.perf_counter()
     product = product_for_dtype(job.engine.dtype)   # the engines' arithmetic, not another unit's
-    machine_ms_start = speed_check_ms(sorted(os.sched_getaffinity(0)), product=product)
-    wake_us_start = wake_check_us(sorted(os.sched_getaffinity(0)))
+    every_core = sorted(os.sched_getaffinity(0))
+    machine_ms_start, wake_us_start = speed_check_ms(every_core, product=product), wake_check_us(every_core)
     engine = replace(job.engine, enable_prefix_caching=False)
     if job.path == "cluster":
         engine = replace(engine, cpu_cores=job.cluster_cores[0])  # the engine alone, on one worker's cores
@@ -136,9 +136,8 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
                                                    advance)
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
     hardware = replace(hardware_info(engine.cpu_cores, engine.model, engine.dtype), machine_ms_start=machine_ms_start,
-                       machine_ms_end=speed_check_ms(sorted(os.sched_getaffinity(0)), product=product),
-                       machine_product=product, machine_wake_us_start=wake_us_start,
-                       machine_wake_us_end=wake_check_us(sorted(os.sched_getaffinity(0))))
+                       machine_ms_end=speed_check_ms(every_core, product=product), machine_product=product,
+                       machine_wake_us_start=wake_us_start, machine_wake_us_end=wake_check_us(every_core))
     profile = Profile(
         hardware=hardware, model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,
