@@ -91,15 +91,14 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
     cut; None when no attempt finished."""
     run_config = RunConfig(warmup_requests=config.warmup_requests, request_timeout_s=config.request_timeout_s)
     need_s = estimate_run_s(config, rate_rps)
+    cores, product = sorted(parse_cores(config.colocated_cores)), config.speed_product()
     attempts: list[Measurement] = []
     while len(attempts) <= config.noisy_retries:
         if attempts and skip_reason(config, budget.remaining_s(), need_s) is not None:
             break  # no time to re-measure: keep the noisy attempt
         wait_for_quiet(config.quiet_cores, quiet_wait_s(config, budget.remaining_s(), need_s))
-        cores = sorted(parse_cores(config.colocated_cores))
-        host_ms = (speed_check_ms(cores, config.host_check_s, product=config.speed_product())
-                   if config.host_check_s else None)
-        wake_us = wake_check_us(cores) if config.host_check_s else None
+        host_ms, wake_us = ((speed_check_ms(cores, config.host_check_s, product=product), wake_check_us(cores))
+                            if config.host_check_s else (None, None))
         other = OtherLoad.start()
         kv_cpu_before_s = _kv_producer_cpu_s(system)
         suffix = f" retry (noise {attempts[-1].other_load_cores:.1f} cores)" if attempts else ""
@@ -113,7 +112,7 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
         kv_cpu_s = None if kv_cpu_before_s is None else _kv_producer_cpu_s(system) - kv_cpu_before_s
         summaries = {p.name: summarize(result.records, result.duration_s, p.slo) for p in config.slo_pairs}
         attempts.append(Measurement(system.key, rate_rps, result, summaries, other_cores, restarted, len(attempts) + 1,
-                                    kv_cpu_s, host_ms, config.speed_product(), wake_us))
+                                    kv_cpu_s, host_ms, product, wake_us))
         if other_cores <= config.quiet_cores:
             break
     return min(attempts, key=lambda m: m.other_load_cores) if attempts else None

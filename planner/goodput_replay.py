@@ -117,7 +117,7 @@ def run_speed_factor(run: dict[str, Any], hardware: HardwareInfo) -> float | Non
     side unchecked, or the two timed different products (a float32 check says nothing of a
     bfloat16 engine's speed; comparisons before `host_product` timed float32)."""
     run_ms = run.get("host_ms_per_product")
-    profiled = [ms for ms in (hardware.machine_ms_start, hardware.machine_ms_end) if ms > 0]
-    if not run_ms or run_ms <= 0 or not profiled or run.get("host_product", "float32") != hardware.machine_product:
+    same_product = run.get("host_product", "float32") == hardware.machine_product
+    if not run_ms or run_ms <= 0 or not hardware.machine_ms or not same_product:
         return None
-    return run_ms / (sum(profiled) / len(profiled))
+    return run_ms / hardware.machine_ms

@@ -43,6 +43,9 @@ class PrefillCoeffs:
     per_token_s: float
     per_token2_s: float
 
+    def times(self, factor: float) -> PrefillCoeffs:
+        return PrefillCoeffs(self.step_s * factor, self.per_token_s * factor, self.per_token2_s * factor)
+
 
 @dataclass(frozen=True)
 class DecodeCoeffs:
@@ -66,6 +69,13 @@ class TransferCoeffs:
     def __post_init__(self) -> None:
         if not self.bytes_per_s > 0:
             raise ValueError(f"TransferCoeffs.bytes_per_s must be > 0, got {self.bytes_per_s}")
+
+
+def _same_speed(factor: float) -> bool:
+    """Whether a speed factor changes nothing (1.0); ValueError unless it is finite and > 0."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"a speed factor must be a finite number > 0, got {factor}")
+    return factor == 1.0
 
 
 @dataclass(frozen=True)
@@ -93,13 +103,11 @@ class PerfModel:
         each wide engine's) and every KV transfer's time multiplied by it. What the plan's robust
         pick asks of a topology: does it still meet the SLOs if the machine runs that much slower
         than it was profiled (a shared VM's speed moves by 1.1-2x; `pdserve plan --speed-margin`)?"""
-        if not (math.isfinite(factor) and factor > 0):
-            raise ValueError(f"a speed factor must be a finite number > 0, got {factor}")
-        if factor == 1.0:
+        if _same_speed(factor):
             return self
-        p, d = self.prefill, self.decode
+        d = self.decode
         return PerfModel(
-            prefill=PrefillCoeffs(p.step_s * factor, p.per_token_s * factor, p.per_token2_s * factor),
+            prefill=self.prefill.times(factor),
             decode=DecodeCoeffs(d.step_s * factor, d.per_seq_s * factor, d.per_context_token_s * factor,
                                 d.per_context_token_past_knee_s * factor, d.context_knee_tokens),
             transfer={name: TransferCoeffs(t.latency_s * factor, t.bytes_per_s / factor)
@@ -112,13 +120,9 @@ class PerfModel:
         in the engines' dtype measures: a prompt-sized half-precision GEMM is compute-bound, as a
         prefill is, while a decode step reads its weights from memory (on the AMX Xeon the prompts
         ran 1.3x slower than profiled while the decode step held within 1.04x)."""
-        if not (math.isfinite(factor) and factor > 0):
-            raise ValueError(f"a speed factor must be a finite number > 0, got {factor}")
-        if factor == 1.0:
+        if _same_speed(factor):
             return self
-        p = self.prefill
-        return PerfModel(prefill=PrefillCoeffs(p.step_s * factor, p.per_token_s * factor, p.per_token2_s * factor),
-                         decode=self.decode, transfer=self.transfer,
+        return PerfModel(prefill=self.prefill.times(factor), decode=self.decode, transfer=self.transfer,
                          wide=tuple((width, model.prompts_slower(factor)) for width, model in self.wide))
 
     @property

@@ -62,6 +62,11 @@ def _positive_float(owner: str, name: str, value: Any) -> None:
              f"{owner}.{name} must be a positive number of seconds, got {value!r}")
 
 
+def _mean_checked(*checks: float) -> float:
+    taken = [value for value in checks if value > 0]
+    return sum(taken) / len(taken) if taken else 0.0
+
+
 @dataclass(frozen=True)
 class HardwareInfo:
     cpu_model: str
@@ -82,6 +87,16 @@ class HardwareInfo:
     # which a compute check does not see
     machine_wake_us_start: float = 0.0
     machine_wake_us_end: float = 0.0
+
+    @property
+    def machine_ms(self) -> float:
+        """The mean of the compute checks taken (ms per `machine_product`); 0.0: none."""
+        return _mean_checked(self.machine_ms_start, self.machine_ms_end)
+
+    @property
+    def machine_wake_us(self) -> float:
+        """The mean of the wake-up checks taken (us); 0.0: none."""
+        return _mean_checked(self.machine_wake_us_start, self.machine_wake_us_end)
 
     def __post_init__(self) -> None:
         _positive_int("hardware", "num_cores", self.num_cores)

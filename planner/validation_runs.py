@@ -214,10 +214,7 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
 def machine_against_profile(machine: dict[str, float], hardware: HardwareInfo) -> str:
     """How the machine before a rate compares with it at the profile (`HardwareInfo`): each check
     over the mean of the profile's two, or 'the profile did not check' for one it lacks."""
-    parts = []
-    for key, start, end, name in (("ms_per_product", hardware.machine_ms_start, hardware.machine_ms_end, "compute"),
-                                  ("wake_us", hardware.machine_wake_us_start, hardware.machine_wake_us_end, "wake-up")):
-        profiled = [v for v in (start, end) if v > 0]
-        parts.append(f"{name} x{machine[key] / (sum(profiled) / len(profiled)):.2f} of the profile's" if profiled
-                     else f"{name}: the profile did not check")
-    return ", ".join(parts)
+    return ", ".join(f"{name} x{machine[key] / profiled:.2f} of the profile's" if profiled
+                     else f"{name}: the profile did not check"
+                     for key, profiled, name in (("ms_per_product", hardware.machine_ms, "compute"),
+                                                 ("wake_us", hardware.machine_wake_us, "wake-up")))
