@@ -123,12 +123,14 @@ async def run(target: Target, specs: Sequence[RequestSpec], prompts: PromptSynth
         await asyncio.sleep(max(0.0, start + scheduled_s - time.perf_counter()))
         if gate is not None:
             queue_s = await gate.take(start + scheduled_s)
-            if _past_deadline(config, time.perf_counter() - start):
+        sent_at = time.perf_counter()
+        if gate is not None:
+            if _past_deadline(config, sent_at - start):
                 gate.release()
                 break
             if closed_loop:  # the request arrives when its slot frees: no queue by definition
-                scheduled_s, queue_s = time.perf_counter() - start, 0.0
-        sending = _Sending(index, scheduled_s, queue_s, start, gate.release if gate else None)
+                scheduled_s, queue_s = sent_at - start, 0.0
+        sending = _Sending(index, scheduled_s, queue_s, start, sent_at, gate.release if gate else None)
         tasks.append(asyncio.create_task(
             _send(target, prompts.prompt(spec, index), spec, sending, config.request_timeout_s, on_done)))
     records = await asyncio.gather(*tasks)
@@ -170,6 +172,7 @@ class _Sending:
     scheduled_s: float
     queue_s: float
     run_start: float  # perf_counter time of the run's start
+    sent_at: float  # perf_counter time it was sent: the instant the loop checked the deadline against
     release: Callable[[], None] | None = None  # frees its concurrency slot when it ends
 
 
@@ -193,7 +196,8 @@ async def _warm_up(target: Target, specs: Sequence[RequestSpec], prompts: Prompt
     async def one(index: int, spec: RequestSpec) -> RequestRecord:
         async with slots:
             prompt = prompts.prompt(spec, index, warmup=True)
-            sending = _Sending(index, 0.0, 0.0, time.perf_counter())
+            now = time.perf_counter()
+            sending = _Sending(index, 0.0, 0.0, now, now)
             return await _send(target, prompt, spec, sending, config.request_timeout_s)
 
     return tuple(await asyncio.gather(*(one(i, s) for i, s in enumerate(chosen))))
@@ -201,7 +205,7 @@ async def _warm_up(target: Target, specs: Sequence[RequestSpec], prompts: Prompt
 
 async def _send(target: Target, prompt: Prompt, spec: RequestSpec, sending: _Sending, timeout_s: float,
                 on_done: OnDone | None = None) -> RequestRecord:
-    sent = time.perf_counter()
+    sent = sending.sent_at
     times: list[float] = []
     counted_tokens, usage_tokens, phases = 0, None, None
     status: Status = "ok"
