@@ -213,13 +213,18 @@ class ServingCosts:
     - `decode_cpu_s_per_request`: the decode worker's API process per request (its Decode RPC,
       admission);
     - `prefill_cpu_s_per_request`: the prefill worker's, per request.
+    Each `*_cpu_s_per_request` term has a `*_cpu_s_per_prompt_token` beside it: the prompt's token
+    ids cross every process (the router's placement and Prefill RPC, the prefill worker's request
+    into vLLM, the Decode RPC), so a 1.4k-token prompt costs each several ms more CPU than a
+    128-token one. 0 in a profile measured before it was (the per-request terms then hold the
+    cost at the profile's 128-token CPU-run prompts). `*_request_cpu_s(prompt_tokens)` adds both.
     CPU of the processes bound to no worker (the router; a client on the same host), which takes
     whatever core is free and otherwise stretches the engines' steps:
     - `host_cpu_s_per_token` (amortised as under load: measured at the largest batch),
       `host_cpu_s_per_request`;
     - `host_cores`: the cores every process shares (0: the host is not modelled);
-    - `router_cpu_s_per_token`, `router_cpu_s_per_request`: the router's own part of the two host
-      terms above. Where the router is bound to the prefill workers' cores (`pdserve up`'s default
+    - `router_cpu_s_per_token`, `router_cpu_s_per_request`, `router_cpu_s_per_prompt_token`: the
+      router's own part of the host terms above. Where the router is bound to the prefill workers' cores (`pdserve up`'s default
       for a cluster with a prefill pool apart from its decode workers:
       `launch.commands.router_cores_for`), that part runs there and stretches only their steps, and
       the rest (the client) goes wherever a core is free; elsewhere all of it floats. 0 (a profile
@@ -252,6 +257,10 @@ class ServingCosts:
     decode_step_spread_s: tuple[float, ...] = ()
     corun_prefill_stretch: float = 1.0
     corun_decode_stretch: float = 1.0
+    prefill_cpu_s_per_prompt_token: float = 0.0
+    decode_cpu_s_per_prompt_token: float = 0.0
+    host_cpu_s_per_prompt_token: float = 0.0
+    router_cpu_s_per_prompt_token: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -267,10 +276,26 @@ class ServingCosts:
                 continue
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                      and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
-        for part in ("token", "request"):
+        for part in ("token", "request", "prompt_token"):
             router, host = getattr(self, f"router_cpu_s_per_{part}"), getattr(self, f"host_cpu_s_per_{part}")
             _require(router <= host, f"serving.router_cpu_s_per_{part} ({router!r}) is part of "
                      f"serving.host_cpu_s_per_{part} ({host!r}) and cannot exceed it")
+
+    def prefill_request_cpu_s(self, prompt_tokens: int) -> float:
+        """The prefill worker's API process's CPU for one request of `prompt_tokens`."""
+        return self.prefill_cpu_s_per_request + self.prefill_cpu_s_per_prompt_token * prompt_tokens
+
+    def decode_request_cpu_s(self, prompt_tokens: int) -> float:
+        """The decode worker's API process's CPU for one request of `prompt_tokens`."""
+        return self.decode_cpu_s_per_request + self.decode_cpu_s_per_prompt_token * prompt_tokens
+
+    def host_request_cpu_s(self, prompt_tokens: int) -> float:
+        """The unbound processes' (router and client) CPU for one request, its tokens' apart."""
+        return self.host_cpu_s_per_request + self.host_cpu_s_per_prompt_token * prompt_tokens
+
+    def router_request_cpu_s(self, prompt_tokens: int) -> float:
+        """The router's part of `host_request_cpu_s`."""
+        return self.router_cpu_s_per_request + self.router_cpu_s_per_prompt_token * prompt_tokens
 
 
 SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")

@@ -301,6 +301,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
                       f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_request * 1e3:.2f}"
                       f" ms/request on {serving.host_cores} cores (the router's part {serving.router_cpu_s_per_token * 1e6:.0f}"
                       f" us/token + {serving.router_cpu_s_per_request * 1e3:.2f} ms/request)", markup=False)
+        if prompt_cpu := serving_prompt_cpu_line(serving):
+            console.print("  " + prompt_cpu, markup=False)
         console.print(f"  engines on the two workers' cores together: a prompt {serving.corun_prefill_stretch:.3f}x its"
                       f" time alone, a decode step {serving.corun_decode_stretch:.3f}x", markup=False)
         for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
@@ -315,3 +317,15 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
 def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: float) -> None:
     table.add_row(phase, point, f"{measured_s * 1e3:.3f}", f"{fitted_s * 1e3:.3f}",
                   f"{(fitted_s - measured_s) / measured_s:+.1%}")
+
+
+def serving_prompt_cpu_line(serving: ServingCosts, per_tokens: int = 1000) -> str:
+    """What `per_tokens` more prompt tokens cost each process in CPU, or "" where nothing was measured."""
+    terms = (("prefill worker", serving.prefill_cpu_s_per_prompt_token),
+             ("decode worker", serving.decode_cpu_s_per_prompt_token),
+             ("host", serving.host_cpu_s_per_prompt_token), ("router", serving.router_cpu_s_per_prompt_token))
+    if not any(value for _, value in terms):
+        return ""
+    return (f"serving CPU per {per_tokens} prompt tokens: "
+            + ", ".join(f"{name} +{value * per_tokens * 1e3:.2f} ms" for name, value in terms)
+            + " (the router's part of the host's)")

@@ -4,7 +4,8 @@ function takes plain values (token times, CPU seconds, the engine-only model) an
 
 The forms fitted (the probe's module doc says how each input is measured):
 - per group of processes, cpu = a * requests + b * tokens through two steady runs
-  (`solve_per_request_and_token`);
+  (`solve_per_request_and_token`), and + c * prompt tokens through a third whose prompts are
+  long (`solve_per_prompt_token`);
 - served decode step / the host's stretch - engine step = decode_step_s + decode_cpu_s_per_token * B
   over batched runs of B requests (`fit_served_steps`), the engine step from the engine table's own
   row (`engine_step_s`), the host's stretch the simulator's (`planner.simulator.host`);
@@ -37,11 +38,12 @@ class ServingPlan:
     load_requests: int               # per CPU run
     decode_batches: tuple[int, ...]  # batch sizes of the served-step runs, in run order (repeats included)
     max_output_tokens: int = 4 * BATCH_OUTPUT_TOKENS  # the longest output a batched run may ask (the context)
+    long_prompt_tokens: int = 0      # the third CPU run's prompts (0: no such run)
 
     @property
     def steps(self) -> int:
         """Progress steps `measure_serving` reports."""
-        return 3 + len(self.prompt_tokens) + len(self.decode_batches)
+        return 3 + bool(self.long_prompt_tokens) + len(self.prompt_tokens) + len(self.decode_batches)
 
 
 def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool,
@@ -50,23 +52,34 @@ def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool,
     prompts = tuple(n for n in (32, 128, 512) if n + LONG_OUTPUT < max_model_len) or (max_model_len // 4,)
     sizes = sorted({min(b, max_num_seqs) for b in (QUICK_BATCHES if quick else BATCHES)})
     batches = tuple(sizes) if quick else tuple(sizes) * batch_repeats
-    return ServingPlan(prompts, 3 if quick else 6, min(128, max_model_len // 4), 24 if quick else 60, batches,
-                       max_output_tokens=max_model_len - BATCH_PROMPT_TOKENS)
+    load_prompt = min(128, max_model_len // 4)
+    return ServingPlan(prompts, 3 if quick else 6, load_prompt, 24 if quick else 60, batches,
+                       max_output_tokens=max_model_len - BATCH_PROMPT_TOKENS,
+                       long_prompt_tokens=long_prompt_tokens(load_prompt, max_model_len))
+
+
+def long_prompt_tokens(load_prompt_tokens: int, max_model_len: int) -> int:
+    """The long-prompt CPU run's mean prompt: half the context (its prompts reach 2/3 of it at the
+    workload's spread), and 0 (no run) where that is not 4x the other runs' prompts, too close to
+    tell a per-token cost from noise."""
+    tokens = max_model_len // 2
+    return tokens if tokens >= 4 * load_prompt_tokens else 0
 
 
 @dataclass(frozen=True)
 class CpuRun:
     requests: int
-    tokens: int
+    tokens: int              # output tokens streamed
     cpu_s: dict[str, float]  # group -> CPU seconds over the run
     wall_s: float = 0.0      # the run's length
+    prompt_tokens: int = 0   # the requests' prompt tokens
 
     def net_of_idle(self, idle_cores: dict[str, float]) -> CpuRun:
         """This run's CPU without what each group uses idle (`idle_cores` x the run's length),
         at least 0."""
         return CpuRun(self.requests, self.tokens,
                       {group: max(0.0, cpu - idle_cores.get(group, 0.0) * self.wall_s)
-                       for group, cpu in self.cpu_s.items()}, self.wall_s)
+                       for group, cpu in self.cpu_s.items()}, self.wall_s, self.prompt_tokens)
 
 
 def solve_per_request_and_token(short: CpuRun, long: CpuRun, group: str) -> tuple[float, float]:
@@ -77,6 +90,54 @@ def solve_per_request_and_token(short: CpuRun, long: CpuRun, group: str) -> tupl
     per_token = max(0.0, (long.cpu_s[group] - short.cpu_s[group]) / d_tokens)
     per_request = max(0.0, (short.cpu_s[group] - per_token * short.tokens) / short.requests)
     return per_request, per_token
+
+
+def solve_per_prompt_token(short: CpuRun, long_prompts: CpuRun, group: str, per_token: float) -> tuple[float, float]:
+    """(a, c) of cpu = a * requests + per_token * tokens + c * prompt tokens through `short` (the
+    run that gave `per_token`) and `long_prompts` (longer prompts, clamped at 0: noise). With c
+    0 the per-request term is the short run's alone, as `solve_per_request_and_token` gives it."""
+    mean_short = short.prompt_tokens / short.requests
+    d_prompt = long_prompts.prompt_tokens / long_prompts.requests - mean_short
+    if d_prompt <= 0:
+        raise ValueError("the long-prompt run's prompts must be longer on average than the short run's")
+    short_each, long_each = ((run.cpu_s[group] - per_token * run.tokens) / run.requests for run in (short, long_prompts))
+    per_prompt_token = max(0.0, (long_each - short_each) / d_prompt)
+    return max(0.0, short_each - per_prompt_token * mean_short), per_prompt_token
+
+
+def long_prompt_requests(rate_rps: float, most: int) -> int:
+    """Requests of the long-prompt CPU run: LONG_PROMPT_RUN_S of them at `rate_rps`, at least
+    MIN_LONG_PROMPT_REQUESTS, at most `most` (the other runs' count)."""
+    return max(MIN_LONG_PROMPT_REQUESTS, min(most, round(rate_rps * LONG_PROMPT_RUN_S)))
+
+
+LONG_PROMPT_RUN_S, MIN_LONG_PROMPT_REQUESTS = 20.0, 16
+
+
+def cpu_terms(short: CpuRun, long: CpuRun, long_prompts: CpuRun | None, host_cores: int) -> ServingCosts:
+    """`ServingCosts`' CPU terms from the steady runs (groups decode, prefill, host, router):
+    per request and output token from `short` and `long` (same prompts, outputs apart), per prompt
+    token from `long_prompts` against `short` (None: no such run, 0). The prefill worker streams
+    no output, so its terms come from both short-prompt runs pooled. The router's are at most the
+    host's, of which they are part, whatever the noise."""
+    terms = {}
+    for group in ("decode", "host", "router"):
+        per_request, per_token = solve_per_request_and_token(short, long, group)
+        per_prompt_token = 0.0
+        if long_prompts is not None:
+            per_request, per_prompt_token = solve_per_prompt_token(short, long_prompts, group, per_token)
+        terms[group] = (per_request, per_prompt_token)
+    pooled = CpuRun(short.requests + long.requests, short.tokens + long.tokens,
+                    {"prefill": short.cpu_s["prefill"] + long.cpu_s["prefill"]}, prompt_tokens=short.prompt_tokens
+                    + long.prompt_tokens)
+    prefill = ((pooled.cpu_s["prefill"] / pooled.requests, 0.0) if long_prompts is None
+               else solve_per_prompt_token(pooled, long_prompts, "prefill", per_token=0.0))
+    router = tuple(min(r, h) for r, h in zip(terms["router"], terms["host"]))
+    return ServingCosts(decode_cpu_s_per_request=terms["decode"][0], decode_cpu_s_per_prompt_token=terms["decode"][1],
+                        prefill_cpu_s_per_request=prefill[0], prefill_cpu_s_per_prompt_token=prefill[1],
+                        host_cpu_s_per_request=terms["host"][0], host_cpu_s_per_prompt_token=terms["host"][1],
+                        router_cpu_s_per_request=router[0], router_cpu_s_per_prompt_token=router[1],
+                        host_cores=host_cores)
 
 
 @dataclass(frozen=True)

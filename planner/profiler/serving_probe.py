@@ -8,8 +8,10 @@
     handoff_s     = (second token - first token) - KV transfer(n) - decode step(1, n + 1)
   Medians over a few prompt lengths and repeats.
 - CPU, from two steady Poisson runs at the same request rate, one with short and one with long
-  outputs. The CPU seconds each group of processes took (from /proc) over each run solve
-  cpu = a * requests + b * tokens per group:
+  outputs, and a third with prompts of half the context (`serving_fit.long_prompt_tokens`) and
+  short outputs. The CPU seconds each group of processes took (from /proc) over each run solve
+  cpu = a * requests + b * tokens (+ c * prompt tokens, the third run against the first) per
+  group (`serving_fit.cpu_terms`):
     the decode worker's API process (gRPC, handler)  -> decode_cpu_s_per_request
     the prefill worker's API process                 -> prefill_cpu_s_per_request
     the router and this process (the client)         -> host_cpu_s_per_request
@@ -58,7 +60,7 @@ from planner.profile import DecodeSample, ServingCosts
 from planner.profiler.serving_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, LONG_OUTPUT, SHORT_OUTPUT,
                                           BatchRun, CpuRun, LoneLatencies, NoCommonWindow, ServedSteps, ServingPlan,
                                           batch_output_attempts, batch_run_of, fit_served_steps, serving_plan,
-                                          solve_per_request_and_token, steady_rate, unbound_cpu_per_token)
+                                          cpu_terms, long_prompt_requests, steady_rate, unbound_cpu_per_token)
 from planner.profiler.spread import spread_of
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
@@ -142,13 +144,14 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
     return batch_run_of(batch, runs, cpu_after - cpu_before, router_after - router_before)
 
 
-async def _steady_run(target: str, rate_rps: float, plan: ServingPlan, output_tokens: int, groups: dict, seed: int):
+async def _steady_run(target: str, rate_rps: float, num_requests: int, prompt_tokens: int, output_tokens: int,
+                      groups: dict, seed: int):
     from loadgen.harness import WorkloadConfig, make_target
     from loadgen.prompts import PromptSynthesizer
     from loadgen.runner import RunConfig, run
 
-    specs = WorkloadConfig(kind="random", arrival="poisson", rate_rps=rate_rps, num_requests=plan.load_requests,
-                           prompt_mean=plan.load_prompt_tokens, output_mean=output_tokens, seed=seed).build()
+    specs = WorkloadConfig(kind="random", arrival="poisson", rate_rps=rate_rps, num_requests=num_requests,
+                           prompt_mean=prompt_tokens, output_mean=output_tokens, seed=seed).build()
     target_ = make_target("pdserve", target)
     await target_.open()
     try:
@@ -161,7 +164,8 @@ async def _steady_run(target: str, rate_rps: float, plan: ServingPlan, output_to
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(result.records)} profiling requests failed: {failed[0].error}")
     return CpuRun(len(result.records), sum(r.output_tokens for r in result.records),
-                  {name: after[name] - before[name] for name in groups}, wall_s)
+                  {name: after[name] - before[name] for name in groups}, wall_s,
+                  sum(r.prompt_tokens for r in result.records))
 
 
 def idle_cpu_cores(groups: dict, idle_s: float) -> dict[str, float]:
@@ -172,30 +176,35 @@ def idle_cpu_cores(groups: dict, idle_s: float) -> dict[str, float]:
     return {name: max(0.0, after[name] - before[name]) / wall_s for name in groups}
 
 
-def measure_cpu(target: str, pids: dict[str, int], rate_rps: float, plan: ServingPlan,
-                advance) -> tuple[ServingCosts, float]:
-    """The per-request CPU terms of `ServingCosts`, and the router's own share of the host's per
-    request; `pids` names the router's and each worker's main process. (The per-token terms come
-    from `fit_served_steps`, where they are amortised as under load.)"""
+def measure_cpu(target: str, pids: dict[str, int], model: PerfModel, plan: ServingPlan, advance) -> ServingCosts:
+    """The per-request and per-prompt-token CPU terms of `ServingCosts`, the router's own share
+    of the host's included; `pids` names the router's and each worker's main process. (The
+    per-token terms come from `fit_served_steps`, where they are amortised as under load.) The
+    two runs of `plan.load_prompt_tokens` go at `steady_rate`; the long-prompt run (where the plan
+    has one) at the rate that keeps its prompts' engine as busy, `long_prompt_requests` of them."""
     groups = {
         "decode": lambda: cpu_seconds([pids["decode"]]),  # the API process alone (see the module doc)
         "prefill": lambda: cpu_seconds([pids["prefill"]]),
         "router": lambda: cpu_seconds(process_tree(pids["router"])),
         "host": lambda: host_cpu_seconds(pids["router"]),
     }
+    rate_rps = steady_rate(model, plan.load_prompt_tokens)
     time.sleep(LONE_PAUSE_S)  # past the last request's polling
     idle = idle_cpu_cores(groups, min(MAX_IDLE_S, max(MIN_IDLE_S, 0.1 * plan.load_requests / rate_rps)))
-    short = asyncio.run(_steady_run(target, rate_rps, plan, SHORT_OUTPUT, groups, seed=11)).net_of_idle(idle)
-    advance(f"serving: CPU at {rate_rps:.2f} req/s, {SHORT_OUTPUT}-token outputs")
-    long = asyncio.run(_steady_run(target, rate_rps, plan, LONG_OUTPUT, groups, seed=12)).net_of_idle(idle)
-    advance(f"serving: CPU at {rate_rps:.2f} req/s, {LONG_OUTPUT}-token outputs")
-    decode_request, _ = solve_per_request_and_token(short, long, "decode")
-    host_request, _ = solve_per_request_and_token(short, long, "host")
-    router_request, _ = solve_per_request_and_token(short, long, "router")
-    prefill_request = (short.cpu_s["prefill"] + long.cpu_s["prefill"]) / (short.requests + long.requests)
-    router_request = min(router_request, host_request)  # a part of it, whatever the noise
-    return ServingCosts(decode_cpu_s_per_request=decode_request, prefill_cpu_s_per_request=prefill_request,
-                        host_cpu_s_per_request=host_request, host_cores=len(os.sched_getaffinity(0))), router_request
+
+    def steady(rate: float, requests: int, prompt_tokens: int, output_tokens: int, seed: int) -> CpuRun:
+        run = asyncio.run(_steady_run(target, rate, requests, prompt_tokens, output_tokens, groups, seed))
+        advance(f"serving: CPU at {rate:.2f} req/s, {prompt_tokens}-token prompts, {output_tokens}-token outputs")
+        return run.net_of_idle(idle)
+
+    short = steady(rate_rps, plan.load_requests, plan.load_prompt_tokens, SHORT_OUTPUT, seed=11)
+    long = steady(rate_rps, plan.load_requests, plan.load_prompt_tokens, LONG_OUTPUT, seed=12)
+    long_prompts = None
+    if plan.long_prompt_tokens:
+        long_rate = steady_rate(model, plan.long_prompt_tokens)
+        long_prompts = steady(long_rate, long_prompt_requests(long_rate, plan.load_requests),
+                              plan.long_prompt_tokens, SHORT_OUTPUT, seed=13)
+    return cpu_terms(short, long, long_prompts, host_cores=len(os.sched_getaffinity(0)))
 
 
 def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, engine_rows: Sequence[DecodeSample],
@@ -267,14 +276,14 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
             advance))
         pids = {"router": cluster.router.pid,
                 **{role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}}
-        rate_rps = steady_rate(model, plan.load_prompt_tokens)
-        cpu, router_request = measure_cpu(cluster.grpc_target, pids, rate_rps, plan, advance)
-        steps = measure_served_steps(
-            cluster.grpc_target, pids["router"], model, engine_rows, cpu, router_request, info.vocab_size, plan, advance)
-    return replace(cpu, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_cpu_s_per_request),
-                   handoff_s=max(0.0, lone.handoff_s - cpu.decode_cpu_s_per_request - steps.decode_step_s
+        cpu = measure_cpu(cluster.grpc_target, pids, model, plan, advance)
+        steps = measure_served_steps(cluster.grpc_target, pids["router"], model, engine_rows, cpu,
+                                     cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance)
+    lone_prompt = statistics.median(plan.prompt_tokens)  # the lone latencies are medians over these
+    return replace(cpu, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt)),
+                   handoff_s=max(0.0, lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt) - steps.decode_step_s
                                  - steps.decode_cpu_s_per_token),
                    decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
                    host_cpu_s_per_token=steps.host_cpu_s_per_token,
-                   router_cpu_s_per_token=steps.router_cpu_s_per_token, router_cpu_s_per_request=router_request,
+                   router_cpu_s_per_token=steps.router_cpu_s_per_token,
                    first_token_spread_s=lone.first_token_spread_s, decode_step_spread_s=steps.spread_s)

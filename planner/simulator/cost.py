@@ -4,9 +4,10 @@ with, and what `pdserve plan --write-router-config` gives the real one.
 `router.policies.placement.CostModel` has simpler forms than `planner.perf_model.PerfModel`; the
 mapping, with n = mean prompt tokens, c = mean context of a decoding sequence (n + mean output / 2)
 and k = the token budget (chunk size):
-- prefill: fixed_s = a + served first-token latency, per_token_s = b, per_token2_s = c2, the
-  prefill step's coefficients: what a client waits for a prompt of at most k tokens alone (a
-  longer one pays a once per chunk on the engine), as the router observes a prefill;
+- prefill: fixed_s = a + served first-token latency + the prefill worker's CPU per request,
+  per_token_s = b + its CPU per prompt token, per_token2_s = c2, the prefill step's coefficients
+  and what serving adds: what a client waits for a prompt of at most k tokens alone (a longer one
+  pays a once per chunk on the engine), as the router observes a prefill;
 - decode step: step_fixed_s = step + served step overhead; step_per_seq_s = per_seq + per context
   token x c + served CPU per token (the context term at the mean context; a knee is not kept);
 - KV transfer: transfer_fixed_s = latency + served handoff; transfer_per_token_s = KV bytes per
@@ -38,7 +39,8 @@ def cost_model_from(model: PerfModel, settings: SimSettings, mean_prompt_tokens:
     prompt_tokens = max(1, round(mean_prompt_tokens))
     chunks = -(-prompt_tokens // settings.token_budget)
     return CostModel(
-        fixed_s=p.step_s + serving.first_token_s, per_token_s=p.per_token_s, per_token2_s=p.per_token2_s,
+        fixed_s=p.step_s + serving.first_token_s + serving.prefill_cpu_s_per_request,
+        per_token_s=p.per_token_s + serving.prefill_cpu_s_per_prompt_token, per_token2_s=p.per_token2_s,
         step_fixed_s=d.step_s + serving.decode_step_s, step_per_seq_s=step_per_seq_s,
         transfer_fixed_s=transfer.latency_s + serving.handoff_s,
         transfer_per_token_s=settings.kv_bytes_per_token / transfer.bytes_per_s,

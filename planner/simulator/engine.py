@@ -137,7 +137,7 @@ class _Cluster:
             now, kind, _, payload = heapq.heappop(heap)
             self.router.now_s = now
             if kind == ARRIVAL:  # one the router refuses is over here: no instance sees it (the host did)
-                self.host.request_moved(payload.arrival_s)
+                self.host.request_moved(payload.arrival_s, payload.prompt_tokens)
                 self.router.arrive(payload)
             elif kind == HANDOFF:
                 self._hand_off(payload, now)
@@ -207,10 +207,10 @@ class _Cluster:
                 self._push(now + self.settings.serving.handoff_s * request.hop_stretch, HANDOFF, request)
             else:  # a Local prompt: the first token streams from the decode instance
                 self.router.prefilled(request)
-                self.host.request_moved(now)
+                self.host.request_moved(now, request.prompt_tokens)
         for request in done.finished:
             self.router.finished(request)
-            self.host.request_moved(now)
+            self.host.request_moved(now, request.prompt_tokens)
         self._push_transfers(instance, done.transfers)
         self.host.tokens_emitted(now, instance.step_tokens)
 
@@ -218,9 +218,9 @@ class _Cluster:
         """Prefill is done and the first token is out (`handoff_s` ago): the router has it and
         sends the Decode call to the request's decode instance."""
         self.router.prefilled(request)
-        self.host.request_moved(now)
+        self.host.request_moved(now, request.prompt_tokens)
         if request.output_tokens == 1:  # nothing left to decode: its end is now
-            self.host.request_moved(now)
+            self.host.request_moved(now, request.prompt_tokens)
             request.transfer_start_s = request.transfer_end_s = request.first_token_s
             request.first_decode_token_s = request.finish_s = request.first_token_s
             return

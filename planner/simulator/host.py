@@ -1,7 +1,8 @@
 """The host's CPU: what the processes bound to no worker (the router, a client on the same host)
 take from the engines' cores.
 
-Their demand is work that arrives with the traffic: `host_cpu_s_per_request` per request, a third
+Their demand is work that arrives with the traffic: `host_cpu_s_per_request` per request (and
+`host_cpu_s_per_prompt_token` per token of its prompt), a third
 at each of the moments the router works on it (admission at arrival, the Decode call at the
 handoff, the end of its stream), and `host_cpu_s_per_token` per token the engines emit. Over the
 last `window_s` that is a load of x cores. Where the router is bound to the prefill workers' cores
@@ -62,18 +63,19 @@ class HostCpu:
         if router_cores < 0:
             raise ValueError(f"router_cores must be >= 0, got {router_cores}")
         self.costs, self.window_s = costs, window_s
-        self.router_cores = router_cores if costs.router_cpu_s_per_token or costs.router_cpu_s_per_request else 0.0
+        measured_apart = costs.router_cpu_s_per_token or costs.router_cpu_s_per_request or costs.router_cpu_s_per_prompt_token
+        self.router_cores = router_cores if measured_apart else 0.0
         self._router, self._rest = _Window(window_s), _Window(window_s)
 
     @property
     def modelled(self) -> bool:
         return self.costs.host_cores > 0
 
-    def request_moved(self, at_s: float) -> None:
-        """One of the `REQUEST_MOMENTS` the router works on a request: its arrival, its handoff (or
-        its first token, computed where it decodes), its end."""
-        self._add(at_s, self.costs.host_cpu_s_per_request / REQUEST_MOMENTS,
-                  self.costs.router_cpu_s_per_request / REQUEST_MOMENTS)
+    def request_moved(self, at_s: float, prompt_tokens: int) -> None:
+        """One of the `REQUEST_MOMENTS` the router works on a request of `prompt_tokens`: its
+        arrival, its handoff (or its first token, computed where it decodes), its end."""
+        self._add(at_s, self.costs.host_request_cpu_s(prompt_tokens) / REQUEST_MOMENTS,
+                  self.costs.router_request_cpu_s(prompt_tokens) / REQUEST_MOMENTS)
 
     def tokens_emitted(self, at_s: float, num_tokens: int) -> None:
         self._add(at_s, self.costs.host_cpu_s_per_token * num_tokens, self.costs.router_cpu_s_per_token * num_tokens)

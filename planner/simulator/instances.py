@@ -106,11 +106,10 @@ class PrefillInstance:
         if self._running or not self.queue:
             return None
         s = self._settings
-        starting = sum(r.prefill_start_s is None for r in self.queue)  # before plan_chunks stamps them
+        fresh = [r for r in self.queue if r.prefill_start_s is None]  # before plan_chunks stamps them
         tokens, units = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
-        starting -= sum(r.prefill_start_s is None for r in self.queue)
-        duration = stretch * corun[0] * (self._model.prefill_step_s(tokens, units)
-                              + starting * s.serving.prefill_cpu_s_per_request)
+        worker_cpu_s = sum(s.serving.prefill_request_cpu_s(r.prompt_tokens) for r in fresh if r.prefill_start_s is not None)
+        duration = stretch * corun[0] * (self._model.prefill_step_s(tokens, units) + worker_cpu_s)
         self._running, self.busy_s = True, self.busy_s + duration
         return now + duration
 
@@ -178,7 +177,8 @@ class DecodeInstance:
         size, serving = self.batch.size, self._settings.serving
         duration = jittered(stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
                                        + serving.decode_step_s + size * serving.decode_cpu_s_per_token
-                                       + len(self._first_step) * serving.decode_cpu_s_per_request), extra_s)
+                                       + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step)),
+                           extra_s)
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
         return now + duration
 
@@ -256,7 +256,7 @@ class ColocatedInstance:
             self._model.mixed_step_s(tokens, units, self.batch.size, self.batch.context_tokens)
             + (s.serving.decode_step_s if self.batch.size else 0.0)
             + self.batch.size * s.serving.decode_cpu_s_per_token
-            + len(self._first_step) * s.serving.decode_cpu_s_per_request)
+            + sum(s.serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step))
         if self.batch.size:
             duration = jittered(duration, extra_s)
         self._step_start_s, self.busy_s = now, self.busy_s + duration

@@ -223,8 +223,46 @@ def test_a_first_tokens_hops_share_the_routers_core_like_a_prefill_step():
 
 def test_a_requests_host_cpu_comes_a_third_at_arrival_at_the_handoff_and_at_the_end():
     host = HostCpu(ServingCosts(host_cpu_s_per_request=0.3, host_cores=2), window_s=1.0)
-    host.request_moved(0.0)
+    host.request_moved(0.0, prompt_tokens=100)
     assert host.load_cores(0.5) == pytest.approx(0.1, **EXACT)
-    host.request_moved(0.6)
-    host.request_moved(0.9)
+    host.request_moved(0.6, prompt_tokens=100)
+    host.request_moved(0.9, prompt_tokens=100)
     assert host.load_cores(1.2) == pytest.approx(0.2, **EXACT)   # the arrival's third has left the window
+
+
+def test_a_requests_host_cpu_grows_with_its_prompt_and_the_routers_part_with_it():
+    costs = ServingCosts(host_cpu_s_per_request=0.03, host_cpu_s_per_prompt_token=3e-5, router_cpu_s_per_request=0.015,
+                         router_cpu_s_per_prompt_token=2e-5, host_cores=2)
+    assert costs.host_request_cpu_s(1000) == pytest.approx(0.06, **EXACT)
+    assert costs.router_request_cpu_s(1000) == pytest.approx(0.035, **EXACT)
+    host = HostCpu(costs, window_s=1.0, router_cores=1)
+    host.request_moved(0.0, prompt_tokens=1000)          # a third of each
+    assert host.load_cores(0.5) == pytest.approx(0.02, **EXACT)
+    host.request_moved(0.0, prompt_tokens=0)
+    assert host.load_cores(0.5) == pytest.approx(0.03, **EXACT)
+    # a profile measured before the per-prompt-token terms: a request costs its per-request CPU alone
+    assert ServingCosts(host_cpu_s_per_request=0.03).host_request_cpu_s(5000) == 0.03
+
+
+def test_a_longer_prompt_costs_the_workers_more_cpu_on_their_steps():
+    # one prompt of 50 and one of 150 tokens, 100 us a prompt token in the prefill worker and 10 us
+    # in the decode worker beyond 2 ms and 0.5 ms a request
+    costs = ServingCosts(prefill_cpu_s_per_request=0.002, prefill_cpu_s_per_prompt_token=1e-4,
+                         decode_cpu_s_per_request=0.0005, decode_cpu_s_per_prompt_token=1e-5)
+    flat = ServingCosts(prefill_cpu_s_per_request=0.002, decode_cpu_s_per_request=0.0005)
+    for prompt in (50, 150):
+        result = simulate([spec(0.0, prompt, 3)], Topology.disaggregated(1, 1), round_settings(serving=costs),
+                          ROUND_MODEL)
+        before = simulate([spec(0.0, prompt, 3)], Topology.disaggregated(1, 1), round_settings(serving=flat),
+                          ROUND_MODEL)
+        # the prompt's step: 1e-4 s a prompt token more; its first decode step: 1e-5 s a prompt token more
+        assert result.timeline["first_token_s"][0] - before.timeline["first_token_s"][0] == pytest.approx(
+            prompt * 1e-4, **EXACT)
+        first_step = lambda r: r.timeline["first_decode_token_s"][0] - r.timeline["transfer_end_s"][0]  # noqa: E731
+        assert first_step(result) - first_step(before) == pytest.approx(prompt * 1e-5, **EXACT)
+
+
+def test_a_routers_per_prompt_token_part_cannot_exceed_the_hosts():
+    with pytest.raises(ProfileError, match="router_cpu_s_per_prompt_token"):
+        ServingCosts(host_cpu_s_per_prompt_token=1e-6, router_cpu_s_per_prompt_token=2e-6)
+

@@ -12,7 +12,9 @@ from planner_testkit import ROUND_MODEL
 
 from planner.profile import DecodeSample, ServingCosts
 from loadgen.proc_cpu import cpu_seconds, process_tree
-from planner.profiler.serving_fit import (BatchRun, CpuRun, engine_step_s, fit_served_steps,
+from planner.profiler.serving_fit import (BatchRun, CpuRun, cpu_terms, engine_step_s, fit_served_steps,
+                                          long_prompt_requests, long_prompt_tokens, serving_plan,
+                                          solve_per_prompt_token,
                                           solve_per_request_and_token)
 from planner.simulator.host import stretch_for_load
 
@@ -47,6 +49,57 @@ def test_noise_that_would_make_a_cost_negative_is_clamped_to_zero():
 def test_runs_that_stream_the_same_tokens_cannot_separate_the_costs():
     with pytest.raises(ValueError, match="more tokens"):
         solve_per_request_and_token(CpuRun(10, 20, {"g": 1}), CpuRun(10, 20, {"g": 1}), "g")
+
+
+def _run(requests: int, tokens: int, prompt_tokens: int, per_request: float, per_token: float,
+         per_prompt_token: float) -> CpuRun:
+    """A steady run whose groups cost that much (the prefill worker, which streams no output, no per token)."""
+    cpu = requests * per_request + prompt_tokens * per_prompt_token
+    return CpuRun(requests, tokens, {"decode": cpu + tokens * per_token, "host": cpu + tokens * per_token,
+                                     "router": cpu + tokens * per_token, "prefill": cpu},
+                  wall_s=10.0, prompt_tokens=prompt_tokens)
+
+
+def test_a_per_prompt_token_cpu_solves_exactly_through_a_long_prompt_run():
+    # 2 ms a request, 0.1 ms an output token, 5 us a prompt token; prompts of 128 and 1024 on average
+    short, long = _run(10, 20, 1280, 0.002, 1e-4, 5e-6), _run(10, 320, 1280, 0.002, 1e-4, 5e-6)
+    long_prompts = _run(16, 32, 16384, 0.002, 1e-4, 5e-6)
+    per_request, per_token = solve_per_request_and_token(short, long, "host")
+    assert per_token == pytest.approx(1e-4)
+    assert per_request == pytest.approx(0.002 + 128 * 5e-6)   # without the third run: at the runs' prompts
+    assert solve_per_prompt_token(short, long_prompts, "host", per_token) == pytest.approx((0.002, 5e-6))
+    costs = cpu_terms(short, long, long_prompts, host_cores=2)
+    assert costs.host_cpu_s_per_request == pytest.approx(0.002) and costs.host_cpu_s_per_prompt_token == pytest.approx(5e-6)
+    assert costs.decode_cpu_s_per_prompt_token == pytest.approx(5e-6)
+    # the prefill worker streams nothing: both short-prompt runs pool for its per-request term
+    assert costs.prefill_cpu_s_per_request == pytest.approx(0.002)
+    assert costs.prefill_cpu_s_per_prompt_token == pytest.approx(5e-6)
+    assert costs.router_request_cpu_s(1024) == pytest.approx(0.002 + 1024 * 5e-6)
+
+
+def test_without_a_long_prompt_run_the_per_request_cpu_holds_the_prompts_share_as_before():
+    short, long = _run(10, 20, 1280, 0.002, 1e-4, 5e-6), _run(10, 320, 1280, 0.002, 1e-4, 5e-6)
+    costs = cpu_terms(short, long, None, host_cores=2)
+    assert costs.host_cpu_s_per_prompt_token == 0 and costs.prefill_cpu_s_per_prompt_token == 0
+    assert costs.host_cpu_s_per_request == pytest.approx(0.002 + 128 * 5e-6)
+
+
+def test_a_per_prompt_token_cpu_that_noise_makes_negative_is_zero_and_the_request_term_keeps_the_short_runs():
+    short = _run(10, 20, 1280, 0.002, 0.0, 0.0)
+    long_prompts = _run(10, 20, 10240, 0.0015, 0.0, 0.0)   # cheaper a request with longer prompts: noise
+    assert solve_per_prompt_token(short, long_prompts, "host", 0.0) == pytest.approx((0.002, 0.0))
+    with pytest.raises(ValueError, match="longer on average"):
+        solve_per_prompt_token(short, short, "host", 0.0)
+
+
+def test_the_long_prompt_run_takes_half_the_context_when_that_is_far_from_the_other_runs_prompts():
+    assert long_prompt_tokens(128, 2048) == 1024
+    assert long_prompt_tokens(128, 4096) == 2048
+    assert long_prompt_tokens(128, 512) == 0      # 256 is too close to 128 to tell a slope from noise
+    assert serving_plan(2048, 64, quick=False).long_prompt_tokens == 1024
+    # about 20 s of requests at its rate, at least 16, at most the other runs' count
+    assert long_prompt_requests(3.0, 60) == 60 and long_prompt_requests(1.0, 60) == 20
+    assert long_prompt_requests(0.1, 60) == 16
 
 
 def test_a_process_tree_and_its_cpu_seconds_come_from_proc():
@@ -252,3 +305,4 @@ def test_served_steps_of_one_batch_size_are_its_step_alone_and_said_so():
     assert steps.decode_step_s == pytest.approx(0.002) and steps.decode_cpu_s_per_token == 0.0
     assert any("only batch 1 decoded together (batches [4, 16] never did" in label for label, _ in notes)
     assert sum(step for _, step in notes) == 3
+

@@ -113,12 +113,14 @@ def test_the_placement_pair_fixes_the_decode_instance_unless_picked_again_at_han
 
 
 def test_cost_model_from_maps_the_performance_model_coefficients():
-    serving = ServingCosts(first_token_s=0.03, handoff_s=0.002, decode_step_s=0.003, decode_cpu_s_per_token=0.0004)
+    serving = ServingCosts(first_token_s=0.03, handoff_s=0.002, decode_step_s=0.003, decode_cpu_s_per_token=0.0004,
+                           prefill_cpu_s_per_request=0.002, prefill_cpu_s_per_prompt_token=1e-5)
     cost = cost_model_from(ROUND_MODEL, round_settings(serving=serving), mean_prompt_tokens=150,
                            mean_output_tokens=11)
     per_seq_s = 0.005 + 1e-4 * (150 + 5.5) + 0.0004
     assert dataclasses.asdict(cost) == pytest.approx(dict(
-        fixed_s=0.1 + 0.03, per_token_s=0.001, per_token2_s=1e-6,   # the served first token: the router waits it
+        # the served first token, the prefill worker's CPU on the way: the router waits them
+        fixed_s=0.1 + 0.03 + 0.002, per_token_s=0.001 + 1e-5, per_token2_s=1e-6,
         step_fixed_s=0.01 + 0.003, step_per_seq_s=per_seq_s,
         transfer_fixed_s=0.005 + 0.002, transfer_per_token_s=100 / 1e5,
         # 150 tokens are 2 chunks of the 100-token budget: 2 * 0.1 + 0.15 + 0.0225 alone
