@@ -98,7 +98,10 @@ def test_the_speed_check_times_the_engines_arithmetic_where_they_compute_in_half
     assert describe_product("bfloat16") == "bfloat16 256x768 @ 768x3072 (torch)"
     core = sorted(os.sched_getaffinity(0))[:1]
     windows = run_phase(core, seconds=0.3, window_s=0.1, product="bfloat16")
-    assert sorted(windows) == core and len(windows[core[0]]) >= 2 and min(windows[core[0]]) > 0
+    assert sorted(windows) == core and min(windows[core[0]]) > 0
+    # a window holds at least one product: two or more windows, or one product longer than a window
+    # (an AVX2-only EPYC has no bfloat16 unit: oneDNN's reference path took 1.4 s a product)
+    assert len(windows[core[0]]) >= 2 or windows[core[0]][0] >= 100, windows
     with pytest.raises(ValueError, match="unknown product 'int8'"):
         speed_check_ms(core, seconds=0.3, window_s=0.1, product="int8")
 
