@@ -94,6 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--transport", default="tcp", choices=["shm", "tcp", "torch"],
                    help="the cluster's KV transport, which the profiles must have measured (default tcp; "
                         "`pdserve up` serves over shm on one host)")
+    p.add_argument("--host-window-s", type=float, default=0.5,
+                   help="a what-if for the simulated side: how long the host's CPU from an arrival, a handoff "
+                        "or emitted tokens loads the cores (default 0.5, the simulator's own)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "validate_planner")
     args = p.parse_args(argv)
@@ -120,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = resimulated(args, console) if args.resimulate else measured(args, console)
     verdicts, rates_by_run = [], {}
     for setup, shape_runs, out_dir in runs:
-        comparisons = compare(shape_runs, args.profile, setup.transport, setup.slo, setup.topology, setup.router)
+        comparisons = compare(shape_runs, args.profile, setup.transport, setup.slo, setup.topology, setup.router,
+                              args.host_window_s)
         shape = setup.workload.get("shape", "uniform")
         console.print(error_table(comparisons, f"measured vs simulated, {setup.topology.label}, {shape}, "
                                                f"{setup.model_name}"))
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"where the time goes, {setup.topology.label}, {shape}: measured vs simulated phases")
         if phases is not None:
             console.print(phases)
-        json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons, args.resimulate)
+        json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons, args.resimulate,
+                                          args.host_window_s)
         console.print(f"wrote {json_path} and {png}")
         rates_by_run[(shape, setup.topology.label)] = [run.rate_rps for run in shape_runs]
         verdicts += [verdict(comparisons, shape, setup.topology.label, path.stem) for path in args.profile]

@@ -187,7 +187,10 @@ class SimSettings:
     - `serving`: what the router, the hops and the workers' API processes add (latencies, CPU on
       the workers' cores and on the host's); zeros simulate the engines alone;
     - `router`: the placement policy, cost model, SLOs and admission the simulated router uses;
-    - `spread_seed`: seeds the draws of `serving`'s measured spread (`planner.simulator.spread`).
+    - `spread_seed`: seeds the draws of `serving`'s measured spread (`planner.simulator.spread`);
+    - `host_window_s`: how long the host's CPU from an arrival, a handoff or emitted tokens loads
+      the cores (`planner.simulator.host.HostCpu`; BENCHMARKS "How long a burst's CPU loads the
+      router's core" says what shorter windows do to the validations).
     """
 
     token_budget: int
@@ -200,12 +203,15 @@ class SimSettings:
     serving: ServingCosts = ServingCosts()
     router: RouterSettings = RouterSettings()
     spread_seed: int = 0
+    host_window_s: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise SimulationError(f"SimSettings.{name} must be an int >= 1, got {value!r}")
+        if not self.host_window_s > 0:
+            raise SimulationError(f"SimSettings.host_window_s must be > 0, got {self.host_window_s!r}")
         if self.decode_pick not in ("handoff", "arrival"):
             raise SimulationError(f"SimSettings.decode_pick must be 'handoff' or 'arrival', got {self.decode_pick!r}")
 

@@ -120,7 +120,7 @@ class _Cluster:
         self._cores_per_instance = settings.serving.host_cores / topology.devices * topology.devices_per_instance
         # the router is bound to the prefill instances' cores where there are any (a prefill pool
         # is apart from the decode side: `launch.commands.router_cores_for`), else it floats
-        self.host = HostCpu(settings.serving, router_cores=topology.num_prefill * self._cores_per_instance)
+        self.host = HostCpu(settings.serving, settings.host_window_s, router_cores=topology.num_prefill * self._cores_per_instance)
         self.spread = ServiceSpread(settings.serving, settings.spread_seed)
         self._stepping: set[int] = set()  # ids of the instances with a step running
         self._stepping_prefill: set[int] = set()  # of those, the prefill instances (the router's cores)

@@ -9,7 +9,7 @@ import pytest
 from planner_testkit import ROUND_MODEL, round_settings, spec
 
 from planner.profile import ProfileError, ServingCosts
-from planner.simulator import Topology, simulate
+from planner.simulator import SimulationError, Topology, simulate
 from planner.simulator.host import HostCpu, stretch_for_load, stretch_for_loads
 
 EXACT = dict(abs=1e-12)
@@ -142,6 +142,22 @@ def test_a_bound_router_moves_the_hosts_load_from_the_decode_steps_to_the_prefil
     floating, bound = run(0.0), run(0.01)
     assert bound.tpot_s.mean() < floating.tpot_s.mean()
     assert bound.ttft_s.mean() > floating.ttft_s.mean()
+
+
+def test_a_bursts_router_cpu_in_a_shorter_window_delays_the_bursts_prompts_more():
+    """Eight prompts at once on 1P+1D with the router bound to the prefill core: the same router CPU
+    per request, spread over the default half second or over 50 ms (what queueing behind it sees)."""
+    requests = [spec(0.0, 50, 2) for _ in range(8)]
+    costs = ServingCosts(host_cpu_s_per_request=0.03, router_cpu_s_per_request=0.03, host_cores=2)
+
+    def ttft_s(**window):
+        settings = round_settings(serving=costs, **window)
+        return simulate(requests, Topology.disaggregated(1, 1), settings, ROUND_MODEL).ttft_s
+    default, short, alone = ttft_s(), ttft_s(host_window_s=0.05), \
+        simulate(requests, Topology.disaggregated(1, 1), round_settings(), ROUND_MODEL).ttft_s
+    assert alone.max() < default.max() < short.max()
+    with pytest.raises(SimulationError, match="host_window_s"):
+        round_settings(host_window_s=0.0)
 
 
 def test_steps_beside_another_instances_step_take_the_measured_corun_stretch():
