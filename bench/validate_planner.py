@@ -97,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host-window-s", type=float, default=0.5,
                    help="a what-if for the simulated side: how long the host's CPU from an arrival, a handoff "
                         "or emitted tokens loads the cores (default 0.5, the simulator's own)")
+    p.add_argument("--router-cpu-charge", default="window", choices=["window", "backlog"],
+                   help="a what-if for the simulated side: the bound router's CPU as a load over the host "
+                        "window (window, the simulator's own) or as work queued on its cores (backlog)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "validate_planner")
     args = p.parse_args(argv)
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts, rates_by_run = [], {}
     for setup, shape_runs, out_dir in runs:
         comparisons = compare(shape_runs, args.profile, setup.transport, setup.slo, setup.topology, setup.router,
-                              args.host_window_s)
+                              what_if(args))
         shape = setup.workload.get("shape", "uniform")
         console.print(error_table(comparisons, f"measured vs simulated, {setup.topology.label}, {shape}, "
                                                f"{setup.model_name}"))
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if phases is not None:
             console.print(phases)
         json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons, args.resimulate,
-                                          args.host_window_s)
+                                          what_if(args))
         console.print(f"wrote {json_path} and {png}")
         rates_by_run[(shape, setup.topology.label)] = [run.rate_rps for run in shape_runs]
         verdicts += [verdict(comparisons, shape, setup.topology.label, path.stem) for path in args.profile]
@@ -165,6 +168,14 @@ def measured(args: argparse.Namespace, console: Console):
                 console.print(f"skipped {name} on {topology.label}: {why}")
                 continue
             yield setup, runs, out_dir
+
+
+def what_if(args: argparse.Namespace) -> dict:
+    """The simulator settings the command line changes from the simulator's own."""
+    from planner.simulator import SimSettings
+
+    changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge}
+    return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
 
 
 def resimulated(args: argparse.Namespace, console: Console):

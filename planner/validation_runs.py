@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -134,15 +134,15 @@ def cluster_cpu_s(cluster) -> float:
 
 def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: str, slo: SLO,
             topology: Topology = Topology.disaggregated(1, 1), router: RouterSettings | None = None,
-            host_window_s: float = SimSettings.host_window_s) -> list[Comparison]:
+            what_if: Mapping[str, object] | None = None) -> list[Comparison]:
     """Each run against each profile's simulation of its very requests through `topology`, whose
-    router places as `router` (the real router's settings; `host_window_s`: the simulator's, a
-    what-if); a profile's model is named by its file's stem."""
+    router places as `router` (the real router's settings); `what_if`: `SimSettings` fields the
+    simulation takes instead of its own (`host_window_s`, `router_cpu_charge`); a profile's model
+    is named by its file's stem."""
     models = {}
     for path in profile_paths:
         profile = load_profile(path)
-        models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport, host_window_s=host_window_s),
-                                          router),
+        models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport, **(what_if or {})), router),
                              fit_perf_model(profile).model)
     return [_comparison(run, name, simulate(run.requests, topology, settings, model), slo)
             for run in runs for name, (settings, model) in models.items()]
@@ -191,10 +191,10 @@ def _phases_from_json(data: dict | None) -> dict[str, list[float]] | None:
 
 def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Sequence[Path], runs: Sequence[RateRun],
                      comparisons: Sequence[Comparison], resimulated: Path | None = None,
-                     host_window_s: float = SimSettings.host_window_s) -> tuple[Path, Path]:
+                     what_if: Mapping[str, object] | None = None) -> tuple[Path, Path]:
     """Writes <out_dir>/validation.json (the setup, the comparisons, each run's CPU and requests as
-    [arrival_s, prompt_tokens, output_tokens], and the simulator's `host_window_s` where it is not
-    its own) and validation.png; returns both paths."""
+    [arrival_s, prompt_tokens, output_tokens], and the simulator's `what_if` settings where there
+    are any) and validation.png; returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     slo = setup.slo
     json_path = out_dir / "validation.json"
@@ -203,7 +203,7 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
          "workload": setup.workload, "transport": setup.transport, "topology": setup.topology.label,
          **({"router": router_files(setup.router.placement, setup.router.cost)} if setup.router else {}),
          **({"resimulated": str(resimulated)} if resimulated else {}),
-         **({"sim_host_window_s": host_window_s} if host_window_s != SimSettings.host_window_s else {}),
+         **({"sim_what_if": dict(what_if)} if what_if else {}),
          **to_json(comparisons),
          "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},
          "machine": {str(run.rate_rps): run.machine for run in runs if run.machine},

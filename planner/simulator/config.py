@@ -11,6 +11,7 @@ from typing import Literal
 from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
 from planner.profile import Profile, ServingCosts
+from planner.simulator.host import ROUTER_CHARGES
 from router.policies.placement import CostModel, PlacementConfig
 from router.scheduler import SloTargets
 
@@ -190,7 +191,10 @@ class SimSettings:
     - `spread_seed`: seeds the draws of `serving`'s measured spread (`planner.simulator.spread`);
     - `host_window_s`: how long the host's CPU from an arrival, a handoff or emitted tokens loads
       the cores (`planner.simulator.host.HostCpu`; BENCHMARKS "How long a burst's CPU loads the
-      router's core" says what shorter windows do to the validations).
+      router's core" says what shorter windows do to the validations);
+    - `router_cpu_charge`: where the router bound to the prefill instances' cores puts its CPU:
+      "window" (a load over `host_window_s` that stretches the steps there) or "backlog" (work
+      queued on those cores that the steps starting there share, `planner.simulator.host.RouterBacklog`).
     """
 
     token_budget: int
@@ -204,12 +208,16 @@ class SimSettings:
     router: RouterSettings = RouterSettings()
     spread_seed: int = 0
     host_window_s: float = 0.5
+    router_cpu_charge: str = "window"
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise SimulationError(f"SimSettings.{name} must be an int >= 1, got {value!r}")
+        if self.router_cpu_charge not in ROUTER_CHARGES:
+            raise SimulationError(f"SimSettings.router_cpu_charge must be one of {ROUTER_CHARGES}, "
+                                  f"got {self.router_cpu_charge!r}")
         if not self.host_window_s > 0:
             raise SimulationError(f"SimSettings.host_window_s must be > 0, got {self.host_window_s!r}")
         if self.decode_pick not in ("handoff", "arrival"):

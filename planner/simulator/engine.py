@@ -120,7 +120,8 @@ class _Cluster:
         self._cores_per_instance = settings.serving.host_cores / topology.devices * topology.devices_per_instance
         # the router is bound to the prefill instances' cores where there are any (a prefill pool
         # is apart from the decode side: `launch.commands.router_cores_for`), else it floats
-        self.host = HostCpu(settings.serving, settings.host_window_s, router_cores=topology.num_prefill * self._cores_per_instance)
+        self.host = HostCpu(settings.serving, settings.host_window_s, router_cores=topology.num_prefill * self._cores_per_instance,
+                            router_charge=settings.router_cpu_charge)
         self.spread = ServiceSpread(settings.serving, settings.spread_seed)
         self._stepping: set[int] = set()  # ids of the instances with a step running
         self._stepping_prefill: set[int] = set()  # of those, the prefill instances (the router's cores)
@@ -180,6 +181,8 @@ class _Cluster:
             end_s = instance.start_step(now, stretch, self.spread.step_extra_s(),
                                         corun_stretches(self.settings.serving) if beside_another else NO_CORUN)
             if end_s is not None:
+                if prefill:  # the router's queued CPU shares the step's core
+                    end_s += self.host.router_delay_s(now, end_s - now)
                 self._stepping.add(id(instance))
                 if prefill:
                     self._stepping_prefill.add(id(instance))
@@ -204,7 +207,8 @@ class _Cluster:
                 # its hops' CPU (the router's, the prefill worker's) is on the router's cores,
                 # shared as a prefill step starting now would be
                 request.hop_stretch = self._host_stretch(now, prefill=True)
-                self._push(now + self.settings.serving.handoff_s * request.hop_stretch, HANDOFF, request)
+                hop_s = self.settings.serving.handoff_s * request.hop_stretch
+                self._push(now + hop_s + self.host.router_delay_s(now, hop_s), HANDOFF, request)
             else:  # a Local prompt: the first token streams from the decode instance
                 self.router.prefilled(request)
                 self.host.request_moved(now, request.prompt_tokens)

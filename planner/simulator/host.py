@@ -32,6 +32,7 @@ from planner.profile import ServingCosts
 
 MAX_STOLEN = 0.9  # the share of a busy core the host's load may take (keeps the model finite)
 REQUEST_MOMENTS = 3  # arrival, handoff, end: a request's CPU in the router and the client is spread over them
+ROUTER_CHARGES = ("window", "backlog")  # where a bound router's per-request CPU goes (`HostCpu`)
 
 
 class _Window:
@@ -57,15 +58,22 @@ class HostCpu:
     """The unbound processes' load over time; `router_cores` is how many cores the router is
     bound to (the prefill instances' cores), 0 when it floats."""
 
-    def __init__(self, costs: ServingCosts, window_s: float = 0.5, router_cores: float = 0.0) -> None:
+    def __init__(self, costs: ServingCosts, window_s: float = 0.5, router_cores: float = 0.0,
+                 router_charge: str = "window") -> None:
         if window_s <= 0:
             raise ValueError(f"window_s must be > 0, got {window_s}")
         if router_cores < 0:
             raise ValueError(f"router_cores must be >= 0, got {router_cores}")
+        if router_charge not in ROUTER_CHARGES:
+            raise ValueError(f"router_charge must be one of {ROUTER_CHARGES}, got {router_charge!r}")
         self.costs, self.window_s = costs, window_s
         measured_apart = costs.router_cpu_s_per_token or costs.router_cpu_s_per_request or costs.router_cpu_s_per_prompt_token
         self.router_cores = router_cores if measured_apart else 0.0
         self._router, self._rest = _Window(window_s), _Window(window_s)
+        # "backlog": the bound router's per-request CPU queues on its cores (`RouterBacklog`), charged
+        # to the steps there instead of stretching them through the window; its per-token CPU, a
+        # steady load while streams decode, stays in the window
+        self.backlog = RouterBacklog(self.router_cores) if router_charge == "backlog" and self.router_cores > 0 else None
 
     @property
     def modelled(self) -> bool:
@@ -75,7 +83,7 @@ class HostCpu:
         """One of the `REQUEST_MOMENTS` the router works on a request of `prompt_tokens`: its
         arrival, its handoff (or its first token, computed where it decodes), its end."""
         self._add(at_s, self.costs.host_request_cpu_s(prompt_tokens) / REQUEST_MOMENTS,
-                  self.costs.router_request_cpu_s(prompt_tokens) / REQUEST_MOMENTS)
+                  self.costs.router_request_cpu_s(prompt_tokens) / REQUEST_MOMENTS, queued=True)
 
     def tokens_emitted(self, at_s: float, num_tokens: int) -> None:
         self._add(at_s, self.costs.host_cpu_s_per_token * num_tokens, self.costs.router_cpu_s_per_token * num_tokens)
@@ -94,14 +102,58 @@ class HostCpu:
         return stretch_for_loads(self._rest.load_cores(now), self._router.load_cores(now), self.costs.host_cores,
                                  busy_cores, self.router_cores, busy_router_cores, on_router_cores)
 
-    def _add(self, at_s: float, host_cpu_s: float, router_cpu_s: float) -> None:
+    def router_delay_s(self, now: float, engine_s: float) -> float:
+        """How much longer a step (or a hop) of `engine_s` starting now on the router's cores takes
+        for the router's queued CPU (0 without a backlog)."""
+        return self.backlog.serve(now, engine_s) if self.backlog is not None and self.modelled else 0.0
+
+    def _add(self, at_s: float, host_cpu_s: float, router_cpu_s: float, queued: bool = False) -> None:
+        """`queued`: the router's part is a request's (it comes in bursts: the backlog's, where there
+        is one), not a stream's tokens (a steady load while decode runs: the window's)."""
         if not self.modelled:
             return
         if self.router_cores > 0:
-            self._router.add(at_s, router_cpu_s)
+            if queued and self.backlog is not None:
+                self.backlog.add(at_s, router_cpu_s)
+            else:
+                self._router.add(at_s, router_cpu_s)
             self._rest.add(at_s, host_cpu_s - router_cpu_s)
         else:
             self._rest.add(at_s, host_cpu_s)
+
+
+class RouterBacklog:
+    """The bound router's CPU as work queued on its `cores`, served as it comes: a step (or a hop)
+    of engine time d that starts with a backlog B shares the core with it and takes min(B, d)
+    longer, which the backlog loses; a core with no step drains it at full speed. Under a steady
+    load x of a core that never idles this is the window's stretch 1 / (1 - x); where the core
+    idles between steps the router's work runs there for free; under a burst it charges the
+    burst's work exactly, to the steps it lands on (BENCHMARKS, "How long a burst's CPU loads the
+    router's core"). Work that arrives while a step runs is charged to the next one. A what-if
+    (`SimSettings.router_cpu_charge`): resimulated, it moved the four kept validations' bursty
+    goodput further from the measured than the window does (same section)."""
+
+    def __init__(self, cores: float) -> None:
+        self.cores = cores
+        self.backlog_s = 0.0   # CPU seconds queued
+        self._free_at_s = 0.0  # until when the steps that charged the backlog hold the cores
+
+    def add(self, at_s: float, cpu_s: float) -> None:
+        self._drain(at_s)
+        self.backlog_s += max(0.0, cpu_s)
+
+    def serve(self, now: float, engine_s: float) -> float:
+        self._drain(now)
+        delay_s = min(self.backlog_s, max(0.0, engine_s))
+        self.backlog_s -= delay_s
+        self._free_at_s = max(self._free_at_s, now + engine_s + delay_s)
+        return delay_s
+
+    def _drain(self, now: float) -> None:
+        idle_s = now - self._free_at_s
+        if idle_s > 0:
+            self.backlog_s = max(0.0, self.backlog_s - idle_s * self.cores)
+            self._free_at_s = now
 
 
 def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: float, busy_cores: float,

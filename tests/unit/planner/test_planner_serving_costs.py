@@ -10,7 +10,7 @@ from planner_testkit import ROUND_MODEL, round_settings, spec
 
 from planner.profile import ProfileError, ServingCosts
 from planner.simulator import SimulationError, Topology, simulate
-from planner.simulator.host import HostCpu, stretch_for_load, stretch_for_loads
+from planner.simulator.host import HostCpu, RouterBacklog, stretch_for_load, stretch_for_loads
 
 EXACT = dict(abs=1e-12)
 
@@ -282,3 +282,32 @@ def test_a_routers_per_prompt_token_part_cannot_exceed_the_hosts():
     with pytest.raises(ProfileError, match="router_cpu_s_per_prompt_token"):
         ServingCosts(host_cpu_s_per_prompt_token=1e-6, router_cpu_s_per_prompt_token=2e-6)
 
+
+
+def test_a_routers_backlog_delays_the_steps_it_lands_on_by_its_work_and_drains_when_the_core_idles():
+    backlog = RouterBacklog(cores=1.0)
+    backlog.add(0.0, 0.015)                        # a burst's intake: 15 ms of router CPU at once
+    assert backlog.serve(0.0, 0.010) == pytest.approx(0.010)   # a 10 ms step shares the core: 20 ms
+    assert backlog.serve(0.020, 0.010) == pytest.approx(0.005)  # the next takes the 5 ms left
+    assert backlog.serve(0.035, 0.010) == 0.0
+    backlog.add(0.050, 0.004)                       # 4 ms more while the core idles from 0.045
+    assert backlog.serve(0.052, 0.010) == pytest.approx(0.002)  # 2 ms of it drained before the step
+    backlog.add(0.100, 0.003)
+    assert backlog.serve(0.200, 0.010) == 0.0       # an idle core took it all
+
+
+def test_the_backlog_charge_moves_only_a_bound_routers_per_request_cpu_and_is_a_named_setting():
+    costs = ServingCosts(host_cpu_s_per_request=0.03, router_cpu_s_per_request=0.03, host_cpu_s_per_token=0.001,
+                         router_cpu_s_per_token=0.001, host_cores=2)
+    host = HostCpu(costs, window_s=1.0, router_cores=1, router_charge="backlog")
+    host.request_moved(0.0, 10)
+    host.tokens_emitted(0.0, 5)
+    assert host.load_cores(0.0) == pytest.approx(0.005)          # the tokens' router CPU, in the window
+    assert host.router_delay_s(0.0, 1.0) == pytest.approx(0.010)  # the request's third, queued
+    floating = HostCpu(costs, window_s=1.0, router_cores=0, router_charge="backlog")
+    floating.request_moved(0.0, 10)
+    assert floating.router_delay_s(0.0, 1.0) == 0.0 and floating.load_cores(0.0) == pytest.approx(0.010)
+    with pytest.raises(ValueError, match="router_charge"):
+        HostCpu(costs, router_charge="later")
+    with pytest.raises(SimulationError, match="router_cpu_charge"):
+        round_settings(router_cpu_charge="later")
