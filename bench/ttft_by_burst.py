@@ -24,11 +24,9 @@ def arrivals_before(arrival_s: np.ndarray, within_s: float) -> np.ndarray:
     """For each request, how many others arrived in the `within_s` before it (ties count as before
     for the later index: requests sent at the same instant are one burst in send order)."""
     order = np.argsort(arrival_s, kind="stable")
-    counts = np.empty(len(arrival_s), dtype=int)
     sorted_s = arrival_s[order]
-    for rank, index in enumerate(order):
-        counts[index] = rank - np.searchsorted(sorted_s, sorted_s[rank] - within_s, side="right") \
-            if within_s > 0 else 0
+    counts = np.empty(len(arrival_s), dtype=int)
+    counts[order] = np.maximum(0, np.arange(len(sorted_s)) - np.searchsorted(sorted_s, sorted_s - within_s, side="right"))
     return counts
 
 
@@ -51,21 +49,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("validation", type=Path, help="a validation.json of bench/validate_planner.py (one shape)")
     p.add_argument("--profile", type=Path, required=True, help="the profile to simulate the requests with")
     p.add_argument("--within-ms", type=float, default=100.0, help="the burst window before a request (default 100)")
-    p.add_argument("--host-window-s", type=float, default=0.5, help="the simulator's host window (a what-if)")
+    p.add_argument("--host-window-s", type=float, default=0.5,
+                   help="the simulator's host window (a what-if; default %(default)s, the simulator's own)")
     args = p.parse_args(argv)
 
     from planner.perf_model import fit_perf_model
     from planner.profile import load_profile
     from planner.simulator import SimSettings, simulate
     from planner.validation_phases import simulated_phases
-    from planner.validation_runs import load_earlier
+    from planner.validation_runs import _with_router, load_earlier
 
     setup, runs = load_earlier(args.validation, "shm")
     profile = load_profile(args.profile)
-    settings = SimSettings.from_profile(profile, setup.transport, host_window_s=args.host_window_s)
-    if setup.router is not None:
-        from dataclasses import replace
-        settings = replace(settings, router=setup.router)
+    settings = _with_router(SimSettings.from_profile(profile, setup.transport, host_window_s=args.host_window_s),
+                            setup.router)
     model = fit_perf_model(profile).model
     for run in runs:
         if run.phases is None:

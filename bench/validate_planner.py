@@ -48,7 +48,8 @@ from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.host_probe import speed_check_ms, wake_check_us
 from planner.profile import Profile, load_profile
-from planner.simulator import SimulationError, Topology
+from planner.simulator import SimSettings, SimulationError, Topology
+from planner.simulator.host import ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_table, phase_table, plot_verdicts, verdict,
                                verdict_table, verdicts_to_json)
@@ -94,10 +95,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--transport", default="tcp", choices=["shm", "tcp", "torch"],
                    help="the cluster's KV transport, which the profiles must have measured (default tcp; "
                         "`pdserve up` serves over shm on one host)")
-    p.add_argument("--host-window-s", type=float, default=0.5,
+    p.add_argument("--host-window-s", type=float, default=SimSettings.host_window_s,
                    help="a what-if for the simulated side: how long the host's CPU from an arrival, a handoff "
-                        "or emitted tokens loads the cores (default 0.5, the simulator's own)")
-    p.add_argument("--router-cpu-charge", default="window", choices=["window", "backlog"],
+                        "or emitted tokens loads the cores (default %(default)s, the simulator's own)")
+    p.add_argument("--router-cpu-charge", default=SimSettings.router_cpu_charge, choices=ROUTER_CHARGES,
                    help="a what-if for the simulated side: the bound router's CPU as a load over the host "
                         "window (window, the simulator's own) or as work queued on its cores (backlog)")
     p.add_argument("--seed", type=int, default=0)
@@ -172,8 +173,6 @@ def measured(args: argparse.Namespace, console: Console):
 
 def what_if(args: argparse.Namespace) -> dict:
     """The simulator settings the command line changes from the simulator's own."""
-    from planner.simulator import SimSettings
-
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge}
     return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
 

@@ -105,7 +105,7 @@ class HostCpu:
     def router_delay_s(self, now: float, engine_s: float) -> float:
         """How much longer a step (or a hop) of `engine_s` starting now on the router's cores takes
         for the router's queued CPU (0 without a backlog)."""
-        return self.backlog.serve(now, engine_s) if self.backlog is not None and self.modelled else 0.0
+        return self.backlog.serve(now, engine_s) if self.backlog is not None else 0.0
 
     def _add(self, at_s: float, host_cpu_s: float, router_cpu_s: float, queued: bool = False) -> None:
         """`queued`: the router's part is a request's (it comes in bursts: the backlog's, where there
