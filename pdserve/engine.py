@@ -20,7 +20,7 @@ from typing import Literal
 from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig
 from pdserve.cpu_placement import parse_cores
 from pdserve.preload import DEFAULT_LIBRARIES, Preload, check_libraries, find_preload
-from pdserve.vllm_plugin import SPIN_ENV
+from pdserve.vllm_plugin import HOLD_WAIT_ENV, SPIN_ENV
 
 from pdserve.roles import Role
 
@@ -58,6 +58,11 @@ def native_dtype(cpuinfo: str | None = None) -> str:
 # TPOT 9.6 -> 7.4 ms and a worker over both cores' TTFT p90 4.0 s -> 0.3 s (its OpenMP threads wait
 # on a core the poller holds). 0 is not safe: a reader may then sleep through a notification.
 DEFAULT_VLLM_SPIN_MS = 5.0
+
+# How long vLLM's engine core waits for a request between the empty steps it runs while it only
+# holds finished requests' blocks for a KV pull (pdserve.vllm_plugin, "Holding"); vLLM's own: 1 ms.
+# The environment's PDSERVE_VLLM_HOLD_WAIT_S, where set, wins (0: vLLM's own loop).
+DEFAULT_HOLD_WAIT_MS = 50.0
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,7 @@ def engine_args(settings: EngineSettings, role: EngineRole, connector: Connector
     os.environ.update(executor_env(executor, settings.cpu_cores))
     if settings.vllm_spin_ms >= 0:  # read by pdserve.vllm_plugin in the engine's child processes
         os.environ[SPIN_ENV] = f"{settings.vllm_spin_ms / 1000:g}"
+    os.environ.setdefault(HOLD_WAIT_ENV, f"{DEFAULT_HOLD_WAIT_MS / 1000:g}")
     if settings.preload and not on_gpu():
         preload_into_engine_processes(settings.preload)
     kv_transfer_config = None

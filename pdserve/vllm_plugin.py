@@ -29,6 +29,21 @@ compute is ~2% of a core, and the unpinned engine-core processes spin on whichev
 worker sets it from its config. Unset, vLLM's spin is its own (a colocated vLLM baseline keeps
 it). vLLM loads general plugins in the API process, the engine core and every
 worker process, so the cap reaches the readers on both sides of each queue.
+
+Holding. A prefill engine keeps a finished request's blocks until the decode side has pulled them
+(the connector's `request_finished` delays the free; `kv_transfer.connector`), and vLLM's engine
+core learns that the pull is done only from a step: while such a request is all it has, its loop
+runs an empty step (schedule, execute, update), sleeps 1 ms and steps again
+(`EngineCoreProc._process_engine_step`), about a thousand empty steps a second on the prefill
+worker's core for as long as the hold lasts: through the handoff of every request, and a lease's
+whole term when the decode side never pulls (measured on a 2-vCPU Xeon, tiny model: 0.29 of a core
+while an orphaned lease is held, 0.027 with a 50 ms wait; 1-2 ms of CPU per lone request's
+handoff, `bench/engine_core_cpu.py`). `PDSERVE_VLLM_HOLD_WAIT_S` (seconds; pdserve's engines set it,
+`pdserve.engine.DEFAULT_HOLD_WAIT_MS`) makes the engine core, while holds are all it has (nothing
+running or waiting, no batch in flight), wait for its next request for up to that long between
+those steps instead of 1 ms: a request that arrives wakes it at once, as before; a finished pull
+is seen up to that much later (its blocks free later; nothing waits on it but the next prompt's
+allocation, which arrives as a request and wakes the loop). Unset or 0: vLLM's own loop.
 """
 
 from __future__ import annotations
@@ -37,17 +52,22 @@ import logging
 import os
 
 SPIN_ENV = "PDSERVE_VLLM_SPIN_S"
+HOLD_WAIT_ENV = "PDSERVE_VLLM_HOLD_WAIT_S"
 
 logger = logging.getLogger(__name__)
 
 
 def register() -> None:
     """Entry point of the `vllm.general_plugins` group: AMX permission where the CPU has AMX; the
-    seeded stream's patches (always); the spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
+    seeded stream's patches (always); the hold wait when `PDSERVE_VLLM_HOLD_WAIT_S` is above 0;
+    the spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
     request_amx_permission()
     from pdserve import grammar_stream, sampler_stream
     sampler_stream.install()
     grammar_stream.install()  # structured output continued across engines (pdserve.grammar_stream)
+    hold_wait = os.environ.get(HOLD_WAIT_ENV, "")
+    if hold_wait and float(hold_wait) > 0:
+        wait_for_input_while_holding(float(hold_wait))
     value = os.environ.get(SPIN_ENV, "")
     if not value:
         return
@@ -91,3 +111,39 @@ def cap_shm_spin(spin_s: float) -> None:
     condition._pdserve_original_wait = original_wait
     condition.wait = wait
     logger.debug("vLLM shared-memory queue readers spin at most %.3f s", spin_s)
+
+
+VLLM_HOLD_SLEEP_S = 0.001  # what vLLM's `_process_engine_step` sleeps after a step that ran nothing
+
+
+def only_holding(running: int, waiting: int, batches_in_flight: int, has_requests: bool) -> bool:
+    """True when an engine core's scheduler still has requests but none to run: only finished
+    requests whose blocks a connector holds (or whose ids the next step clears)."""
+    return has_requests and running == 0 and waiting == 0 and batches_in_flight == 0
+
+
+def wait_for_input_while_holding(wait_s: float) -> None:
+    """Makes vLLM's engine core, after a step that ran nothing while it only holds blocks
+    (`only_holding`), wait up to `wait_s` for its next client request (handled at once) before it
+    steps again (see the module doc)."""
+    import queue
+
+    from vllm.v1.engine.core import EngineCoreProc
+
+    original = getattr(EngineCoreProc, "_pdserve_original_step", EngineCoreProc._process_engine_step)
+
+    def _process_engine_step(self) -> bool:
+        model_executed = original(self)
+        if model_executed or not only_holding(*self.scheduler.get_request_counts(), len(self.batch_queue or ()),
+                                              self.scheduler.has_requests()):
+            return model_executed
+        try:
+            request = self.input_queue.get(timeout=max(0.0, wait_s - VLLM_HOLD_SLEEP_S))
+        except queue.Empty:
+            return model_executed
+        self._handle_client_request(*request)
+        return model_executed
+
+    EngineCoreProc._pdserve_original_step = original
+    EngineCoreProc._process_engine_step = _process_engine_step
+    logger.debug("vLLM's engine core waits up to %.3f s for a request while it only holds blocks", wait_s)
