@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import tempfile
 import time
@@ -277,11 +278,25 @@ def _vllm_batched_tokens(parser, systems: tuple[str, ...] | None) -> tuple[int, 
     return tuple(tokens) or None
 
 
-def predictions(config: CompareConfig) -> dict[str, tuple[str, str, float]]:
-    """B*-<name> -> (the SLO pair it was planned for, the plan's topology, its predicted goodput), for the report."""
+def predictions(config: CompareConfig) -> dict[str, tuple[str, str, float, str]]:
+    """B*-<name> -> (the SLO pair it was planned for, the plan's topology, its predicted goodput,
+    `request_set_mismatch` of its workload against this run's), for the report."""
     plans = {name: read_planned_cluster(directory) for name, directory in config.plans}
-    return {PLAN_PREFIX + name: (plan_pair(name), plan.topology.label, plan.predicted_goodput_rps)
+    return {PLAN_PREFIX + name: (plan_pair(name), plan.topology.label, plan.predicted_goodput_rps,
+                                 request_set_mismatch(plan.workload, config.num_requests))
             for name, plan in plans.items()}
+
+
+def request_set_mismatch(plan_workload: str, num_requests: int) -> str:
+    """"" when the plan was made for as many requests as this run sends (or its workload does not
+    say), else why its prediction is not one of this run: the goodput bar is an attainment over the
+    request set, and another set holds another share of the prompts a topology may give up (the
+    trace's first 80 requests hold 7 of 2,000 tokens, 8.75%, which a plan at 90% can lose
+    whole; its first 40 hold 5, 12.5%, which it cannot)."""
+    found = re.search(r"(\d+) requests", plan_workload)
+    if found is None or int(found.group(1)) == num_requests:
+        return ""
+    return f"planned for {found.group(1)} requests, measured on {num_requests}"
 
 
 def _plan(text: str) -> tuple[str, Path]:
@@ -306,6 +321,10 @@ def _s(ms: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=150)  # tables stay readable in a log
+    for system, (_, _, _, mismatch) in predictions(config).items():
+        if mismatch:
+            console.print(f"[yellow]{system}: {mismatch}: its predicted goodput is not a prediction of this run "
+                          f"(plan with --num-prompts {config.num_requests})[/yellow]")
     budget = Budget(config.budget_s)
     started = time.monotonic()
     measurements, skipped = run_all(config, console, budget)

@@ -68,16 +68,19 @@ def goodput_rows(found: dict[str, dict[str, tuple[float, bool]]], pairs: Sequenc
     return headers, rows
 
 
-def plan_rows(found: dict[str, dict[str, tuple[float, bool]]], predicted: Mapping[str, tuple[str, str, float]],
+def plan_rows(found: dict[str, dict[str, tuple[float, bool]]], predicted: Mapping[str, tuple[str, str, float, str]],
               rates: Sequence[float]) -> tuple[list[str], list[list[str]]]:
-    """Each planned system (`predicted`: key -> (SLO pair, the plan's topology, predicted goodput))
-    against its goodput measured under the pair it was planned for, and the error of the plan."""
+    """Each planned system (`predicted`: key -> (SLO pair, the plan's topology, predicted goodput,
+    why the plan's request set is not the run's, or "")) against its goodput measured under the
+    pair it was planned for, and the error of the plan (none for a plan of another request set)."""
     headers = ["system", "planned for", "topology", "predicted (req/s)", "measured (req/s)", "error"]
     rows = []
-    for key, (pair, topology, predicted_rps) in predicted.items():
+    for key, (pair, topology, predicted_rps, mismatch) in predicted.items():
         measured = found.get(pair, {}).get(key)
         error = "n/a"
-        if measured is not None and measured[0] > 0:
+        if mismatch:
+            error = f"n/a ({mismatch})"
+        elif measured is not None and measured[0] > 0:
             error = f"{(predicted_rps - measured[0]) / measured[0]:+.0%}" + ("" if measured[1] else " (bound)")
         rows.append([key, pair, topology, f"{predicted_rps:.2f}",
                      format_goodput(measured, rates) if measured is not None else "not measured", error])
@@ -173,7 +176,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 
 
 def report(config, measurements: Sequence[Measurement], console: Console, wall_s: float, argv: Sequence[str],
-           skipped: Sequence[Skipped] = (), predicted: Mapping[str, tuple[str, str, float]] | None = None) -> None:
+           skipped: Sequence[Skipped] = (), predicted: Mapping[str, tuple[str, str, float, str]] | None = None) -> None:
     """Print the tables; write <label>.json, <label>.md and the PNGs under config.out_dir. Points
     skipped or cut for time are listed in all three. `predicted`: the planned systems' predictions
     (`plan_rows`), set beside what was measured."""

@@ -229,7 +229,7 @@ def test_a_plan_per_slo_pair_becomes_a_b_star_system_and_its_prediction_is_set_b
     write_planned_cluster(tmp_path / "t", Topology.aggregated(2), SLO(ttft_s=1.5, tpot_s=0.03), 2.4, 0.95, "total", "w")
     config = parse_args(["--systems", "A,B", "--plan", f"tight={tmp_path / 't'}"])
     assert config.systems == ("A", "B", "B*-tight")
-    assert predictions(config) == {"B*-tight": ("tight", "2C", 2.4)}
+    assert predictions(config) == {"B*-tight": ("tight", "2C", 2.4, "")}   # its workload names no count
     found = {"tight": {"A": (1.0, True), "B*-tight": (2.0, True)}, "loose": {}}
     headers, rows = plan_rows(found, predictions(config), [0.5, 1.0, 2.0, 3.0])
     assert rows == [["B*-tight", "tight", "2C", "2.40", "2.00", "+20%"]]
@@ -241,10 +241,20 @@ def test_a_plan_per_slo_pair_becomes_a_b_star_system_and_its_prediction_is_set_b
     # a variant of a plan (its router files changed) runs beside it, judged under the pair it was planned for
     config = parse_args(["--systems", "A", "--plan", f"tight={tmp_path / 't'}", "--plan", f"tight-q50={tmp_path / 't'}"])
     assert config.systems == ("A", "B*-tight", "B*-tight-q50")
-    assert predictions(config)["B*-tight-q50"] == ("tight", "2C", 2.4)
+    assert predictions(config)["B*-tight-q50"] == ("tight", "2C", 2.4, "")
     found["tight"]["B*-tight-q50"] = (2.6, True)
     _, rows = plan_rows(found, predictions(config), [0.5, 1.0, 2.0, 3.0])
     assert ["B*-tight-q50", "tight", "2C", "2.40", "2.60", "-8%"] in rows
+
+    # a plan made for another request set: measured beside the rest, but no error is claimed for it
+    write_planned_cluster(tmp_path / "l", Topology.aggregated(2), SLO(ttft_s=1.5, tpot_s=0.06), 3.0, 0.9, "total",
+                          "trace/trace, 80 requests, mean 588 prompt / 134 output tokens")
+    config = parse_args(["--systems", "A", "--plan", f"loose={tmp_path / 'l'}", "--num-requests", "40"])
+    assert predictions(config)["B*-loose"][3] == "planned for 80 requests, measured on 40"
+    _, rows = plan_rows({"tight": {}, "loose": {"B*-loose": (2.0, True)}}, predictions(config), [1.0, 2.0, 3.0])
+    assert rows == [["B*-loose", "loose", "2C", "3.00", "2.00", "n/a (planned for 80 requests, measured on 40)"]]
+    config = parse_args(["--systems", "A", "--plan", f"loose={tmp_path / 'l'}", "--num-requests", "80"])
+    assert predictions(config)["B*-loose"][3] == ""
 
 
 def test_the_long_prompt_shape_replays_the_same_prefill_heavy_lengths_at_every_rate():
