@@ -57,13 +57,21 @@ class _Core:
 
 @pytest.fixture
 def engine_core_class():
-    """vLLM's EngineCoreProc, restored after the test (the hold wait patches the class)."""
+    """vLLM's EngineCoreProc with vLLM's own `_process_engine_step`, whatever an earlier test
+    installed (`vllm_plugin.register()` installs the hold wait wherever PDSERVE_VLLM_HOLD_WAIT_S is
+    set, and `pdserve.engine.engine_args` sets it in this process); put back as found after."""
     from vllm.v1.engine.core import EngineCoreProc
 
-    original = EngineCoreProc._process_engine_step
+    found = EngineCoreProc.__dict__.get("_process_engine_step")
+    installed = EngineCoreProc.__dict__.get("_pdserve_original_step")
+    if installed is not None:
+        EngineCoreProc._process_engine_step = installed
+        del EngineCoreProc._pdserve_original_step
     yield EngineCoreProc
-    EngineCoreProc._process_engine_step = original
-    if hasattr(EngineCoreProc, "_pdserve_original_step"):
+    EngineCoreProc._process_engine_step = found
+    if installed is not None:
+        EngineCoreProc._pdserve_original_step = installed
+    elif "_pdserve_original_step" in EngineCoreProc.__dict__:
         del EngineCoreProc._pdserve_original_step
 
 
@@ -92,3 +100,16 @@ def test_a_request_arriving_while_it_holds_is_handled_at_once(engine_core_class)
     started = time.monotonic()
     engine_core_class._process_engine_step(core)
     assert core.handled == [("ADD", "request-1")] and time.monotonic() - started < 2.0
+
+
+def test_register_installs_the_hold_wait_only_when_the_variable_asks_for_it(engine_core_class, monkeypatch):
+    vllm_own = engine_core_class._process_engine_step
+    monkeypatch.delenv(vllm_plugin.SPIN_ENV, raising=False)
+    for value in ("", "0"):
+        monkeypatch.setenv(vllm_plugin.HOLD_WAIT_ENV, value)
+        vllm_plugin.register()
+        assert engine_core_class._process_engine_step is vllm_own
+    monkeypatch.setenv(vllm_plugin.HOLD_WAIT_ENV, "0.05")
+    vllm_plugin.register()
+    assert engine_core_class._process_engine_step is not vllm_own
+    assert engine_core_class._pdserve_original_step is vllm_own
