@@ -217,8 +217,9 @@ async def measure(args) -> tuple[list[Group], dict[str, dict[str, float]], dict]
             engine.shutdown()
             engine = None
             gc.collect()  # AsyncLLM.__del__ shuts down again: let it run now, not at interpreter exit
+    model = Path(args.model).resolve()
     info = {"alone_engine_core_pids": alone_core, "cluster_pids": pids, "transport": args.transport,
-            "engine": dict(common)}
+            "engine": dict(common, model=str(model.relative_to(REPO)) if model.is_relative_to(REPO) else args.model)}
     return groups, idle, info
 
 
