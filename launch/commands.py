@@ -143,7 +143,8 @@ def engine_option_argv(settings: EngineSettings) -> list[str]:
     argv = ["--model", settings.model, "--dtype", settings.dtype, "--block-size", str(settings.block_size),
             "--max-model-len", str(settings.max_model_len), "--kv-cache-mb", str(settings.kv_cache_bytes >> 20),
             "--max-num-seqs", str(settings.max_num_seqs), "--seed", str(settings.seed),
-            "--vllm-spin-ms", f"{settings.vllm_spin_ms:g}", "--vllm-executor", settings.executor]
+            "--vllm-spin-ms", f"{settings.vllm_spin_ms:g}", "--vllm-executor", settings.executor,
+            "--vllm-engine-start", settings.engine_start]
     if settings.tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
     if settings.max_num_batched_tokens is not None:

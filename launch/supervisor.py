@@ -38,7 +38,7 @@ from pathlib import Path
 
 from kv_transfer.shm_segment import sweep_stale
 from launch.commands import pdserve_argv
-from pdserve.engine import THREAD_KEYS
+from pdserve.engine_process import THREAD_KEYS
 
 Probe = Callable[[], "str | None"]
 OnExit = Callable[[int, bool], None]

@@ -20,7 +20,7 @@ from typing import Literal
 from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig
 from pdserve.cpu_placement import parse_cores
 from pdserve.preload import DEFAULT_LIBRARIES, Preload, check_libraries, find_preload
-from pdserve.vllm_plugin import HOLD_WAIT_ENV, SPIN_ENV
+from pdserve.engine_process import START_METHODS, engine_environment, initial_environ, start_method
 
 from pdserve.roles import Role
 
@@ -89,6 +89,10 @@ class EngineSettings:
     # vLLM import less, up a third sooner); "mp", in a model-runner process of its own (vLLM's choice
     # on CPU); "auto": uni on a CPU host with one device's model, else vLLM's choice (`resolved_executor`).
     executor: str = "auto"
+    # How vLLM's engine core starts: "auto" forks it from a worker started under the engine's
+    # environment (no second import of vLLM; `pdserve.engine_process`), else spawns it as vLLM does
+    # on CPU; "spawn" always spawns; "fork" is "auto" said explicitly. GPU hosts: vLLM's choice.
+    engine_start: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype == "auto":
@@ -110,6 +114,8 @@ class EngineSettings:
             raise ValueError(f"executor {self.executor!r}: one of {', '.join(EXECUTORS)}")
         if self.executor == "uni" and self.tensor_parallel_size > 1:
             raise ValueError(f"executor uni runs one device's model; tensor_parallel_size is {self.tensor_parallel_size}")
+        if self.engine_start not in START_METHODS:
+            raise ValueError(f"engine_start {self.engine_start!r}: one of {', '.join(START_METHODS)}")
         object.__setattr__(self, "preload", check_libraries(tuple(self.preload)))
 
     def to_dict(self) -> dict:
@@ -120,63 +126,45 @@ def on_gpu() -> bool:
     return os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() not in ("", "-1")
 
 
-def preload_into_engine_processes(names: tuple[str, ...]) -> Preload:
-    """Puts the libraries `names` (where installed) into LD_PRELOAD, which the engine core and the
-    model runner vLLM spawns next inherit; logs what was preloaded and what was skipped."""
-    preload = find_preload(names=names)
-    os.environ.update(preload.env(dict(os.environ)))
+def find_engine_preload(settings: EngineSettings, gpu: bool) -> Preload | None:
+    """The libraries of `settings.preload` found on this CPU host (None on a GPU host or with none
+    asked for); logs what will be preloaded and what is skipped."""
+    if not settings.preload or gpu:
+        return None
+    preload = find_preload(names=settings.preload)
     (logger.warning if preload.missing else logger.info)("%s", preload.summary())
     return preload
 
 
-THREAD_KEYS = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND",
-               "VLLM_ENABLE_V1_MULTIPROCESSING")
 EXECUTORS = ("auto", "uni", "mp")
-
-
-def thread_env(cpu_cores: str) -> dict[str, str]:
-    """The variables that give vLLM's processes the worker's cores: vLLM binds one OpenMP compute
-    thread per core of `VLLM_CPU_OMP_THREADS_BIND`, and OpenMP and MKL size their pools to the
-    same count (by default they would size them to every core of the host). Empty: no binding."""
-    if not cpu_cores:
-        return {}
-    threads = str(len(parse_cores(cpu_cores)))
-    return {"VLLM_CPU_OMP_THREADS_BIND": cpu_cores, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
 
 def resolved_executor(settings: EngineSettings, gpu: bool) -> str:
     """"uni" or "mp" for `settings` (`EngineSettings.executor`) on a host with (`gpu`) or without GPUs.
-    "auto" is "uni" on CPU with one device's model (`executor_env` says why) and "mp" otherwise,
-    which stands for vLLM's own choice (on a GPU, vLLM runs one device's model in its engine core
-    anyway). An explicit "uni" on a GPU host is vLLM's to take or refuse."""
+    "auto" is "uni" on CPU with one device's model (`pdserve.engine_process.executor_env` says why)
+    and "mp" otherwise, which stands for vLLM's own choice (on a GPU, vLLM runs one device's model in
+    its engine core anyway). An explicit "uni" on a GPU host is vLLM's to take or refuse."""
     if settings.executor == "auto":
         return "uni" if not gpu and settings.tensor_parallel_size == 1 else "mp"
     return settings.executor
 
 
-def executor_env(executor: str, cpu_cores: str) -> dict[str, str]:
-    """The variables that run a CPU engine's model in vLLM's engine-core process ("uni"), with its
-    OpenMP threads bound to `cpu_cores`; {} for "mp" (vLLM's CPU default).
+def engine_process_env(settings: EngineSettings, environ: dict[str, str], gpu: bool,
+                       preload: Preload | None = None) -> dict[str, str]:
+    """`environ` as the processes of an engine with `settings` must start under
+    (`pdserve.engine_process.engine_environment`); `preload`: the libraries found (none on a GPU)."""
+    return engine_environment(environ, cpu_cores=settings.cpu_cores, executor=resolved_executor(settings, gpu),
+                              spin_ms=settings.vllm_spin_ms, hold_wait_ms=DEFAULT_HOLD_WAIT_MS,
+                              preload=preload if settings.preload and not gpu else None)
 
-    On CPU vLLM runs the model in a process of its own because only there can it set OpenMP's
-    binding (OMP_PLACES, OMP_PROC_BIND) before torch starts OpenMP; a worker that sets them before
-    vLLM spawns its engine core does the same for that process, and the model then runs in the
-    engine core with no model-runner process, no message queue polled between the two, and one
-    import of vLLM less at every start. Measured on a 2-vCPU Xeon (bench model, one core, two runs
-    of each): the engine up in 16 s against 23-25 s, the same prefill and decode step times
-    (within 1-4%), the same greedy tokens. VLLM_ENABLE_V1_MULTIPROCESSING=0 is what keeps vLLM's
-    CPU platform from forcing its multiprocess executor; AsyncLLM still runs the engine core in a
-    process of its own. A streamed answer may then carry two tokens in one event more often (vLLM's
-    output collector merges the deltas of steps the API process has not sent yet, as vLLM's own
-    server does when it falls behind); the compatibility suite reads a stream as the tokens it
-    carries however they were cut (tests/openai_compat.py `coalesced`)."""
-    if executor != "uni":
-        return {}
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    if cpu_cores:
-        cores = ",".join(str(core) for core in sorted(parse_cores(cpu_cores)))
-        env |= {"OMP_PLACES": "{" + cores + "}", "OMP_PROC_BIND": "true"}   # as vLLM sets them for its model runner
-    return env
+
+def set_environ(env: dict[str, str]) -> None:
+    """Makes os.environ equal `env`, touching only the keys that differ: a variable set again, even to
+    its own value, moves out of the block the process was executed with, where a forked engine core's
+    `setproctitle` looks for the command line it retitles (`VLLM::EngineCore`)."""
+    for key in [key for key in os.environ if key not in env]:
+        del os.environ[key]
+    os.environ.update({key: value for key, value in env.items() if os.environ.get(key) != value})
 
 
 def engine_args(settings: EngineSettings, role: EngineRole, connector: ConnectorConfig | None = None,
@@ -185,16 +173,11 @@ def engine_args(settings: EngineSettings, role: EngineRole, connector: Connector
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    for key in THREAD_KEYS:  # one engine's binding must not leak into the next one started here
-        os.environ.pop(key, None)
-    os.environ.update(thread_env(settings.cpu_cores))
-    executor = resolved_executor(settings, on_gpu())
-    os.environ.update(executor_env(executor, settings.cpu_cores))
-    if settings.vllm_spin_ms >= 0:  # read by pdserve.vllm_plugin in the engine's child processes
-        os.environ[SPIN_ENV] = f"{settings.vllm_spin_ms / 1000:g}"
-    os.environ.setdefault(HOLD_WAIT_ENV, f"{DEFAULT_HOLD_WAIT_MS / 1000:g}")
-    if settings.preload and not on_gpu():
-        preload_into_engine_processes(settings.preload)
+    gpu = on_gpu()
+    executor = resolved_executor(settings, gpu)
+    # One engine's binding must not leak into the next one started here; the engine's processes
+    # inherit the rest (pdserve.engine_process: what they read, and when).
+    set_environ(engine_process_env(settings, dict(os.environ), gpu, find_engine_preload(settings, gpu)))
     kv_transfer_config = None
     if role != "colocated":
         if connector is None:
@@ -232,11 +215,24 @@ def engine_args(settings: EngineSettings, role: EngineRole, connector: Connector
 
 
 def start_engine(settings: EngineSettings, role: EngineRole, connector: ConnectorConfig | None = None,
-                 engine_id: str = ""):
-    """An `AsyncLLM`; call from inside a running event loop, in a `__main__`-guarded process."""
+                 engine_id: str = "", stat_loggers: list | None = None, fork_safe: bool = False):
+    """An `AsyncLLM`; call from inside a running event loop, in a `__main__`-guarded process.
+
+    `fork_safe`: the caller's word that this process has run no OpenMP region (a worker's API
+    process); with it, and a process started under the engine's environment, vLLM's engine core is
+    forked from this process instead of spawned (`pdserve.engine_process.start_method`)."""
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(engine_args(settings, role, connector, engine_id))
+    args = engine_args(settings, role, connector, engine_id)
+    gpu = on_gpu()
+    method = start_method(settings.engine_start, gpu=gpu, executor=resolved_executor(settings, gpu),
+                          fork_safe=fork_safe, needed=dict(os.environ), initial=initial_environ())
+    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)  # vLLM's CPU platform asks for spawn here
+    if method is not None:
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = method
+    logger.info("vLLM's engine core starts by %s", method or "vLLM's choice of start method")
+    return AsyncLLM.from_vllm_config(config, stat_loggers=stat_loggers, disable_log_stats=args.disable_log_stats)
 
 
 def tokens_prompt(prompt_token_ids, cache_salt: str = ""):

@@ -6,9 +6,10 @@ warns at start. pdserve preloads what measurement supports (`DEFAULT_LIBRARIES`)
 a 1k-token prefill on an AMX Xeon (every run), 1.15x on an AVX512-BF16 EPYC (6 runs a variant,
 noise-guarded; BENCHMARKS "Fast defaults"), decode unchanged on both; Intel OpenMP on top of it was
 never faster beyond noise (slower in two of four runs), so it is opt-in (`--preload tcmalloc,iomp5`). They take effect only in a process
-that starts after LD_PRELOAD is set, so the worker sets it (`pdserve.engine.engine_args`) just
-before vLLM spawns its engine core and model runner, where the compute runs: every launcher
-(local, the planner's, Ray, Kubernetes) gets them the same way.
+that starts after LD_PRELOAD is set: `pdserve worker` re-executes itself with it (and forks its
+engine core, which inherits them; `pdserve.engine_process`), and an engine started otherwise sets
+it (`pdserve.engine.engine_args`) just before vLLM spawns its engine core and model runner, where
+the compute runs: every launcher (local, the planner's, Ray, Kubernetes) gets them the same way.
 
 Where they come from (no download at run time): tcmalloc from the OS packages
 (`libtcmalloc-minimal4` on Debian/Ubuntu; `make` installs it), Intel OpenMP from PyPI

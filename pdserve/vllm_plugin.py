@@ -44,12 +44,22 @@ running or waiting, no batch in flight), wait for its next request for up to tha
 those steps instead of 1 ms: a request that arrives wakes it at once, as before; a finished pull
 is seen up to that much later (its blocks free later; nothing waits on it but the next prompt's
 allocation, which arrives as a request and wakes the loop). Unset or 0: vLLM's own loop.
+
+Forked engine cores. On CPU vLLM's worker start rebinds Triton kernels by scanning every loaded
+module's attributes, reading `vars(value).get("kernel")` for each (`vllm.triton_utils.dispatcher.
+_rebind_kernels`); an attribute whose `__dict__` is not a mapping makes the scan raise and the
+engine core die at start. llvmlite's `binding.ffi.lib` is one (its `__getattr__` answers
+`__dict__` with a function wrapper), loaded with numba, which pdserve's KV checksums use: a
+spawned engine core loads numba only later, with the KV connector; an engine core forked from a
+worker (`pdserve.engine_process`) inherits the worker's numba. `register` gives the scan a `vars`
+that reads such an object as having no attributes (the scan looks for kernels; it has none).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 SPIN_ENV = "PDSERVE_VLLM_SPIN_S"
 HOLD_WAIT_ENV = "PDSERVE_VLLM_HOLD_WAIT_S"
@@ -58,10 +68,11 @@ logger = logging.getLogger(__name__)
 
 
 def register() -> None:
-    """Entry point of the `vllm.general_plugins` group: AMX permission where the CPU has AMX; the
-    seeded stream's patches (always); the hold wait when `PDSERVE_VLLM_HOLD_WAIT_S` is above 0;
+    """Entry point of the `vllm.general_plugins` group: AMX permission where the CPU has AMX; vLLM's
+    kernel scan made safe for a forked engine core and the seeded stream's patches (always); the hold wait when `PDSERVE_VLLM_HOLD_WAIT_S` is above 0;
     the spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
     request_amx_permission()
+    tolerate_non_mapping_namespaces()
     from pdserve import grammar_stream, sampler_stream
     sampler_stream.install()
     grammar_stream.install()  # structured output continued across engines (pdserve.grammar_stream)
@@ -94,6 +105,22 @@ def request_amx_permission() -> bool:
     logger.warning("the CPU reports AMX but Linux refused the tile-data permission; "
                    "vLLM's bfloat16 attention may die with SIGILL (use --dtype float32)")
     return False
+
+
+def mapping_vars(value: object) -> Mapping:
+    """`vars(value)`, or {} where that is not a mapping (see the module doc, "Forked engine cores")."""
+    namespace = vars(value)
+    return namespace if isinstance(namespace, Mapping) else {}
+
+
+def tolerate_non_mapping_namespaces() -> None:
+    """Makes vLLM's kernel-rebinding scan read an object whose `__dict__` is not a mapping as
+    having no attributes (module doc, "Forked engine cores"). Nothing where vLLM has no such scan."""
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:  # another vLLM release: nothing to mend
+        return
+    dispatcher.vars = mapping_vars   # the module's own name for the builtin, looked up at each call
 
 
 def cap_shm_spin(spin_s: float) -> None:

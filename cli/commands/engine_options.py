@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pdserve.preload import DEFAULT_LIBRARIES
 from pdserve.engine import DEFAULT_VLLM_SPIN_MS, EXECUTORS, EngineSettings
+from pdserve.engine_process import START_METHODS
 
 
 def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = True,
@@ -47,6 +48,12 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
                             "engine starts a third sooner, one process and one vLLM import less); mp, in a "
                             "model-runner process of its own (vLLM's choice on CPU); auto: uni on CPU with one "
                             "device's model, else vLLM's choice (default: auto)")
+    group.add_argument("--vllm-engine-start", choices=START_METHODS, default="auto",
+                       help="how a worker starts vLLM's engine-core process: auto, forked from the worker, which "
+                            "re-executes itself once with the engine's thread and library environment (no second "
+                            "import of vLLM: 8-13 s of CPU less per worker start on small hosts), where the model "
+                            "runs in the engine core (--vllm-executor uni) on CPU, else vLLM's own way; spawn, "
+                            "vLLM's own way on CPU (a fresh interpreter); fork: as auto (default: auto)")
     group.add_argument("--vllm-spin-ms", type=float, default=DEFAULT_VLLM_SPIN_MS,
                        help="how long vLLM's engine processes busy-poll each other after each message before "
                             "sleeping (vLLM's own: 1000; polling steals CPU from compute on CPU hosts, from the "
@@ -54,18 +61,20 @@ def add_engine_options(parser: argparse.ArgumentParser, model_required: bool = T
                             "(default: %(default)s)")
 
 
-def engine_settings(args: argparse.Namespace, cpu_cores: str = "", probe_cores: str | None = None) -> EngineSettings:
+def engine_settings(args: argparse.Namespace, cpu_cores: str = "", probe_cores: str | None = None,
+                    measure_dtype: bool = True) -> EngineSettings:
     """The engine settings the flags describe. `--dtype auto` is resolved here, once, by
     measurement (`pdserve.dtype_probe`) with the threads of `probe_cores` (default: `cpu_cores`,
-    the cores one worker gets); the decision is printed to stderr."""
-    dtype = resolved_dtype(args, cpu_cores if probe_cores is None else probe_cores)
+    the cores one worker gets); the decision is printed to stderr. `measure_dtype=False` leaves
+    `auto` to the CPU flags' guess (`EngineSettings`): for what does not depend on the dtype."""
+    dtype = resolved_dtype(args, cpu_cores if probe_cores is None else probe_cores) if measure_dtype else args.dtype
     return EngineSettings(
         model=args.model, dtype=dtype, block_size=args.block_size, max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_mb << 20, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size, cpu_cores=cpu_cores, vllm_spin_ms=args.vllm_spin_ms,
-        executor=args.vllm_executor,
+        executor=args.vllm_executor, engine_start=args.vllm_engine_start,
         preload=() if args.no_preload else tuple(name for name in args.preload.split(",") if name),
     )
 

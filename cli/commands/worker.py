@@ -61,6 +61,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _reexec_for_a_forked_engine(args)
     from pdserve.worker.config import WorkerConfig
 
     if args.role == "prefill":
@@ -79,3 +80,20 @@ def run(args: argparse.Namespace) -> int:
     )
     start_tracing(args, "worker", f"pdserve-{config.role}", config.worker_id)
     return asyncio.run(serve(config, ready_file=args.ready_file, metrics_port=args.metrics_port))
+
+
+def _reexec_for_a_forked_engine(args: argparse.Namespace) -> None:
+    """Re-executes this process, once and before anything imports torch, under the environment its
+    engine's processes need (thread binding, preloaded allocator, pdserve's vLLM plugin settings),
+    so that the engine core can be forked from it instead of spawned: no second import of vLLM
+    (`pdserve.engine_process`). Returns where there is nothing to do."""
+    from pdserve.engine import engine_process_env, find_engine_preload, on_gpu, resolved_executor
+    from pdserve.engine_process import initial_environ, reexec, reexec_env
+
+    settings = engine_settings(args, args.cpu_cores, measure_dtype=False)
+    gpu = on_gpu()
+    needed = engine_process_env(settings, dict(os.environ), gpu, find_engine_preload(settings, gpu))
+    env = reexec_env(settings.engine_start, gpu=gpu, executor=resolved_executor(settings, gpu), needed=needed,
+                     initial=initial_environ())
+    if env is not None:
+        reexec(env)

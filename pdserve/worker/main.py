@@ -17,7 +17,7 @@ from grpc_health.v1._async import HealthServicer
 from kv_transfer.auth import Credentials, load_secret, set_process_credentials
 from kv_transfer.config import ConnectorConfig
 from pdserve.cpu_placement import bind_this_process
-from pdserve.engine import engine_args
+from pdserve.engine import start_engine
 from pdserve.metrics import start_metrics_server
 from pdserve.registry import Registry
 from pdserve.rpc_auth_grpc import server_interceptors
@@ -35,8 +35,6 @@ logger = logging.getLogger("pdserve.worker")
 
 
 def _start_engine(config: WorkerConfig, load: EngineLoad) -> tuple[object, str]:
-    from vllm.v1.engine.async_llm import AsyncLLM
-
     kv_port = config.kv_port or free_port(config.bind_host)
     connector = ConnectorConfig(transport=config.transport, host=config.advertise_host, bind_host=config.bind_host,
                                 port=kv_port, model=_model_name(config), lease_s=config.lease_s,
@@ -44,8 +42,10 @@ def _start_engine(config: WorkerConfig, load: EngineLoad) -> tuple[object, str]:
                                 grant_token=secrets.token_hex(16),  # the engine's early lease grants (kv_transfer.grants)
                                 cluster_secret_file=config.cluster_secret_file, worker_id=config.worker_id,
                                 kv_encryption=config.kv_encryption)
-    args = engine_args(config.engine, config.role, connector, engine_id=config.worker_id)
-    engine = AsyncLLM.from_engine_args(args, stat_loggers=engine_stat_loggers(load))
+    # This process has computed nothing (no OpenMP region): vLLM's engine core may be forked from it
+    # where it started under the engine's environment (`pdserve worker` re-executes itself for that).
+    engine = start_engine(config.engine, config.role, connector, engine_id=config.worker_id,
+                          stat_loggers=engine_stat_loggers(load), fork_safe=True)
     return engine, f"{config.advertise_host}:{kv_port}"
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from pdserve.client import Cancelled, Client, InvalidRequest
+from pdserve.engine_process import REEXEC_MARK, initial_environ
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 from cluster_helpers import wait_until_idle, worker_load
@@ -219,7 +220,7 @@ def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
         assert len(engine_cores) == 1, f"{role}: not one engine core among {sorted(names.values())}"
         assert not any(name.startswith("VLLM::Worker") for name in names.values()), \
             f"{role}: a model-runner process among {sorted(names.values())}, where the engine core runs the model"
-        environ = _environ(engine_cores[0])
+        environ = initial_environ(engine_cores[0])
         assert (environ.get("OMP_PLACES"), environ.get("OMP_PROC_BIND")) == (f"{{{core}}}", "true")
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}
 
@@ -234,7 +235,7 @@ def test_the_router_runs_on_the_prefill_workers_core_off_the_decode_workers(tcp_
 
 def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
     """The libraries measurement chose (tcmalloc; vLLM's CPU guide) in LD_PRELOAD. A worker puts
-    them there before vLLM spawns its engine core (and, executor mp, its model runner), where the compute runs."""
+    them there before its engine core starts (and, executor mp, its model runner), where the compute runs."""
     from pdserve.preload import DEFAULT_LIBRARIES, find_preload, loaded_libraries
 
     preload = find_preload(names=DEFAULT_LIBRARIES)
@@ -249,10 +250,23 @@ def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
             {pid: True for pid in engine_processes}
 
 
-def _environ(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/environ", "rb") as raw:
-        pairs = [item.decode(errors="replace").partition("=") for item in raw.read().split(b"\0") if item]
-    return {key: value for key, _, value in pairs}
+def test_a_workers_engine_core_is_forked_from_it_under_the_environment_the_worker_started_with(tcp_cluster):
+    """No second import of vLLM (pdserve.engine_process): the worker re-executed itself under its
+    engine's environment, so the engine core is its fork and starts under the very same block (a
+    spawned one would start under the worker's environment as vLLM had changed it by then, with
+    VLLM_WORKER_MULTIPROC_METHOD=spawn) holding the binding, the allocator and pdserve's vLLM
+    settings; vLLM's title for it survives the fork."""
+    for role, core in (("prefill", 0), ("decode", 1)):
+        worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
+        engine_cores = [pid for pid in process_tree(worker.pid)[1:] if "EngineCore" in psutil.Process(pid).name()]
+        assert len(engine_cores) == 1, f"{role}: not one engine core under the worker"
+        worker_env, core_env = initial_environ(worker.pid), initial_environ(engine_cores[0])
+        assert core_env == worker_env, f"{role}: the engine core did not start under the worker's own environment"
+        assert worker_env.get(REEXEC_MARK) == "1"
+        assert (worker_env["VLLM_CPU_OMP_THREADS_BIND"], worker_env["OMP_NUM_THREADS"]) == (str(core), "1")
+        assert "VLLM_WORKER_MULTIPROC_METHOD" not in core_env
+        assert {"PDSERVE_VLLM_SPIN_S", "PDSERVE_VLLM_HOLD_WAIT_S"} <= core_env.keys()
+        assert psutil.Process(engine_cores[0]).cmdline()[0].startswith("VLLM::EngineCore")
 
 
 def test_every_thread_of_a_worker_and_its_thread_pools_fit_the_workers_core(tcp_cluster):
@@ -261,7 +275,7 @@ def test_every_thread_of_a_worker_and_its_thread_pools_fit_the_workers_core(tcp_
     for role, core in (("prefill", 0), ("decode", 1)):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
         for pid in process_tree(worker.pid)[1:]:  # vLLM's processes (the API process sets these for them)
-            env = _environ(pid)
+            env = initial_environ(pid)
             assert (env.get("OMP_NUM_THREADS"), env.get("MKL_NUM_THREADS")) == ("1", "1"), (role, pid)
         for pid in process_tree(worker.pid):
             threads = _thread_affinities(pid)

@@ -33,7 +33,7 @@ def test_a_bound_process_and_the_processes_it_starts_later_run_on_its_cores():
 
 
 def test_a_workers_cores_decide_the_thread_counts_of_every_pool():
-    from pdserve.engine import thread_env
+    from pdserve.engine_process import thread_env
 
     assert thread_env("0-1") == {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
     assert thread_env("3") == {"VLLM_CPU_OMP_THREADS_BIND": "3", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from kv_transfer.config import ConnectorConfig
-from pdserve.engine import EngineSettings, engine_args, executor_env, native_dtype, resolved_executor
+from pdserve.engine import EngineSettings, engine_args, native_dtype, resolved_executor
+from pdserve.engine_process import executor_env
 
 
 @pytest.fixture(autouse=True)

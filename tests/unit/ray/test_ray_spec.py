@@ -27,7 +27,7 @@ def test_worker_runs_the_local_launchers_worker_command_with_the_clusters_settin
         "--kv-pull-timeout-s", "30.0", "--kv-encryption", "auto", "--ttl-s", "4.0",
         "--model", "/models/tiny", "--dtype", native_dtype(), "--block-size", "32", "--max-model-len", "1024",
         "--kv-cache-mb", "64", "--max-num-seqs", "16", "--seed", "7", "--vllm-spin-ms", "5",
-        "--vllm-executor", "auto", "--preload", "tcmalloc"]
+        "--vllm-executor", "auto", "--vllm-engine-start", "auto", "--preload", "tcmalloc"]
 
 
 def test_a_role_without_cores_is_not_pinned():
