@@ -92,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (default: 32)")
     parser.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache per engine, MiB (default: 256)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/engine_start"), help="output directory")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's summary.json")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        rounds = [Round(**r) for r in json.loads((args.out / "summary.json").read_text())["rounds"]]
+        _plot(rounds, args.out / "engine_start.png")
+        return 0
     rounds = asyncio.run(measure(args))
     report = {"summary": summarize(rounds), "rounds": [asdict(r) for r in rounds],
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -183,7 +188,7 @@ def _plot(rounds: list[Round], path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
     for ax, (title, values) in zip(axes, panels):
         data = [[v for r in rounds if r.method == method for v in values(r)] for method in METHODS]
-        ax.boxplot(data, labels=[f"{m} ({len([r for r in rounds if r.method == m])})" for m in METHODS])
+        ax.boxplot(data, tick_labels=[f"{m} ({len([r for r in rounds if r.method == m])})" for m in METHODS])
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
     fig.suptitle("vLLM's engine core forked from the worker vs spawned (1P+1D, one cluster at a time, ABBA)",

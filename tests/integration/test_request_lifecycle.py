@@ -220,7 +220,7 @@ def test_every_process_of_a_worker_runs_on_the_workers_cores(tcp_cluster):
         assert len(engine_cores) == 1, f"{role}: not one engine core among {sorted(names.values())}"
         assert not any(name.startswith("VLLM::Worker") for name in names.values()), \
             f"{role}: a model-runner process among {sorted(names.values())}, where the engine core runs the model"
-        environ = initial_environ(engine_cores[0])
+        environ = initial_environ(worker.pid)   # the engine core is its fork: its OpenMP was loaded under this
         assert (environ.get("OMP_PLACES"), environ.get("OMP_PROC_BIND")) == (f"{{{core}}}", "true")
         assert {pid: os.sched_getaffinity(pid) for pid in tree} == {pid: {core} for pid in tree}
 
@@ -252,21 +252,22 @@ def test_the_engine_processes_run_with_the_default_preload(tcp_cluster):
 
 def test_a_workers_engine_core_is_forked_from_it_under_the_environment_the_worker_started_with(tcp_cluster):
     """No second import of vLLM (pdserve.engine_process): the worker re-executed itself under its
-    engine's environment, so the engine core is its fork and starts under the very same block (a
-    spawned one would start under the worker's environment as vLLM had changed it by then, with
-    VLLM_WORKER_MULTIPROC_METHOD=spawn) holding the binding, the allocator and pdserve's vLLM
-    settings; vLLM's title for it survives the fork."""
+    engine's environment (the binding, the allocator, pdserve's vLLM settings) and forked its engine
+    core, whose OpenMP runtime and allocator are therefore the ones loaded under it. Spawning would
+    have started multiprocessing's resource tracker beside it; vLLM's title survives the fork.
+    (The fork's own /proc environ is no witness: setproctitle writes the title over that block.)"""
     for role, core in (("prefill", 0), ("decode", 1)):
-        worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
-        engine_cores = [pid for pid in process_tree(worker.pid)[1:] if "EngineCore" in psutil.Process(pid).name()]
-        assert len(engine_cores) == 1, f"{role}: not one engine core under the worker"
-        worker_env, core_env = initial_environ(worker.pid), initial_environ(engine_cores[0])
-        assert core_env == worker_env, f"{role}: the engine core did not start under the worker's own environment"
+        worker_id = tcp_cluster.worker_ids(role)[0]
+        worker = tcp_cluster.workers[worker_id]
+        children = process_tree(worker.pid)[1:]
+        assert [psutil.Process(pid).cmdline()[0] for pid in children] == ["VLLM::EngineCore"], \
+            f"{role}: the worker's processes should be its engine core alone"
+        worker_env = initial_environ(worker.pid)
         assert worker_env.get(REEXEC_MARK) == "1"
         assert (worker_env["VLLM_CPU_OMP_THREADS_BIND"], worker_env["OMP_NUM_THREADS"]) == (str(core), "1")
-        assert "VLLM_WORKER_MULTIPROC_METHOD" not in core_env
-        assert {"PDSERVE_VLLM_SPIN_S", "PDSERVE_VLLM_HOLD_WAIT_S"} <= core_env.keys()
-        assert psutil.Process(engine_cores[0]).cmdline()[0].startswith("VLLM::EngineCore")
+        assert {"PDSERVE_VLLM_SPIN_S", "PDSERVE_VLLM_HOLD_WAIT_S"} <= worker_env.keys()
+        log = (tcp_cluster.log_dir / f"{worker_id}.log").read_text(errors="replace")
+        assert "vLLM's engine core starts by fork" in log
 
 
 def test_every_thread_of_a_worker_and_its_thread_pools_fit_the_workers_core(tcp_cluster):
@@ -274,9 +275,8 @@ def test_every_thread_of_a_worker_and_its_thread_pools_fit_the_workers_core(tcp_
     and the model runner run on the worker's one core, and the pools are sized for one core."""
     for role, core in (("prefill", 0), ("decode", 1)):
         worker = tcp_cluster.workers[tcp_cluster.worker_ids(role)[0]]
-        for pid in process_tree(worker.pid)[1:]:  # vLLM's processes (the API process sets these for them)
-            env = initial_environ(pid)
-            assert (env.get("OMP_NUM_THREADS"), env.get("MKL_NUM_THREADS")) == ("1", "1"), (role, pid)
+        env = initial_environ(worker.pid)   # what its engine core, a fork of it, loaded OpenMP and MKL under
+        assert (env.get("OMP_NUM_THREADS"), env.get("MKL_NUM_THREADS")) == ("1", "1"), role
         for pid in process_tree(worker.pid):
             threads = _thread_affinities(pid)
             assert threads and threads == {tid: {core} for tid in threads}, (role, pid)
