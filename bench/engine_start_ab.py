@@ -14,13 +14,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("fork", "spawn")
+LAYOUTS = {   # ClusterSpec fields of each layout
+    "1P+1D": {"cpu_cores": {"prefill": "0", "decode": "1"}},
+    "1Cx2": {"topology": "aggregated", "num_prefill": 0, "num_decode": 1, "cpu_cores": {"decode": "0-1"}},
+}
 
 DESCRIPTION = """\
 On CPU vLLM spawns its engine-core process, which imports vLLM a second time in every worker;
 `--vllm-engine-start auto` forks it from the worker instead (pdserve.engine_process). This measures
 what that changes, on this host, one cluster at a time, the methods in ABBA order over --rounds:
 
-  start      wall seconds from launching a 1P+1D cluster (prefill on core 0, decode on core 1) to
+  start      wall seconds from launching a cluster (--layout: 1P+1D, prefill on core 0 and decode on
+             core 1; or 1Cx2, one aggregated worker over both cores) to
              every process ready and routed, and the CPU seconds each worker's process tree used
              by then (the worker, its engine core)
   serving    --requests lone requests of --prompt-tokens random token ids (the same ones for both
@@ -92,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (default: 32)")
     parser.add_argument("--kv-cache-mb", type=int, default=256, help="KV cache per engine, MiB (default: 256)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/engine_start"), help="output directory")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="1P+1D",
+                        help="1P+1D: prefill on core 0, decode on core 1; 1Cx2: one aggregated worker over both "
+                             "cores (two OpenMP threads) (default: 1P+1D)")
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's summary.json")
     args = parser.parse_args(argv)
     if args.plot_only:
@@ -127,13 +135,14 @@ async def measure(args) -> list[Round]:
     for index, method in enumerate(order):
         engine = EngineSettings(model=args.model, dtype=args.dtype, max_model_len=args.prompt_tokens + args.max_tokens + 64,
                                 kv_cache_bytes=args.kv_cache_mb << 20, enable_prefix_caching=False, engine_start=method)
-        spec = ClusterSpec(engine=engine, cpu_cores={"prefill": "0", "decode": "1"},
+        spec = ClusterSpec(engine=engine, **LAYOUTS[args.layout],
                            log_dir=tempfile.mkdtemp(prefix=f"pdserve-engine-start-{method}-"))
-        print(f"[{index + 1}/{len(order)}] {method}: starting a 1P+1D cluster", file=sys.stderr, flush=True)
+        print(f"[{index + 1}/{len(order)}] {method}: starting a {args.layout} cluster", file=sys.stderr, flush=True)
         started = time.perf_counter()
         with LocalCluster(spec) as cluster:
             start_s = time.perf_counter() - started
-            pids = {role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}
+            pids = {role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")
+                    if cluster.worker_ids(role)}
             start_cpu = {role: cpu_seconds(process_tree(pid)) for role, pid in pids.items()}
             cores = {role: sorted({c for child in process_tree(pid)[1:] for c in thread_cores(child)})
                      for role, pid in pids.items()}
@@ -191,7 +200,7 @@ def _plot(rounds: list[Round], path: Path) -> None:
         ax.boxplot(data, tick_labels=[f"{m} ({len([r for r in rounds if r.method == m])})" for m in METHODS])
         ax.set_title(title, fontsize=10)
         ax.set_ylim(bottom=0)
-    fig.suptitle("vLLM's engine core forked from the worker vs spawned (1P+1D, one cluster at a time, ABBA)",
+    fig.suptitle("vLLM's engine core forked from the worker vs spawned (one cluster at a time, ABBA)",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.from_command_line = argv is None   # this process is the command (`pdserve worker` may re-execute it)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

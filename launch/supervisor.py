@@ -38,7 +38,7 @@ from pathlib import Path
 
 from kv_transfer.shm_segment import sweep_stale
 from launch.commands import pdserve_argv
-from pdserve.engine_process import THREAD_KEYS
+from pdserve.engine_process import REEXEC_MARK, THREAD_KEYS
 
 Probe = Callable[[], "str | None"]
 OnExit = Callable[[int, bool], None]
@@ -52,7 +52,7 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment every child gets: `base` (default: this process's), vLLM logging at WARNING
     unless `VLLM_LOGGING_LEVEL` says otherwise, and unbuffered Python output (logs stay current)."""
     env = dict(os.environ if base is None else base)
-    for key in THREAD_KEYS:  # an engine this process ran bound its own threads; children bind theirs
+    for key in (*THREAD_KEYS, REEXEC_MARK):  # an engine this process ran bound its own threads; children bind theirs
         env.pop(key, None)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env["PYTHONUNBUFFERED"] = "1"

@@ -19,7 +19,7 @@ from typing import Literal
 
 from kv_transfer.config import CONNECTOR_MODULE, CONNECTOR_NAME, ConnectorConfig
 from pdserve.cpu_placement import parse_cores
-from pdserve.preload import DEFAULT_LIBRARIES, Preload, check_libraries, find_preload
+from pdserve.preload import DEFAULT_LIBRARIES, Preload, check_libraries, find_preload, torch_libgomp, with_openmp
 from pdserve.engine_process import START_METHODS, engine_environment, initial_environ, start_method
 
 from pdserve.roles import Role
@@ -127,11 +127,12 @@ def on_gpu() -> bool:
 
 
 def find_engine_preload(settings: EngineSettings, gpu: bool) -> Preload | None:
-    """The libraries of `settings.preload` found on this CPU host (None on a GPU host or with none
-    asked for); logs what will be preloaded and what is skipped."""
+    """The libraries of `settings.preload` found on this CPU host, and PyTorch's OpenMP runtime as
+    vLLM's CPU platform adds it (`pdserve.preload.with_openmp`); None on a GPU host or with none
+    asked for (vLLM's own choice). Logs what will be preloaded and what is skipped."""
     if not settings.preload or gpu:
         return None
-    preload = find_preload(names=settings.preload)
+    preload = with_openmp(find_preload(names=settings.preload), os.environ.get("LD_PRELOAD", ""), torch_libgomp())
     (logger.warning if preload.missing else logger.info)("%s", preload.summary())
     return preload
 
@@ -226,9 +227,12 @@ def start_engine(settings: EngineSettings, role: EngineRole, connector: Connecto
 
     args = engine_args(settings, role, connector, engine_id)
     gpu = on_gpu()
+    # vLLM's CPU platform asks for spawn here and may add to LD_PRELOAD what its spawned processes
+    # would load: the decision compares the environment after it with the one this process started under.
+    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    multimodal = getattr(config.model_config, "multimodal_config", None) is not None   # vLLM checks its IPC for spawn
     method = start_method(settings.engine_start, gpu=gpu, executor=resolved_executor(settings, gpu),
-                          fork_safe=fork_safe, needed=dict(os.environ), initial=initial_environ())
-    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)  # vLLM's CPU platform asks for spawn here
+                          fork_safe=fork_safe and not multimodal, needed=dict(os.environ), initial=initial_environ())
     if method is not None:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = method
     logger.info("vLLM's engine core starts by %s", method or "vLLM's choice of start method")

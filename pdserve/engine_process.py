@@ -122,8 +122,9 @@ def reexec_env(requested: str, *, gpu: bool, executor: str, needed: Mapping[str,
                initial: Mapping[str, str]) -> dict[str, str] | None:
     """The environment a worker process should re-execute itself under so that its engine core
     can be forked, or None when it need not (or must not: spawning asked for, a GPU host, a model
-    runner of its own, already started under it, or already re-executed once)."""
-    if requested == "spawn" or gpu or executor != "uni" or initial.get(REEXEC_MARK):
+    runner of its own, already started under it, already re-executed once, or `initial` unknown:
+    {} where /proc cannot be read, where the fork could not be decided either)."""
+    if requested == "spawn" or gpu or executor != "uni" or not initial or initial.get(REEXEC_MARK):
         return None
     if started_under(needed, initial):
         return None
@@ -145,6 +146,7 @@ def initial_environ(pid: int | str = "self") -> dict[str, str]:
 def reexec(env: Mapping[str, str]) -> None:
     """Replaces this process with the same command line under `env` (same pid: a launcher's
     handle, signals and pipes stay valid). Does not return."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], dict(env))

@@ -88,6 +88,38 @@ def find_preload(search_dirs: tuple[str, ...] | None = None, machine: str | None
     return Preload(tuple(paths), missing)
 
 
+OPENMP_MARKS = ("libomp", "libgomp", "libiomp")   # vLLM's test for "an OpenMP runtime is preloaded"
+
+
+def torch_libgomp() -> str | None:
+    """The OpenMP runtime PyTorch ships (torch/lib or torch.libs), found without importing torch; None
+    where there is none. vLLM's CPU platform appends it to LD_PRELOAD before it spawns its engine
+    processes unless an OpenMP runtime is preloaded already (vllm issue 27369: another runtime
+    loaded first leaves one core doing the work under thread binding); a worker that forks its
+    engine core preloads it itself, at its own start (`pdserve.engine_process`)."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    torch_dir = Path(list(spec.submodule_search_locations)[0])
+    for directory in (torch_dir.parent / "torch.libs", torch_dir / "lib"):   # vLLM's order
+        found = sorted(glob.glob(str(directory / "libgomp*.so*")))
+        if found:
+            return found[0]
+    return None
+
+
+def with_openmp(preload: Preload, environ_ld_preload: str, libgomp: str | None) -> Preload:
+    """`preload` with `libgomp` last, as vLLM's CPU platform would add it: unless an OpenMP runtime
+    is among `preload`'s paths or in `environ_ld_preload` already, or there is none to add."""
+    present = ":".join([*preload.paths, environ_ld_preload])
+    if libgomp is None or any(mark in present for mark in OPENMP_MARKS):
+        return preload
+    return Preload((*preload.paths, libgomp), preload.missing)
+
+
 def loaded_libraries(pid: int) -> set[str]:
     """The shared objects mapped into process `pid` (file names), from /proc/PID/maps."""
     names = set()

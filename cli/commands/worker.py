@@ -86,7 +86,10 @@ def _reexec_for_a_forked_engine(args: argparse.Namespace) -> None:
     """Re-executes this process, once and before anything imports torch, under the environment its
     engine's processes need (thread binding, preloaded allocator, pdserve's vLLM plugin settings),
     so that the engine core can be forked from it instead of spawned: no second import of vLLM
-    (`pdserve.engine_process`). Returns where there is nothing to do."""
+    (`pdserve.engine_process`). Returns where there is nothing to do, or where this process is not
+    the command itself (`cli.main.main` called with its arguments by another program)."""
+    if not getattr(args, "from_command_line", False):
+        return
     from pdserve.engine import engine_process_env, find_engine_preload, on_gpu, resolved_executor
     from pdserve.engine_process import initial_environ, reexec, reexec_env
 

@@ -60,8 +60,6 @@ async def run_worker(config: WorkerConfig, make_handler: HandlerFactory, ready_f
     """Serves until SIGTERM/SIGINT, then drains and stops the engine: returns 0. If the engine dies
     first, leaves at once (`pdserve.worker.watchdog`) and returns its non-zero exit code.
     `make_handler(runtime)` is called once the engine runs; `ready_file` gets the gRPC address once serving."""
-    if metrics_port:
-        start_metrics_server(config.bind_host, metrics_port)
     bind_this_process(config.engine.cpu_cores)  # before vLLM spawns its engine core and model runner
     # The cluster secret guards both planes: this process's KV releases (the router's aborts)
     # authenticate as the worker, and its gRPC serves only callers proving it. A bad file fails here.
@@ -69,6 +67,8 @@ async def run_worker(config: WorkerConfig, make_handler: HandlerFactory, ready_f
     set_process_credentials(Credentials(config.worker_id, secret, config.kv_encryption))
     load = EngineLoad()
     engine, kv_address = _start_engine(config, load)
+    if metrics_port:   # after the engine core starts: a fork must not inherit the listening socket and its thread
+        start_metrics_server(config.bind_host, metrics_port)
     runtime = WorkerRuntime(config, engine, load, kv_address=kv_address)
     watchdog = EngineWatchdog(engine)
     server, health, port = create_server(config, WorkerServicer(runtime, make_handler(runtime), watchdog), secret)

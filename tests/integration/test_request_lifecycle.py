@@ -13,6 +13,7 @@ import pytest
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from pdserve.client import Cancelled, Client, InvalidRequest
 from pdserve.engine_process import REEXEC_MARK, initial_environ
+from pdserve.preload import torch_libgomp
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 from cluster_helpers import wait_until_idle, worker_load
@@ -266,6 +267,8 @@ def test_a_workers_engine_core_is_forked_from_it_under_the_environment_the_worke
         assert worker_env.get(REEXEC_MARK) == "1"
         assert (worker_env["VLLM_CPU_OMP_THREADS_BIND"], worker_env["OMP_NUM_THREADS"]) == (str(core), "1")
         assert {"PDSERVE_VLLM_SPIN_S", "PDSERVE_VLLM_HOLD_WAIT_S"} <= worker_env.keys()
+        libgomp = torch_libgomp()   # what vLLM would have preloaded into a spawned engine core
+        assert libgomp is None or libgomp in worker_env["LD_PRELOAD"].split(":")
         log = (tcp_cluster.log_dir / f"{worker_id}.log").read_text(errors="replace")
         assert "vLLM's engine core starts by fork" in log
 

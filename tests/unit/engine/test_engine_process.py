@@ -71,7 +71,8 @@ def test_a_worker_re_executes_once_and_only_where_its_engine_core_could_then_be_
     assert reexec_env("auto", gpu=False, executor="uni", needed=NEEDED, initial=NEEDED) is None     # nothing to do
     assert reexec_env("auto", gpu=False, executor="uni", needed=NEEDED,
                       initial={REEXEC_MARK: "1"}) is None                                           # no loop
-    assert reexec_env("spawn", gpu=False, executor="uni", needed=NEEDED, initial={}) is None
+    assert reexec_env("auto", gpu=False, executor="uni", needed=NEEDED, initial={}) is None   # /proc unreadable: no loop
+    assert reexec_env("spawn", gpu=False, executor="uni", needed=NEEDED, initial={"PATH": "/bin"}) is None
     assert reexec_env("auto", gpu=True, executor="uni", needed=NEEDED, initial={}) is None
     assert reexec_env("auto", gpu=False, executor="mp", needed=NEEDED, initial={}) is None
 
@@ -83,3 +84,24 @@ def test_the_initial_environment_is_what_the_process_was_executed_with_not_what_
                          text=True, check=True).stdout
     assert out.strip() == '["a=b", null]'
     assert initial_environ(pid=2 ** 22 + 12345) == {}   # no such process: nothing, no error
+
+
+def test_pytorchs_openmp_runtime_is_preloaded_last_as_vllm_adds_it_unless_one_is_there():
+    from pdserve.preload import with_openmp
+
+    tcmalloc = Preload(("/lib/libtcmalloc.so",), {"iomp5": "pip install intel-openmp"})
+    assert with_openmp(tcmalloc, "", "/t/lib/libgomp.so.1") == Preload(("/lib/libtcmalloc.so", "/t/lib/libgomp.so.1"),
+                                                                     {"iomp5": "pip install intel-openmp"})
+    assert with_openmp(Preload(("/v/libiomp5.so",)), "", "/t/lib/libgomp.so.1") == Preload(("/v/libiomp5.so",))
+    assert with_openmp(tcmalloc, "/x/libgomp-a1.so.1", "/t/lib/libgomp.so.1") == tcmalloc
+    assert with_openmp(tcmalloc, "", None) == tcmalloc
+
+
+def test_pytorchs_openmp_runtime_is_found_where_vllm_looks_for_it():
+    from pdserve.preload import torch_libgomp
+
+    import torch
+
+    found = torch_libgomp()
+    assert found is not None and "libgomp" in os.path.basename(found) and os.path.isfile(found)
+    assert os.path.dirname(torch.__file__) in found or "torch.libs" in found

@@ -28,8 +28,7 @@ def dispatcher_with_a_foreign_module(monkeypatch):
     module = types.ModuleType("pdserve_test_foreign_library")
     module.lib = LibraryWrapper()
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    yield dispatcher
-    monkeypatch.delattr(dispatcher, "vars", raising=False)
+    return dispatcher   # monkeypatch puts back whatever `vars` the dispatcher had
 
 
 def test_vllms_scan_dies_on_such_a_module_and_survives_it_with_the_plugin(dispatcher_with_a_foreign_module):
@@ -40,19 +39,16 @@ def test_vllms_scan_dies_on_such_a_module_and_survives_it_with_the_plugin(dispat
     dispatcher._rebind_kernels([])
 
 
-def test_the_scan_still_rebinds_a_kernel_an_object_holds():
+def test_the_scan_still_rebinds_a_kernel_an_object_holds(monkeypatch):
     original, wrapper = object(), object()
     holder = types.SimpleNamespace(kernel=original)
     from vllm.triton_utils import dispatcher
 
     module = types.ModuleType("pdserve_test_kernel_holder")
     module.holder, module.copy = holder, original
-    sys.modules[module.__name__] = module
-    try:
-        vllm_plugin.tolerate_non_mapping_namespaces()
-        dispatcher._rebind_kernels([(original, wrapper)])
-    finally:
-        del sys.modules[module.__name__]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(dispatcher, "vars", vllm_plugin.mapping_vars, raising=False)
+    dispatcher._rebind_kernels([(original, wrapper)])
     assert holder.kernel is wrapper and module.copy is wrapper
 
 
