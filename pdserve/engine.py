@@ -153,10 +153,9 @@ def resolved_executor(settings: EngineSettings, gpu: bool) -> str:
 def engine_process_env(settings: EngineSettings, environ: dict[str, str], gpu: bool,
                        preload: Preload | None = None) -> dict[str, str]:
     """`environ` as the processes of an engine with `settings` must start under
-    (`pdserve.engine_process.engine_environment`); `preload`: the libraries found (none on a GPU)."""
+    (`pdserve.engine_process.engine_environment`); `preload`: `find_engine_preload`'s answer."""
     return engine_environment(environ, cpu_cores=settings.cpu_cores, executor=resolved_executor(settings, gpu),
-                              spin_ms=settings.vllm_spin_ms, hold_wait_ms=DEFAULT_HOLD_WAIT_MS,
-                              preload=preload if settings.preload and not gpu else None)
+                              spin_ms=settings.vllm_spin_ms, hold_wait_ms=DEFAULT_HOLD_WAIT_MS, preload=preload)
 
 
 def set_environ(env: dict[str, str]) -> None:
