@@ -22,6 +22,7 @@ from planner.router_config import up_flags, write_planned_cluster, write_router_
 from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, DEFAULT_TOKEN_BUDGETS, RateSearch, SearchSettings, SplitSearch,
                             enumerate_topologies, fewest_devices, search_splits)
 from planner.simulator import SimSettings, Topology, cost_model_from, simulate
+from planner.speed_margin import SpeedMargin
 from planner.sustained import prefill_load
 
 
@@ -43,12 +44,7 @@ class PlanInputs:
     router_config_dir: Path | None = None  # --write-router-config: where the picked cluster's router files go
     objective: str = "per-device"  # the pick: highest goodput per device, or "total" within the budget
     # the robust pick: rank by the goodput on a machine this much slower than profiled (0.1: 10%); 0: nominal
-    speed_margin: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.speed_margin < 1.0:
-            raise ValueError(f"the speed margin must be in [0, 1), e.g. 0.1 for a machine 10% slower than "
-                             f"profiled; got {self.speed_margin}")
+    speed_margin: SpeedMargin = SpeedMargin(0.0, "none asked")
 
     @property
     def include_colocated(self) -> bool:
@@ -174,9 +170,12 @@ def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console)
 
 def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     _print_header(console, inputs)
+    console.print(f"[bold]speed margin[/bold] {inputs.speed_margin.value:.0%} ({inputs.speed_margin.why})",
+                  highlight=False)
     attainment = make_attainment_fn(inputs.workload_at, inputs.settings, inputs.fit.model, inputs.slo)
-    robust = (make_attainment_fn(inputs.workload_at, inputs.settings, inputs.fit.model.slower(1 + inputs.speed_margin),
-                                 inputs.slo) if inputs.speed_margin > 0 else None)
+    margin = inputs.speed_margin.value
+    robust = (make_attainment_fn(inputs.workload_at, inputs.settings, inputs.fit.model.slower(1 + margin), inputs.slo)
+              if margin > 0 else None)
     widths = inputs.fit.model.widths
     total = len(enumerate_topologies(inputs.budget_devices, inputs.kinds, inputs.local_prefill_caps,
                                      inputs.token_budgets, widths))
@@ -188,7 +187,7 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
                                token_budgets=inputs.token_budgets, widths=widths, robust_attainment=robust,
                                progress=lambda label: progress.update(task, advance=1, last=label))
     elapsed = time.perf_counter() - started
-    console.print(report.search_table(result, inputs.search.target_attainment, inputs.speed_margin))
+    console.print(report.search_table(result, inputs.search.target_attainment, margin))
     _print_picks(console, result)
     points = _operating_points(inputs, list(result.best_by_kind().values()))
     console.print(report.detail_table("simulated latency at the goodput rate", points))
@@ -200,7 +199,7 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
     out = inputs.output_dir / f"{inputs.label}_search.json"
     out.write_text(json.dumps({"workload": inputs.workload_label, "slo": inputs.slo.as_ms(),
                                "target_attainment": inputs.search.target_attainment,
-                               "speed_margin": inputs.speed_margin,
+                               "speed_margin": margin, "speed_margin_why": inputs.speed_margin.why,
                                "budget_devices": inputs.budget_devices, "search_s": elapsed,
                                **report.search_json(result),
                                "prefill_load_at_goodput": {label: round(summary["prefill_load"], 4)

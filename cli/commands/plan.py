@@ -53,6 +53,15 @@ def _kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def _speed_margin(text: str) -> str | float:
+    from planner.speed_margin import parse_speed_margin
+
+    try:
+        return parse_speed_margin(text)
+    except ValueError as bad:
+        raise argparse.ArgumentTypeError(str(bad)) from None
+
+
 def _token_counts(zero_means: str):
     def parse(text: str) -> tuple[int, ...]:
         try:
@@ -106,11 +115,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the pick: the highest goodput per device (what to grow a pool by; it may leave devices "
                         "unused) or the highest goodput within --devices (how best to use the devices you have) "
                         "(default per-device)")
-    g.add_argument("--speed-margin", type=float, default=0.0,
+    g.add_argument("--speed-margin", type=_speed_margin, default="auto",
                    help="the robust pick: rank topologies by their goodput on a machine this much slower than "
                         "profiled (0.1: 10%%), so a pick whose SLO margin is its own service time, which loses its "
-                        "goodput when a shared VM slows, gives way to one with room; 0: by the profile's speed "
-                        "(default 0)")
+                        "goodput when a shared VM slows, gives way to one with room; 0: by the profile's speed; "
+                        "auto: as much as the profile's own machine-speed checks moved between its start and end, "
+                        "none when they held within 1.1x (default auto)")
     g.add_argument("--topologies", type=_kinds, default=("disaggregated", "hybrid", "aggregated"),
                    help="topology kinds to search, comma-separated (default disaggregated,hybrid,aggregated)")
     g.add_argument("--local-prefill-caps", type=_caps, default=(0, 256, 1024),
@@ -150,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.profiles.example import EXAMPLE_PROFILE_PATH
     from planner.search import SearchSettings
     from planner.simulator import RouterSettings, SimSettings, SimulationError
+    from planner.speed_margin import resolve_speed_margin
     from router.policies.placement import PlacementConfig
 
     try:
@@ -178,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
             budget_devices=args.devices, output_dir=args.output_dir, label=args.label,
             show_progress=not args.no_progress, kinds=kinds, local_prefill_caps=args.local_prefill_caps,
             token_budgets=args.token_budgets, router_config_dir=args.write_router_config, objective=args.objective,
-            speed_margin=args.speed_margin)
+            speed_margin=resolve_speed_margin(args.speed_margin, profile.hardware.machine_ms_start,
+                                              profile.hardware.machine_ms_end))
     except (ProfileError, ValueError, KeyError, FileNotFoundError) as bad:
         raise SystemExit(f"pdserve plan: {bad}") from bad
     args.output_dir.mkdir(parents=True, exist_ok=True)
