@@ -104,18 +104,28 @@ def choose_dtype(timings_ms: dict[str, dict[str, float]], tolerance: float = BF1
 
 def host_kind(cpuinfo: str, torch_version: str, vllm_version: str) -> str:
     """A name for this kind of host: the CPU model, the kernel-relevant flags and the library
-    versions. Two hosts of one kind run the same kernels at about the same relative speeds."""
-    model, flags = "", set()
+    versions. Two hosts of one kind run the same kernels at about the same relative speeds.
+
+    The model name is followed by the x86 family and model numbers where /proc/cpuinfo gives them
+    (`-f26m2`): a VM's model name may be only "AMD EPYC", which a Zen 4 (family 25) and a Zen 5
+    (family 26) both show, with the same kernel flags, at different speeds."""
+    model, family, number, flags = "", "", "", set()
     for line in cpuinfo.splitlines():
         key, _, value = (part.strip() for part in line.partition(":"))
         if key in ("model name", "Model", "CPU part") and not model:
             model = value
+        elif key == "cpu family" and not family:
+            family = value
+        elif key == "model" and not number:
+            number = value
         elif key in ("flags", "Features"):
             flags.update(value.split())
-    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "unknown-cpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:48] or "unknown-cpu"
+    if family.isdigit() and number.isdigit():
+        slug += f"-f{family}m{number}"
     present = "+".join(flag for flag in KERNEL_FLAGS if flag in flags) or "noflags"
     versions = hashlib.sha256(f"{torch_version} {vllm_version}".encode()).hexdigest()[:8]
-    return f"{slug[:48]}_{present}_{versions}"
+    return f"{slug}_{present}_{versions}"
 
 
 def cache_path(cache_dir: Path, kind: str, shape: ModelShape, threads: int) -> Path:

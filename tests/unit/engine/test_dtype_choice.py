@@ -52,6 +52,19 @@ def test_host_kind_names_the_cpu_its_kernel_flags_and_the_library_versions():
     assert host_kind(EPYC_FLAGS, "2.13.0+cpu", "0.32.0").startswith("amd-epyc-7b13_avx2_")
 
 
+def test_host_kind_tells_apart_cpu_families_a_vm_shows_under_one_model_name():
+    """Two 2-vCPU VMs of this project's hosts: "AMD EPYC" both, the same kernel flags, a Zen 4 and a Zen 5."""
+    flags = "flags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    zen4 = host_kind(f"cpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n{flags}", "2.13.0+cpu", "0.32.0")
+    zen5 = host_kind(f"cpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n{flags}", "2.13.0+cpu", "0.32.0")
+    assert zen4.startswith("amd-epyc-f25m17_avx2+avx512f+avx512_bf16_")
+    assert zen5.startswith("amd-epyc-f26m2_avx2+avx512f+avx512_bf16_")
+    # the second processor's lines repeat the first's; a model line without a number is not one
+    assert host_kind("cpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 17\n"
+                     + flags, "t", "v").startswith("amd-epyc-f26m2_")
+    assert host_kind("cpu family\t: 6\nmodel\t\t: unknown\nmodel name\t: X\n", "t", "v").startswith("x_noflags_")
+
+
 def test_model_shape_from_a_hugging_face_config():
     shape = ModelShape.from_config({"hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
                                     "num_key_value_heads": 4})
