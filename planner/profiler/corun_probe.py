@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdserve.engine import EngineSettings
+from pdserve.engine_process import THREAD_KEYS
 from planner.profile import CORUN_RANGE
 
 ROLES = ("prompt", "decode")
@@ -159,7 +160,8 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
                 processes[role] = subprocess.Popen(
                     [sys.executable, "-m", "planner.profiler.corun_probe", "--role", role, "--address", address,
                      "--settings", json.dumps(asdict(side)), "--plan", json.dumps(asdict(plan))],
-                    stdout=subprocess.DEVNULL, start_new_session=True)   # its group holds vLLM's engine core too
+                    stdout=subprocess.DEVNULL, start_new_session=True,   # its group holds vLLM's engine core too
+                    env=_side_env(os.environ))
             peers = _accept(server, processes)
             for peer in peers.values():
                 peer.recv()   # {"ready": dtype}: its engine is up and warmed
@@ -178,6 +180,13 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
                 except ProcessLookupError:
                     pass
                 process.wait()
+
+
+def _side_env(environ) -> dict[str, str]:
+    """A side's environment: this process's without the thread binding an engine it ran left there
+    (another core's OMP_PLACES makes libgomp, preloaded, refuse it at the side's start); the side's
+    engine binds its own core."""
+    return {key: value for key, value in environ.items() if key not in THREAD_KEYS}
 
 
 def _accept(server: socket.socket, processes: dict[str, subprocess.Popen]) -> dict[str, _Peer]:

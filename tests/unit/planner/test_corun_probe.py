@@ -99,3 +99,13 @@ def test_a_side_that_exits_mid_measurement_is_an_error_not_a_hang():
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_side_starts_without_the_thread_binding_an_engine_of_the_profiler_left_behind():
+    """The profiler's one-core engine sets OMP_PLACES etc. in its own process; a side started after it
+    on the other core must not inherit them (libgomp, preloaded, rejects places outside its cores)."""
+    from planner.profiler.corun_probe import _side_env
+
+    left = {"OMP_PLACES": "{0}", "OMP_PROC_BIND": "true", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
+            "PATH": "/usr/bin", "LD_PRELOAD": "libtcmalloc_minimal.so.4"}
+    assert _side_env(left) == {"PATH": "/usr/bin", "LD_PRELOAD": "libtcmalloc_minimal.so.4"}
