@@ -13,8 +13,15 @@ from pdserve.dtype_choice import CANDIDATES
 pytestmark = pytest.mark.integration
 
 
-def test_the_probe_measures_every_candidate_once_then_the_cache_answers(tiny_model, tmp_path, monkeypatch):
-    first = dtype_probe.resolve_auto_dtype(str(tiny_model), "0", tmp_path)
+@pytest.fixture(scope="module")
+def probed(tiny_model, tmp_path_factory):
+    """A cache directory and the decision its one probe wrote there (the probe takes ~10 s: once)."""
+    cache = tmp_path_factory.mktemp("dtype-cache")
+    return cache, dtype_probe.resolve_auto_dtype(str(tiny_model), "0", cache)
+
+
+def test_the_probe_measures_every_candidate_once_then_the_cache_answers(tiny_model, probed, monkeypatch):
+    tmp_path, first = probed
     assert first.dtype in CANDIDATES and first.threads == 1
     assert set(first.timings_ms) == set(CANDIDATES)
     assert all(ms > 0 for ops in first.timings_ms.values() for ms in ops.values())
@@ -27,8 +34,10 @@ def test_the_probe_measures_every_candidate_once_then_the_cache_answers(tiny_mod
     assert dtype_probe.resolve_auto_dtype(str(tiny_model), "0", tmp_path) == first
 
 
-def test_the_cli_resolves_auto_to_the_cached_decision_and_prints_it(tiny_model, tmp_path):
-    decision = dtype_probe.resolve_auto_dtype(str(tiny_model), "0", tmp_path)
+def test_the_cli_resolves_auto_to_the_cached_decision_and_prints_it(tiny_model, probed, monkeypatch):
+    tmp_path, decision = probed
+    monkeypatch.setattr(dtype_probe, "_probe_in_child", None)   # answered from the cache, never probed
+    assert dtype_probe.resolve_auto_dtype(str(tiny_model), "0", tmp_path) == decision
     code = ("import argparse, sys; from cli.commands.engine_options import add_engine_options, engine_settings;"
             "p = argparse.ArgumentParser(); add_engine_options(p);"
             f"a = p.parse_args(['--model', {str(tiny_model)!r}, '--cache-dir', {str(tmp_path)!r}]);"
