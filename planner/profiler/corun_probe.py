@@ -36,12 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdserve.engine import EngineSettings
-from pdserve.engine_process import THREAD_KEYS
 from planner.profile import CORUN_RANGE
 
 ROLES = ("prompt", "decode")
@@ -161,7 +160,7 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
                     [sys.executable, "-m", "planner.profiler.corun_probe", "--role", role, "--address", address,
                      "--settings", json.dumps(asdict(side)), "--plan", json.dumps(asdict(plan))],
                     stdout=subprocess.DEVNULL, start_new_session=True,   # its group holds vLLM's engine core too
-                    env=_side_env(os.environ))
+                    env=_side_env(side, os.environ))
             peers = _accept(server, processes)
             for peer in peers.values():
                 peer.recv()   # {"ready": dtype}: its engine is up and warmed
@@ -182,11 +181,16 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
                 process.wait()
 
 
-def _side_env(environ) -> dict[str, str]:
-    """A side's environment: this process's without the thread binding an engine it ran left there
-    (another core's OMP_PLACES makes libgomp, preloaded, refuse it at the side's start); the side's
-    engine binds its own core."""
-    return {key: value for key, value in environ.items() if key not in THREAD_KEYS}
+def _side_env(side: EngineSettings, environ: Mapping[str, str]) -> dict[str, str]:
+    """A side's environment: what its engine's processes need (`pdserve.engine.engine_process_env`:
+    its own core's thread binding in place of the one an engine of this process left, which
+    libgomp, preloaded, would refuse at the side's start; the preloads; the plugin's settings). A
+    side started under it forks its engine core, as a worker does, instead of spawning one that
+    imports vLLM again (`pdserve.engine.start_engine`'s `fork_safe`)."""
+    from pdserve.engine import engine_process_env, find_engine_preload, on_gpu
+
+    gpu = on_gpu()
+    return engine_process_env(side, dict(environ), gpu, find_engine_preload(side, gpu))
 
 
 def _accept(server: socket.socket, processes: dict[str, subprocess.Popen]) -> dict[str, _Peer]:
@@ -255,7 +259,7 @@ async def _serve(role: str, settings: EngineSettings, plan: CorunPlan, address: 
     conn.connect(address)
     peer = _Peer(role, conn)
     peer.send({"role": role})
-    engine = start_engine(settings, "colocated")
+    engine = start_engine(settings, "colocated", fork_safe=True)   # nothing here has run OpenMP yet
     try:
         probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()), seed=ROLES.index(role))
         await probe.warm_up()

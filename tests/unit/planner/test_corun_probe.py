@@ -101,11 +101,21 @@ def test_a_side_that_exits_mid_measurement_is_an_error_not_a_hang():
         theirs.close()
 
 
-def test_a_side_starts_without_the_thread_binding_an_engine_of_the_profiler_left_behind():
+def test_a_side_starts_under_its_own_cores_binding_and_not_the_one_an_engine_of_the_profiler_left_behind():
     """The profiler's one-core engine sets OMP_PLACES etc. in its own process; a side started after it
-    on the other core must not inherit them (libgomp, preloaded, rejects places outside its cores)."""
+    on the other core must not inherit them (libgomp, preloaded, rejects places outside its cores):
+    it starts under its own core's, as its engine's processes need them, so its engine core forks."""
+    from dataclasses import replace
+
+    from pdserve.engine import EngineSettings, engine_process_env
+    from pdserve.engine_process import started_under
     from planner.profiler.corun_probe import _side_env
 
     left = {"OMP_PLACES": "{0}", "OMP_PROC_BIND": "true", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
-            "PATH": "/usr/bin", "LD_PRELOAD": "libtcmalloc_minimal.so.4"}
-    assert _side_env(left) == {"PATH": "/usr/bin", "LD_PRELOAD": "libtcmalloc_minimal.so.4"}
+            "PATH": "/usr/bin"}
+    side = replace(EngineSettings(model="m", executor="uni"), cpu_cores="1", preload=())
+    env = _side_env(side, left)
+    assert env["PATH"] == "/usr/bin"
+    assert (env["OMP_PLACES"], env["VLLM_CPU_OMP_THREADS_BIND"], env["OMP_NUM_THREADS"]) == ("{1}", "1", "1")
+    # the environment its engine asks for once started, so start_engine forks the engine core
+    assert started_under(engine_process_env(side, dict(env), gpu=False), env)
