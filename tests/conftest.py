@@ -69,5 +69,5 @@ def reference_outputs(tiny_model, prompts, tmp_path_factory) -> list[list[int]]:
     (folder / "prompts.json").write_text(json.dumps(prompts))
     subprocess.run([sys.executable, str(cluster_helpers.HERE / "colocated_reference.py"), str(folder / "settings.json"),
                     str(folder / "prompts.json"), str(folder / "out.json")], check=True, timeout=600,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, env=cluster_helpers.engine_script_env(cluster_helpers.engine_settings(tiny_model)))
     return json.loads((folder / "out.json").read_text())

@@ -14,6 +14,8 @@ from typing import Iterator
 
 import httpx
 
+from cluster_helpers import engine_script_env
+
 
 class Reference:
     """reference_engine.py in a child process."""
@@ -48,7 +50,8 @@ def reference_engine(settings, folder: Path) -> Iterator[Reference]:
     settings_file = folder / "settings.json"
     settings_file.write_text(json.dumps(asdict(settings)))
     process = subprocess.Popen([sys.executable, str(Path(__file__).parent / "reference_engine.py"),
-                                str(settings_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                str(settings_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               env=engine_script_env(settings))
     try:
         yield Reference(process)
     finally:
