@@ -64,7 +64,8 @@ later one 0.03 s; through a 1P+1D cluster both engines pay it, 3.8-6.1 s on the 
 with logprobs after a worker starts. On CPU the mask is a transient host buffer (256 sequences x
 128k vocabulary: 32 MiB) and the count is one vectorised comparison and sum, so `register` gives
 the sampler the same function run eagerly on the CPU platform: the same integer counts, no
-compile, no first-request stall. Other platforms keep vLLM's compiled one.
+compile, no first-request stall. Other platforms keep vLLM's compiled one, and so does a process
+with `PDSERVE_VLLM_EAGER_RANKS=0` (to measure the difference: `bench/first_request_latency.py`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from collections.abc import Mapping
 
 SPIN_ENV = "PDSERVE_VLLM_SPIN_S"
 HOLD_WAIT_ENV = "PDSERVE_VLLM_HOLD_WAIT_S"
+EAGER_RANKS_ENV = "PDSERVE_VLLM_EAGER_RANKS"
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +84,12 @@ logger = logging.getLogger(__name__)
 def register() -> None:
     """Entry point of the `vllm.general_plugins` group: AMX permission where the CPU has AMX; vLLM's
     kernel scan made safe for a forked engine core and the seeded stream's patches (always); logprob
-    ranks without a compile (on CPU); the hold wait when `PDSERVE_VLLM_HOLD_WAIT_S` is above 0;
-    the spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
+    ranks without a compile (on CPU; `PDSERVE_VLLM_EAGER_RANKS=0`: vLLM's compiled count); the hold
+    wait when `PDSERVE_VLLM_HOLD_WAIT_S` is above 0; the spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
     request_amx_permission()
     tolerate_non_mapping_namespaces()
-    count_logprob_ranks_eagerly_on_cpu()
+    if os.environ.get(EAGER_RANKS_ENV, "1") != "0":
+        count_logprob_ranks_eagerly_on_cpu()
     from pdserve import grammar_stream, sampler_stream
     sampler_stream.install()
     grammar_stream.install()  # structured output continued across engines (pdserve.grammar_stream)
