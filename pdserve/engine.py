@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -158,6 +159,15 @@ def engine_process_env(settings: EngineSettings, environ: dict[str, str], gpu: b
                               spin_ms=settings.vllm_spin_ms, hold_wait_ms=DEFAULT_HOLD_WAIT_MS, preload=preload)
 
 
+def engine_start_env(settings: EngineSettings, environ: Mapping[str, str], gpu: bool | None = None) -> dict[str, str]:
+    """`engine_process_env` with the preloads this host has for `settings` (`find_engine_preload`):
+    what an engine's processes start under, and what a process that forks its engine core (a worker,
+    a co-run side, a test's reference engine) must itself have been executed under. `gpu` defaults
+    to `on_gpu()`."""
+    gpu = on_gpu() if gpu is None else gpu
+    return engine_process_env(settings, dict(environ), gpu, find_engine_preload(settings, gpu))
+
+
 def set_environ(env: dict[str, str]) -> None:
     """Makes os.environ equal `env`, touching only the keys that differ: a variable set again, even to
     its own value, moves out of the block the process was executed with, where a forked engine core's
@@ -177,7 +187,7 @@ def engine_args(settings: EngineSettings, role: EngineRole, connector: Connector
     executor = resolved_executor(settings, gpu)
     # One engine's binding must not leak into the next one started here; the engine's processes
     # inherit the rest (pdserve.engine_process: what they read, and when).
-    set_environ(engine_process_env(settings, dict(os.environ), gpu, find_engine_preload(settings, gpu)))
+    set_environ(engine_start_env(settings, os.environ, gpu))
     kv_transfer_config = None
     if role != "colocated":
         if connector is None:

@@ -25,17 +25,6 @@ def engine_settings(model: Path) -> EngineSettings:
                           max_num_seqs=16)
 
 
-def engine_script_env(settings: EngineSettings) -> dict[str, str]:
-    """The environment to run a script under that starts an engine with `settings` and
-    `fork_safe=True` (colocated_reference.py, reference_engine.py): what the engine's processes need
-    (`pdserve.engine.engine_process_env`), so vLLM forks its engine core from the script instead of
-    spawning one that imports vLLM a second time (~8 s of CPU at each start)."""
-    from pdserve.engine import engine_process_env, find_engine_preload, on_gpu
-
-    gpu = on_gpu()
-    return engine_process_env(settings, dict(os.environ), gpu, find_engine_preload(settings, gpu))
-
-
 def make_prompts(vocab_size: int) -> list[dict]:
     """Token-id prompts whose first tokens all differ, so no prompt hits another's prefix cache."""
     rng = random.Random(1234)

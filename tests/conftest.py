@@ -4,6 +4,7 @@ reference prompts and one colocated vLLM engine's greedy answers to them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -63,11 +64,12 @@ def prompts(tiny_model) -> list[dict]:
 @pytest.fixture(scope="session")
 def reference_outputs(tiny_model, prompts, tmp_path_factory) -> list[list[int]]:
     import cluster_helpers
+    from pdserve.engine import engine_start_env
 
-    folder = tmp_path_factory.mktemp("reference")
-    (folder / "settings.json").write_text(json.dumps(asdict(cluster_helpers.engine_settings(tiny_model))))
+    folder, settings = tmp_path_factory.mktemp("reference"), cluster_helpers.engine_settings(tiny_model)
+    (folder / "settings.json").write_text(json.dumps(asdict(settings)))
     (folder / "prompts.json").write_text(json.dumps(prompts))
     subprocess.run([sys.executable, str(cluster_helpers.HERE / "colocated_reference.py"), str(folder / "settings.json"),
                     str(folder / "prompts.json"), str(folder / "out.json")], check=True, timeout=600,
-                   stdout=subprocess.DEVNULL, env=cluster_helpers.engine_script_env(cluster_helpers.engine_settings(tiny_model)))
+                   stdout=subprocess.DEVNULL, env=engine_start_env(settings, os.environ))
     return json.loads((folder / "out.json").read_text())

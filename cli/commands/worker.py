@@ -90,12 +90,12 @@ def _reexec_for_a_forked_engine(args: argparse.Namespace) -> None:
     the command itself (`cli.main.main` called with its arguments by another program)."""
     if not getattr(args, "from_command_line", False):
         return
-    from pdserve.engine import engine_process_env, find_engine_preload, on_gpu, resolved_executor
+    from pdserve.engine import engine_start_env, on_gpu, resolved_executor
     from pdserve.engine_process import initial_environ, reexec, reexec_env
 
     settings = engine_settings(args, args.cpu_cores, measure_dtype=False)
     gpu = on_gpu()
-    needed = engine_process_env(settings, dict(os.environ), gpu, find_engine_preload(settings, gpu))
+    needed = engine_start_env(settings, os.environ, gpu)
     env = reexec_env(settings.engine_start, gpu=gpu, executor=resolved_executor(settings, gpu), needed=needed,
                      initial=initial_environ())
     if env is not None:

@@ -36,11 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pdserve.engine import EngineSettings
+from pdserve.engine import EngineSettings, engine_start_env
 from planner.profile import CORUN_RANGE
 
 ROLES = ("prompt", "decode")
@@ -160,7 +160,10 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
                     [sys.executable, "-m", "planner.profiler.corun_probe", "--role", role, "--address", address,
                      "--settings", json.dumps(asdict(side)), "--plan", json.dumps(asdict(plan))],
                     stdout=subprocess.DEVNULL, start_new_session=True,   # its group holds vLLM's engine core too
-                    env=_side_env(side, os.environ))
+                    # the environment its engine's processes need (its own core's binding in place of the
+                    # one this process's engines left, which libgomp, preloaded, would refuse): its
+                    # engine core then forks, as a worker's does, instead of importing vLLM again
+                    env=engine_start_env(side, os.environ))
             peers = _accept(server, processes)
             for peer in peers.values():
                 peer.recv()   # {"ready": dtype}: its engine is up and warmed
@@ -179,18 +182,6 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
                 except ProcessLookupError:
                     pass
                 process.wait()
-
-
-def _side_env(side: EngineSettings, environ: Mapping[str, str]) -> dict[str, str]:
-    """A side's environment: what its engine's processes need (`pdserve.engine.engine_process_env`:
-    its own core's thread binding in place of the one an engine of this process left, which
-    libgomp, preloaded, would refuse at the side's start; the preloads; the plugin's settings). A
-    side started under it forks its engine core, as a worker does, instead of spawning one that
-    imports vLLM again (`pdserve.engine.start_engine`'s `fork_safe`)."""
-    from pdserve.engine import engine_process_env, find_engine_preload, on_gpu
-
-    gpu = on_gpu()
-    return engine_process_env(side, dict(environ), gpu, find_engine_preload(side, gpu))
 
 
 def _accept(server: socket.socket, processes: dict[str, subprocess.Popen]) -> dict[str, _Peer]:

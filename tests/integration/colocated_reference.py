@@ -17,7 +17,7 @@ async def main(settings_path: str, prompts_path: str, out_path: str) -> None:
 
     settings = EngineSettings(**json.load(open(settings_path)))
     prompts = json.load(open(prompts_path))
-    engine = start_engine(settings, "colocated", fork_safe=True)   # started under engine_script_env
+    engine = start_engine(settings, "colocated", fork_safe=True)   # started under engine_start_env
     outputs = []
     for index, entry in enumerate(prompts):
         params = SamplingParams(max_tokens=entry["max_tokens"], temperature=0.0, ignore_eos=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -14,7 +15,7 @@ from typing import Iterator
 
 import httpx
 
-from cluster_helpers import engine_script_env
+from pdserve.engine import engine_start_env
 
 
 class Reference:
@@ -51,7 +52,7 @@ def reference_engine(settings, folder: Path) -> Iterator[Reference]:
     settings_file.write_text(json.dumps(asdict(settings)))
     process = subprocess.Popen([sys.executable, str(Path(__file__).parent / "reference_engine.py"),
                                 str(settings_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                               env=engine_script_env(settings))
+                               env=engine_start_env(settings, os.environ))
     try:
         yield Reference(process)
     finally:

@@ -24,7 +24,7 @@ async def main(settings_path: str) -> None:
     from vllm.inputs import TokensPrompt
 
     settings = EngineSettings(**json.load(open(settings_path)))
-    engine = start_engine(settings, "colocated", fork_safe=True)   # started under engine_script_env
+    engine = start_engine(settings, "colocated", fork_safe=True)   # started under engine_start_env
     loop = asyncio.get_running_loop()
     index = 0
     print(PREFIX + json.dumps({"ready": True}), flush=True)

@@ -20,27 +20,27 @@ def probed(tiny_model, tmp_path_factory):
     return cache, dtype_probe.resolve_auto_dtype(str(tiny_model), "0", cache)
 
 
+def no_second_probe(*args):
+    raise AssertionError("probed again although the decision was cached")
+
+
 def test_the_probe_measures_every_candidate_once_then_the_cache_answers(tiny_model, probed, monkeypatch):
-    tmp_path, first = probed
+    cache, first = probed
     assert first.dtype in CANDIDATES and first.threads == 1
     assert set(first.timings_ms) == set(CANDIDATES)
     assert all(ms > 0 for ops in first.timings_ms.values() for ms in ops.values())
-    assert len(list(tmp_path.glob("dtype-*.json"))) == 1
-
-    def no_second_probe(*args):
-        raise AssertionError("probed again although the decision was cached")
-
+    assert len(list(cache.glob("dtype-*.json"))) == 1
     monkeypatch.setattr(dtype_probe, "_probe_in_child", no_second_probe)
-    assert dtype_probe.resolve_auto_dtype(str(tiny_model), "0", tmp_path) == first
+    assert dtype_probe.resolve_auto_dtype(str(tiny_model), "0", cache) == first
 
 
 def test_the_cli_resolves_auto_to_the_cached_decision_and_prints_it(tiny_model, probed, monkeypatch):
-    tmp_path, decision = probed
-    monkeypatch.setattr(dtype_probe, "_probe_in_child", None)   # answered from the cache, never probed
-    assert dtype_probe.resolve_auto_dtype(str(tiny_model), "0", tmp_path) == decision
+    cache, decision = probed
+    monkeypatch.setattr(dtype_probe, "_probe_in_child", no_second_probe)   # answered from the cache
+    assert dtype_probe.resolve_auto_dtype(str(tiny_model), "0", cache) == decision
     code = ("import argparse, sys; from cli.commands.engine_options import add_engine_options, engine_settings;"
             "p = argparse.ArgumentParser(); add_engine_options(p);"
-            f"a = p.parse_args(['--model', {str(tiny_model)!r}, '--cache-dir', {str(tmp_path)!r}]);"
+            f"a = p.parse_args(['--model', {str(tiny_model)!r}, '--cache-dir', {str(cache)!r}]);"
             "print(engine_settings(a, '0').dtype)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

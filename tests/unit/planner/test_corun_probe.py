@@ -107,14 +107,13 @@ def test_a_side_starts_under_its_own_cores_binding_and_not_the_one_an_engine_of_
     it starts under its own core's, as its engine's processes need them, so its engine core forks."""
     from dataclasses import replace
 
-    from pdserve.engine import EngineSettings, engine_process_env
+    from pdserve.engine import EngineSettings, engine_process_env, engine_start_env
     from pdserve.engine_process import started_under
-    from planner.profiler.corun_probe import _side_env
 
     left = {"OMP_PLACES": "{0}", "OMP_PROC_BIND": "true", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
             "PATH": "/usr/bin"}
     side = replace(EngineSettings(model="m", executor="uni"), cpu_cores="1", preload=())
-    env = _side_env(side, left)
+    env = engine_start_env(side, left, gpu=False)   # what measure_corun starts each side under
     assert env["PATH"] == "/usr/bin"
     assert (env["OMP_PLACES"], env["VLLM_CPU_OMP_THREADS_BIND"], env["OMP_NUM_THREADS"]) == ("{1}", "1", "1")
     # the environment its engine asks for once started, so start_engine forks the engine core
