@@ -11,7 +11,7 @@ would.
 
 from __future__ import annotations
 
-from kv_transfer.metadata import PullReport
+from kv_transfer.records import PullReport
 from pdserve.grammar_stream import GRAMMAR_PREFIX_ARG
 from pdserve.engine import tokens_prompt
 from pdserve.logprobs import rows_from_vllm

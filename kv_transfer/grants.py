@@ -24,7 +24,7 @@ import hmac
 import logging
 import socket
 
-from kv_transfer.metadata import LeaseGrant
+from kv_transfer.records import LeaseGrant
 from kv_transfer.wire import send_message
 
 logger = logging.getLogger(__name__)

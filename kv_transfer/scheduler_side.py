@@ -24,8 +24,8 @@ from typing import Any
 from kv_transfer.config import ConnectorConfig
 from kv_transfer.grants import EarlyGranter
 from kv_transfer.handle import KVHandle
-from kv_transfer.metadata import (LeaseGrant, PDConnectorMetadata, PDConnectorStats, PDWorkerMeta, PullReport,
-                                  PullSpec, ReleaseSpec)
+from kv_transfer.metadata import PDConnectorMetadata, PDConnectorStats, PDWorkerMeta
+from kv_transfer.records import LeaseGrant, PullReport, PullSpec, ReleaseSpec
 from kv_transfer.stats import HELD_LEASES
 
 

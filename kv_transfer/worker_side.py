@@ -36,7 +36,8 @@ from kv_transfer.errors import ChecksumMismatch
 from kv_transfer.layout import KVLayout
 from kv_transfer.lease_board import LeaseBoard
 from kv_transfer.leases import Lease, LeaseTable
-from kv_transfer.metadata import PDConnectorMetadata, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
+from kv_transfer.metadata import PDConnectorMetadata, PDWorkerMeta
+from kv_transfer.records import PullReport, PullSpec, ReleaseSpec
 from kv_transfer.producer import TransferServer
 from kv_transfer.shm_segment import SegmentAllocation, SegmentError
 from kv_transfer.transports.base import served

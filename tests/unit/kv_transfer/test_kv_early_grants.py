@@ -10,7 +10,7 @@ from kv_transfer.consumer import PullClient
 from kv_transfer.grants import EarlyGranter, grant_from_message, grant_message
 from kv_transfer.layout import KVLayout
 from kv_transfer.leases import LeaseTable
-from kv_transfer.metadata import LeaseGrant
+from kv_transfer.records import LeaseGrant
 from kv_transfer.producer import TransferServer
 
 TOKEN = "0123456789abcdef"

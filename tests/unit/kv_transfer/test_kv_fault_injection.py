@@ -16,7 +16,8 @@ from kv_transfer.geometry import BlockGeometry
 from kv_transfer.layout import KVLayout
 from kv_transfer.lease_board import LeaseBoard
 from kv_transfer.leases import Lease, LeaseTable
-from kv_transfer.metadata import PDConnectorMetadata, PullSpec
+from kv_transfer.metadata import PDConnectorMetadata
+from kv_transfer.records import PullSpec
 from kv_transfer.producer import TransferServer
 from kv_transfer.shm_segment import Segment
 from kv_transfer.transports.base import SERVED

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kv_transfer.handle import KVHandle, MalformedKVHandle, producer_params
-from kv_transfer.metadata import PullReport
+from kv_transfer.records import PullReport
 
 HANDLE = KVHandle("x1", "10.0.0.5:7000", "prefill-0", (4, 5, 6), 69)
 PARAMS = {"do_remote_prefill": True, "transfer_id": "x1", "remote_address": "10.0.0.5:7000",

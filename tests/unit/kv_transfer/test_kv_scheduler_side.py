@@ -7,7 +7,8 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 
 from kv_transfer.config import ConnectorConfig
-from kv_transfer.metadata import LeaseGrant, PDWorkerMeta, PullReport, PullSpec, ReleaseSpec
+from kv_transfer.metadata import PDWorkerMeta
+from kv_transfer.records import LeaseGrant, PullReport, PullSpec, ReleaseSpec
 from kv_transfer.scheduler_side import PDScheduler
 from kv_transfer.stats import HELD_LEASES, held_leases
 

@@ -9,7 +9,8 @@ from kv_transfer.config import ConnectorConfig
 from kv_transfer.consumer import PullClient
 from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
-from kv_transfer.metadata import LeaseGrant, PDConnectorMetadata, PullSpec
+from kv_transfer.metadata import PDConnectorMetadata
+from kv_transfer.records import LeaseGrant, PullSpec
 from kv_transfer.producer import TransferServer
 from kv_transfer.wire import IncompatiblePeer
 from kv_transfer.worker_side import ModelIdentity, PDWorker
