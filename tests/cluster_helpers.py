@@ -17,7 +17,6 @@ from pdserve.v1 import worker_pb2, worker_pb2_grpc
 BLOCK_SIZE = 32
 PROMPT_LENGTHS = [1, 2, 31, 32, 33, 63, 64, 65, 96, 100, 128, 129, 200, 257, 511, 1000]
 MAX_TOKENS = 8
-HERE = Path(__file__).resolve().parent / "integration"  # the integration tests' folder (colocated_reference.py)
 
 
 def engine_settings(model: Path) -> EngineSettings:

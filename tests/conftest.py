@@ -1,13 +1,9 @@
 """Fixtures every test directory may use: the repository root, the tiny model, a private Redis, the
-reference prompts and one colocated vLLM engine's greedy answers to them."""
+reference prompts, one colocated vLLM engine and its greedy answers to them."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -62,14 +58,21 @@ def prompts(tiny_model) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def reference_outputs(tiny_model, prompts, tmp_path_factory) -> list[list[int]]:
+def reference(tiny_model, tmp_path_factory):
+    """One colocated vLLM engine with the clusters' engine settings (integration/reference_engine.py,
+    asked one request at a time): what the clusters' tokens and the OpenAI API tests' answers are
+    compared with. One for the session: each start imports vLLM (seconds of CPU, 13 s on an
+    AVX2-only EPYC)."""
     import cluster_helpers
-    from pdserve.engine import engine_start_env
+    from openai_reference import reference_engine
 
-    folder, settings = tmp_path_factory.mktemp("reference"), cluster_helpers.engine_settings(tiny_model)
-    (folder / "settings.json").write_text(json.dumps(asdict(settings)))
-    (folder / "prompts.json").write_text(json.dumps(prompts))
-    subprocess.run([sys.executable, str(cluster_helpers.HERE / "colocated_reference.py"), str(folder / "settings.json"),
-                    str(folder / "prompts.json"), str(folder / "out.json")], check=True, timeout=600,
-                   stdout=subprocess.DEVNULL, env=engine_start_env(settings, os.environ))
-    return json.loads((folder / "out.json").read_text())
+    with reference_engine(cluster_helpers.engine_settings(tiny_model), tmp_path_factory.mktemp("reference-engine")) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def reference_outputs(reference, prompts) -> list[list[int]]:
+    """The reference engine's greedy tokens for `prompts`, one prompt at a time as the cluster tests
+    send them (so each batch holds one request, as theirs do)."""
+    return [reference.answer(entry["token_ids"], max_tokens=entry["max_tokens"], temperature=0.0,
+                             ignore_eos=True)["token_ids"] for entry in prompts]

@@ -50,7 +50,7 @@ def reference_engine(settings, folder: Path) -> Iterator[Reference]:
     `folder`; stopped (end of input) when the block ends."""
     settings_file = folder / "settings.json"
     settings_file.write_text(json.dumps(asdict(settings)))
-    process = subprocess.Popen([sys.executable, str(Path(__file__).parent / "reference_engine.py"),
+    process = subprocess.Popen([sys.executable, str(Path(__file__).parent / "integration" / "reference_engine.py"),
                                 str(settings_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                env=engine_start_env(settings, os.environ))
     try:

@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from cluster_helpers import TOOL_PARSER_FLAGS, engine_settings, kv_segments_of, start_cluster
-from openai_reference import reference_engine
 
 
 @pytest.fixture(scope="session")
@@ -62,11 +61,3 @@ def vllm_openai_server(tiny_model, tmp_path_factory):
                           served_model_name=tiny_model.name,
                           extra_args=TOOL_PARSER_FLAGS) as server:
         yield server
-
-
-@pytest.fixture(scope="session")
-def reference(tiny_model, tmp_path_factory):
-    """One colocated vLLM engine with the clusters' engine settings (reference_engine.py): what the
-    OpenAI API tests compare the cluster's answers with."""
-    with reference_engine(engine_settings(tiny_model), tmp_path_factory.mktemp("reference-engine")) as engine:
-        yield engine
