@@ -49,6 +49,11 @@ TRICKLE_THINK_S = 1.0  # a pause between the trickle's requests: one at a time, 
 # (scale_down_headroom=1.0), a fast host's tight SLO refused one prefill worker: it never drained.
 DRAIN_THINK_S = 3.0
 TINY_PROFILE = EXAMPLE_PROFILE_PATH.with_name("tiny_2cpu.json")
+# No shrink within this long of the new worker serving (the loop restarts the clock then): long enough
+# for the step's requests after it to be judged on two workers (under the step the planner has no
+# room to shrink anyway), short enough that the trickle does not wait out a minute (it was 60 s:
+# ~45 s of an idle trickle a run).
+SCALE_DOWN_COOLDOWN_S = 30.0
 TRANSPORT = "tcp"
 TPOT_SLO_S = 1.0  # decode is not what this test loads
 
@@ -176,7 +181,7 @@ async def test_planner_adds_a_prefill_worker_under_a_load_step_and_drains_it_whe
             f"queues too little under {LOAD_STREAMS} streams for the test to mean anything")
 
         config = PlannerConfig(ttft_slo_s=ttft_slo_s, tpot_slo_s=TPOT_SLO_S, min_sizes=PoolSizes(1, 1),
-                               max_sizes=PoolSizes(2, 1), scale_up_cooldown_s=2, scale_down_cooldown_s=60,
+                               max_sizes=PoolSizes(2, 1), scale_up_cooldown_s=2, scale_down_cooldown_s=SCALE_DOWN_COOLDOWN_S,
                                scale_down_headroom=1.0, predictor="last")  # shrink only with 2x to spare
         oracle = build_oracle(PlanModelSpec(TINY_PROFILE, ttft_slo_s, TPOT_SLO_S, sim_requests=100), max_devices=3)
         # The gate on the model's error is off: this proves the scaling mechanics, on a profile of
