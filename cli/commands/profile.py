@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from cli.commands.engine_options import add_engine_options, engine_settings
+from pdserve.process_exit import exit_code_of_command
 
 DESCRIPTION = """\
 Measure what the planner needs to know about this host, for one model and engine setup:
@@ -96,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     except (PlanError, ProfileError, ValueError, FileNotFoundError) as bad:
         raise SystemExit(f"pdserve profile: {bad}") from bad
     console.print(f"wrote {outcome.profile_path} and {outcome.plot_path} in {outcome.elapsed_s:.0f} s")
-    return 0
+    # written and its engines stopped: the interpreter's teardown of vLLM's modules is not waited for
+    return exit_code_of_command(0, getattr(args, "from_command_line", False))
 
 
 def _two_core_sets(text: str) -> tuple[str, str]:

@@ -343,4 +343,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pdserve.process_exit import exit_without_teardown
+
+    exit_without_teardown(main())   # its engine stopped: the orchestrator need not wait out vLLM's teardown

@@ -14,6 +14,7 @@ import json
 import sys
 
 from pdserve.engine import EngineSettings, start_engine
+from pdserve.process_exit import exit_without_teardown
 
 PREFIX = "RESULT "
 
@@ -46,6 +47,7 @@ async def main(settings_path: str) -> None:
                                    "logprobs": _positions(completion.logprobs),
                                    "prompt_logprobs": _positions(final.prompt_logprobs)}), flush=True)
     engine.shutdown()
+    exit_without_teardown(0)   # the session's teardown need not wait out vLLM's (seconds of CPU)
 
 
 def _positions(positions):
