@@ -67,6 +67,40 @@ class WorkerLoadCollector:
 ROUTER_WORKER_LOAD = WorkerLoadCollector()
 REGISTRY.register(ROUTER_WORKER_LOAD)
 
+class AdmissionCalibrationCollector:
+    """What admission scales its predictions by in one router, read at scrape time from `source`
+    (set by the router: `router.scheduler.Scheduler.calibration_rows`). Each row is (quantity: "ttft"
+    or "tpot", factor now, relevant observations it is learned from); no rows when the router judges
+    no SLO or its calibration is off. An operator reads from it how far the router's cost model is
+    from what its requests see, and why admission refuses more (or less) than the model alone would."""
+
+    GAUGES = {
+        "pdserve_router_admission_scale_ratio":
+            "What admission multiplies its prediction by now (router.policies.calibration): for ttft the "
+            "predicted time to first token (or its wait, with calibrate_ttft \"wait\"), for tpot the decode step; "
+            "the quantile of observed / predicted over recent relevant requests, 1 with too few of them",
+        "pdserve_router_admission_calibration_observations":
+            "Recent requests (within the calibration's window and age) whose observed / predicted the factor "
+            "is taken from; below the calibration's minimum the factor is 1",
+    }
+
+    def __init__(self) -> None:
+        self.source: Callable[[], list[tuple[str, float, int]]] | None = None
+
+    def describe(self):
+        return [GaugeMetricFamily(name, text, labels=["quantity"]) for name, text in self.GAUGES.items()]
+
+    def collect(self):
+        families = self.describe()
+        for quantity, *values in (self.source() if self.source is not None else ()):
+            for family, value in zip(families, values):
+                family.add_metric([quantity], value)
+        return families
+
+
+ROUTER_ADMISSION_CALIBRATION = AdmissionCalibrationCollector()
+REGISTRY.register(ROUTER_ADMISSION_CALIBRATION)
+
 # worker
 WORKER_GAUGES = {
     name: Gauge(f"pdserve_worker_{name}", help_text)

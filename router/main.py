@@ -84,6 +84,7 @@ async def run_router(config: RouterProcessConfig, ready_file: str | None = None)
     lifecycle = await asyncio.to_thread(lambda: Lifecycle(config.router, pool, RouterTokenizer(config.model)))
     create_app = await asyncio.to_thread(_http_app_factory)
     load_publisher = start_load_publisher(config.redis_url, config.cluster, lambda: lifecycle.inflight)
+    metrics.ROUTER_ADMISSION_CALIBRATION.source = lifecycle.scheduler.calibration_rows
     starting.serve(GenerationService(lifecycle, model_name))
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
 

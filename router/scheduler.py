@@ -165,6 +165,19 @@ class Scheduler:
         factors = {quantity: calibration.factor(now_s) for quantity, calibration in self.calibration.items()}
         return Scale(**factors)
 
+    def calibration_rows(self) -> list[tuple[str, float, int]]:
+        """(quantity, factor now, observations kept) per calibrated quantity, for the router's
+        metrics (`pdserve.metrics.AdmissionCalibrationCollector`); none when no SLO is judged or
+        the calibration is off. The factor is read first: reading it forgets what aged out."""
+        if not self._any_slo():
+            return []
+        now_s = self.clock()
+        rows = []
+        for quantity, calibration in self.calibration.items():
+            factor = calibration.factor(now_s)
+            rows.append((quantity, factor, len(calibration)))
+        return rows
+
     def _queued_ahead(self, request: GenerationRequest) -> tuple[int, int]:
         """(prompt tokens, prompts) queued in the router that would go before `request` (a lower
         priority key)."""

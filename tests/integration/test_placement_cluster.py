@@ -115,6 +115,20 @@ def test_the_aggregated_cluster_serves_the_usual_prompts_token_identical_to_vllm
             assert chunks[-1].timings.disaggregated is False
 
 
+def test_a_router_given_an_slo_exports_what_its_admission_scales_predictions_by(aggregated_cluster):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{aggregated_cluster.http_url}/metrics", timeout=10).text
+    samples = {(s.name, s.labels["quantity"]): s.value for family in text_string_to_metric_families(text)
+               for s in family.samples if s.name.startswith("pdserve_router_admission_")}
+    assert set(samples) == {(name, quantity) for quantity in ("ttft", "tpot")
+                            for name in ("pdserve_router_admission_scale_ratio",
+                                         "pdserve_router_admission_calibration_observations")}
+    for quantity in ("ttft", "tpot"):
+        assert 0.25 <= samples["pdserve_router_admission_scale_ratio", quantity] <= 4.0   # the calibration's bounds
+        assert samples["pdserve_router_admission_calibration_observations", quantity] >= 0
+
+
 def test_a_request_predicted_to_miss_its_ttft_is_refused_at_once_and_costs_no_engine_work(aggregated_cluster):
     too_long = _prompt(500, 2000)   # ~2 s predicted against a 1 s SLO refused beyond 1.5 s
     before = {w: worker_load(aggregated_cluster, w).prompt_tokens_computed for w in aggregated_cluster.workers}

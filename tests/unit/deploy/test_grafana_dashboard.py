@@ -17,7 +17,7 @@ from pdserve import metrics
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "pdserve-dashboard.json"
 # PromQL words and label names the queries use; anything else in a query is a metric name
 PROMQL_WORDS = {"sum", "max", "by", "rate", "histogram_quantile", "le", "phase", "api", "outcome", "code", "role",
-                "worker", "instance"}
+                "quantity", "worker", "instance"}
 SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
 

@@ -151,6 +151,52 @@ async def test_served_requests_teach_admission_how_far_its_predictions_were(redi
         await registry.close()
 
 
+async def test_the_router_exports_admissions_calibration_at_scrape_time(redis_server, tokenizer):
+    from prometheus_client import REGISTRY
+
+    from pdserve import metrics
+
+    def sample(name: str, quantity: str):
+        return REGISTRY.get_sample_value(name, {"quantity": quantity})
+
+    prefill, decode = ScriptedWorker(prefill=PrefillResult(5, False, kv_handle=KVHandle("t", "h:1", "p", (1,), 3))), \
+        _decoder(tokens=(6, 7, 8))
+    config = _config(slo=SloTargets(ttft_s=0.05, tpot_s=0.05), cost_prior=DEFAULT_COST)
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode}, config)
+    metrics.ROUTER_ADMISSION_CALIBRATION.source = lifecycle.scheduler.calibration_rows
+    try:
+        assert [sample("pdserve_router_admission_calibration_observations", q) for q in ("ttft", "tpot")] == [0, 0]
+        for i in range(3):
+            assert await _served(lifecycle, f"r{i}", SHORT) == [5, 6, 7, 8]
+        assert [sample("pdserve_router_admission_calibration_observations", q) for q in ("ttft", "tpot")] == [3, 3]
+        assert [sample("pdserve_router_admission_scale_ratio", q) for q in ("ttft", "tpot")] == [1.0, 1.0]  # too few
+        # enough of them, each seen at twice its prediction: the factor admission now applies
+        ttft = lifecycle.scheduler.calibration["ttft"]
+        now_s = lifecycle.scheduler.clock()
+        for _ in range(ttft.config.min_observations):
+            ttft.observe(0.04, 0.08, 0.05, now_s)
+        assert sample("pdserve_router_admission_scale_ratio", "ttft") == pytest.approx(2.0)
+        assert sample("pdserve_router_admission_scale_ratio", "ttft") == lifecycle.scheduler.scale().ttft
+        assert sample("pdserve_router_admission_calibration_observations", "ttft") == 3 + ttft.config.min_observations
+    finally:
+        metrics.ROUTER_ADMISSION_CALIBRATION.source = None
+        await pool.close()
+        await registry.close()
+    assert sample("pdserve_router_admission_scale_ratio", "ttft") is None   # no router: no rows
+
+
+async def test_a_router_judging_no_slo_exports_no_calibration(redis_server, tokenizer):
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": ScriptedWorker(), "decode-a": _decoder()},
+                                                       _config())
+    try:
+        assert lifecycle.scheduler.calibration_rows() == []
+    finally:
+        await pool.close()
+        await registry.close()
+
+
 async def test_interactive_requests_overtake_batch_ones_in_the_router_queue(redis_server, tokenizer):
     prefill, decode = HeldPrefillWorker(), _decoder()
     gate_one = PlacementConfig(max_queued_prefill_tokens_per_worker=1)  # one prompt at a time per worker
