@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from launch.comparison_systems import PdserveCluster, VllmServers
+from loadgen.comparison.admission import AdmissionSampler
 from loadgen.comparison.budget import Budget, estimate_run_s, quiet_wait_s, skip_reason
 from loadgen.comparison.config import PLAN_PREFIX, QUICK, CompareConfig, plan_pair, prompts_for, schedule, workload
 from loadgen.comparison.goodput import Measurement, Skipped, settled
@@ -103,20 +104,31 @@ def measure(system, rate_rps: float, specs: list[RequestSpec], prompts: PromptSy
         other = OtherLoad.start()
         kv_cpu_before_s = _kv_producer_cpu_s(system)
         suffix = f" retry (noise {attempts[-1].other_load_cores:.1f} cores)" if attempts else ""
+        sampler = _admission_sampler(system)
         running = run_with_progress(system.target(), specs, prompts, run_config, title + suffix)
         try:
             result = asyncio.run(asyncio.wait_for(running, budget.remaining_s() - config.report_reserve_s))
         except TimeoutError:
             other.stop()
+            if sampler is not None:
+                sampler.stop()
             break
         other_cores = other.stop()
+        admission = sampler.stop() if sampler is not None else ()
         kv_cpu_s = None if kv_cpu_before_s is None else _kv_producer_cpu_s(system) - kv_cpu_before_s
         summaries = {p.name: summarize(result.records, result.duration_s, p.slo) for p in config.slo_pairs}
         attempts.append(Measurement(system.key, rate_rps, result, summaries, other_cores, restarted, len(attempts) + 1,
-                                    kv_cpu_s, host_ms, product, wake_us))
+                                    kv_cpu_s, host_ms, product, wake_us, admission))
         if other_cores <= config.quiet_cores:
             break
     return min(attempts, key=lambda m: m.other_load_cores) if attempts else None
+
+
+def _admission_sampler(system) -> AdmissionSampler | None:
+    """A started sampler of the router's admission calibration, for pdserve systems (None for vLLM's):
+    its times count from just before the load generator's start, within milliseconds of the run's."""
+    url = getattr(system, "router_metrics_url", lambda: None)()
+    return None if url is None else AdmissionSampler(url).start()
 
 
 def _kv_producer_cpu_s(system) -> float | None:

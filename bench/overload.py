@@ -12,12 +12,16 @@ from pathlib import Path
 from rich.console import Console
 
 from goodput_vs_vllm import run_all
+from loadgen.comparison.admission import admitted_misses, describe_misses
 from loadgen.comparison.budget import Budget
 from loadgen.comparison.config import PLAN_PREFIX, CompareConfig
 from loadgen.comparison.goodput import Measurement
 from loadgen.comparison.overload import OverloadPoint, knee_rps, overload_points, overload_rates, verdicts
 from loadgen.comparison.host_speed import speed_factors
 from loadgen.comparison.report import machine_speed_line, markdown_table, rich_table, speed_cell, system_label
+from router.policies.calibration import CalibrationConfig
+
+MIN_OBSERVATIONS = CalibrationConfig().min_observations   # the router's default: its factor is 1 below it
 
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model (as
@@ -39,6 +43,11 @@ meets the SLO pair; good req/s at a rate = the rate x the share of offered reque
 Aims (issue 14): at 1.5x and 2x its knee pdserve keeps >= 0.9 of the peak good req/s it reached at or
 below that rate, and >= 90% of the requests it admits meet the SLO pair. vLLM admits everything:
 its curve shows what queueing past the knee does.
+
+For a pdserve system the router's admission calibration is scraped through every run (its
+/metrics, every 0.5 s: loadgen/comparison/admission.py) and each admitted request that missed the
+pair is listed with the TTFT factor admission applied when it was sent, and how many recent
+requests that factor was learned from (below 16 it is 1: the cost model alone decided).
 
 Writes <out-dir>/<label>.json, <label>.md and <label>.png (good req/s and attainment among
 admitted against the offered rate). About 25-35 minutes.
@@ -124,21 +133,30 @@ def _report(config, args, measured: list[Measurement], points: list[OverloadPoin
     console.print(rich_table(f"{args.system} past its knee ({knee:.3f} req/s)", verdict_headers, verdict_rows))
     speed = machine_speed_line(measured)
     console.print(speed)
+    pair = next(p for p in config.slo_pairs if p.name == args.pair)
+    admission = [f"{m.system} @ {m.rate_rps:g} req/s: "
+                 f"{describe_misses(admitted_misses(m.result.records, m.admission, pair.slo), MIN_OBSERVATIONS)}"
+                 for m in sorted(measured, key=lambda m: (m.system, m.rate_rps)) if m.admission]
+    for line in admission:
+        console.print(line)
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    pair = next(p for p in config.slo_pairs if p.name == args.pair)
     (out / f"{config.label}.md").write_text(
         f"SLO pair {args.pair}: {pair.describe()}; {config.num_requests} trace requests per run; "
         f"{args.system}'s knee {knee:.3f} req/s{'' if bracketed else ' (not bracketed)'}; wall {wall_s / 60:.1f} min\n\n"
         + markdown_table(headers, rows) + "\n" + markdown_table(verdict_headers, verdict_rows) + f"\n_{speed}_\n"
-        + "".join(f"\nskipped {s.system} @ {s.rate_rps:g}: {s.reason}" for s in skipped) + "\n")
+        + "".join(f"\nskipped {s.system} @ {s.rate_rps:g}: {s.reason}" for s in skipped)
+        + "".join(f"\n- admission, {line}" for line in admission) + "\n")
     (out / f"{config.label}.json").write_text(json.dumps({
         "argv": sys.argv, "pair": args.pair, "knee_rps": knee, "knee_bracketed": bracketed, "wall_s": wall_s,
         "points": [asdict(p) for p in points], "verdicts": [asdict(v) for v in found],
         "skipped": [asdict(s) for s in skipped],
         "runs": [{"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
                   "host_ms_per_product": m.host_ms_per_product, "attempts": m.attempts,
-                  "summary": {k: v for k, v in m.summaries[args.pair].items() if not isinstance(v, dict)}}
+                  "summary": {k: v for k, v in m.summaries[args.pair].items() if not isinstance(v, dict)},
+                  "admission": [asdict(s) for s in m.admission],
+                  "admitted_misses": [asdict(miss) for miss in admitted_misses(m.result.records, m.admission,
+                                                                                pair.slo)] if m.admission else None}
                  for m in measured]}, indent=2))
     _plot(points, knee, args, out / f"{config.label}.png")
     console.print(f"wrote {out / config.label}.{{json,md,png}}")

@@ -154,6 +154,11 @@ class PdserveCluster:
         return sum(named_threads_cpu_s(worker.pid, "pdserve-kv-")
                    for name, worker in cluster.workers.items() if name.startswith("prefill") and worker.pid)
 
+    def router_metrics_url(self) -> str | None:
+        """The router's Prometheus endpoint while the cluster runs (its admission's calibration is
+        there: `loadgen.comparison.admission`); None when it is not running."""
+        return None if self._cluster is None else f"{self._cluster.http_url}/metrics"
+
     def start(self) -> None:
         self._cluster = LocalCluster(self.spec).start()  # returns once its router routes to both workers
 

@@ -40,6 +40,7 @@ class Measurement:
     host_ms_per_product: float | None = None  # the machine's speed just before the run (loadgen.host_probe); None: unchecked
     host_product: str = "float32"  # which product that check timed (loadgen.host_probe.PRODUCTS)
     host_wake_us: float | None = None  # the cross-core wake-up round trip just before the run (loadgen.host_probe)
+    admission: tuple = ()  # pdserve with SLOs: its router's calibration through the run (loadgen.comparison.admission)
 
 
 @dataclass(frozen=True)

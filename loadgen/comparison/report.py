@@ -239,7 +239,7 @@ def _run_json(m: Measurement) -> dict[str, Any]:
     return {"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
             "host_ms_per_product": m.host_ms_per_product, "host_product": m.host_product,
             "host_wake_us": m.host_wake_us, "restarted": m.restarted, "attempts": m.attempts,
-            "summaries": m.summaries,
+            "summaries": m.summaries, "admission": [asdict(s) for s in m.admission],
             "requests": {"status": [r.status for r in records], "error": [r.error for r in records],
                          "prompt_tokens": [r.prompt_tokens for r in records],
                          "output_tokens": [r.output_tokens for r in records],

@@ -1,0 +1,134 @@
+"""What a pdserve router's admission scaled its predictions by during a run, against the requests it
+admitted that then missed their SLOs.
+
+The router publishes its calibration (`pdserve_router_admission_scale_ratio{quantity}` and
+`pdserve_router_admission_calibration_observations{quantity}`, `router.policies.calibration`); an
+`AdmissionSampler` scrapes them through a run, and `admitted_misses` puts each admitted request that
+missed the pair beside the TTFT calibration as it stood when the request was sent. That answers
+the question an overload run leaves open: did the admitted misses come before the calibration had
+learned anything (its factor 1, too few observations) or despite it?
+
+Pure except `AdmissionSampler` (a thread and HTTP).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loadgen.metrics import SLO, meets_slo, tpot_s
+from loadgen.runner import RequestRecord
+
+SCALE = "pdserve_router_admission_scale_ratio"
+OBSERVATIONS = "pdserve_router_admission_calibration_observations"
+
+
+@dataclass(frozen=True)
+class AdmissionSample:
+    """The calibration at `at_s` seconds from the run's start: quantity -> (factor, observations)."""
+
+    at_s: float
+    scales: dict[str, tuple[float, int]]
+
+
+@dataclass(frozen=True)
+class AdmittedMiss:
+    """An admitted request that missed the pair, and the TTFT calibration when it was sent (None:
+    no sample before it)."""
+
+    sent_s: float
+    prompt_tokens: int
+    ttft_s: float | None   # None: it failed
+    tpot_s: float | None
+    ttft_factor: float | None
+    ttft_observations: int | None
+
+
+def admission_scales(metrics_text: str) -> dict[str, tuple[float, int]]:
+    """quantity -> (factor, observations) from a router's Prometheus text; {} when it publishes
+    none (no SLO given to it, or a router before these metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    factors: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            quantity = sample.labels.get("quantity")
+            if sample.name == SCALE and quantity:
+                factors[quantity] = sample.value
+            elif sample.name == OBSERVATIONS and quantity:
+                counts[quantity] = int(sample.value)
+    return {q: (factors[q], counts.get(q, 0)) for q in factors}
+
+
+def scale_at(samples: Sequence[AdmissionSample], at_s: float, quantity: str = "ttft") -> tuple[float, int] | None:
+    """The last sample's (factor, observations) of `quantity` taken at or before `at_s`; None when
+    none was."""
+    before = [s for s in samples if s.at_s <= at_s and quantity in s.scales]
+    return max(before, key=lambda s: s.at_s).scales[quantity] if before else None
+
+
+def admitted_misses(records: Sequence[RequestRecord], samples: Sequence[AdmissionSample],
+                    slo: SLO) -> list[AdmittedMiss]:
+    """Every request not refused that missed `slo`, in send order, with the TTFT calibration as it
+    stood when it was sent."""
+    misses = []
+    for record in sorted(records, key=lambda r: r.sent_s):
+        if record.status == "refused" or meets_slo(record, slo):
+            continue
+        scale = scale_at(samples, record.sent_s)
+        misses.append(AdmittedMiss(record.sent_s, record.prompt_tokens, record.ttft_s, tpot_s(record),
+                                   scale[0] if scale else None, scale[1] if scale else None))
+    return misses
+
+
+def describe_misses(misses: Sequence[AdmittedMiss], min_observations: int) -> str:
+    """One line: how many admitted misses, and how many were sent while the TTFT calibration had
+    fewer than `min_observations` (its factor still 1)."""
+    if not misses:
+        return "no admitted request missed"
+    unknown = sum(m.ttft_observations is None for m in misses)
+    early = sum(m.ttft_observations is not None and m.ttft_observations < min_observations for m in misses)
+    factors = [m.ttft_factor for m in misses if m.ttft_factor is not None]
+    spread = f"; TTFT factor at their sending {min(factors):.2f}-{max(factors):.2f}" if factors else ""
+    return (f"{len(misses)} admitted missed: {early} sent before the TTFT calibration had {min_observations} "
+            f"observations" + (f", {unknown} with no sample yet" if unknown else "") + spread)
+
+
+class AdmissionSampler:
+    """Scrapes a router's metrics every `every_s` seconds from `start()` to `stop()` (which returns
+    the samples, times from `start()`). A scrape that fails is skipped: a sampler never fails a run."""
+
+    def __init__(self, metrics_url: str, every_s: float = 0.5, timeout_s: float = 2.0):
+        self.metrics_url, self.every_s, self.timeout_s = metrics_url, every_s, timeout_s
+        self._samples: list[AdmissionSample] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = 0.0
+
+    def start(self) -> AdmissionSampler:
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="admission-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> tuple[AdmissionSample, ...]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s + self.every_s + 1.0)
+        return tuple(self._samples)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            at_s = time.monotonic() - self._started
+            try:
+                with urllib.request.urlopen(self.metrics_url, timeout=self.timeout_s) as reply:
+                    scales = admission_scales(reply.read().decode())
+            except (OSError, ValueError):
+                scales = {}
+            if scales:
+                self._samples.append(AdmissionSample(round(at_s, 3), scales))
+            self._stop.wait(self.every_s)
