@@ -46,7 +46,8 @@ class OverloadVerdict:
 
 
 def overload_points(measurements: Sequence[Measurement], pair: str) -> list[OverloadPoint]:
-    """One point per measurement under SLO pair `pair`, sorted by system then rate."""
+    """One point per measurement under SLO pair `pair`, sorted by system then rate (runs at the
+    same rate in the order measured)."""
     points = []
     for m in sorted(measurements, key=lambda m: (m.system, m.rate_rps)):
         s = m.summaries[pair]
@@ -76,11 +77,12 @@ def verdicts(points: Sequence[OverloadPoint], system: str, knee: float, multiple
              keep: float = 0.9, target: float = 0.9) -> list[OverloadVerdict]:
     """For each multiple of the knee: `system`'s point there against the peak good req/s of its
     points at or below that rate (what it had reached before the load grew); a multiple not
-    measured is left out."""
+    measured is left out. Where two runs share the rate (phase 1's grid held it too), the point
+    judged is the last in `points` (phase 2's, which `overload_points` keeps after phase 1's)."""
     own = [p for p in points if p.system == system]
     found = []
     for multiple, rate in zip(multiples, overload_rates(knee, multiples)):
-        point = next((p for p in own if abs(p.rate_rps - rate) < 1e-6), None)
+        point = next((p for p in reversed(own) if abs(p.rate_rps - rate) < 1e-6), None)
         if point is None:
             continue
         peak = max(p.good_rps for p in own if p.rate_rps <= rate + 1e-6)

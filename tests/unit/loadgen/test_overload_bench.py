@@ -99,3 +99,12 @@ def test_the_report_gives_each_run_the_machine_speed_it_started_on(tmp_path, mon
     written = (tmp_path / "overload_test.md").read_text()
     assert "| machine speed |" in written and "x1.60" in written
     assert "B-slo @ 2 (x1.60)" in written
+
+
+def test_a_rate_phase_one_also_ran_is_judged_on_phase_twos_run():
+    # a knee of 1.0 req/s: 1.5x is 1.5, which the phase-1 grid held too; phase 2 ran it again, last
+    runs = [_run("B", 1.0, 0.9, 0.9), _run("B", 1.5, 0.9, 1.0, refused=4), _run("B", 2.0, 0.6, 1.0, refused=16),
+            _run("B", 1.5, 0.75, 0.96, refused=9)]
+    (verdict,) = verdicts(overload_points(runs, "tight"), "B", 1.0, (1.5,))
+    assert verdict.good_rps == pytest.approx(1.125) and verdict.admitted_attainment == 0.96
+    assert verdict.share_of_peak == pytest.approx(1.125 / 1.35) and not verdict.holds   # phase 1's 1.35 is the peak
