@@ -134,8 +134,8 @@ def _report(config, args, measured: list[Measurement], points: list[OverloadPoin
     speed = machine_speed_line(measured)
     console.print(speed)
     pair = next(p for p in config.slo_pairs if p.name == args.pair)
-    admission = [f"{m.system} @ {m.rate_rps:g} req/s: "
-                 f"{describe_misses(admitted_misses(m.result.records, m.admission, pair.slo), MIN_OBSERVATIONS)}"
+    misses = {id(m): admitted_misses(m.result.records, m.admission, pair.slo) for m in measured if m.admission}
+    admission = [f"{m.system} @ {m.rate_rps:g} req/s: {describe_misses(misses[id(m)], MIN_OBSERVATIONS)}"
                  for m in sorted(measured, key=lambda m: (m.system, m.rate_rps)) if m.admission]
     for line in admission:
         console.print(line)
@@ -155,8 +155,7 @@ def _report(config, args, measured: list[Measurement], points: list[OverloadPoin
                   "host_ms_per_product": m.host_ms_per_product, "attempts": m.attempts,
                   "summary": {k: v for k, v in m.summaries[args.pair].items() if not isinstance(v, dict)},
                   "admission": [asdict(s) for s in m.admission],
-                  "admitted_misses": [asdict(miss) for miss in admitted_misses(m.result.records, m.admission,
-                                                                                pair.slo)] if m.admission else None}
+                  "admitted_misses": [asdict(miss) for miss in misses[id(m)]] if m.admission else None}
                  for m in measured]}, indent=2))
     _plot(points, knee, args, out / f"{config.label}.png")
     console.print(f"wrote {out / config.label}.{{json,md,png}}")

@@ -37,12 +37,35 @@ WORKER_FAILURES = Counter("pdserve_worker_failures_total", "RPCs to workers that
 
 
 
-class WorkerLoadCollector:
-    """Per-worker load as one router sees it, read at scrape time from `source` (set by the router:
-    `router.pool.WorkerPool.load_rows`), so routing pays nothing for it. Each row is
-    (worker_id, role, num_running, num_waiting, kv_usage in [0, 1], calls in flight from this router);
-    the first four are what the worker last heartbeated into the registry."""
+class RowGauges:
+    """Gauges read at scrape time from `source` (set by the process that owns the numbers), so the
+    code that keeps them pays nothing for being watched. Each row is the `LABELS` values, then one
+    value per gauge of `GAUGES` in order; no source, no rows."""
 
+    GAUGES: dict[str, str] = {}
+    LABELS: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.source: Callable[[], list[tuple]] | None = None
+
+    def describe(self):
+        return [GaugeMetricFamily(name, text, labels=list(self.LABELS)) for name, text in self.GAUGES.items()]
+
+    def collect(self):
+        families = self.describe()
+        for row in (self.source() if self.source is not None else ()):
+            labels, values = row[:len(self.LABELS)], row[len(self.LABELS):]
+            for family, value in zip(families, values):
+                family.add_metric(list(labels), value)
+        return families
+
+
+class WorkerLoadCollector(RowGauges):
+    """Per-worker load as one router sees it (source: `router.pool.WorkerPool.load_rows`). Each row
+    is (worker_id, role, num_running, num_waiting, kv_usage in [0, 1], calls in flight from this
+    router); the first four are what the worker last heartbeated into the registry."""
+
+    LABELS = ("worker", "role")
     GAUGES = {
         "pdserve_router_worker_running": "Requests the worker's engine runs (its last heartbeat)",
         "pdserve_router_worker_waiting": "Requests waiting in the worker's engine (its last heartbeat)",
@@ -50,30 +73,19 @@ class WorkerLoadCollector:
         "pdserve_router_worker_inflight": "Calls this router has in flight at the worker (exact)",
     }
 
-    def __init__(self) -> None:
-        self.source: Callable[[], list[tuple[str, str, int, int, float, int]]] | None = None
-
-    def describe(self):
-        return [GaugeMetricFamily(name, text, labels=["worker", "role"]) for name, text in self.GAUGES.items()]
-
-    def collect(self):
-        families = self.describe()
-        for worker_id, role, *values in (self.source() if self.source is not None else ()):
-            for family, value in zip(families, values):
-                family.add_metric([worker_id, role], value)
-        return families
-
 
 ROUTER_WORKER_LOAD = WorkerLoadCollector()
 REGISTRY.register(ROUTER_WORKER_LOAD)
 
-class AdmissionCalibrationCollector:
-    """What admission scales its predictions by in one router, read at scrape time from `source`
-    (set by the router: `router.scheduler.Scheduler.calibration_rows`). Each row is (quantity: "ttft"
-    or "tpot", factor now, relevant observations it is learned from); no rows when the router judges
-    no SLO or its calibration is off. An operator reads from it how far the router's cost model is
-    from what its requests see, and why admission refuses more (or less) than the model alone would."""
 
+class AdmissionCalibrationCollector(RowGauges):
+    """What admission scales its predictions by in one router (source:
+    `router.scheduler.Scheduler.calibration_rows`). Each row is (quantity: "ttft" or "tpot", factor
+    now, relevant observations it is learned from); no rows when the router judges no SLO or its
+    calibration is off. An operator reads from it how far the router's cost model is from what its
+    requests see, and why admission refuses more (or less) than the model alone would."""
+
+    LABELS = ("quantity",)
     GAUGES = {
         "pdserve_router_admission_scale_ratio":
             "What admission multiplies its prediction by now (router.policies.calibration): for ttft the "
@@ -83,19 +95,6 @@ class AdmissionCalibrationCollector:
             "Recent requests (within the calibration's window and age) whose observed / predicted the factor "
             "is taken from; below the calibration's minimum the factor is 1",
     }
-
-    def __init__(self) -> None:
-        self.source: Callable[[], list[tuple[str, float, int]]] | None = None
-
-    def describe(self):
-        return [GaugeMetricFamily(name, text, labels=["quantity"]) for name, text in self.GAUGES.items()]
-
-    def collect(self):
-        families = self.describe()
-        for quantity, *values in (self.source() if self.source is not None else ()):
-            for family, value in zip(families, values):
-                family.add_metric([quantity], value)
-        return families
 
 
 ROUTER_ADMISSION_CALIBRATION = AdmissionCalibrationCollector()

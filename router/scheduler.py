@@ -172,11 +172,8 @@ class Scheduler:
         if not self._any_slo():
             return []
         now_s = self.clock()
-        rows = []
-        for quantity, calibration in self.calibration.items():
-            factor = calibration.factor(now_s)
-            rows.append((quantity, factor, len(calibration)))
-        return rows
+        return [(quantity, calibration.factor(now_s), len(calibration))
+                for quantity, calibration in self.calibration.items()]
 
     def _queued_ahead(self, request: GenerationRequest) -> tuple[int, int]:
         """(prompt tokens, prompts) queued in the router that would go before `request` (a lower

@@ -67,14 +67,22 @@ def test_admitted_misses_are_the_requests_not_refused_that_missed_with_the_calib
 
 
 def test_the_sampler_scrapes_a_real_endpoint_until_stopped_and_skips_failed_scrapes():
-    served = {"text": _router_text([("ttft", 1.0, 2), ("tpot", 1.0, 2)]), "fail": False}
+    # the endpoint answers scrapes 1-2 with one calibration, fails 3-7, then answers with another
+    texts = {"before": _router_text([("ttft", 1.0, 2), ("tpot", 1.0, 2)]),
+             "after": _router_text([("ttft", 2.5, 30), ("tpot", 1.0, 30)])}
+    answered = {"ok": 0, "failed": 0}
+    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
-            if served["fail"]:
+            with lock:
+                scrape = answered["ok"] + answered["failed"] + 1
+                failing = 3 <= scrape <= 7
+                answered["failed" if failing else "ok"] += 1
+            if failing:
                 self.send_error(500)
                 return
-            body = served["text"].encode()
+            body = texts["before" if scrape < 3 else "after"].encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -87,25 +95,20 @@ def test_the_sampler_scrapes_a_real_endpoint_until_stopped_and_skips_failed_scra
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         sampler = AdmissionSampler(f"http://127.0.0.1:{server.server_address[1]}/metrics", every_s=0.02).start()
-        _wait(lambda: len(sampler._samples) >= 2)
-        served["fail"] = True
-        time.sleep(0.05)   # a scrape under way when it flipped ends
-        failed_from = len(sampler._samples)
-        time.sleep(0.1)   # five scrapes' worth of failures: nothing is kept, nothing raised
-        assert len(sampler._samples) == failed_from
-        served.update(fail=False, text=_router_text([("ttft", 2.5, 30), ("tpot", 1.0, 30)]))
-        _wait(lambda: sampler._samples[-1].scales["ttft"] == (2.5, 30))
+        _wait(lambda: answered["ok"] >= 4)
         samples = sampler.stop()
     finally:
         server.shutdown()
-    assert samples[0].scales == {"ttft": (1.0, 2), "tpot": (1.0, 2)} and samples[-1].scales["ttft"] == (2.5, 30)
+    assert answered["failed"] == 5   # failed scrapes raised nothing in the sampler: it went on
+    assert len(samples) == answered["ok"]   # one sample per answered scrape, none for a failed one
+    assert [s.scales for s in samples[:2]] == [{"ttft": (1.0, 2), "tpot": (1.0, 2)}] * 2
+    assert all(s.scales["ttft"] == (2.5, 30) for s in samples[2:])
     assert [s.at_s for s in samples] == sorted(s.at_s for s in samples)
     assert len(sampler.stop()) == len(samples)   # stopped: it samples no more
 
 
-def _wait(condition, timeout_s: float = 10.0) -> None:
+def _wait(condition, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
-        if time.monotonic() > deadline:
-            return
+        assert time.monotonic() < deadline, "timed out waiting for the sampler"
         time.sleep(0.01)
