@@ -10,8 +10,9 @@ needs it: the engine's processes are stopped by `engine.shutdown()`, the KV segm
 core's connector, the registry by its explicit close. What the process still owes (buffered trace
 spans, log handlers, stdio) is flushed here first, then the process ends with its exit code.
 
-Only for a process that is the command itself: a program that calls `cli.main.main(argv)` keeps
-its interpreter (`exit_code_of_command`).
+Only for a process that is the command itself: `cli.main.main` ends it here after a command that
+asks for it (`skips_teardown` in its parser's defaults: worker, router, profile) returned; a
+program that calls `cli.main.main(argv)` keeps its interpreter and gets the code.
 """
 
 from __future__ import annotations
@@ -37,12 +38,3 @@ def exit_without_teardown(code: int) -> NoReturn:
             except (OSError, ValueError):   # a closed or broken pipe: nothing more can be said there
                 pass
         os._exit(code)
-
-
-def exit_code_of_command(code: int, is_the_command: bool) -> int:
-    """`code`, returned where this process is not the command itself (`is_the_command` False: a
-    caller of `cli.main.main(argv)` keeps its interpreter); where it is, the process ends here
-    with `code` (`exit_without_teardown`)."""
-    if is_the_command:
-        exit_without_teardown(code)
-    return code

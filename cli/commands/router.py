@@ -30,7 +30,6 @@ from cli.commands.placement_options import add_placement_options, scheduler_conf
 from cli.commands.public_api_options import add_public_api_options, public_api_config
 from cli.commands.tracing_options import add_tracing_option, start_tracing
 from pdserve.cpu_placement import bind_this_process
-from pdserve.process_exit import exit_code_of_command
 
 
 def register(subparsers) -> None:
@@ -59,7 +58,7 @@ def register(subparsers) -> None:
     add_tracing_option(parser)
     add_public_api_options(parser, host_help="address to listen on (0.0.0.0 in containers: needs TLS and API keys, "
                                              "or --insecure)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, skips_teardown=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +89,5 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(run_router(config, ready_file=args.ready_file))
     except SecretFileError as bad:
         raise SystemExit(f"pdserve router: {bad}") from None
-    # stopped in order: the interpreter's teardown of vLLM's modules (~2 s of CPU) is not waited for
-    return exit_code_of_command(0, getattr(args, "from_command_line", False))
+    return 0
 

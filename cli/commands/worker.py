@@ -10,7 +10,6 @@ import os
 from cli.commands.credential_options import add_cluster_secret_option, add_redis_password_option, redis_connection_url
 from cli.commands.engine_options import add_engine_options, engine_settings
 from cli.commands.tracing_options import add_tracing_option, start_tracing
-from pdserve.process_exit import exit_code_of_command
 
 HELP = """\
 Runs one vLLM engine as a pdserve worker: serves the Worker gRPC API (and grpc.health.v1),
@@ -58,7 +57,7 @@ def register(subparsers) -> None:
     parser.add_argument("--ready-file", default=None, help="write the gRPC address here once serving")
     add_tracing_option(parser)
     add_engine_options(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, skips_teardown=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
     )
     start_tracing(args, "worker", f"pdserve-{config.role}", config.worker_id)
     code = asyncio.run(serve(config, ready_file=args.ready_file, metrics_port=args.metrics_port))
-    # stopped in order: the interpreter's teardown of vLLM's modules (~2-5 s of CPU) is not waited for
-    return exit_code_of_command(code, getattr(args, "from_command_line", False))
+    return code
 
 
 def _reexec_for_a_forked_engine(args: argparse.Namespace) -> None:

@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from argparse import Namespace
 
-from pdserve.process_exit import exit_code_of_command
+from cli.main import build_parser, ends_process
 
 SCRIPT = textwrap.dedent("""
     import atexit, logging, sys
@@ -46,5 +47,12 @@ def test_the_process_ends_with_its_code_after_flushing_spans_logs_and_stdout_and
     assert not (tmp_path / "teardown").exists()   # the teardown was skipped: what the exit is for
 
 
-def test_a_caller_of_the_command_keeps_its_interpreter_and_gets_the_code():
-    assert exit_code_of_command(3, is_the_command=False) == 3
+def test_the_commands_that_stop_vllm_end_their_process_and_a_caller_of_main_keeps_its_interpreter():
+    commands = next(action for action in build_parser()._actions if action.dest == "command").choices
+    asking = {name for name, parser in commands.items() if parser.get_default("skips_teardown")}
+    assert asking == {"worker", "router", "profile"}
+    for name, parser in commands.items():
+        defaults = {"skips_teardown": parser.get_default("skips_teardown")} if name in asking else {}
+        assert ends_process(Namespace(from_command_line=True, **defaults)) == (name in asking), name
+        # cli.main.main(argv) called by another program
+        assert not ends_process(Namespace(from_command_line=False, **defaults)), name
