@@ -19,9 +19,9 @@ from loadgen.comparison.goodput import Measurement
 from loadgen.comparison.overload import OverloadPoint, knee_rps, overload_points, overload_rates, verdicts
 from loadgen.comparison.host_speed import speed_factors
 from loadgen.comparison.report import machine_speed_line, markdown_table, rich_table, speed_cell, system_label
-from router.policies.calibration import CalibrationConfig
-
-MIN_OBSERVATIONS = CalibrationConfig().min_observations   # the router's default: its factor is 1 below it
+# an admitted miss sent while the TTFT calibration held fewer than this many recent requests was decided
+# on little evidence (the router's hard minimum before it pooled a prior; BENCHMARKS compares runs by it)
+FEW_OBSERVATIONS = 16
 
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model (as
@@ -47,7 +47,7 @@ its curve shows what queueing past the knee does.
 For a pdserve system the router's admission calibration is scraped through every run (its
 /metrics, every 0.5 s: loadgen/comparison/admission.py) and each admitted request that missed the
 pair is listed with the TTFT factor admission applied when it was sent, and how many recent
-requests that factor was learned from (below 16 it is 1: the cost model alone decided).
+requests that factor was learned from (with none it is its prior, 1: the cost model alone decided).
 
 Writes <out-dir>/<label>.json, <label>.md and <label>.png (good req/s and attainment among
 admitted against the offered rate). About 25-35 minutes.
@@ -135,7 +135,7 @@ def _report(config, args, measured: list[Measurement], points: list[OverloadPoin
     console.print(speed)
     pair = next(p for p in config.slo_pairs if p.name == args.pair)
     misses = {id(m): admitted_misses(m.result.records, m.admission, pair.slo) for m in measured if m.admission}
-    admission = [f"{m.system} @ {m.rate_rps:g} req/s: {describe_misses(misses[id(m)], MIN_OBSERVATIONS)}"
+    admission = [f"{m.system} @ {m.rate_rps:g} req/s: {describe_misses(misses[id(m)], FEW_OBSERVATIONS)}"
                  for m in sorted(measured, key=lambda m: (m.system, m.rate_rps)) if m.admission]
     for line in admission:
         console.print(line)

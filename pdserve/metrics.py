@@ -90,10 +90,10 @@ class AdmissionCalibrationCollector(RowGauges):
         "pdserve_router_admission_scale_ratio":
             "What admission multiplies its prediction by now (router.policies.calibration): for ttft the "
             "predicted time to first token (or its wait, with calibrate_ttft \"wait\"), for tpot the decode step; "
-            "the quantile of observed / predicted over recent relevant requests, 1 with too few of them",
+            "the quantile of observed / predicted over recent relevant requests pooled with its prior (1 by default)",
         "pdserve_router_admission_calibration_observations":
             "Recent requests (within the calibration's window and age) whose observed / predicted the factor "
-            "is taken from; below the calibration's minimum the factor is 1",
+            "is taken from; with none the factor is the prior",
     }
 
 

@@ -29,7 +29,7 @@ from pdserve.roles import Topology
 from pdserve.timings import Timings
 from router.live_view import LiveView
 from router.policies.admission import Refuse, Scale, admit
-from router.policies.calibration import Calibration, CalibrationConfig, ttft_observation
+from router.policies.calibration import Calibration, ttft_observation
 from router.policies.ordering import DispatchQueue, QueuedItem, priority_key, queue_share
 from router.policies.placement import (CostModel, OnlinePrefillFit, Placement, PlacementConfig, Prediction,
                                        RequestView, dispatch_open, evaluate)
@@ -102,9 +102,8 @@ class Scheduler:
         self.fit = OnlinePrefillFit()
         self.cost = config.cost_prior
         self.queue = DispatchQueue(self.cost, config.placement)
-        quantile = config.placement.calibration_quantile
-        self.calibration = {quantity: Calibration(CalibrationConfig(quantile=quantile)) for quantity in ("ttft", "tpot")
-                            } if quantile > 0 else {}
+        self.calibration = {quantity: Calibration(config.placement.calibration()) for quantity in ("ttft", "tpot")
+                            } if config.placement.calibration_quantile > 0 else {}
         # queue key -> (request, its waiter, admission's prediction for it)
         self._waiting: dict[str, tuple[GenerationRequest, asyncio.Future, Prediction | None]] = {}
         self._sequence = itertools.count()   # queue keys are private: clients may reuse request ids

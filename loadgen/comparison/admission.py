@@ -6,7 +6,7 @@ The router publishes its calibration (`pdserve_router_admission_scale_ratio{quan
 `AdmissionSampler` scrapes them through a run, and `admitted_misses` puts each admitted request that
 missed the pair beside the TTFT calibration as it stood when the request was sent. That answers
 the question an overload run leaves open: did the admitted misses come before the calibration had
-learned anything (its factor 1, too few observations) or despite it?
+learned anything (its factor the prior, 1, with few or no observations) or despite it?
 
 Pure except `AdmissionSampler` (a thread and HTTP).
 """
@@ -87,7 +87,7 @@ def admitted_misses(records: Sequence[RequestRecord], samples: Sequence[Admissio
 
 def describe_misses(misses: Sequence[AdmittedMiss], min_observations: int) -> str:
     """One line: how many admitted misses, and how many were sent while the TTFT calibration had
-    fewer than `min_observations` (its factor still 1)."""
+    fewer than `min_observations` (learned from little: mostly its prior, or only it)."""
     if not misses:
         return "no admitted request missed"
     unknown = sum(m.ttft_observations is None for m in misses)
@@ -96,6 +96,52 @@ def describe_misses(misses: Sequence[AdmittedMiss], min_observations: int) -> st
     spread = f"; TTFT factor at their sending {min(factors):.2f}-{max(factors):.2f}" if factors else ""
     return (f"{len(misses)} admitted missed: {early} sent before the TTFT calibration had {min_observations} "
             f"observations" + (f", {unknown} with no sample yet" if unknown else "") + spread)
+
+
+@dataclass(frozen=True)
+class AdmissionTotals:
+    """One system's requests over several runs: how many were offered, refused, admitted and met
+    the pair, and of the admitted misses how many were sent while the TTFT calibration held fewer
+    than `few` observations (decided on little evidence)."""
+
+    system: str
+    runs: int
+    offered: int
+    refused: int
+    admitted_met: int
+    admitted_missed: int
+    missed_early: int
+
+    @property
+    def admitted(self) -> int:
+        return self.offered - self.refused
+
+    @property
+    def among_admitted(self) -> float | None:
+        """The share of the admitted that met the pair; None when none was admitted."""
+        return self.admitted_met / self.admitted if self.admitted else None
+
+    @property
+    def good_share(self) -> float:
+        """The share of the offered that met the pair (refusals are misses)."""
+        return self.admitted_met / self.offered if self.offered else 0.0
+
+
+def admission_totals(runs: Sequence[tuple[str, Sequence[RequestRecord], Sequence[AdmissionSample]]], slo: SLO,
+                     few: int) -> list[AdmissionTotals]:
+    """Per system (sorted by name), its runs' (system, records, calibration samples) added up."""
+    by_system: dict[str, list] = {}
+    for system, records, samples in runs:
+        by_system.setdefault(system, []).append((records, samples))
+    totals = []
+    for system, own in sorted(by_system.items()):
+        refused = sum(r.status == "refused" for records, _ in own for r in records)
+        met = sum(r.status != "refused" and meets_slo(r, slo) for records, _ in own for r in records)
+        misses = [miss for records, samples in own for miss in admitted_misses(records, samples, slo)]
+        early = sum(m.ttft_observations is not None and m.ttft_observations < few for m in misses)
+        totals.append(AdmissionTotals(system, len(own), sum(len(records) for records, _ in own), refused, met,
+                                      len(misses), early))
+    return totals
 
 
 class AdmissionSampler:

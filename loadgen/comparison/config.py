@@ -58,6 +58,7 @@ class CompareConfig:
     host_check_s: float = 2.0  # before each run, every core computes a fixed product this long: the run's machine speed (0: off)
     seed: int = 0
     with_c: bool = False  # also measure C: two 1-core vLLM servers, round robin
+    with_a: bool = True  # measure A, vLLM's server (False: pdserve's systems alone, compared with each other)
     pdserve_systems: tuple[str, ...] = ("B",)  # B: pdserve over `transport`; B-tcp: over tcp; B-hybrid, B-agg
     vllm_batched_tokens: tuple[int, ...] = ()  # more vLLM systems, A-<n>: A with --max-num-batched-tokens n (A*'s sweep)
     shape: str = "trace"  # SHAPES
@@ -115,7 +116,7 @@ class CompareConfig:
 
     @property
     def systems(self) -> tuple[str, ...]:
-        return ("A", *(f"A-{n}" for n in self.vllm_batched_tokens), *self.pdserve_systems,
+        return (*(("A",) if self.with_a else ()), *(f"A-{n}" for n in self.vllm_batched_tokens), *self.pdserve_systems,
                 *(PLAN_PREFIX + pair for pair, _ in self.plans), *(("C",) if self.with_c else ()))
 
     def transport_of(self, system: str) -> str:

@@ -22,9 +22,20 @@ taken when 9 in 10 recent ones predicted like it met the SLO.
   percentile is an outlier's value, and it refused requests a real 1P+1D cluster would have
   served within their SLO at half its knee (measured: all 32 admitted met a 2 s TTFT with a p90
   of 0.6 s while 8 of 40 were refused at a factor of 2.7).
-- Until `min_observations` are kept the factor is 1. Observations older than `max_age_s` are
-  forgotten: a factor learned in one burst does not outlive it, and a factor high enough to refuse
-  everything (so that nothing new is observed) lapses back to 1 instead of refusing for ever.
+- A prior stands in for what has not been seen yet: `prior_weight` pseudo-observations at
+  `prior_factor` (1: the cost model as it is) are counted with the kept ratios, so the factor moves
+  off the prior as evidence comes in, by as much as the evidence says, instead of jumping at a
+  threshold. With the defaults (4 at 1, the 0.75 quantile) two relevant requests that both ran
+  slower than predicted already scale admission, by the smaller of their ratios; at 16 the factor
+  is the two-thirds point of the ratios, at 64 near their 0.75 quantile. A single outlier moves
+  nothing. Why: with a hard minimum of 16 (before), a fresh router or one past a quiet minute
+  decided on the model alone for its first 10-50 requests, and on a VM where the model was 14-46%
+  optimistic every request it then admitted to miss was admitted there (BENCHMARKS, "Overload on a
+  slow Zen 4 EPYC": 13 of 13). `min_observations` (default 1) is still a hard floor below which
+  the factor is the prior; 16 with `prior_weight` 0 is the old rule.
+- Observations older than `max_age_s` are forgotten: a factor learned in one burst does not
+  outlive it, and a factor high enough to refuse everything (so that nothing new is observed)
+  lapses back to the prior instead of refusing for ever.
 - What the TTFT factor scales (`PlacementConfig.calibrate_ttft`, `ttft_observation`,
   `scaled_ttft_s`): "whole", the whole predicted TTFT, learned from whole TTFTs; or "wait", only
   its wait for the prompts ahead, learned from (observed TTFT - predicted own service) / predicted
@@ -49,7 +60,9 @@ from dataclasses import dataclass
 class CalibrationConfig:
     quantile: float = 0.75         # share of recent requests the scaled prediction covers
     window: int = 64               # recent relevant observations kept
-    min_observations: int = 16     # fewer kept: factor 1
+    min_observations: int = 1      # fewer kept: the prior alone
+    prior_factor: float = 1.0      # the factor before any evidence (1: the cost model as it is)
+    prior_weight: int = 4          # pseudo-observations at prior_factor counted with the kept ratios
     relevant_share: float = 0.25   # kept when the prediction is >= this share of the SLO
     max_factor: float = 4.0        # factor within [1 / max_factor, max_factor]
     max_age_s: float = 60.0        # observations older than this are forgotten
@@ -60,12 +73,17 @@ class CalibrationConfig:
         if self.window < 1 or not 1 <= self.min_observations <= self.window:
             raise ValueError(f"need window >= 1 and 1 <= min_observations <= window, got {self.window}, "
                              f"{self.min_observations}")
+        if self.prior_weight < 0:
+            raise ValueError(f"prior_weight must be >= 0 pseudo-observations, got {self.prior_weight}")
         if not 0.0 <= self.relevant_share < 1.0:
             raise ValueError(f"relevant_share must be in [0, 1), got {self.relevant_share}")
         if not (math.isfinite(self.max_factor) and self.max_factor >= 1.0):
             raise ValueError(f"max_factor must be a finite number >= 1, got {self.max_factor}")
         if not self.max_age_s > 0:
             raise ValueError(f"max_age_s must be > 0 seconds, got {self.max_age_s}")
+        if not (math.isfinite(self.prior_factor) and 1.0 / self.max_factor <= self.prior_factor <= self.max_factor):
+            raise ValueError(f"prior_factor must be within [1 / max_factor, max_factor] = "
+                             f"[{1.0 / self.max_factor:g}, {self.max_factor:g}], got {self.prior_factor}")
 
 
 class Calibration:
@@ -91,16 +109,26 @@ class Calibration:
         return True
 
     def factor(self, now_s: float = 0.0) -> float:
-        """The `quantile` of the ratios kept in the last `max_age_s` (nearest rank), bounded; 1 with
-        too few of them."""
+        """The `quantile` (nearest rank) of the ratios kept in the last `max_age_s` together with
+        `prior_weight` copies of `prior_factor`, bounded; the prior with fewer than
+        `min_observations` ratios kept."""
         while self._ratios and self._ratios[0][0] < now_s - self.config.max_age_s:
             self._ratios.popleft()
-        if len(self._ratios) < self.config.min_observations:
-            return 1.0
-        ordered = sorted(ratio for _, ratio in self._ratios)
-        rank = max(0, math.ceil(self.config.quantile * len(ordered)) - 1)
-        bound = self.config.max_factor
-        return min(bound, max(1.0 / bound, ordered[rank]))
+        config = self.config
+        if len(self._ratios) < config.min_observations:
+            return config.prior_factor
+        return pooled_quantile([ratio for _, ratio in self._ratios], config.prior_factor, config.prior_weight,
+                               config.quantile, config.max_factor)
+
+
+def pooled_quantile(ratios: list[float], prior: float, prior_weight: int, quantile: float, bound: float) -> float:
+    """The nearest-rank `quantile` of `ratios` pooled with `prior_weight` copies of `prior`, within
+    [1 / bound, bound]. With no ratios and no prior weight: the prior."""
+    ordered = sorted([*ratios, *[prior] * prior_weight])
+    if not ordered:
+        return prior
+    rank = max(0, math.ceil(quantile * len(ordered)) - 1)
+    return min(bound, max(1.0 / bound, ordered[rank]))
 
 
 def ttft_observation(predicted_ttft_s: float, predicted_wait_s: float, observed_ttft_s: float,

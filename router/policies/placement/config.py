@@ -14,11 +14,13 @@ from pathlib import Path as FilePath
 from types import MappingProxyType
 from typing import Any
 
+from router.policies.calibration import CalibrationConfig
 from router.policies.placement.scorers import DEFAULT_WEIGHTS, SCORERS
 
 DEFAULT_CLASS_RANK: Mapping[str, int] = {"interactive": 0, "": 1, "batch": 2}
-_INT_KEYS = ("local_prefill_max_tokens", "max_queued_prefill_tokens_per_worker")
-_FLOAT_KEYS = ("refuse_slack", "min_retry_after_s", "class_gap_s", "calibration_quantile")
+_TOKEN_KEYS = ("local_prefill_max_tokens", "max_queued_prefill_tokens_per_worker")
+_INT_KEYS = _TOKEN_KEYS + ("calibration_prior_weight", "calibration_min_observations")
+_FLOAT_KEYS = ("refuse_slack", "min_retry_after_s", "class_gap_s", "calibration_quantile", "calibration_prior")
 CALIBRATE_TTFT = ("whole", "wait")  # what the TTFT calibration scales (PlacementConfig.calibrate_ttft)
 
 
@@ -35,7 +37,10 @@ class PlacementConfig:
     `calibrate_ttft`: what the TTFT calibration scales: "whole", the whole predicted TTFT (the
     default), or "wait", only its wait for the prompts ahead (`Prediction.ttft_wait_s`), learned
     from queued requests alone: a long prompt's own prefill, which the model predicts well, is not
-    scaled by the error of the queue (an option to measure side by side; see router.policies.calibration)."""
+    scaled by the error of the queue (an option to measure side by side; see router.policies.calibration).
+    `calibration_prior`, `calibration_prior_weight`, `calibration_min_observations`: the factor before
+    evidence, how many pseudo-observations of it are pooled with the ratios, and the fewest ratios
+    kept before they count at all (`CalibrationConfig`: prior_factor, prior_weight, min_observations)."""
 
     weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     local_prefill_max_tokens: int = 0
@@ -46,6 +51,9 @@ class PlacementConfig:
     max_queued_prefill_tokens_per_worker: int = 4096
     calibration_quantile: float = 0.75
     calibrate_ttft: str = "whole"
+    calibration_prior: float = CalibrationConfig.prior_factor
+    calibration_prior_weight: int = CalibrationConfig.prior_weight
+    calibration_min_observations: int = CalibrationConfig.min_observations
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
@@ -67,6 +75,17 @@ class PlacementConfig:
         if self.calibration_quantile >= 1.0:
             raise ValueError(f"calibration_quantile must be below 1 (0.75: cover 3 in 4 recent requests; 0: off), "
                              f"got {self.calibration_quantile}")
+        if self.calibration_quantile > 0:
+            try:
+                self.calibration()
+            except ValueError as error:
+                raise ValueError(f"the admission calibration (calibration_* keys): {error}") from None
+
+    def calibration(self) -> CalibrationConfig:
+        """The admission calibration this policy asks for (`calibration_quantile` > 0)."""
+        return CalibrationConfig(quantile=self.calibration_quantile, prior_factor=self.calibration_prior,
+                                 prior_weight=self.calibration_prior_weight,
+                                 min_observations=self.calibration_min_observations)
 
     def rank_of(self, slo_class: str) -> int:
         """The rank of `slo_class`; an unknown class ranks as the default class "" (never refused
@@ -125,7 +144,7 @@ def _is_number(value: Any) -> bool:
 
 def _check_type(key: str, value: Any) -> None:
     if key in _INT_KEYS and not _is_int(value):
-        raise ValueError(f"{key}: expected a whole number of tokens, got {value!r}")
+        raise ValueError(f"{key}: expected a whole number{' of tokens' if key in _TOKEN_KEYS else ''}, got {value!r}")
     if key in _FLOAT_KEYS and not _is_number(value):
         raise ValueError(f"{key}: expected a number, got {value!r}")
     if key == "calibrate_ttft" and not isinstance(value, str):

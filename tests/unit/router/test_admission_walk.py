@@ -92,15 +92,16 @@ async def test_the_router_exports_admissions_calibration_at_scrape_time(redis_se
         for i in range(3):
             assert await served(lifecycle, f"r{i}", SHORT) == [5, 6, 7, 8]
         assert [sample("pdserve_router_admission_calibration_observations", q) for q in ("ttft", "tpot")] == [3, 3]
-        assert [sample("pdserve_router_admission_scale_ratio", q) for q in ("ttft", "tpot")] == [1.0, 1.0]  # too few
-        # enough of them, each seen at twice its prediction: the factor admission now applies
+        scale = lifecycle.scheduler.scale()
+        assert [sample("pdserve_router_admission_scale_ratio", q) for q in ("ttft", "tpot")] == [scale.ttft, scale.tpot]
+        # many more, each seen at twice its prediction: they outweigh the prior and the first three
         ttft = lifecycle.scheduler.calibration["ttft"]
         now_s = lifecycle.scheduler.clock()
-        for _ in range(ttft.config.min_observations):
+        for _ in range(32):
             ttft.observe(0.04, 0.08, 0.05, now_s)
         assert sample("pdserve_router_admission_scale_ratio", "ttft") == pytest.approx(2.0)
         assert sample("pdserve_router_admission_scale_ratio", "ttft") == lifecycle.scheduler.scale().ttft
-        assert sample("pdserve_router_admission_calibration_observations", "ttft") == 3 + ttft.config.min_observations
+        assert sample("pdserve_router_admission_calibration_observations", "ttft") == 3 + 32
     finally:
         metrics.ROUTER_ADMISSION_CALIBRATION.source = None
         await pool.close()

@@ -16,6 +16,15 @@ def test_defaults():
             config.max_queued_prefill_tokens_per_worker, config.calibration_quantile) == (0, 0.0, 1.0, 2.0, 4096, 0.75)
     assert config.calibrate_ttft == "whole"
     assert PlacementConfig.from_dict({"calibrate_ttft": "wait"}).calibrate_ttft == "wait"
+    assert (config.calibration_prior, config.calibration_prior_weight, config.calibration_min_observations) == (1.0, 4, 1)
+
+
+def test_the_calibration_keys_make_the_routers_calibration():
+    config = PlacementConfig.from_dict({"calibration_quantile": 0.9, "calibration_prior": 1.2,
+                                        "calibration_prior_weight": 0, "calibration_min_observations": 16})
+    calibration = config.calibration()
+    assert (calibration.quantile, calibration.prior_factor, calibration.prior_weight,
+            calibration.min_observations) == (0.9, 1.2, 0, 16)
 
 
 def test_listed_weights_are_the_whole_mix_and_cannot_be_changed_afterwards():
@@ -48,6 +57,10 @@ def test_an_unknown_scorer_is_refused_with_the_known_ones():
         ({"class_gap_s": float("inf")}, r"class_gap_s must be a finite number >= 0, got inf"),
     ({"calibrate_ttft": 1}, r"calibrate_ttft: expected one of whole, wait, got 1"),
     ({"calibrate_ttft": "queue"}, r"calibrate_ttft must be one of whole, wait, got 'queue'"),
+    ({"calibration_prior_weight": 2.5}, r"calibration_prior_weight: expected a whole number, got 2.5"),
+    ({"calibration_prior": 9.0}, r"the admission calibration \(calibration_\* keys\): prior_factor must be within"),
+    ({"calibration_min_observations": 0}, r"the admission calibration \(calibration_\* keys\): need window >= 1 and "
+                                          r"1 <= min_observations <= window"),
 ])
 def test_a_bad_value_is_refused_naming_its_key(data, message):
     with pytest.raises(ValueError, match=message):
