@@ -15,17 +15,17 @@ from pathlib import Path
 from rich.console import Console
 
 from goodput_vs_vllm import run_all
-from loadgen.comparison.admission import admission_totals, admitted_misses, describe_misses
+from past_knee_options import add_run_options, run_config
+from loadgen.comparison.admission import (FEW_OBSERVATIONS, OLD_RULE, admission_totals, admitted_misses,
+                                          describe_misses)
 from loadgen.comparison.budget import Budget
 from loadgen.comparison.config import PLAN_PREFIX, CompareConfig
-from loadgen.comparison.goodput import Measurement
+from loadgen.comparison.goodput import Measurement, Skipped
 from loadgen.comparison.overload import overload_points
-from loadgen.comparison.report import machine_speed_line, markdown_table, rich_table
+from loadgen.comparison.report import (machine_speed_line, markdown_table, past_knee_run_json, plot_past_knee,
+                                      rich_table)
 from planner.router_config import PLACEMENT_FILE
 from router.policies.placement import PlacementConfig
-
-FEW_OBSERVATIONS = 16   # an admitted miss sent at fewer was decided on little evidence (the old hard minimum)
-OLD_RULE = {"calibration_prior_weight": 0, "calibration_min_observations": 16}
 
 DESCRIPTION = f"""\
 Does the router's admission decide well before its calibration has seen many requests? The
@@ -38,7 +38,8 @@ requests are kept), at each of --rates, --repeats times, on the same two cores a
 model, with the workload and noise guard of bench/goodput_vs_vllm.py.
 
 Every run starts its cluster afresh (its router's calibration empty), so every run is a cold
-start into the offered load; the variants alternate which goes first. Pick rates past the
+start into the offered load; which system goes first alternates from one (repeat, rate) to the
+next and between repeats at the same rate (the order rotates with more than two). Pick rates past the
 plan's knee (bench/overload.py finds it): that is where admission decides and where a
 prediction that runs low admits requests that then miss.
 
@@ -61,23 +62,14 @@ def parse_args(argv: list[str] | None) -> tuple[CompareConfig, argparse.Namespac
                              "q90='{\"calibration_quantile\": 0.9}'; repeatable (default: min16, the old rule)")
     parser.add_argument("--rates", default="1.2,1.5,2.0", help="offered rates, req/s, ascending (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per system and rate, fresh prompts each (default %(default)s)")
-    parser.add_argument("--num-requests", type=int, default=60, help="trace requests per run (default %(default)s)")
-    parser.add_argument("--ttft-slo-ms", type=float, default=3000.0)
-    parser.add_argument("--tpot-tight-ms", type=float, default=35.0)
-    parser.add_argument("--tpot-loose-ms", type=float, default=70.0)
-    parser.add_argument("--budget-min", type=float, default=40.0, help="the whole run fits in this (default %(default)s)")
-    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
-    parser.add_argument("--label", default="calibration_warmup")
+    add_run_options(parser, num_requests=60, label="calibration_warmup")
     args = parser.parse_args(argv)
     try:
         args.variants = parse_variants(args.variant or [f"min16={json.dumps(OLD_RULE)}"])
         if args.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-        config = CompareConfig(rates_rps=tuple(float(r) for r in args.rates.split(",")), num_requests=args.num_requests,
-                               pdserve_systems=(), plans=((args.pair, args.plan),), with_a=False,
-                               stop_after_failures=10**6, ttft_slo_s=args.ttft_slo_ms / 1000,
-                               tpot_tight_s=args.tpot_tight_ms / 1000, tpot_loose_s=args.tpot_loose_ms / 1000,
-                               budget_s=args.budget_min * 60, out_dir=args.out_dir, label=args.label, cdf_rates_rps=())
+        config = run_config(args, pdserve_systems=(), plans=((args.pair, args.plan),), with_a=False,
+                            stop_after_failures=10**6)
     except ValueError as bad:
         parser.error(str(bad))
     return config, args
@@ -116,34 +108,38 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(config.budget_s)
     started = time.monotonic()
     copies = Path(tempfile.mkdtemp(prefix=f"{config.label}-plans-"))
-    plans = [(args.pair, args.plan)] + [(f"{args.pair}-{name}", variant_plan(args.plan, changes, copies / name))
-                                         for name, changes in args.variants.items()]
     measured: list[Measurement] = []
-    runs = [(repeat, rate) for repeat in range(args.repeats) for rate in config.rates_rps]
-    for step, (repeat, rate) in enumerate(runs):
-        order = plans if step % 2 == 0 else plans[::-1]
-        console.rule(f"[{step + 1}/{len(runs)}] {rate:g} req/s, repeat {repeat + 1}: {', '.join(n for n, _ in order)}")
-        one = replace(config, rates_rps=(rate,), plans=tuple(order), seed=config.seed + repeat)
-        more, skipped = run_all(one, console, budget)   # a fresh cluster per system: every run a cold start
-        measured += more
-        for s in skipped:
-            console.print(f"[yellow]skipped {s.system} @ {s.rate_rps:g}: {s.reason}")
-    shutil.rmtree(copies, ignore_errors=True)
-    _report(config, args, measured, console, time.monotonic() - started)
+    skipped: list[Skipped] = []
+    try:
+        plans = [(args.pair, args.plan)] + [(f"{args.pair}-{name}", variant_plan(args.plan, changes, copies / name))
+                                             for name, changes in args.variants.items()]
+        runs = [(repeat, i, rate) for repeat in range(args.repeats) for i, rate in enumerate(config.rates_rps)]
+        for step, (repeat, i, rate) in enumerate(runs):
+            turn = (repeat + i) % len(plans)
+            order = plans[turn:] + plans[:turn]
+            console.rule(f"[{step + 1}/{len(runs)}] {rate:g} req/s, repeat {repeat + 1}: {', '.join(n for n, _ in order)}")
+            one = replace(config, rates_rps=(rate,), plans=tuple(order), seed=config.seed + repeat)
+            more, cut = run_all(one, console, budget)   # a fresh cluster per system: every run a cold start
+            measured += more
+            skipped += cut
+    finally:
+        shutil.rmtree(copies, ignore_errors=True)
+    _report(config, args, measured, skipped, console, time.monotonic() - started)
     return 0
 
 
-def _report(config: CompareConfig, args, measured: list[Measurement], console: Console, wall_s: float) -> None:
-    pair = next(p for p in config.slo_pairs if p.name == args.pair)
-    misses = {id(m): admitted_misses(m.result.records, m.admission, pair.slo) for m in measured}
+def _report(config: CompareConfig, args, measured: list[Measurement], skipped: list[Skipped], console: Console,
+            wall_s: float) -> None:
+    pair = config.pair(args.pair)
     ordered = sorted(measured, key=lambda m: (m.system, m.rate_rps))
-    points = overload_points(ordered, args.pair)   # the same order: one point per run
+    misses = {id(m): admitted_misses(m.result.records, m.admission, pair.slo) for m in ordered}
+    points = {id(m): overload_points([m], args.pair)[0] for m in ordered}
     headers = ["system", "rate (req/s)", "good req/s", "among admitted", "refused", "admitted misses", "TTFT p90 ms"]
-    rows = [[m.system, f"{m.rate_rps:g}", f"{p.good_rps:.3f}",
-             "-" if p.admitted_attainment is None else f"{p.admitted_attainment:.0%}", f"{p.refused_share:.0%}",
-             describe_misses(misses[id(m)], FEW_OBSERVATIONS), f"{m.summaries[args.pair]['p90_ttft_ms']:.0f}"]
-            for m, p in zip(ordered, points)]
-    totals = admission_totals([(m.system, m.result.records, m.admission) for m in measured], pair.slo, FEW_OBSERVATIONS)
+    rows = [[m.system, f"{m.rate_rps:g}", f"{points[id(m)].good_rps:.3f}",
+             "-" if points[id(m)].admitted_attainment is None else f"{points[id(m)].admitted_attainment:.0%}",
+             f"{points[id(m)].refused_share:.0%}", describe_misses(misses[id(m)], FEW_OBSERVATIONS),
+             f"{m.summaries[args.pair]['p90_ttft_ms']:.0f}"] for m in ordered]
+    totals = admission_totals([(m.system, m.result.records, m.admission) for m in ordered], pair.slo, FEW_OBSERVATIONS)
     total_headers = ["system", "runs", "offered", "refused", "admitted met", "among admitted", "good share",
                      f"admitted misses (sent at < {FEW_OBSERVATIONS} observations)"]
     total_rows = [[t.system, str(t.runs), str(t.offered), str(t.refused), str(t.admitted_met),
@@ -153,23 +149,25 @@ def _report(config: CompareConfig, args, measured: list[Measurement], console: C
     console.print(rich_table(f"Runs under the {args.pair} pair, each a cold start", headers, rows))
     console.print(rich_table("Totals", total_headers, total_rows))
     console.print(speed)
+    for s in skipped:
+        console.print(f"[yellow]skipped {s.system} @ {s.rate_rps:g}: {s.reason}")
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
     variants = ", ".join(f"{PLAN_PREFIX}{args.pair}-{name}: {json.dumps(changes)}" for name, changes in args.variants.items())
     (out / f"{config.label}.md").write_text(
         f"SLO pair {args.pair}: {pair.describe()}; {config.num_requests} trace requests per run, every run a fresh "
         f"cluster; {PLAN_PREFIX}{args.pair}: the plan's placement.json as written; {variants}; wall {wall_s / 60:.1f} min\n\n"
-        + markdown_table(headers, rows) + "\n\n" + markdown_table(total_headers, total_rows) + f"\n\n_{speed}_\n")
+        + markdown_table(headers, rows) + "\n\n" + markdown_table(total_headers, total_rows) + f"\n\n_{speed}_\n"
+        + "".join(f"\nskipped {s.system} @ {s.rate_rps:g}: {s.reason}" for s in skipped) + "\n")
     (out / f"{config.label}.json").write_text(json.dumps({
         "argv": sys.argv, "pair": args.pair, "variants": args.variants, "wall_s": wall_s,
-        "points": [asdict(p) for p in points],
+        "points": [asdict(points[id(m)]) for m in ordered], "skipped": [asdict(s) for s in skipped],
         "totals": [{**asdict(t), "among_admitted": t.among_admitted, "good_share": t.good_share} for t in totals],
-        "runs": [{"system": m.system, "rate_rps": m.rate_rps, "host_ms_per_product": m.host_ms_per_product,
-                  "other_load_cores": m.other_load_cores, "attempts": m.attempts,
-                  "summary": {k: v for k, v in m.summaries[args.pair].items() if not isinstance(v, dict)},
-                  "admission": [asdict(s) for s in m.admission],
-                  "admitted_misses": [asdict(miss) for miss in misses[id(m)]]} for m in ordered]}, indent=2))
-    _plot(points, args.pair, legends(args.pair, args.variants), out / f"{config.label}.png")
+        "runs": [past_knee_run_json(m, args.pair, misses[id(m)]) for m in ordered]}, indent=2))
+    plot_past_knee(list(points.values()), args.pair, out / f"{config.label}.png",
+                   "Admission from a cold start: the plan's router against variants of its placement policy",
+                   labels=legends(args.pair, args.variants), connect=False,
+                   xlabel="offered rate (req/s); one dot per run, each a cold start")
     console.print(f"wrote {out / config.label}.{{json,md,png}}")
 
 
@@ -178,32 +176,6 @@ def legends(pair: str, variants: dict[str, dict]) -> dict[str, str]:
     return {PLAN_PREFIX + pair: f"{PLAN_PREFIX}{pair}: placement.json as planned",
             **{f"{PLAN_PREFIX}{pair}-{name}": f"{PLAN_PREFIX}{pair}-{name}: {json.dumps(changes)}"
                for name, changes in variants.items()}}
-
-
-def _plot(points, pair: str, labels: dict[str, str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (good, admitted) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for system in sorted({p.system for p in points}):
-        own = [p for p in points if p.system == system]
-        label = labels.get(system, system)
-        good.plot([p.rate_rps for p in own], [p.good_rps for p in own], "o", label=label, alpha=0.8)
-        admitted.plot([p.rate_rps for p in own], [p.admitted_attainment or 0 for p in own], "o", label=label, alpha=0.8)
-    for axis in (good, admitted):
-        axis.set_xlabel("offered rate (req/s); one dot per run, each a cold start")
-    handles, names = good.get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", fontsize=8, ncol=1)
-    good.set_ylabel(f"good req/s ({pair} SLO pair)")
-    admitted.set_ylabel("SLO attainment among admitted requests")
-    admitted.axhline(0.9, color="black", linewidth=0.8)
-    admitted.set_ylim(0, 1.05)
-    fig.suptitle("Admission from a cold start: the plan's router against variants of its placement policy")
-    fig.tight_layout(rect=(0, 0.05 + 0.04 * len(names), 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

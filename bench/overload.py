@@ -12,17 +12,15 @@ from pathlib import Path
 from rich.console import Console
 
 from goodput_vs_vllm import run_all
-from loadgen.comparison.admission import admitted_misses, describe_misses
+from past_knee_options import add_run_options, run_config
+from loadgen.comparison.admission import FEW_OBSERVATIONS, admitted_misses, describe_misses
 from loadgen.comparison.budget import Budget
 from loadgen.comparison.config import PLAN_PREFIX, CompareConfig
 from loadgen.comparison.goodput import Measurement
 from loadgen.comparison.overload import OverloadPoint, knee_rps, overload_points, overload_rates, verdicts
 from loadgen.comparison.host_speed import speed_factors
-from loadgen.comparison.report import machine_speed_line, markdown_table, rich_table, speed_cell, system_label
-# an admitted miss sent while the TTFT calibration held fewer than this many recent requests was decided
-# on little evidence (the router's hard minimum before it pooled a prior; BENCHMARKS compares runs by it)
-FEW_OBSERVATIONS = 16
-
+from loadgen.comparison.report import (machine_speed_line, markdown_table, past_knee_run_json, plot_past_knee, rich_table,
+                                      speed_cell)
 DESCRIPTION = """\
 Side by side, in one run, on the same two cores and the same `bench` model (as
 bench/goodput_vs_vllm.py, whose systems, workload and noise guard this reuses):
@@ -61,13 +59,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompareConfig, argparse.Namespac
                         help="phase 1's rates, req/s, ascending (default %(default)s)")
     parser.add_argument("--multiples", default="1.5,2", help="phase 2's offered rates as multiples of the knee")
     parser.add_argument("--pair", choices=("tight", "loose"), default="tight", help="the SLO pair judged")
-    parser.add_argument("--num-requests", type=int, default=40, help="trace requests per run (default %(default)s)")
-    parser.add_argument("--ttft-slo-ms", type=float, default=3000.0)
-    parser.add_argument("--tpot-tight-ms", type=float, default=35.0)
-    parser.add_argument("--tpot-loose-ms", type=float, default=70.0)
-    parser.add_argument("--budget-min", type=float, default=40.0, help="the whole run fits in this (default %(default)s)")
-    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
-    parser.add_argument("--label", default="overload")
+    add_run_options(parser, num_requests=40, label="overload")
     parser.add_argument("--plan", type=Path, metavar="DIR",
                         help="run B*-<pair>, the cluster `pdserve plan --write-router-config DIR` picked, instead of "
                              "--system (plan it with this run's SLO pair and workload)")
@@ -76,11 +68,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompareConfig, argparse.Namespac
     if plans:
         args.system = PLAN_PREFIX + args.pair
     try:
-        config = CompareConfig(rates_rps=tuple(float(r) for r in args.rates.split(",")), num_requests=args.num_requests,
-                               pdserve_systems=() if plans else (args.system,), plans=plans,
-                               ttft_slo_s=args.ttft_slo_ms / 1000,
-                               tpot_tight_s=args.tpot_tight_ms / 1000, tpot_loose_s=args.tpot_loose_ms / 1000,
-                               budget_s=args.budget_min * 60, out_dir=args.out_dir, label=args.label, cdf_rates_rps=())
+        config = run_config(args, pdserve_systems=() if plans else (args.system,), plans=plans)
         args.multiples = tuple(float(k) for k in args.multiples.split(","))
     except ValueError as bad:
         parser.error(str(bad))
@@ -133,7 +121,7 @@ def _report(config, args, measured: list[Measurement], points: list[OverloadPoin
     console.print(rich_table(f"{args.system} past its knee ({knee:.3f} req/s)", verdict_headers, verdict_rows))
     speed = machine_speed_line(measured)
     console.print(speed)
-    pair = next(p for p in config.slo_pairs if p.name == args.pair)
+    pair = config.pair(args.pair)
     misses = {id(m): admitted_misses(m.result.records, m.admission, pair.slo) for m in measured if m.admission}
     admission = [f"{m.system} @ {m.rate_rps:g} req/s: {describe_misses(misses[id(m)], FEW_OBSERVATIONS)}"
                  for m in sorted(measured, key=lambda m: (m.system, m.rate_rps)) if m.admission]
@@ -151,43 +139,11 @@ def _report(config, args, measured: list[Measurement], points: list[OverloadPoin
         "argv": sys.argv, "pair": args.pair, "knee_rps": knee, "knee_bracketed": bracketed, "wall_s": wall_s,
         "points": [asdict(p) for p in points], "verdicts": [asdict(v) for v in found],
         "skipped": [asdict(s) for s in skipped],
-        "runs": [{"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
-                  "host_ms_per_product": m.host_ms_per_product, "attempts": m.attempts,
-                  "summary": {k: v for k, v in m.summaries[args.pair].items() if not isinstance(v, dict)},
-                  "admission": [asdict(s) for s in m.admission],
-                  "admitted_misses": [asdict(miss) for miss in misses[id(m)]] if m.admission else None}
-                 for m in measured]}, indent=2))
-    _plot(points, knee, args, out / f"{config.label}.png")
+        "runs": [past_knee_run_json(m, args.pair, misses.get(id(m))) for m in measured]}, indent=2))
+    plot_past_knee(points, args.pair, out / f"{config.label}.png", "Past the knee: pdserve's admission against vLLM's queue",
+                   marker_lines=[k * knee for k in (1.0, *args.multiples)] if knee > 0 else (),
+                   xlabel="offered rate (req/s); dotted: the knee and its multiples")
     console.print(f"wrote {out / config.label}.{{json,md,png}}")
-
-
-def _plot(points: list[OverloadPoint], knee: float, args, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (good, admitted) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for system in sorted({p.system for p in points}):
-        own = [p for p in points if p.system == system]
-        label = system_label(system)
-        good.plot([p.rate_rps for p in own], [p.good_rps for p in own], "o-", label=label)
-        admitted.plot([p.rate_rps for p in own], [p.admitted_attainment if p.admitted_attainment is not None else 0
-                                                  for p in own], "o-", label=label)
-    for axis in (good, admitted):
-        if knee > 0:
-            for k in (1.0, *args.multiples):
-                axis.axvline(k * knee, color="grey", linestyle=":", linewidth=0.8)
-        axis.set_xlabel("offered rate (req/s); dotted: the knee and its multiples")
-        axis.legend(fontsize=8)
-    good.set_ylabel(f"good req/s ({args.pair} SLO pair)")
-    admitted.set_ylabel("SLO attainment among admitted requests")
-    admitted.axhline(0.9, color="black", linewidth=0.8)
-    admitted.set_ylim(0, 1.05)
-    fig.suptitle("Past the knee: pdserve's admission against vLLM's queue")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

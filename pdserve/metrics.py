@@ -93,7 +93,8 @@ class AdmissionCalibrationCollector(RowGauges):
             "the quantile of observed / predicted over recent relevant requests pooled with its prior (1 by default)",
         "pdserve_router_admission_calibration_observations":
             "Recent requests (within the calibration's window and age) whose observed / predicted the factor "
-            "is taken from; with none the factor is the prior",
+            "is taken from, pooled with its prior's pseudo-observations; below calibration_min_observations "
+            "(default 1) the factor is the prior",
     }
 
 

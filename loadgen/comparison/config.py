@@ -114,6 +114,13 @@ class CompareConfig:
         return (SLOPair("tight", SLO(ttft_s=self.ttft_slo_s, tpot_s=self.tpot_tight_s)),
                 SLOPair("loose", SLO(ttft_s=self.ttft_slo_s, tpot_s=self.tpot_loose_s)))
 
+    def pair(self, name: str) -> SLOPair:
+        """The SLO pair called `name` ("tight" or "loose")."""
+        found = [pair for pair in self.slo_pairs if pair.name == name]
+        if not found:
+            raise ValueError(f"no SLO pair {name!r}; the pairs are {', '.join(p.name for p in self.slo_pairs)}")
+        return found[0]
+
     @property
     def systems(self) -> tuple[str, ...]:
         return (*(("A",) if self.with_a else ()), *(f"A-{n}" for n in self.vllm_batched_tokens), *self.pdserve_systems,

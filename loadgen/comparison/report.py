@@ -293,3 +293,45 @@ def _plot_cdfs(config, measurements) -> list:
         if runs:
             paths.append(plot_latency_cdfs(runs, config.out_dir / f"{config.label}_cdf_{rate:g}rps.png", tight))
     return paths
+
+
+def past_knee_run_json(m: Measurement, pair: str, misses) -> dict[str, Any]:
+    """One run of a past-the-knee benchmark (bench/overload.py, bench/calibration_warmup.py) as its
+    JSON keeps it: the run's conditions, its summary under `pair`, the router's calibration through
+    it and the admitted misses beside it (None: the system has no admission calibration)."""
+    return {"system": m.system, "rate_rps": m.rate_rps, "other_load_cores": m.other_load_cores,
+            "host_ms_per_product": m.host_ms_per_product, "attempts": m.attempts,
+            "summary": {k: v for k, v in m.summaries[pair].items() if not isinstance(v, dict)},
+            "admission": [asdict(s) for s in m.admission],
+            "admitted_misses": None if misses is None else [asdict(miss) for miss in misses]}
+
+
+def plot_past_knee(points, pair: str, path: Path, title: str, labels: Mapping[str, str] | None = None,
+                   marker_lines: Sequence[float] = (), xlabel: str = "offered rate (req/s)", connect: bool = True) -> Path:
+    """Good req/s and attainment among the admitted against the offered rate, one series per
+    system (`loadgen.comparison.overload.OverloadPoint`s); dotted verticals at `marker_lines`
+    (the knee and its multiples), the 90% line, the legend under both panels."""
+    fig, (good, admitted) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for system in sorted({p.system for p in points}):
+        own = [p for p in points if p.system == system]
+        label = (labels or {}).get(system, system_label(system))
+        style = "o-" if connect else "o"
+        good.plot([p.rate_rps for p in own], [p.good_rps for p in own], style, label=label, alpha=0.85)
+        admitted.plot([p.rate_rps for p in own], [p.admitted_attainment if p.admitted_attainment is not None else 0
+                                                  for p in own], style, label=label, alpha=0.85)
+    for axis in (good, admitted):
+        for rate in marker_lines:
+            axis.axvline(rate, color="grey", linestyle=":", linewidth=0.8)
+        axis.set_xlabel(xlabel)
+    good.set_ylabel(f"good req/s ({pair} SLO pair)")
+    admitted.set_ylabel("SLO attainment among admitted requests")
+    admitted.axhline(0.9, color="black", linewidth=0.8)
+    admitted.set_ylim(0, 1.05)
+    handles, names = good.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", fontsize=8, ncol=1 if max(map(len, names), default=0) > 50 else 2)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.05 + 0.04 * len(names), 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+

@@ -28,11 +28,15 @@ taken when 9 in 10 recent ones predicted like it met the SLO.
   threshold. With the defaults (4 at 1, the 0.75 quantile) two relevant requests that both ran
   slower than predicted already scale admission, by the smaller of their ratios; at 16 the factor
   is the two-thirds point of the ratios, at 64 near their 0.75 quantile. A single outlier moves
-  nothing. Why: with a hard minimum of 16 (before), a fresh router or one past a quiet minute
-  decided on the model alone for its first 10-50 requests, and on a VM where the model was 14-46%
-  optimistic every request it then admitted to miss was admitted there (BENCHMARKS, "Overload on a
-  slow Zen 4 EPYC": 13 of 13). `min_observations` (default 1) is still a hard floor below which
-  the factor is the prior; 16 with `prior_weight` 0 is the old rule.
+  nothing. The pull is not symmetric: ratios below the prior (a pessimistic model) must outnumber
+  it three to one before the 0.75 quantile falls below it (12 observations against the prior's 4),
+  where two above it move it up: admission trusts a finding that the model runs slow at once, and
+  one that it runs fast only on more evidence. Why a prior: with a hard minimum of 16 (before), a
+  fresh router or one past a quiet minute decided on the model alone for its first 10-50 requests,
+  and on a VM where the model was 14-46% optimistic every request it then admitted to miss was
+  admitted there (BENCHMARKS, "Overload on a slow Zen 4 EPYC": 13 of 13). `min_observations`
+  (default 1) is still a hard floor below which the factor is the prior; 16 with `prior_weight` 0
+  and `prior_factor` 1 is the old rule.
 - Observations older than `max_age_s` are forgotten: a factor learned in one burst does not
   outlive it, and a factor high enough to refuse everything (so that nothing new is observed)
   lapses back to the prior instead of refusing for ever.
@@ -51,6 +55,7 @@ taken when 9 in 10 recent ones predicted like it met the SLO.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -70,11 +75,14 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.quantile < 1.0:
             raise ValueError(f"the calibration quantile must be in (0, 1), got {self.quantile}")
-        if self.window < 1 or not 1 <= self.min_observations <= self.window:
-            raise ValueError(f"need window >= 1 and 1 <= min_observations <= window, got {self.window}, "
-                             f"{self.min_observations}")
-        if self.prior_weight < 0:
-            raise ValueError(f"prior_weight must be >= 0 pseudo-observations, got {self.prior_weight}")
+        if not _is_count(self.window) or self.window < 1:
+            raise ValueError(f"window must be a whole number >= 1 of observations, got {self.window!r}")
+        if not _is_count(self.min_observations) or not 1 <= self.min_observations <= self.window:
+            raise ValueError(f"min_observations must be a whole number within 1..{self.window} (the window), "
+                             f"got {self.min_observations!r}")
+        if not _is_count(self.prior_weight) or not 0 <= self.prior_weight <= self.window:
+            raise ValueError(f"prior_weight must be a whole number within 0..{self.window} (the window) of "
+                             f"pseudo-observations, got {self.prior_weight!r}")
         if not 0.0 <= self.relevant_share < 1.0:
             raise ValueError(f"relevant_share must be in [0, 1), got {self.relevant_share}")
         if not (math.isfinite(self.max_factor) and self.max_factor >= 1.0):
@@ -84,6 +92,10 @@ class CalibrationConfig:
         if not (math.isfinite(self.prior_factor) and 1.0 / self.max_factor <= self.prior_factor <= self.max_factor):
             raise ValueError(f"prior_factor must be within [1 / max_factor, max_factor] = "
                              f"[{1.0 / self.max_factor:g}, {self.max_factor:g}], got {self.prior_factor}")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Calibration:
@@ -96,6 +108,10 @@ class Calibration:
 
     def __len__(self) -> int:
         return len(self._ratios)
+
+    def ratios(self) -> list[float]:
+        """The observed / predicted ratios kept, oldest first (as of the last `factor` call)."""
+        return [ratio for _, ratio in self._ratios]
 
     def observe(self, predicted_s: float, observed_s: float, slo_s: float, now_s: float = 0.0) -> bool:
         """Keeps observed_s / predicted_s when it bears on a decision against `slo_s`; says whether
@@ -117,18 +133,27 @@ class Calibration:
         config = self.config
         if len(self._ratios) < config.min_observations:
             return config.prior_factor
-        return pooled_quantile([ratio for _, ratio in self._ratios], config.prior_factor, config.prior_weight,
-                               config.quantile, config.max_factor)
+        return pooled_quantile(self.ratios(), config.prior_factor, config.prior_weight, config.quantile,
+                               config.max_factor)
 
 
 def pooled_quantile(ratios: list[float], prior: float, prior_weight: int, quantile: float, bound: float) -> float:
     """The nearest-rank `quantile` of `ratios` pooled with `prior_weight` copies of `prior`, within
-    [1 / bound, bound]. With no ratios and no prior weight: the prior."""
-    ordered = sorted([*ratios, *[prior] * prior_weight])
-    if not ordered:
+    [1 / bound, bound]. With no ratios and no prior weight: the prior. The copies are counted, not
+    made: in sorted order they sit after the ratios below the prior."""
+    ordered = sorted(ratios)
+    size = len(ordered) + prior_weight
+    if size == 0:
         return prior
-    rank = max(0, math.ceil(quantile * len(ordered)) - 1)
-    return min(bound, max(1.0 / bound, ordered[rank]))
+    rank = max(0, math.ceil(quantile * size - 1e-9) - 1)   # the epsilon: 0.56 * 25 is 14.000000000000002
+    below = bisect.bisect_left(ordered, prior)
+    if rank < below:
+        value = ordered[rank]
+    elif rank < below + prior_weight:
+        value = prior
+    else:
+        value = ordered[rank - prior_weight]
+    return min(bound, max(1.0 / bound, value))
 
 
 def ttft_observation(predicted_ttft_s: float, predicted_wait_s: float, observed_ttft_s: float,

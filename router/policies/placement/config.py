@@ -75,15 +75,16 @@ class PlacementConfig:
         if self.calibration_quantile >= 1.0:
             raise ValueError(f"calibration_quantile must be below 1 (0.75: cover 3 in 4 recent requests; 0: off), "
                              f"got {self.calibration_quantile}")
-        if self.calibration_quantile > 0:
-            try:
-                self.calibration()
-            except ValueError as error:
-                raise ValueError(f"the admission calibration (calibration_* keys): {error}") from None
+        try:
+            self.calibration()   # checked whether on or off: turning the quantile on later must not fail
+        except ValueError as error:
+            raise ValueError(f"the admission calibration: {_calibration_keys(str(error))}") from None
 
     def calibration(self) -> CalibrationConfig:
-        """The admission calibration this policy asks for (`calibration_quantile` > 0)."""
-        return CalibrationConfig(quantile=self.calibration_quantile, prior_factor=self.calibration_prior,
+        """The admission calibration this policy asks for (used when `calibration_quantile` > 0; with
+        0, the same settings at the default quantile)."""
+        return CalibrationConfig(quantile=self.calibration_quantile or CalibrationConfig.quantile,
+                                 prior_factor=self.calibration_prior,
                                  prior_weight=self.calibration_prior_weight,
                                  min_observations=self.calibration_min_observations)
 
@@ -121,6 +122,18 @@ class PlacementConfig:
             return cls.from_dict(data)
         except ValueError as error:  # json.JSONDecodeError is one
             raise ValueError(f"{path}: {error}") from error
+
+
+# CalibrationConfig's fields as placement.json names them
+_CALIBRATION_KEYS = {"min_observations": "calibration_min_observations", "prior_weight": "calibration_prior_weight",
+                     "prior_factor": "calibration_prior"}
+
+
+def _calibration_keys(message: str) -> str:
+    """A CalibrationConfig error in the words of placement.json: its keys, not the fields."""
+    for field_name, key in _CALIBRATION_KEYS.items():
+        message = message.replace(field_name, key)
+    return message
 
 
 def _load_yaml(text: str) -> Any:

@@ -1,7 +1,6 @@
 """bench/calibration_warmup.py's pure parts: the variants of a plan it runs beside the plan, and the
 totals it reports (loadgen/comparison/admission.py), on plain values and a plan directory."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -34,16 +33,19 @@ def _record(index, sent_s, ttft_s, status="ok"):
 
 def test_totals_add_up_each_systems_runs_and_count_the_misses_sent_on_little_evidence():
     early, late = (AdmissionSample(0.0, {"ttft": (1.0, 2)}),), (AdmissionSample(0.0, {"ttft": (1.3, 20)}),)
+    unsampled = (AdmissionSample(5.0, {"ttft": (1.3, 20)}),)     # its first sample after the miss was sent
     runs = [
         ("B*-tight", [_record(0, 0.1, 0.5), _record(1, 0.2, 1.5), _record(2, 0.3, 0.0, "refused")], early),
         ("B*-tight", [_record(0, 0.1, 0.5), _record(1, 0.2, 1.2)], late),
         ("B*-tight-min16", [_record(0, 0.1, 0.5), _record(1, 0.2, 0.0, "error")], early),
+        ("B*-tight-min16", [_record(0, 0.1, 1.5)], unsampled),
     ]
     tight, old = admission_totals(runs, SLO_PAIR, few=16)
     assert (tight.system, tight.runs, tight.offered, tight.refused, tight.admitted_met) == ("B*-tight", 2, 5, 1, 2)
     assert (tight.admitted_missed, tight.missed_early) == (2, 1)       # 1.5 s at 2 observations, 1.2 s at 20
     assert tight.among_admitted == pytest.approx(0.5) and tight.good_share == pytest.approx(0.4)
-    assert (old.admitted_met, old.admitted_missed, old.missed_early) == (1, 1, 1)   # a failure is a miss
+    # a failure is a miss; one sent before the run's first sample counts as early
+    assert (old.runs, old.admitted_met, old.admitted_missed, old.missed_early) == (2, 1, 2, 2)
     (none,) = admission_totals([("B", [_record(0, 0.1, 0.0, "refused")], ())], SLO_PAIR, few=16)
     assert none.among_admitted is None and none.good_share == 0.0
 
@@ -73,5 +75,7 @@ def test_the_variants_default_to_the_old_rule_and_vllm_is_not_run(tmp_path):
     config, args = bench.parse_args(["--plan", str(tmp_path), "--rates", "1,2"])
     assert args.variants == {"min16": bench.OLD_RULE}
     assert config.systems == ("B*-tight",) and not config.with_a
-    assert json.loads(json.dumps(bench.OLD_RULE)) == {"calibration_prior_weight": 0, "calibration_min_observations": 16}
+    assert bench.OLD_RULE == {"calibration_prior": 1.0, "calibration_prior_weight": 0, "calibration_min_observations": 16}
+    old = PlacementConfig.from_dict(bench.OLD_RULE).calibration()
+    assert (old.prior_factor, old.prior_weight, old.min_observations) == (1.0, 0, 16)
     assert CompareConfig().systems[0] == "A"

@@ -14,6 +14,7 @@ from kv_transfer.handle import KVHandle
 from lifecycle_walk import GREEDY, LONG, SHORT, HeldPrefillWorker, decoder, router_config, served, until
 from pdserve.errors import Overloaded
 from pdserve.worker_api import PrefillResult
+from router.policies.calibration import pooled_quantile
 from router.policies.placement import PlacementConfig
 from router.scheduler import DEFAULT_COST, SchedulerConfig, SloTargets
 from router.types import GenerationRequest
@@ -67,7 +68,8 @@ async def test_served_requests_teach_admission_how_far_its_predictions_were(redi
             assert await served(lifecycle, f"r{i}", SHORT) == [5, 6, 7, 8]
         ttft, tpot = lifecycle.scheduler.calibration["ttft"], lifecycle.scheduler.calibration["tpot"]
         assert len(ttft) == 3 and len(tpot) == 3   # each predicted >= a quarter of its SLO: every one kept
-        assert lifecycle.scheduler.scale().ttft == 1.0   # too few yet to scale anything
+        # what admission applies: the kept ratios pooled with the prior (4 at 1), its 0.75 quantile
+        assert lifecycle.scheduler.scale().ttft == pooled_quantile(ttft.ratios(), 1.0, 4, 0.75, 4.0)
     finally:
         await pool.close()
         await registry.close()

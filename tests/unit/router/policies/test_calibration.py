@@ -27,6 +27,20 @@ def test_the_factor_leaves_the_prior_as_evidence_comes_in(kept, factor):
     assert pooled_quantile(ratios, prior=1.0, prior_weight=4, quantile=0.75, bound=4.0) == pytest.approx(factor)
 
 
+def test_the_pooled_quantile_counts_the_prior_as_copies_would():
+    import math
+    import random
+
+    draw = random.Random(7)
+    for _ in range(2000):
+        ratios = [round(draw.uniform(0.2, 3.0), 1) for _ in range(draw.randrange(0, 30))]
+        prior, weight = draw.choice([0.5, 1.0, 1.3, 2.0]), draw.randrange(0, 10)
+        quantile = draw.choice([0.5, 0.56, 0.75, 0.9])
+        pool = sorted(ratios + [prior] * weight)
+        copies = pool[max(0, math.ceil(round(quantile * len(pool), 9)) - 1)] if pool else prior
+        assert pooled_quantile(ratios, prior, weight, quantile, 4.0) == copies, (ratios, prior, weight, quantile)
+
+
 def test_a_pessimistic_model_is_trusted_only_once_the_evidence_outweighs_the_prior():
     calibration = Calibration()
     for _ in range(2):
@@ -38,7 +52,7 @@ def test_a_pessimistic_model_is_trusted_only_once_the_evidence_outweighs_the_pri
 
 
 def test_without_a_prior_the_minimum_is_a_hard_threshold():
-    """The rule before the prior (min_observations 16, no pseudo-observations), kept as a setting."""
+    """The rule before the prior (a hard minimum, 16 then, and no pseudo-observations), kept as a setting."""
     calibration = Calibration(CalibrationConfig(min_observations=4, prior_weight=0))
     for _ in range(3):
         assert calibration.observe(0.5, 1.0, SLO_S)
@@ -107,7 +121,8 @@ def test_factor_is_bounded(ratio, factor):
 
 @pytest.mark.parametrize("kwargs", [dict(quantile=1.0), dict(quantile=0.0), dict(window=0),
                                     dict(min_observations=100), dict(relevant_share=1.0), dict(max_factor=0.5),
-                                    dict(max_age_s=0.0), dict(prior_weight=-1), dict(prior_factor=0.1),
+                                    dict(max_age_s=0.0), dict(prior_weight=-1), dict(prior_weight=2.5),
+                                    dict(prior_weight=65), dict(min_observations=True), dict(prior_factor=0.1),
                                     dict(prior_factor=float("nan"))])
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):

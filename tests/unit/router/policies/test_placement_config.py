@@ -58,9 +58,12 @@ def test_an_unknown_scorer_is_refused_with_the_known_ones():
     ({"calibrate_ttft": 1}, r"calibrate_ttft: expected one of whole, wait, got 1"),
     ({"calibrate_ttft": "queue"}, r"calibrate_ttft must be one of whole, wait, got 'queue'"),
     ({"calibration_prior_weight": 2.5}, r"calibration_prior_weight: expected a whole number, got 2.5"),
-    ({"calibration_prior": 9.0}, r"the admission calibration \(calibration_\* keys\): prior_factor must be within"),
-    ({"calibration_min_observations": 0}, r"the admission calibration \(calibration_\* keys\): need window >= 1 and "
-                                          r"1 <= min_observations <= window"),
+    ({"calibration_prior": 9.0}, r"the admission calibration: calibration_prior must be within .* = \[0.25, 4\], got 9"),
+    ({"calibration_min_observations": 0}, r"the admission calibration: calibration_min_observations must be a whole "
+                                          r"number within 1..64 \(the window\), got 0"),
+    ({"calibration_prior_weight": 1000}, r"calibration_prior_weight must be a whole number within 0..64"),
+    # checked with the calibration off too: turning it on later must not be what fails
+    ({"calibration_quantile": 0, "calibration_prior": 50.0}, r"the admission calibration: calibration_prior must be"),
 ])
 def test_a_bad_value_is_refused_naming_its_key(data, message):
     with pytest.raises(ValueError, match=message):
