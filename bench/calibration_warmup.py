@@ -139,7 +139,7 @@ def _report(config: CompareConfig, args, measured: list[Measurement], skipped: l
              "-" if points[id(m)].admitted_attainment is None else f"{points[id(m)].admitted_attainment:.0%}",
              f"{points[id(m)].refused_share:.0%}", describe_misses(misses[id(m)], FEW_OBSERVATIONS),
              f"{m.summaries[args.pair]['p90_ttft_ms']:.0f}"] for m in ordered]
-    totals = admission_totals([(m.system, m.result.records, m.admission) for m in ordered], pair.slo, FEW_OBSERVATIONS)
+    totals = admission_totals([(m.system, m.result.records, misses[id(m)]) for m in ordered], pair.slo, FEW_OBSERVATIONS)
     total_headers = ["system", "runs", "offered", "refused", "admitted met", "among admitted", "good share",
                      f"admitted misses (sent at < {FEW_OBSERVATIONS} observations)"]
     total_rows = [[t.system, str(t.runs), str(t.offered), str(t.refused), str(t.admitted_met),
@@ -162,7 +162,8 @@ def _report(config: CompareConfig, args, measured: list[Measurement], skipped: l
     (out / f"{config.label}.json").write_text(json.dumps({
         "argv": sys.argv, "pair": args.pair, "variants": args.variants, "wall_s": wall_s,
         "points": [asdict(points[id(m)]) for m in ordered], "skipped": [asdict(s) for s in skipped],
-        "totals": [{**asdict(t), "among_admitted": t.among_admitted, "good_share": t.good_share} for t in totals],
+        "totals": [{**asdict(t), "admitted_missed": t.admitted_missed, "among_admitted": t.among_admitted,
+                    "good_share": t.good_share} for t in totals],
         "runs": [past_knee_run_json(m, args.pair, misses[id(m)]) for m in ordered]}, indent=2))
     plot_past_knee(list(points.values()), args.pair, out / f"{config.label}.png",
                    "Admission from a cold start: the plan's router against variants of its placement policy",

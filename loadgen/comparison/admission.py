@@ -91,16 +91,16 @@ def admitted_misses(records: Sequence[RequestRecord], samples: Sequence[Admissio
     return misses
 
 
-def describe_misses(misses: Sequence[AdmittedMiss], min_observations: int) -> str:
+def describe_misses(misses: Sequence[AdmittedMiss], few: int) -> str:
     """One line: how many admitted misses, and how many were sent while the TTFT calibration had
-    fewer than `min_observations` (learned from little: mostly its prior, or only it)."""
+    fewer than `few` observations (learned from little: mostly its prior, or only it)."""
     if not misses:
         return "no admitted request missed"
     unknown = sum(m.ttft_observations is None for m in misses)
-    early = sum(m.ttft_observations is not None and m.ttft_observations < min_observations for m in misses)
+    early = sum(m.ttft_observations is not None and m.ttft_observations < few for m in misses)
     factors = [m.ttft_factor for m in misses if m.ttft_factor is not None]
     spread = f"; TTFT factor at their sending {min(factors):.2f}-{max(factors):.2f}" if factors else ""
-    return (f"{len(misses)} admitted missed: {early} sent before the TTFT calibration had {min_observations} "
+    return (f"{len(misses)} admitted missed: {early} sent before the TTFT calibration had {few} "
             f"observations" + (f", {unknown} with no sample yet" if unknown else "") + spread)
 
 
@@ -116,12 +116,15 @@ class AdmissionTotals:
     offered: int
     refused: int
     admitted_met: int
-    admitted_missed: int
     missed_early: int
 
     @property
     def admitted(self) -> int:
         return self.offered - self.refused
+
+    @property
+    def admitted_missed(self) -> int:
+        return self.admitted - self.admitted_met
 
     @property
     def among_admitted(self) -> float | None:
@@ -134,20 +137,20 @@ class AdmissionTotals:
         return self.admitted_met / self.offered if self.offered else 0.0
 
 
-def admission_totals(runs: Sequence[tuple[str, Sequence[RequestRecord], Sequence[AdmissionSample]]], slo: SLO,
+def admission_totals(runs: Sequence[tuple[str, Sequence[RequestRecord], Sequence[AdmittedMiss]]], slo: SLO,
                      few: int) -> list[AdmissionTotals]:
-    """Per system (sorted by name), its runs' (system, records, calibration samples) added up."""
+    """Per system (sorted by name), its runs' (system, records, `admitted_misses` of them) added up."""
     by_system: dict[str, list] = {}
-    for system, records, samples in runs:
-        by_system.setdefault(system, []).append((records, samples))
+    for system, records, misses in runs:
+        by_system.setdefault(system, []).append((records, misses))
     totals = []
     for system, own in sorted(by_system.items()):
-        refused = sum(r.status == "refused" for records, _ in own for r in records)
-        met = sum(r.status != "refused" and meets_slo(r, slo) for records, _ in own for r in records)
-        misses = [miss for records, samples in own for miss in admitted_misses(records, samples, slo)]
-        early = sum(m.ttft_observations is None or m.ttft_observations < few for m in misses)
-        totals.append(AdmissionTotals(system, len(own), sum(len(records) for records, _ in own), refused, met,
-                                      len(misses), early))
+        records = [r for run_records, _ in own for r in run_records]
+        misses = [miss for _, run_misses in own for miss in run_misses]
+        totals.append(AdmissionTotals(
+            system, len(own), len(records), refused=sum(r.status == "refused" for r in records),
+            admitted_met=sum(r.status != "refused" and meets_slo(r, slo) for r in records),
+            missed_early=sum(m.ttft_observations is None or m.ttft_observations < few for m in misses)))
     return totals
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.comparison.admission import AdmissionSample, admission_totals
+from loadgen.comparison.admission import AdmissionSample, admission_totals, admitted_misses
 from loadgen.comparison.config import CompareConfig
 from loadgen.metrics import SLO
 from loadgen.runner import RequestRecord
@@ -40,7 +40,8 @@ def test_totals_add_up_each_systems_runs_and_count_the_misses_sent_on_little_evi
         ("B*-tight-min16", [_record(0, 0.1, 0.5), _record(1, 0.2, 0.0, "error")], early),
         ("B*-tight-min16", [_record(0, 0.1, 1.5)], unsampled),
     ]
-    tight, old = admission_totals(runs, SLO_PAIR, few=16)
+    tight, old = admission_totals([(system, records, admitted_misses(records, samples, SLO_PAIR))
+                                   for system, records, samples in runs], SLO_PAIR, few=16)
     assert (tight.system, tight.runs, tight.offered, tight.refused, tight.admitted_met) == ("B*-tight", 2, 5, 1, 2)
     assert (tight.admitted_missed, tight.missed_early) == (2, 1)       # 1.5 s at 2 observations, 1.2 s at 20
     assert tight.among_admitted == pytest.approx(0.5) and tight.good_share == pytest.approx(0.4)
