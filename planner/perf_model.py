@@ -2,9 +2,15 @@
 
 Forms (n = tokens, seconds):
 
-- prefill step over chunks [s_i, s_i + k_i):  a + b * sum(k_i) + c * sum((s_i + k_i)^2 - s_i^2)
-  A whole prompt of n tokens chunked by k therefore costs  ceil(n/k) * a + b*n + c*n^2:
-  the per-step overhead is paid once per chunk, the attention term telescopes to n^2.
+- prefill step over chunks [s_i, s_i + k_i):
+      a + b * sum(k_i) + c * sum((s_i + k_i)^2 - s_i^2) + e * sum(k_i * s_i)
+  A whole prompt of n tokens chunked by k therefore costs  ceil(n/k) * a + b*n + c*n^2 + e * P(n, k)
+  (`prior_units`: P = sum of k_i * s_i, 0 for a prompt in one chunk, about (n^2 - n*k) / 2 chunked):
+  the per-step overhead is paid once per chunk and the causal attention telescopes to n^2, but a
+  chunk's queries over the prompt's earlier tokens, read back from the paged KV cache, cost more than
+  the same attention computed in one pass (on the slow Zen 4 EPYC a 2,000-token prompt took 1.12x as
+  long in 256-token chunks as in one, where a, b and c alone say 1.04x). e is fitted where the
+  profile measured chunked prompts (`pdserve profile`'s rows at a small token budget); 0 otherwise.
 - decode step:   a + b * batch_size + c * context + d * max(0, context - knee)
   (context summed over the batch). Past `knee` tokens of context each further token costs c + d.
   The knee is the measured context that fits best; d = 0 (one slope) when a knee does not help.
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.profile import DecodeSample, PrefillSample, Profile
+from router.policies.placement.cost import prior_units
 
 
 @dataclass(frozen=True)
@@ -42,9 +49,11 @@ class PrefillCoeffs:
     step_s: float
     per_token_s: float
     per_token2_s: float
+    per_prior_unit_s: float = 0.0  # e: per unit of sum(k_i * s_i), a chunk's queries over earlier chunks
 
     def times(self, factor: float) -> PrefillCoeffs:
-        return PrefillCoeffs(self.step_s * factor, self.per_token_s * factor, self.per_token2_s * factor)
+        return PrefillCoeffs(self.step_s * factor, self.per_token_s * factor, self.per_token2_s * factor,
+                             self.per_prior_unit_s * factor)
 
 
 @dataclass(frozen=True)
@@ -130,19 +139,20 @@ class PerfModel:
         """The devices one engine may span: 1 and every wide engine profiled."""
         return (1, *(width for width, _ in self.wide))
 
-    def prefill_step_s(self, num_tokens: int, attention_units: float) -> float:
+    def prefill_step_s(self, num_tokens: int, attention_units: float, prior: float = 0.0) -> float:
         """One prefill-only step computing `num_tokens` whose attention units are
-        sum((s+k)^2 - s^2) over its chunks; 0 for an empty step."""
+        sum((s+k)^2 - s^2) over its chunks and `prior` sum(k * s); 0 for an empty step."""
         if num_tokens <= 0:
             return 0.0
         p = self.prefill
-        return p.step_s + p.per_token_s * num_tokens + p.per_token2_s * attention_units
+        return p.step_s + p.per_token_s * num_tokens + p.per_token2_s * attention_units + p.per_prior_unit_s * prior
 
     def prefill_s(self, prompt_tokens: int, chunk_tokens: int) -> float:
         """A whole prompt alone, chunked by `chunk_tokens` (what the profile measures)."""
         num_chunks = -(-prompt_tokens // chunk_tokens)
         p = self.prefill
-        return num_chunks * p.step_s + p.per_token_s * prompt_tokens + p.per_token2_s * prompt_tokens**2
+        return (num_chunks * p.step_s + p.per_token_s * prompt_tokens + p.per_token2_s * prompt_tokens**2
+                + p.per_prior_unit_s * prior_units(prompt_tokens, chunk_tokens))
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         if batch_size <= 0:
@@ -151,15 +161,16 @@ class PerfModel:
         return d.step_s + d.per_seq_s * batch_size + d.context_s(context_tokens)
 
     def mixed_step_s(self, prefill_tokens: int, attention_units: float,
-                     batch_size: int, context_tokens: int) -> float:
-        """A colocated step: prefill chunks and decodes in one forward pass."""
+                     batch_size: int, context_tokens: int, prior: float = 0.0) -> float:
+        """A colocated step: prefill chunks (`attention_units`, `prior` as in `prefill_step_s`) and
+        decodes in one forward pass."""
         if prefill_tokens <= 0:
             return self.decode_step_s(batch_size, context_tokens)
         if batch_size <= 0:
-            return self.prefill_step_s(prefill_tokens, attention_units)
+            return self.prefill_step_s(prefill_tokens, attention_units, prior)
         p, d = self.prefill, self.decode
         return (max(p.step_s, d.step_s) + p.per_token_s * prefill_tokens + p.per_token2_s * attention_units
-                + d.per_seq_s * batch_size + d.context_s(context_tokens))
+                + p.per_prior_unit_s * prior + d.per_seq_s * batch_size + d.context_s(context_tokens))
 
     def transfer_s(self, kv_bytes: int, transport: str) -> float:
         coeffs = self.transfer.get(transport)
@@ -221,7 +232,9 @@ def _engine_lines(model: PerfModel, prefill_mape: float, decode_mape: float, whe
     p, d = model.prefill, model.decode
     return [
         f"prefill step  = {p.step_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us*tokens"
-        f" + {p.per_token2_s * 1e9:.4f} ns*tokens^2   (MAPE {prefill_mape:.1%}){where}",
+        f" + {p.per_token2_s * 1e9:.4f} ns*tokens^2"
+        + (f" + {p.per_prior_unit_s * 1e9:.4f} ns*sum(chunk*earlier)" if p.per_prior_unit_s > 0 else "")
+        + f"   (MAPE {prefill_mape:.1%}){where}",
         f"decode step   = {d.step_s * 1e3:.3f} ms + {d.per_seq_s * 1e3:.4f} ms*batch"
         f" + {d.per_context_token_s * 1e6:.4f} us*context"
         + (f" + {d.per_context_token_past_knee_s * 1e6:.4f} us*(context - {d.context_knee_tokens})+"
@@ -276,11 +289,20 @@ def fit_perf_model(profile: Profile) -> FitReport:
 
 
 def fit_prefill(rows: Sequence[PrefillSample]) -> tuple[PrefillCoeffs, float]:
-    """The prefill form fitted to `rows`, and its MAPE."""
-    features = np.array([[r.num_chunks, r.prompt_tokens, r.prompt_tokens**2] for r in rows], float)
+    """The prefill form fitted to `rows`, and its MAPE. The chunked-attention term e is fitted only
+    where at least `MIN_CHUNKED_ROWS` rows were computed in several chunks of at most half the prompt
+    (a small token budget's rows): a prompt that just overflows one chunk (the engine's longest, in two)
+    says too little of it, and there a, b and c are fitted as before."""
+    features = np.array([[r.num_chunks, r.prompt_tokens, r.prompt_tokens**2,
+                          prior_units(r.prompt_tokens, r.chunk_tokens)] for r in rows], float)
     measured = np.array([r.prefill_s for r in rows])
+    if sum(r.num_chunks >= 2 and 2 * r.chunk_tokens <= r.prompt_tokens for r in rows) < MIN_CHUNKED_ROWS:
+        features = features[:, :3]
     c = fit_nonnegative(features, measured)
     return PrefillCoeffs(*map(float, c)), mape(features @ c, measured)
+
+
+MIN_CHUNKED_ROWS = 2  # rows in chunks of at most half their prompt before the chunked-attention term is fitted
 
 
 def _fit_transfers(profile: Profile) -> tuple[dict[str, TransferCoeffs], dict[str, float]]:

@@ -202,7 +202,37 @@ async def _measure_engine(settings: WorkerEngineSettings, plan: ProfilePlan, adv
         engine.shutdown()
         del engine, probe
         gc.collect()  # AsyncLLM.__del__ shuts down again: let it run now, not at interpreter exit
+    if plan.chunked_prompt_tokens:
+        prefill += await _measure_chunked(settings, plan, budget, advance)
     return prefill, decode, budget, vllm.__version__
+
+
+async def _measure_chunked(settings: WorkerEngineSettings, plan: ProfilePlan, budget: int, advance):
+    """The plan's chunked rows: its prompts on an engine of the same settings whose token budget is
+    `plan.chunked_budget`, each computed in chunks of that many tokens. None where the engine's own
+    budget is no larger (its rows are chunked as much already)."""
+    from pdserve.engine import start_engine
+    from planner.profiler.engine_probe import EngineProbe
+
+    if budget <= plan.chunked_budget:
+        for _ in range(len(plan.chunked_prompt_tokens) + 1):
+            advance(f"chunked rows: the engine's own budget {budget} is no larger than {plan.chunked_budget}")
+        return ()
+    engine, probe = start_engine(replace(settings, max_num_batched_tokens=plan.chunked_budget), "colocated"), None
+    try:
+        advance(f"engine up (token budget {plan.chunked_budget}, for chunked prompts)")
+        probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()), seed=1)
+        await probe.warm_up()
+        rows = []
+        for n in plan.chunked_prompt_tokens:
+            seconds = await probe.prefill_s(n, plan.prefill_repeats)
+            rows.append(PrefillSample(n, plan.chunked_budget, round(seconds, 7)))
+            advance(f"prefill {n} tokens in {plan.chunked_budget}-token chunks {seconds * 1e3:.1f} ms")
+    finally:
+        engine.shutdown()
+        del engine, probe
+        gc.collect()
+    return tuple(rows)
 
 
 def _engine_model(engine: WorkerEngineSettings, model: ModelInfo, prefill, decode, budget: int, transfers=()):

@@ -19,6 +19,13 @@ FULL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 SHORT_CONTEXT = 16
 FULL_CONTEXTS = (SHORT_CONTEXT, 128, 512, 1024)
 QUICK_PROMPTS = (32, 256, 1024)
+# prompts are measured again in chunks of CHUNKED_BUDGET tokens (the smallest token budget `pdserve
+# plan` searches, planner.search.DEFAULT_TOKEN_BUDGETS), on an engine of that budget: what a chunked
+# prompt's attention over its earlier chunks costs (planner.perf_model's e), which one-chunk rows
+# cannot show. Prompts of 2-8 chunks, to CHUNKED_LONGEST tokens (beyond, each repeat costs seconds
+# more and adds nothing a shorter one does not show); not in a quick plan.
+CHUNKED_BUDGET = 256
+CHUNKED_LONGEST = 2048
 QUICK_BATCHES = (1, 4, 16)
 QUICK_CONTEXTS = (SHORT_CONTEXT, 64, 512)
 
@@ -35,10 +42,14 @@ class ProfilePlan:
     decode_steps: int
     transfer_blocks: tuple[int, ...]
     transfer_repeats: int
+    chunked_budget: int = 0  # the token budget of the chunked rows' engine (0: none measured)
+    chunked_prompt_tokens: tuple[int, ...] = ()
 
     @property
     def num_points(self) -> int:
-        return len(self.prefill_prompt_tokens) + len(self.decode_points)
+        """Progress steps of one engine's tables: each row, and the chunked rows' engine start."""
+        chunked = len(self.chunked_prompt_tokens) + 1 if self.chunked_prompt_tokens else 0
+        return len(self.prefill_prompt_tokens) + len(self.decode_points) + chunked
 
 
 def make_plan(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int, block_size: int,
@@ -66,6 +77,9 @@ def make_plan(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int, block
         raise PlanError(f"only {len(points)} decode points fit max_num_seqs={max_num_seqs}, "
                         f"max_model_len={max_model_len} and a KV cache of {kv_cache_tokens} tokens; "
                         "raise --kv-cache-mb or --max-num-seqs")
+    chunked_budget = max(CHUNKED_BUDGET, max_num_seqs)  # vLLM's step takes at least max_num_seqs tokens
+    chunked = () if quick else tuple(n for n in FULL_PROMPTS
+                                     if 2 * chunked_budget <= n <= CHUNKED_LONGEST and n < max_model_len)
     return ProfilePlan(
         prefill_prompt_tokens=prompts,
         prefill_repeats=2 if quick else 3,
@@ -73,6 +87,8 @@ def make_plan(max_model_len: int, max_num_seqs: int, kv_cache_tokens: int, block
         decode_steps=steps,
         transfer_blocks=_transfer_blocks(-(-max_model_len // block_size), quick),
         transfer_repeats=5,
+        chunked_budget=chunked_budget if len(chunked) >= 2 else 0,
+        chunked_prompt_tokens=chunked if len(chunked) >= 2 else (),
     )
 
 

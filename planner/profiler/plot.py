@@ -17,12 +17,14 @@ def plot_profile(profile: Profile, model: PerfModel, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (pre, dec, kv) = plt.subplots(1, 3, figsize=(15, 4.5))
-    tokens = np.array([r.prompt_tokens for r in profile.prefill])
-    chunk = profile.prefill[0].chunk_tokens
-    pre.plot(tokens, [r.prefill_s * 1e3 for r in profile.prefill], "o", label="measured")
-    grid = np.linspace(1, tokens.max(), 200).astype(int)
-    pre.plot(grid, [model.prefill_s(int(n), chunk) * 1e3 for n in grid], "-", label="fit")
-    pre.set(xlabel="prompt tokens", ylabel="prefill time (ms)", title=f"prefill alone (chunk {chunk})")
+    for chunk in sorted({r.chunk_tokens for r in profile.prefill}, reverse=True):  # the engine's own, then smaller
+        rows = sorted((r for r in profile.prefill if r.chunk_tokens == chunk), key=lambda r: r.prompt_tokens)
+        line = pre.plot([r.prompt_tokens for r in rows], [r.prefill_s * 1e3 for r in rows], "o",
+                        label=f"measured, {chunk}-token chunks")
+        grid = np.linspace(1, rows[-1].prompt_tokens, 200).astype(int)
+        pre.plot(grid, [model.prefill_s(int(n), chunk) * 1e3 for n in grid], "-", color=line[0].get_color(),
+                 label=f"fit, {chunk}-token chunks")
+    pre.set(xlabel="prompt tokens", ylabel="prefill time (ms)", title="prefill alone")
     pre.legend()
 
     per_seq = sorted({round(r.context_tokens / r.batch_size) for r in profile.decode})

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from planner.perf_model import PerfModel
 from planner.simulator.config import SimSettings
@@ -49,11 +50,23 @@ class KvLink:
         self._free_s = request.transfer_end_s
 
 
+class ChunkWork(NamedTuple):
+    """What a step's prompt chunks compute, in `PerfModel.prefill_step_s`'s terms: tokens, attention
+    units sum((s+k)^2 - s^2) and prior units sum(k * s) over the chunks [s, s + k)."""
+    tokens: int = 0
+    attention_units: float = 0.0
+    prior_units: float = 0.0
+
+    def plus(self, other: ChunkWork) -> ChunkWork:
+        return ChunkWork(self.tokens + other.tokens, self.attention_units + other.attention_units,
+                         self.prior_units + other.prior_units)
+
+
 def plan_chunks(queue: Iterable[SimRequest], budget: int, max_seqs: int, now: float,
-                plan: list[Chunk]) -> tuple[int, float]:
+                plan: list[Chunk]) -> ChunkWork:
     """Give FCFS chunks of `queue` up to `budget` tokens, appending (request, tokens) to `plan`.
-    Returns (tokens, attention units). Every planned request but the last completes its prompt."""
-    tokens, units = 0, 0.0
+    Returns what they compute. Every planned request but the last completes its prompt."""
+    tokens, units, prior = 0, 0.0, 0.0
     for request in queue:
         if budget <= 0 or len(plan) >= max_seqs:
             break
@@ -63,9 +76,10 @@ def plan_chunks(queue: Iterable[SimRequest], budget: int, max_seqs: int, now: fl
         tokens += chunk
         budget -= chunk
         units += (start + chunk) ** 2 - start**2
+        prior += chunk * start
         if request.prefill_start_s is None:
             request.prefill_start_s = now
-    return tokens, units
+    return ChunkWork(tokens, units, prior)
 
 
 def apply_chunks(queue: deque[SimRequest], plan: list[Chunk], now: float) -> list[SimRequest]:
@@ -107,9 +121,9 @@ class PrefillInstance:
             return None
         s = self._settings
         fresh = [r for r in self.queue if r.prefill_start_s is None]  # before plan_chunks stamps them
-        tokens, units = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
+        work = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
         worker_cpu_s = sum(s.serving.prefill_request_cpu_s(r.prompt_tokens) for r in fresh if r.prefill_start_s is not None)
-        duration = stretch * corun[0] * (self._model.prefill_step_s(tokens, units) + worker_cpu_s)
+        duration = stretch * corun[0] * (self._model.prefill_step_s(*work) + worker_cpu_s)
         self._running, self.busy_s = True, self.busy_s + duration
         return now + duration
 
@@ -246,14 +260,14 @@ class ColocatedInstance:
         self._first_step, self._ready = self._ready, []
         s = self._settings
         budget = s.token_budget - self.batch.size
-        tokens, units = plan_chunks(self.prefilling, budget, s.max_num_seqs, now, self._plan)
-        while self.waiting and tokens < budget and self._admit_one():
-            more, more_units = plan_chunks((self.prefilling[-1],), budget - tokens, s.max_num_seqs, now, self._plan)
-            tokens, units = tokens + more, units + more_units
-        if tokens == 0 and self.batch.size == 0:
+        work = plan_chunks(self.prefilling, budget, s.max_num_seqs, now, self._plan)
+        while self.waiting and work.tokens < budget and self._admit_one():
+            work = work.plus(plan_chunks((self.prefilling[-1],), budget - work.tokens, s.max_num_seqs, now, self._plan))
+        if work.tokens == 0 and self.batch.size == 0:
             return None
-        duration = stretch * corun[0 if tokens else 1] * (
-            self._model.mixed_step_s(tokens, units, self.batch.size, self.batch.context_tokens)
+        duration = stretch * corun[0 if work.tokens else 1] * (
+            self._model.mixed_step_s(work.tokens, work.attention_units, self.batch.size, self.batch.context_tokens,
+                                     work.prior_units)
             + (s.serving.decode_step_s if self.batch.size else 0.0)
             + self.batch.size * s.serving.decode_cpu_s_per_token
             + sum(s.serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step))

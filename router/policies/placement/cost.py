@@ -13,6 +13,16 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 
+def prior_units(prompt_tokens: int, chunk_tokens: int) -> float:
+    """sum(k_i * s_i) over the chunks of a prompt of `prompt_tokens` computed `chunk_tokens` at a
+    time (s_i: the prompt's tokens before chunk i, k_i its size): the attention a chunked prefill's
+    queries pay over earlier chunks, read back from the KV cache; 0 in one chunk. Pure."""
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be > 0, got {chunk_tokens}")
+    full, rest = divmod(max(0, prompt_tokens), chunk_tokens)
+    return float(chunk_tokens * chunk_tokens * (full * (full - 1) // 2) + rest * full * chunk_tokens)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds as functions of token counts. Every coefficient is finite and >= 0, so every cost is
@@ -27,6 +37,12 @@ class CostModel:
     transfer_fixed_s: float = 0.0   # KV transfer: per transfer
     transfer_per_token_s: float = 0.0
     local_interference_per_decode: float = 0.0  # slowdown of a local prefill per running decode
+    # prefill in chunks of `chunk_tokens` (the engine's token budget; 0: one chunk whatever the
+    # length): each chunk after the first costs `per_chunk_s` more (a step's overhead), and its
+    # queries over the earlier chunks `per_prior_unit_s` per unit of `prior_units` (planner.perf_model)
+    chunk_tokens: int = 0
+    per_chunk_s: float = 0.0
+    per_prior_unit_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -36,10 +52,15 @@ class CostModel:
                                  f"cost predicts time running backwards; fit it on measured times or set it to 0")
 
     def prefill_s(self, num_tokens: int) -> float:
-        """Compute time of `num_tokens` prompt tokens in one prefill, alone on a prefill worker."""
+        """Compute time of `num_tokens` prompt tokens in one prefill, alone on a prefill worker (in
+        chunks of `chunk_tokens` where that is set)."""
         if num_tokens <= 0:
             return 0.0
-        return self.fixed_s + self.per_token_s * num_tokens + self.per_token2_s * num_tokens * num_tokens
+        seconds = self.fixed_s + self.per_token_s * num_tokens + self.per_token2_s * num_tokens * num_tokens
+        if self.chunk_tokens > 0 and num_tokens > self.chunk_tokens:
+            extra_chunks = -(-num_tokens // self.chunk_tokens) - 1
+            seconds += extra_chunks * self.per_chunk_s + self.per_prior_unit_s * prior_units(num_tokens, self.chunk_tokens)
+        return seconds
 
     def queue_s(self, num_tokens: int, num_prompts: int, head_elapsed_s: float = 0.0, head_tokens: int = 0) -> float:
         """Compute time left in a queue of `num_prompts` prompts totalling `num_tokens` tokens, each
@@ -127,7 +148,8 @@ class OnlinePrefillFit:
             return prior
         offset, scale = fitted
         return replace(prior, fixed_s=offset + scale * prior.fixed_s, per_token_s=scale * prior.per_token_s,
-                       per_token2_s=scale * prior.per_token2_s)
+                       per_token2_s=scale * prior.per_token2_s, per_chunk_s=scale * prior.per_chunk_s,
+                       per_prior_unit_s=scale * prior.per_prior_unit_s)
 
 
 def _offset_and_scale(predicted: np.ndarray, seconds: np.ndarray, max_condition: float) -> tuple[float, float] | None:

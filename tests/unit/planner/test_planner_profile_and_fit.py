@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from planner.perf_model import MeasuredRange, fit_nonnegative, fit_perf_model
+from planner.perf_model import DecodeCoeffs, MeasuredRange, PerfModel, fit_nonnegative, fit_perf_model, fit_prefill
 from planner.profile import (
     PROFILE_VERSION,
     DecodeSample,
@@ -21,6 +21,7 @@ from planner.profile import (
     save_profile,
 )
 from planner.profiles.example import EXAMPLE_PROFILE_PATH, build_example_profile
+from router.policies.placement.cost import prior_units
 
 
 def test_checked_in_example_profile_is_what_its_generator_builds():
@@ -86,6 +87,25 @@ def test_fit_recovers_known_coefficients_from_exact_synthetic_tables():
     assert (d.step_s, d.per_seq_s, d.per_context_token_s) == pytest.approx((0.008, 0.0012, 4e-7), rel=1e-6)
     assert (t.latency_s, t.bytes_per_s) == pytest.approx((0.002, 5e9), rel=1e-6)
     assert report.prefill_mape < 1e-9 and report.decode_mape < 1e-9 and report.transfer_mape["torch"] < 1e-9
+
+
+def test_a_chunked_prompts_attention_over_earlier_chunks_is_fitted_from_rows_in_small_chunks():
+    a, b, c, e = 0.015, 8e-4, 2.4e-7, 1.3e-7
+    def seconds(n, k):
+        return -(-n // k) * a + b * n + c * n * n + e * prior_units(n, k)
+    rows = [(n, 2048) for n in (32, 128, 512, 1024, 2048, 4095)] + [(n, 256) for n in (512, 1024, 2048)]
+    prefill = tuple(PrefillSample(n, k, seconds(n, k)) for n, k in rows)
+    p, error = fit_prefill(prefill)
+    assert (p.step_s, p.per_token_s, p.per_token2_s, p.per_prior_unit_s) == pytest.approx((a, b, c, e), rel=1e-6)
+    assert error < 1e-9
+    model = PerfModel(p, DecodeCoeffs(0.01, 0.001, 1e-6))
+    # 2,000 tokens in 256-token chunks: 8 steps and the prior term beyond the one-pass prompt
+    assert model.prefill_s(2000, 256) - model.prefill_s(2000, 2048) == pytest.approx(
+        7 * a + e * prior_units(2000, 256), rel=1e-9)
+    # without rows in small chunks (a profile before them: one engine budget, its longest prompt in
+    # two chunks) the term is not fitted: 0, and a, b, c fitted as before
+    unchunked = tuple(r for r in prefill if r.chunk_tokens == 2048)
+    assert fit_prefill(unchunked)[0].per_prior_unit_s == 0.0
 
 
 def _with_decode(decode: tuple) -> object:

@@ -23,6 +23,21 @@ def test_full_plan_for_the_cluster_defaults():
     assert plan.transfer_blocks == (1, 4, 16, 64)  # up to a whole 2048-token prompt
 
 
+def test_prompts_are_measured_again_in_the_smallest_searched_budgets_chunks_but_not_in_a_quick_plan():
+    bench = make_plan(max_model_len=4096, max_num_seqs=64, kv_cache_tokens=131072, block_size=32)
+    assert (bench.chunked_budget, bench.chunked_prompt_tokens) == (256, (512, 1024, 2048))
+    # the step must hold max_num_seqs tokens; prompts of at least two chunks, shorter than the context
+    assert make_plan(max_model_len=4096, max_num_seqs=512, kv_cache_tokens=1 << 20,
+                     block_size=32).chunked_prompt_tokens == (1024, 2048)
+    assert make_plan(max_model_len=2048, max_num_seqs=64, kv_cache_tokens=131072,
+                     block_size=32).chunked_prompt_tokens == (512, 1024)
+    for plan in (make_plan(max_model_len=1000, max_num_seqs=64, kv_cache_tokens=131072, block_size=32),  # one row
+                 make_plan(max_model_len=4096, max_num_seqs=64, kv_cache_tokens=131072, block_size=32, quick=True)):
+        assert (plan.chunked_budget, plan.chunked_prompt_tokens) == (0, ())
+    # progress: the chunked engine's start and its rows count as steps of the engine's tables
+    assert bench.num_points == len(bench.prefill_prompt_tokens) + len(bench.decode_points) + 4
+
+
 def test_quick_plan_is_the_fewest_points_the_fits_accept():
     plan = make_plan(max_model_len=2048, max_num_seqs=64, kv_cache_tokens=32768, block_size=32, quick=True)
     assert plan.prefill_prompt_tokens == (32, 256, 1024, 2047)

@@ -11,7 +11,7 @@ from router.policies.placement import CostModel, PlacementConfig
 
 COST = CostModel(fixed_s=0.01, per_token_s=0.00025, step_fixed_s=0.0095, step_per_seq_s=0.0014,
                  per_token2_s=3.5e-8, transfer_fixed_s=0.001, transfer_per_token_s=6e-6,
-                 local_interference_per_decode=0.01)
+                 local_interference_per_decode=0.01, chunk_tokens=256, per_chunk_s=0.004, per_prior_unit_s=1e-7)
 
 
 def test_router_files_carry_every_cost_and_placement_field():
@@ -19,7 +19,7 @@ def test_router_files_carry_every_cost_and_placement_field():
     assert files["cost.json"] == {
         "fixed_s": 0.01, "per_token_s": 0.00025, "step_fixed_s": 0.0095, "step_per_seq_s": 0.0014,
         "per_token2_s": 3.5e-8, "transfer_fixed_s": 0.001, "transfer_per_token_s": 6e-6,
-        "local_interference_per_decode": 0.01}
+        "local_interference_per_decode": 0.01, "chunk_tokens": 256, "per_chunk_s": 0.004, "per_prior_unit_s": 1e-7}
     assert files["placement.json"]["local_prefill_max_tokens"] == 256
     assert files["placement.json"]["weights"] == dict(PlacementConfig().weights)
 

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 from planner_testkit import ROUND_MODEL, round_settings, spec
 
+from planner.perf_model import PrefillCoeffs
 from planner.profile import ServingCosts
 from planner.simulator import RouterSettings, SimulationError, Topology, cost_model_from, simulate
 from router.policies.placement import PlacementConfig
@@ -103,6 +104,15 @@ def test_a_gated_long_prompt_does_not_hold_back_a_later_short_one_that_can_run_l
     assert result.timeline["first_token_s"].tolist() == pytest.approx([2.24, 2.93, 1.04], **EXACT)
 
 
+def test_each_chunk_of_a_prompt_pays_for_its_queries_over_the_chunks_before_it():
+    model = dataclasses.replace(ROUND_MODEL, prefill=PrefillCoeffs(step_s=0.1, per_token_s=0.001, per_token2_s=1e-6,
+                                                                   per_prior_unit_s=1e-6))
+    for topology in (Topology.disaggregated(1, 1), Topology.aggregated(1)):
+        result = simulate([spec(0.0, 250, 2)], topology, round_settings(), model)
+        # chunks [0, 100), [100, 200), [200, 250): 3 steps, attention 250^2, prior 100*100 + 50*200
+        assert result.timeline["first_token_s"][0] == pytest.approx(3 * 0.1 + 0.25 + 0.0625 + 0.02, **EXACT)
+
+
 def test_the_placement_pair_fixes_the_decode_instance_unless_picked_again_at_handoff():
     requests = [spec(0.0, 20, 2), spec(0.0, 20, 2)]
     # the router places both at once: neither decode instance runs anything yet, ties go to decode-0
@@ -124,7 +134,19 @@ def test_cost_model_from_maps_the_performance_model_coefficients():
         step_fixed_s=0.01 + 0.003, step_per_seq_s=per_seq_s,
         transfer_fixed_s=0.005 + 0.002, transfer_per_token_s=100 / 1e5,
         # 150 tokens are 2 chunks of the 100-token budget: 2 * 0.1 + 0.15 + 0.0225 alone
-        local_interference_per_decode=2 * per_seq_s / 0.3725), **EXACT)
+        local_interference_per_decode=2 * per_seq_s / 0.3725,
+        # the prefill's chunks: each after the first one step's overhead more
+        chunk_tokens=100, per_chunk_s=0.1, per_prior_unit_s=0.0), **EXACT)
+
+
+@pytest.mark.parametrize("prompt_tokens", [1, 100, 101, 150, 1000, 1050])
+def test_the_routers_prefill_is_the_models_chunked_prompt_plus_what_serving_adds(prompt_tokens):
+    model = dataclasses.replace(ROUND_MODEL, prefill=PrefillCoeffs(step_s=0.1, per_token_s=0.001, per_token2_s=1e-6,
+                                                                   per_prior_unit_s=3e-7))
+    serving = ServingCosts(first_token_s=0.03, prefill_cpu_s_per_request=0.002, prefill_cpu_s_per_prompt_token=1e-5)
+    cost = cost_model_from(model, round_settings(serving=serving), mean_prompt_tokens=150, mean_output_tokens=11)
+    assert cost.prefill_s(prompt_tokens) == pytest.approx(
+        model.prefill_s(prompt_tokens, 100) + 0.03 + 0.002 + 1e-5 * prompt_tokens, **EXACT)
 
 
 def test_cost_model_from_refuses_an_unmeasured_transport():

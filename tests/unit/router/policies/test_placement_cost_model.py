@@ -2,7 +2,9 @@
 
 import pytest
 
-from router.policies.placement.cost import CostModel, OnlinePrefillFit
+import random
+
+from router.policies.placement.cost import CostModel, OnlinePrefillFit, prior_units
 
 COST = CostModel(fixed_s=0.01, per_token_s=1e-4, per_token2_s=1e-9, step_fixed_s=0.02, step_per_seq_s=0.001,
                  transfer_fixed_s=0.005, transfer_per_token_s=1e-5, local_interference_per_decode=0.05)
@@ -12,6 +14,27 @@ PRIOR = CostModel(fixed_s=0.5, per_token_s=0.5, per_token2_s=0.5, step_fixed_s=0
 def test_prefill_has_fixed_linear_and_quadratic_terms():
     assert COST.prefill_s(1000) == pytest.approx(0.01 + 0.1 + 0.001)
     assert COST.prefill_s(8000) == pytest.approx(0.01 + 0.8 + 0.064)
+
+
+def test_prior_units_sum_each_chunk_times_the_tokens_before_it():
+    # chunks [0, 300), [300, 600), [600, 900), [900, 1000): 0 + 300*300 + 300*600 + 100*900
+    assert prior_units(1000, 300) == 360_000
+    assert (prior_units(256, 256), prior_units(257, 256), prior_units(0, 256)) == (0, 256, 0)
+    rng = random.Random(7)
+    for _ in range(200):
+        n, k = rng.randint(1, 5000), rng.randint(1, 600)
+        assert prior_units(n, k) == sum(min(k, n - s) * s for s in range(0, n, k))
+    with pytest.raises(ValueError, match="chunk_tokens must be > 0"):
+        prior_units(100, 0)
+
+
+def test_a_chunked_prefill_pays_a_steps_overhead_per_chunk_and_its_queries_over_earlier_chunks():
+    chunked = CostModel(fixed_s=0.01, per_token_s=1e-4, per_token2_s=1e-9, step_fixed_s=0.02, step_per_seq_s=0.001,
+                        chunk_tokens=256, per_chunk_s=0.004, per_prior_unit_s=2e-9)
+    assert chunked.prefill_s(256) == pytest.approx(COST.prefill_s(256))  # one chunk: as unchunked
+    # 1000 tokens: chunks of 256, 256, 256, 232; three more steps, prior units 256*256*(0+1+2) + 232*768
+    assert chunked.prefill_s(1000) == pytest.approx(COST.prefill_s(1000) + 3 * 0.004 + 2e-9 * (196_608 + 178_176))
+    assert CostModel(**{**vars(chunked), "chunk_tokens": 0}).prefill_s(1000) == pytest.approx(COST.prefill_s(1000))
 
 
 def test_decode_step_and_transfer_are_affine():
@@ -52,6 +75,13 @@ def test_the_fit_recovers_an_offset_and_a_scale_of_the_priors_curve_and_keeps_th
     assert model.per_token_s == pytest.approx(1.5e-3, rel=1e-6)
     assert model.per_token2_s == pytest.approx(3e-7, rel=1e-6)
     assert (model.step_fixed_s, model.step_per_seq_s) == (0.02, 0.001)
+
+
+def test_the_fit_scales_a_chunked_priors_chunk_terms_with_the_rest_of_its_curve():
+    prior = CostModel(**{**vars(SHAPE), "chunk_tokens": 256, "per_chunk_s": 0.01, "per_prior_unit_s": 1e-7})
+    model = _fit_of([(n, 0.04 + 1.5 * prior.prefill_s(n)) for n in (64, 128, 256, 512, 1024, 2000)]).model(prior)
+    assert (model.per_chunk_s, model.per_prior_unit_s) == pytest.approx((0.015, 1.5e-7), rel=1e-6)
+    assert model.prefill_s(1500) == pytest.approx(0.04 + 1.5 * prior.prefill_s(1500), rel=1e-6)
 
 
 def test_short_prompts_with_noise_predict_a_long_one_as_the_priors_shape_does():
