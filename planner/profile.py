@@ -220,10 +220,14 @@ class ServingCosts:
     cost at the profile's 128-token CPU-run prompts). `*_request_cpu_s(prompt_tokens)` adds both.
     CPU of the processes bound to no worker (the router; a client on the same host), which takes
     whatever core is free and otherwise stretches the engines' steps:
-    - `host_cpu_s_per_token` (amortised as under load: measured at the largest batch),
-      `host_cpu_s_per_request`;
+    - `host_cpu_s_per_token` and `host_cpu_s_per_step`: per token streamed and per decode step that
+      streams any (a step's outputs wake the router and the client once, whatever the batch: at
+      batch 1 the wake-up is most of a token's cost, at 64 little of it), fitted together over the
+      batched runs' steady windows (`serving_fit.stream_cpu_terms`); in a profile measured before
+      (per step 0) the per-token term alone, measured at the largest batch;
+    - `host_cpu_s_per_request`;
     - `host_cores`: the cores every process shares (0: the host is not modelled);
-    - `router_cpu_s_per_token`, `router_cpu_s_per_request`, `router_cpu_s_per_prompt_token`: the
+    - `router_cpu_s_per_token`, `router_cpu_s_per_step`, `router_cpu_s_per_request`, `router_cpu_s_per_prompt_token`: the
       router's own part of the host terms above. Where the router is bound to the prefill workers' cores (`pdserve up`'s default
       for a cluster with a prefill pool apart from its decode workers:
       `launch.commands.router_cores_for`), that part runs there and stretches only their steps, and
@@ -261,6 +265,8 @@ class ServingCosts:
     decode_cpu_s_per_prompt_token: float = 0.0
     host_cpu_s_per_prompt_token: float = 0.0
     router_cpu_s_per_prompt_token: float = 0.0
+    host_cpu_s_per_step: float = 0.0
+    router_cpu_s_per_step: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -276,7 +282,7 @@ class ServingCosts:
                 continue
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                      and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
-        for part in ("token", "request", "prompt_token"):
+        for part in ("token", "request", "prompt_token", "step"):
             router, host = getattr(self, f"router_cpu_s_per_{part}"), getattr(self, f"host_cpu_s_per_{part}")
             _require(router <= host, f"serving.router_cpu_s_per_{part} ({router!r}) is part of "
                      f"serving.host_cpu_s_per_{part} ({host!r}) and cannot exceed it")

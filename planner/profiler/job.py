@@ -328,9 +328,10 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
                       f" decode worker CPU {serving.decode_cpu_s_per_token * 1e6:.0f} us/token"
                       f" + {serving.decode_cpu_s_per_request * 1e3:.2f} ms/request, prefill worker CPU"
                       f" {serving.prefill_cpu_s_per_request * 1e3:.2f} ms/request; host (router, client)"
-                      f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_request * 1e3:.2f}"
-                      f" ms/request on {serving.host_cores} cores (the router's part {serving.router_cpu_s_per_token * 1e6:.0f}"
-                      f" us/token + {serving.router_cpu_s_per_request * 1e3:.2f} ms/request)", markup=False)
+                      f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_step * 1e3:.2f} ms/step"
+                      f" + {serving.host_cpu_s_per_request * 1e3:.2f} ms/request on {serving.host_cores} cores (the router's"
+                      f" part {serving.router_cpu_s_per_token * 1e6:.0f} us/token + {serving.router_cpu_s_per_step * 1e3:.2f}"
+                      f" ms/step + {serving.router_cpu_s_per_request * 1e3:.2f} ms/request)", markup=False)
         if prompt_cpu := serving_prompt_cpu_line(serving):
             console.print("  " + prompt_cpu, markup=False)
         console.print(f"  engines on the two workers' cores together: a prompt {serving.corun_prefill_stretch:.3f}x its"

@@ -9,7 +9,9 @@ The forms fitted (the probe's module doc says how each input is measured):
 - served decode step / the host's stretch - engine step = decode_step_s + decode_cpu_s_per_token * B
   over batched runs of B requests (`fit_served_steps`), the engine step from the engine table's own
   row (`engine_step_s`), the host's stretch the simulator's (`planner.simulator.host`);
-- the host's and the router's CPU per token from the largest batch (`unbound_cpu_per_token`).
+- the host's and the router's CPU per decode step and per token streamed, cpu = w * steps + t * tokens
+  over the batched runs' steady windows (`stream_cpu_terms`); where a run measured no window (an
+  older probe's runs), per token alone from the largest batch (`unbound_cpu_per_token`).
 """
 
 from __future__ import annotations
@@ -162,6 +164,59 @@ class BatchRun:
     tokens: int
     gaps_s: tuple[float, ...] = ()  # every gap inside the window (its median is step_s)
     router_cpu_s: float = 0.0       # the router's part of host_cpu_s (0: not measured apart)
+    window: StreamWindow | None = None  # the unbound processes' CPU while all B streamed (None: not read)
+
+
+@dataclass(frozen=True)
+class StreamWindow:
+    """The unbound processes' CPU over a stretch of a batched run in which every request streamed:
+    read when the last request had its second token and again when the first one ended."""
+
+    seconds: float
+    tokens: int          # tokens the client received in it
+    host_cpu_s: float    # the router's and the client's
+    router_cpu_s: float  # the router's part
+
+
+@dataclass(frozen=True)
+class StreamCpu:
+    """CPU seconds the router and the client (host) take per decode step that streams and per token
+    it streams (the router's part of each at most the host's)."""
+
+    host_per_step_s: float = 0.0
+    host_per_token_s: float = 0.0
+    router_per_step_s: float = 0.0
+    router_per_token_s: float = 0.0
+
+    def host_load_cores(self, tokens_per_s: float, batch: float) -> tuple[float, float]:
+        """(the client's, the router's) load in cores while `batch` streams get `tokens_per_s` in all."""
+        steps_per_s = tokens_per_s / max(1.0, batch)
+        router = self.router_per_step_s * steps_per_s + self.router_per_token_s * tokens_per_s
+        host = self.host_per_step_s * steps_per_s + self.host_per_token_s * tokens_per_s
+        return host - router, router
+
+
+def stream_cpu_terms(runs: Sequence[BatchRun], idle_host_cores: float = 0.0, idle_router_cores: float = 0.0,
+                     router_cpu_s_per_request: float = 0.0) -> StreamCpu:
+    """The unbound CPU per decode step and per token: cpu = w * steps + t * tokens, fitted (least
+    squares on relative error, both >= 0: `planner.perf_model.fit_nonnegative`) over the runs' steady
+    windows, each net of the group's idle load over its length; a run's steps are its window's tokens
+    over its batch (each step streams one token a request). Where any run has no window, per token
+    alone, from the largest batch's whole runs (`unbound_cpu_per_token`)."""
+    from planner.perf_model import fit_nonnegative
+    import numpy as np
+
+    windows = [(run.batch, run.window) for run in runs if run.window is not None and run.window.tokens > 0]
+    if not runs or len(windows) < len(runs) or len({batch for batch, _ in windows}) < 2:
+        host, router = unbound_cpu_per_token(runs, router_cpu_s_per_request) if runs else (0.0, 0.0)
+        return StreamCpu(host_per_token_s=host, router_per_token_s=router)
+    features = np.array([[w.tokens / batch, w.tokens] for batch, w in windows], dtype=float)
+    terms = {}
+    for group, idle in (("host", idle_host_cores), ("router", idle_router_cores)):
+        cpu = np.array([max(1e-9, getattr(w, f"{group}_cpu_s") - idle * w.seconds) for _, w in windows])
+        terms[group] = fit_nonnegative(features, cpu)
+    host, router = terms["host"], np.minimum(terms["router"], terms["host"])
+    return StreamCpu(float(host[0]), float(host[1]), float(router[0]), float(router[1]))
 
 
 class NoCommonWindow(RuntimeError):
@@ -207,13 +262,14 @@ def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured:
 
 def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
                      router_cpu_s_per_request: float = 0.0,
-                     engine_rows: Sequence[DecodeSample] = ()) -> tuple[float, float, float]:
+                     engine_rows: Sequence[DecodeSample] = (), stream: StreamCpu | None = None) -> tuple[float, float, float]:
     """(decode_step_s, decode_cpu_s_per_token, host_cpu_s_per_token) from batched runs: served
     step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0 (runs of
     one batch size: b = 0, a their mean). The engine step is `engine_step_s` on `engine_rows` (the
     engine table), the model where none fits.
 
-    The host's CPU per token, and the router's part of it, are `unbound_cpu_per_token`'s.
+    The host's CPU per step and per token, and the router's part of them, are `stream`'s (None:
+    `stream_cpu_terms` of the runs, with no idle load netted).
 
     The stretch is the simulator's (`planner.simulator.host`) for one stepping engine (the decode
     worker's; the prefill worker's core, where the router is bound, idles) and the host's load at
@@ -223,20 +279,21 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
 
     from planner.simulator.host import stretch_for_loads
 
-    host_per_token, router_per_token = unbound_cpu_per_token(runs, router_cpu_s_per_request)
+    stream = stream or stream_cpu_terms(runs, router_cpu_s_per_request=router_cpu_s_per_request)
+    router_bound = stream.router_per_token_s > 0 or stream.router_per_step_s > 0
     residuals = []
     for run in runs:
-        stretch = stretch_for_loads((host_per_token - router_per_token) * run.tokens_per_s,
-                                    router_per_token * run.tokens_per_s, host.host_cores, busy_cores=1,
-                                    router_cores=1 if router_per_token > 0 else 0)
+        client_load, router_load = stream.host_load_cores(run.tokens_per_s, run.batch)
+        stretch = stretch_for_loads(client_load, router_load, host.host_cores, busy_cores=1,
+                                    router_cores=1 if router_bound else 0)
         residuals.append(run.step_s / stretch - engine_step_s(run.batch, run.context_tokens, model, engine_rows))
     batches = np.array([run.batch for run in runs], dtype=float)
     if len(set(batches)) < 2:   # one batch size measured: no slope to fit, all of it per step
-        return max(0.0, float(np.mean(residuals))), 0.0, host_per_token
+        return max(0.0, float(np.mean(residuals))), 0.0, stream.host_per_token_s
     slope, intercept = np.polyfit(batches, np.array(residuals), 1)
     if slope < 0:  # per-token serving cost cannot be negative: the mean residual is all per step
         slope, intercept = 0.0, float(np.mean(residuals))
-    return max(0.0, float(intercept)), float(slope), host_per_token
+    return max(0.0, float(intercept)), float(slope), stream.host_per_token_s
 
 
 def unbound_cpu_per_token(runs: Sequence[BatchRun], router_cpu_s_per_request: float) -> tuple[float, float]:
@@ -268,6 +325,8 @@ class ServedSteps:
     host_cpu_s_per_token: float
     spread_s: tuple[float, ...] = ()
     router_cpu_s_per_token: float = 0.0  # the router's part of host_cpu_s_per_token
+    host_cpu_s_per_step: float = 0.0     # per decode step that streams (`stream_cpu_terms`)
+    router_cpu_s_per_step: float = 0.0   # the router's part of it
 
 
 def batch_output_attempts(max_output_tokens: int, attempts: int = 3) -> list[int]:

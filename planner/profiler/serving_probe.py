@@ -36,10 +36,15 @@
   charged again on top of the fit at every other context (on `bench` it tripled the per-token
   cost). Per token cost is not what a lone request shows: a step's outputs wake the API process,
   the router and the client once for the whole batch, so at batch 1 the wake-ups look like
-  per-token cost and a model built on them saturates at a fraction of the rate the cluster serves. The host's CPU per
-  token (`host_cpu_s_per_token`) and the router's part of it (`router_cpu_s_per_token`) are taken
-  from the largest batch (median of its repeats), where they are amortised as under load, net of
-  the router's per-request share.
+  per-token cost and a model built on them saturates at a fraction of the rate the cluster serves.
+  The host's CPU (router and client) and the router's part of it are read when the last request of
+  a batched run has its second token and when the first ends (`StreamWindow`: only streaming in
+  between, no request's admission or handoff), and fitted over every batch as a cost per decode
+  step that streams (the outputs' wake-up) and per token (`host_cpu_s_per_step`, `host_cpu_s_per_token`,
+  the router's `router_cpu_s_per_*`; `serving_fit.stream_cpu_terms`), net of each group's idle load.
+  (Before, per token alone from the largest batch's whole runs net of the router's per-request
+  share: on the slow Zen 4 EPYC that read 85 us a token for the router where it took 230 us and
+  0.5 ms a step streaming, a third of what the prefill core lost to it at batch 4-16.)
 - The latencies are then net of the CPU terms the simulator charges on the same path (the
   prefill worker's per request on the first token; the decode worker's per request and one
   step's cost on the handoff), so nothing is counted twice.
@@ -52,6 +57,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from pdserve.engine import EngineSettings
@@ -60,7 +66,8 @@ from planner.profile import DecodeSample, ServingCosts
 from planner.profiler.serving_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, LONG_OUTPUT, SHORT_OUTPUT,
                                           BatchRun, CpuRun, LoneLatencies, NoCommonWindow, ServedSteps, ServingPlan,
                                           batch_output_attempts, batch_run_of, fit_served_steps, serving_plan,
-                                          cpu_terms, long_prompt_requests, steady_rate, unbound_cpu_per_token)
+                                          StreamWindow, cpu_terms, long_prompt_requests, steady_rate,
+                                          stream_cpu_terms)
 from planner.profiler.spread import spread_of
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
@@ -136,12 +143,55 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
 
     rng = np.random.default_rng(seed)
     prompts = [[int(i) for i in rng.integers(10, vocab_size, size=BATCH_PROMPT_TOKENS)] for _ in range(batch)]
+    reader = _StreamWindowReader(batch, host_cpu, router_cpu)
+
+    async def stream(client, ids: list[int]) -> list[float]:
+        marks: list[float] = []
+        async for chunk in client.generate(token_ids=ids, max_tokens=output_tokens, ignore_eos=True, temperature=0.0):
+            had = len(marks)
+            marks += [time.perf_counter()] * len(chunk.token_ids)
+            if had < 2 <= len(marks):
+                reader.second_token()
+        reader.ended()
+        return marks
 
     async with AsyncClient(target) as client:
         router_before, cpu_before = router_cpu() if router_cpu else 0.0, host_cpu()
-        runs = await asyncio.gather(*(token_times(client, ids, output_tokens) for ids in prompts))
+        runs = await asyncio.gather(*(stream(client, ids) for ids in prompts))
         cpu_after, router_after = host_cpu(), router_cpu() if router_cpu else 0.0
-    return batch_run_of(batch, runs, cpu_after - cpu_before, router_after - router_before)
+    run = batch_run_of(batch, runs, cpu_after - cpu_before, router_after - router_before)
+    return replace(run, window=reader.window(runs))
+
+
+class _StreamWindowReader:
+    """Reads the unbound processes' CPU when the last of `batch` streams has its second token and
+    again when the first one ends: the stretch in which every request streams (`StreamWindow`)."""
+
+    def __init__(self, batch: int, host_cpu, router_cpu=None) -> None:
+        self.batch, self._host_cpu, self._router_cpu = batch, host_cpu, router_cpu
+        self._seconds = 0
+        self.start: tuple[float, float, float] | None = None
+        self.end: tuple[float, float, float] | None = None
+
+    def _read(self) -> tuple[float, float, float]:
+        return time.perf_counter(), self._host_cpu(), self._router_cpu() if self._router_cpu else 0.0
+
+    def second_token(self) -> None:
+        self._seconds += 1
+        if self._seconds == self.batch and self.start is None:
+            self.start = self._read()
+
+    def ended(self) -> None:
+        if self.start is not None and self.end is None:
+            self.end = self._read()
+
+    def window(self, runs: Sequence[Sequence[float]]) -> StreamWindow | None:
+        """The window read, with the tokens received inside it; None when it was never open."""
+        if self.start is None or self.end is None or self.end[0] <= self.start[0]:
+            return None
+        tokens = sum(1 for marks in runs for t in marks if self.start[0] < t <= self.end[0])
+        return StreamWindow(self.end[0] - self.start[0], tokens, self.end[1] - self.start[1],
+                            self.end[2] - self.start[2])
 
 
 async def _steady_run(target: str, rate_rps: float, num_requests: int, prompt_tokens: int, output_tokens: int,
@@ -176,12 +226,14 @@ def idle_cpu_cores(groups: dict, idle_s: float) -> dict[str, float]:
     return {name: max(0.0, after[name] - before[name]) / wall_s for name in groups}
 
 
-def measure_cpu(target: str, pids: dict[str, int], model: PerfModel, plan: ServingPlan, advance) -> ServingCosts:
+def measure_cpu(target: str, pids: dict[str, int], model: PerfModel, plan: ServingPlan,
+                advance) -> tuple[ServingCosts, dict[str, float]]:
     """The per-request and per-prompt-token CPU terms of `ServingCosts`, the router's own share
     of the host's included; `pids` names the router's and each worker's main process. (The
     per-token terms come from `fit_served_steps`, where they are amortised as under load.) The
     two runs of `plan.load_prompt_tokens` go at `steady_rate`; the long-prompt run (where the plan
-    has one) at the rate that keeps its prompts' engine as busy, `long_prompt_requests` of them."""
+    has one) at the rate that keeps its prompts' engine as busy, `long_prompt_requests` of them.
+    Returns the terms and each group's idle load (cores), which the batched runs' windows are net of."""
     groups = {
         "decode": lambda: cpu_seconds([pids["decode"]]),  # the API process alone (see the module doc)
         "prefill": lambda: cpu_seconds([pids["prefill"]]),
@@ -204,12 +256,13 @@ def measure_cpu(target: str, pids: dict[str, int], model: PerfModel, plan: Servi
         long_rate = steady_rate(model, plan.long_prompt_tokens)
         long_prompts = steady(long_rate, long_prompt_requests(long_rate, plan.load_requests),
                               plan.long_prompt_tokens, SHORT_OUTPUT, seed=13)
-    return cpu_terms(short, long, long_prompts, host_cores=len(os.sched_getaffinity(0)))
+    return cpu_terms(short, long, long_prompts, host_cores=len(os.sched_getaffinity(0))), idle
 
 
 def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, engine_rows: Sequence[DecodeSample],
                          host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
-                         advance, run_batch=None, label: str = "serving") -> ServedSteps:
+                         advance, run_batch=None, label: str = "serving",
+                         idle_cores: dict[str, float] | None = None) -> ServedSteps:
     """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches` (`run_batch`:
     `batched_decode_run`'s signature; tests and `vllm_server_probe` give their own; `router_pid`
     None: no router, no host CPU read; `label` heads the progress notes). A run whose
@@ -217,7 +270,9 @@ def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, 
     one's KV arrives) is retried with outputs twice as long, up to `batch_output_attempts`; a batch
     that still fails is skipped with a note, and the fit runs on the rest (one batch size left: its
     step alone, no per-token term, said in a note); none left raises.
-    The spread is that of every run's gaps around the run's own median step."""
+    The spread is that of every run's gaps around the run's own median step. The unbound CPU per
+    step and per token is `stream_cpu_terms`' over the runs' windows, net of `idle_cores` (the
+    groups "host" and "router": their load with no traffic; None: 0)."""
     run_batch = run_batch or batched_decode_run
     if router_pid is None:
         host_cpu = router_cpu = None
@@ -250,9 +305,12 @@ def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, 
                 "arrive in bursts, or a host too busy); its step is fitted alone, with no per-token term", step=False)
     elif skipped:
         advance(f"{label}: skipped batches {skipped} (never decoded together); fitted on the others", step=False)
-    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows)
-    _, router_per_token_s = unbound_cpu_per_token(runs, router_cpu_s_per_request)
-    return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs), router_per_token_s)
+    idle_cores = idle_cores or {}
+    stream = stream_cpu_terms(runs, idle_cores.get("host", 0.0), idle_cores.get("router", 0.0), router_cpu_s_per_request)
+    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows,
+                                                             stream)
+    return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs),
+                       stream.router_per_token_s, stream.host_per_step_s, stream.router_per_step_s)
 
 
 def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, str], model: PerfModel,
@@ -260,8 +318,6 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                     advance) -> ServingCosts:
     """Starts a 1P+1D cluster on `cores` (prefill, decode) and measures every `ServingCosts` term
     against `model`, the engine-only fit, and `engine_rows`, the decode table it was fitted on."""
-    from dataclasses import replace
-
     from pdserve.client import Client
     from launch.local import ClusterSpec, LocalCluster
 
@@ -276,9 +332,10 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
             advance))
         pids = {"router": cluster.router.pid,
                 **{role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}}
-        cpu = measure_cpu(cluster.grpc_target, pids, model, plan, advance)
+        cpu, idle = measure_cpu(cluster.grpc_target, pids, model, plan, advance)
         steps = measure_served_steps(cluster.grpc_target, pids["router"], model, engine_rows, cpu,
-                                     cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance)
+                                     cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance,
+                                     idle_cores=idle)
     lone_prompt = statistics.median(plan.prompt_tokens)  # the lone latencies are medians over these
     return replace(cpu, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt)),
                    handoff_s=max(0.0, lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt) - steps.decode_step_s
@@ -286,4 +343,5 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                    decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
                    host_cpu_s_per_token=steps.host_cpu_s_per_token,
                    router_cpu_s_per_token=steps.router_cpu_s_per_token,
+                   host_cpu_s_per_step=steps.host_cpu_s_per_step, router_cpu_s_per_step=steps.router_cpu_s_per_step,
                    first_token_spread_s=lone.first_token_spread_s, decode_step_spread_s=steps.spread_s)

@@ -4,7 +4,8 @@ take from the engines' cores.
 Their demand is work that arrives with the traffic: `host_cpu_s_per_request` per request (and
 `host_cpu_s_per_prompt_token` per token of its prompt), a third
 at each of the moments the router works on it (admission at arrival, the Decode call at the
-handoff, the end of its stream), and `host_cpu_s_per_token` per token the engines emit. Over the
+handoff, the end of its stream), and `host_cpu_s_per_token` per token the engines emit (and
+`host_cpu_s_per_step` per step that emits any: the wake-up its outputs cost). Over the
 last `window_s` that is a load of x cores. Where the router is bound to the prefill workers' cores
 (`router_cores` > 0: `pdserve up`'s default for a cluster with a prefill pool apart from its decode
 workers), its own part (`router_cpu_s_per_*`) runs only there and shares any step there: it is
@@ -67,7 +68,8 @@ class HostCpu:
         if router_charge not in ROUTER_CHARGES:
             raise ValueError(f"router_charge must be one of {ROUTER_CHARGES}, got {router_charge!r}")
         self.costs, self.window_s = costs, window_s
-        measured_apart = costs.router_cpu_s_per_token or costs.router_cpu_s_per_request or costs.router_cpu_s_per_prompt_token
+        measured_apart = (costs.router_cpu_s_per_token or costs.router_cpu_s_per_request
+                          or costs.router_cpu_s_per_prompt_token or costs.router_cpu_s_per_step)
         self.router_cores = router_cores if measured_apart else 0.0
         self._router, self._rest = _Window(window_s), _Window(window_s)
         # "backlog": the bound router's per-request CPU queues on its cores (`RouterBacklog`), charged
@@ -86,7 +88,13 @@ class HostCpu:
                   self.costs.router_request_cpu_s(prompt_tokens) / REQUEST_MOMENTS, queued=True)
 
     def tokens_emitted(self, at_s: float, num_tokens: int) -> None:
-        self._add(at_s, self.costs.host_cpu_s_per_token * num_tokens, self.costs.router_cpu_s_per_token * num_tokens)
+        """A decode step streamed `num_tokens` (one per sequence): each costs the router and the client
+        their per-token CPU, and the step's outputs wake them once (their per-step CPU)."""
+        if num_tokens <= 0:
+            return
+        c = self.costs
+        self._add(at_s, c.host_cpu_s_per_token * num_tokens + c.host_cpu_s_per_step,
+                  c.router_cpu_s_per_token * num_tokens + c.router_cpu_s_per_step)
 
     def load_cores(self, now: float) -> float:
         """The unbound processes' demand over the last window, in cores (the router's included)."""

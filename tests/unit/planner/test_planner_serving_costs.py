@@ -124,6 +124,25 @@ def test_the_host_keeps_the_routers_part_apart_only_where_it_is_bound_and_measur
         HostCpu(costs, router_cores=-1)
 
 
+def test_each_step_that_streams_wakes_the_router_and_the_client_once_whatever_its_batch():
+    costs = ServingCosts(host_cpu_s_per_token=0.0003, host_cpu_s_per_step=0.002, router_cpu_s_per_token=0.0002,
+                         router_cpu_s_per_step=0.0005, host_cores=2)
+    one_by_one, batched = (HostCpu(costs, window_s=1.0, router_cores=1) for _ in range(2))
+    for i in range(64):  # 64 tokens: 64 steps of one, or 8 steps of 8
+        one_by_one.tokens_emitted(0.5 + i / 1000, 1)
+    for i in range(8):
+        batched.tokens_emitted(0.5 + i / 1000, 8)
+    batched.tokens_emitted(0.6, 0)  # a step that streamed nothing (a prefill step's): no wake-up
+    assert one_by_one.load_cores(1.0) == pytest.approx(64 * (0.0003 + 0.002), **EXACT)
+    assert batched.load_cores(1.0) == pytest.approx(64 * 0.0003 + 8 * 0.002, **EXACT)
+    # both engines step: the router's part (bound to the prefill core) and the client's (no idle core
+    # left: the room the router leaves) stretch a prefill step there, wake-ups included
+    assert batched.stretch(1.0, 2, busy_router_cores=1, on_router_cores=True) == pytest.approx(
+        1 / (1 - (64 * 0.0003 + 8 * 0.002)), **EXACT)
+    with pytest.raises(ProfileError, match="router_cpu_s_per_step .* is part of serving.host_cpu_s_per_step"):
+        ServingCosts(host_cpu_s_per_step=0.001, router_cpu_s_per_step=0.002)
+
+
 def test_the_routers_part_cannot_exceed_the_hosts():
     with pytest.raises(ProfileError, match="router_cpu_s_per_token .* is part of serving.host_cpu_s_per_token"):
         ServingCosts(host_cpu_s_per_token=0.001, router_cpu_s_per_token=0.002)

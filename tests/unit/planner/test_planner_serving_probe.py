@@ -12,7 +12,8 @@ from planner_testkit import ROUND_MODEL
 
 from planner.profile import DecodeSample, ServingCosts
 from loadgen.proc_cpu import cpu_seconds, process_tree
-from planner.profiler.serving_fit import (BatchRun, CpuRun, cpu_terms, engine_step_s, fit_served_steps,
+from planner.profiler.serving_fit import (BatchRun, CpuRun, StreamCpu, StreamWindow, cpu_terms, engine_step_s,
+                                          fit_served_steps, stream_cpu_terms,
                                           long_prompt_requests, long_prompt_tokens, serving_plan,
                                           solve_per_prompt_token,
                                           solve_per_request_and_token)
@@ -125,6 +126,58 @@ def batch_run(batch: int, served_s: float, tokens_per_s: float = 100.0, host_cpu
               tokens: int = 1000) -> BatchRun:
     return BatchRun(batch, served_s, context_tokens=batch * 40, tokens_per_s=tokens_per_s, host_cpu_s=host_cpu_s,
                     tokens=tokens)
+
+
+def _windowed(batch: int, seconds: float, w_host: float, t_host: float, w_router: float, t_router: float,
+              idle_host: float = 0.0, idle_router: float = 0.0) -> BatchRun:
+    tokens_per_s = 1000.0 * batch / (batch + 10)  # the step slows as the batch grows
+    tokens = round(tokens_per_s * seconds)
+    steps = tokens / batch
+    window = StreamWindow(seconds, tokens, w_host * steps + t_host * tokens + idle_host * seconds,
+                          w_router * steps + t_router * tokens + idle_router * seconds)
+    return replace(batch_run(batch, 0.01, tokens_per_s=tokens_per_s), window=window)
+
+
+def test_the_unbound_cpu_is_fitted_per_streaming_step_and_per_token_over_every_batchs_window_net_of_idle():
+    runs = [_windowed(b, 3.0, 0.0012, 0.0004, 0.0005, 0.00023, idle_host=0.02, idle_router=0.01)
+            for b in (1, 4, 8, 16, 32, 64)]
+    terms = stream_cpu_terms(runs, idle_host_cores=0.02, idle_router_cores=0.01)
+    assert (terms.host_per_step_s, terms.host_per_token_s) == pytest.approx((0.0012, 0.0004), rel=1e-6)
+    assert (terms.router_per_step_s, terms.router_per_token_s) == pytest.approx((0.0005, 0.00023), rel=1e-6)
+    # the load it implies at batch 4, 100 tokens/s: 25 wake-ups and 100 tokens a second
+    assert terms.host_load_cores(100.0, 4) == pytest.approx(
+        (25 * 0.0007 + 100 * 0.00017, 25 * 0.0005 + 100 * 0.00023), rel=1e-9)
+    # the router's part never exceeds the host's, whatever the noise
+    noisy = stream_cpu_terms([_windowed(b, 3.0, 0.0002, 0.0001, 0.0005, 0.0002) for b in (1, 8, 64)])
+    assert noisy.router_per_step_s <= noisy.host_per_step_s and noisy.router_per_token_s <= noisy.host_per_token_s
+
+
+def test_runs_without_a_window_fall_back_to_the_largest_batchs_cost_per_token():
+    runs = [BatchRun(32, 0.0, 32 * 40, 4000, 0.032 + 0.8, 2000, router_cpu_s=0.032 + 0.5),
+            replace(batch_run(4, 0.01), window=StreamWindow(1.0, 100, 0.05, 0.02))]
+    assert stream_cpu_terms(runs, router_cpu_s_per_request=0.001) == StreamCpu(
+        host_per_token_s=pytest.approx(0.0004), router_per_token_s=pytest.approx(0.00025))
+    assert stream_cpu_terms([]) == StreamCpu()
+
+
+def test_the_window_reader_opens_at_the_last_second_token_and_closes_at_the_first_end():
+    from planner.profiler.serving_probe import _StreamWindowReader
+
+    cpu = {"host": 0.0}
+    reader = _StreamWindowReader(2, host_cpu=lambda: cpu["host"], router_cpu=lambda: cpu["host"] / 2)
+    assert reader.window([[0.0], [0.0]]) is None  # never opened
+    reader.second_token()
+    assert reader.start is None  # one of two streams past its second token
+    cpu["host"] = 1.0
+    reader.second_token()
+    cpu["host"] = 1.6
+    reader.ended()
+    reader.ended()  # the second stream's end changes nothing
+    start, end = reader.start[0], reader.end[0]
+    inside = [start + (end - start) * f for f in (0.25, 0.5, 1.0)]
+    window = reader.window([[start - 1.0, *inside], [start - 0.5, inside[0]]])
+    assert (window.tokens, window.host_cpu_s, window.router_cpu_s) == (4, pytest.approx(0.6), pytest.approx(0.3))
+    assert window.seconds == pytest.approx(end - start)
 
 
 def test_served_steps_fit_a_per_step_and_a_per_token_cost_over_the_engine():
