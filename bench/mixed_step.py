@@ -44,7 +44,8 @@ def predicted_ttft_s(model, prompt_tokens: int, budget: int, decodes: int, conte
     total, done, steps = 0.0, 0, 0
     while done < prompt_tokens:
         chunk = min(budget - decodes, prompt_tokens - done)
-        total += model.mixed_step_s(chunk, (done + chunk) ** 2 - done ** 2, decodes, context_tokens + steps * decodes)
+        total += model.mixed_step_s(chunk, (done + chunk) ** 2 - done ** 2, decodes, context_tokens + steps * decodes,
+                                    prior=chunk * done)
         done, steps = done + chunk, steps + 1
     return total
 

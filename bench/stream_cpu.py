@@ -71,7 +71,8 @@ def _window(before, after, tokens: int) -> dict:
             "client_cores": (after[2] - before[2]) / seconds, "busy": busy_cores(before[3], after[3])}
 
 
-async def measure(target: str, router_pid: int, batches: tuple[int, ...], seconds: float, vocab_size: int) -> dict:
+async def measure(target: str, router_pid: int, batches: tuple[int, ...], seconds: float, vocab_size: int,
+                  max_model_len: int, start_timeout_s: float = 300.0) -> dict:
     import numpy as np
 
     from pdserve.client import AsyncClient
@@ -89,17 +90,23 @@ async def measure(target: str, router_pid: int, batches: tuple[int, ...], second
         async def stream(client) -> None:
             ids = [int(i) for i in rng.integers(10, vocab_size, size=PROMPT_TOKENS)]
             seen = 0
-            async for chunk in client.generate(token_ids=ids, max_tokens=100_000, ignore_eos=True, temperature=0.0):
-                seen += len(chunk.token_ids)
+            async for chunk in client.generate(token_ids=ids, max_tokens=max_model_len - PROMPT_TOKENS,
+                                               ignore_eos=True, temperature=0.0):
+                had, seen = seen, seen + len(chunk.token_ids)
                 counted[0] += len(chunk.token_ids)
-                if seen == 2:
+                if had < 2 <= seen:
                     streaming[0] += 1
                 if stop.is_set():
                     break
 
         async with AsyncClient(target) as client:
             tasks = [asyncio.create_task(stream(client)) for _ in range(batch)]
+            deadline = time.monotonic() + start_timeout_s
             while streaming[0] < batch:
+                if failed := [task for task in tasks if task.done() and task.exception()]:
+                    raise RuntimeError(f"batch {batch}: a stream failed before all streamed") from failed[0].exception()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"batch {batch}: {streaming[0]} of {batch} streams after {start_timeout_s:g} s")
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # past the last handoff
             start, tokens_at_start = _reading(router_pid), counted[0]
@@ -184,7 +191,8 @@ def main() -> int:
         with Client(cluster.grpc_target) as client:
             vocab_size = client.model_info().vocab_size
         result = asyncio.run(measure(cluster.grpc_target, cluster.router.pid,
-                                     tuple(int(b) for b in args.batches.split(",")), args.seconds, vocab_size))
+                                     tuple(int(b) for b in args.batches.split(",")), args.seconds, vocab_size,
+                                     args.max_model_len))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stream_cpu.json").write_text(json.dumps(
         {"command": " ".join(sys.argv), "router_cores": spec.router_cpu_cores, **result,

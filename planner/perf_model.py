@@ -290,19 +290,27 @@ def fit_perf_model(profile: Profile) -> FitReport:
 
 def fit_prefill(rows: Sequence[PrefillSample]) -> tuple[PrefillCoeffs, float]:
     """The prefill form fitted to `rows`, and its MAPE. The chunked-attention term e is fitted only
-    where at least `MIN_CHUNKED_ROWS` rows were computed in several chunks of at most half the prompt
-    (a small token budget's rows): a prompt that just overflows one chunk (the engine's longest, in two)
-    says too little of it, and there a, b and c are fitted as before."""
+    where at least `MIN_CHUNKED_ROWS` prompt lengths were measured both in one pass and in several chunks
+    of at most half the prompt (`pdserve profile`'s rows at a small token budget beside the engine's
+    own): e is read from how the two differ at the same length. A prompt that just overflows one chunk
+    (the engine's longest, in two) says too little of it, and rows chunked at every length (an engine
+    whose own budget is small) cannot tell it from c; there a, b and c are fitted as before."""
     features = np.array([[r.num_chunks, r.prompt_tokens, r.prompt_tokens**2,
                           prior_units(r.prompt_tokens, r.chunk_tokens)] for r in rows], float)
     measured = np.array([r.prefill_s for r in rows])
-    if sum(r.num_chunks >= 2 and 2 * r.chunk_tokens <= r.prompt_tokens for r in rows) < MIN_CHUNKED_ROWS:
+    if len(lengths_measured_both_ways(rows)) < MIN_CHUNKED_ROWS:
         features = features[:, :3]
     c = fit_nonnegative(features, measured)
     return PrefillCoeffs(*map(float, c)), mape(features @ c, measured)
 
 
-MIN_CHUNKED_ROWS = 2  # rows in chunks of at most half their prompt before the chunked-attention term is fitted
+MIN_CHUNKED_ROWS = 2  # prompt lengths measured both ways before the chunked-attention term is fitted
+
+
+def lengths_measured_both_ways(rows: Sequence[PrefillSample]) -> set[int]:
+    """The prompt lengths of `rows` measured in one pass and in chunks of at most half the prompt."""
+    one_pass = {r.prompt_tokens for r in rows if r.num_chunks == 1}
+    return {r.prompt_tokens for r in rows if r.num_chunks >= 2 and 2 * r.chunk_tokens <= r.prompt_tokens} & one_pass
 
 
 def _fit_transfers(profile: Profile) -> tuple[dict[str, TransferCoeffs], dict[str, float]]:

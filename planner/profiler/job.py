@@ -306,7 +306,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
         table.add_column(column, justify="right" if column != "phase" else "left")
     m = fit.model
     for row in profile.prefill:
-        _row(table, "prefill", f"{row.prompt_tokens} tokens", row.prefill_s, m.prefill_s(row.prompt_tokens, row.chunk_tokens))
+        point = f"{row.prompt_tokens} tokens" + (f" in {row.chunk_tokens}-token chunks" if row.num_chunks > 1 else "")
+        _row(table, "prefill", point, row.prefill_s, m.prefill_s(row.prompt_tokens, row.chunk_tokens))
     for row in profile.decode:
         _row(table, "decode step", f"batch {row.batch_size}, context {row.context_tokens}", row.step_s,
              m.decode_step_s(row.batch_size, row.context_tokens))

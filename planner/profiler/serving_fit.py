@@ -196,27 +196,55 @@ class StreamCpu:
         return host - router, router
 
 
-def stream_cpu_terms(runs: Sequence[BatchRun], idle_host_cores: float = 0.0, idle_router_cores: float = 0.0,
-                     router_cpu_s_per_request: float = 0.0) -> StreamCpu:
-    """The unbound CPU per decode step and per token: cpu = w * steps + t * tokens, fitted (least
-    squares on relative error, both >= 0: `planner.perf_model.fit_nonnegative`) over the runs' steady
-    windows, each net of the group's idle load over its length; a run's steps are its window's tokens
-    over its batch (each step streams one token a request). Where any run has no window, per token
-    alone, from the largest batch's whole runs (`unbound_cpu_per_token`)."""
-    from planner.perf_model import fit_nonnegative
+MIN_WINDOW_STEPS = 16     # a window of fewer steps (a batch whose handoffs were staggered) says too little
+MIN_WINDOW_CPU_S = 0.03   # nor one in which the router and the client took under three of /proc's 10 ms ticks
+
+
+def usable_window(batch: int, window: StreamWindow | None) -> bool:
+    """Whether a batched run's window measured enough to fit on: `MIN_WINDOW_STEPS` steps (its tokens
+    over its batch) and `MIN_WINDOW_CPU_S` of the unbound processes' CPU."""
+    return (window is not None and window.seconds > 0 and window.tokens >= MIN_WINDOW_STEPS * batch
+            and window.host_cpu_s >= MIN_WINDOW_CPU_S)
+
+
+def nonnegative_lstsq(features, target):
+    """Plain least squares of `target` on the two columns of `features` with both coefficients >= 0:
+    the unconstrained solution where it is, else the better of each column alone. Pure."""
     import numpy as np
 
-    windows = [(run.batch, run.window) for run in runs if run.window is not None and run.window.tokens > 0]
-    if not runs or len(windows) < len(runs) or len({batch for batch, _ in windows}) < 2:
+    x, y = np.asarray(features, dtype=float), np.asarray(target, dtype=float)
+    both, *_ = np.linalg.lstsq(x, y, rcond=None)
+    if np.all(both >= 0):
+        return both
+    best, best_residual = np.zeros(2), float(np.sum(y ** 2))
+    for column in range(2):
+        norm = float(x[:, column] @ x[:, column])
+        coef = np.zeros(2)
+        coef[column] = max(0.0, float(x[:, column] @ y) / norm) if norm > 0 else 0.0
+        residual = float(np.sum((x @ coef - y) ** 2))
+        if residual < best_residual:
+            best, best_residual = coef, residual
+    return best
+
+
+def stream_cpu_terms(runs: Sequence[BatchRun], idle_host_cores: float = 0.0, idle_router_cores: float = 0.0,
+                     router_cpu_s_per_request: float = 0.0) -> StreamCpu:
+    """The unbound CPU per decode step and per token. Over the runs' usable windows (`usable_window`),
+    each group's load in cores net of its idle load, the router's and the client's (the host's
+    less the router's) apart, is fitted as w * steps/s + t * tokens/s with w, t >= 0
+    (`nonnegative_lstsq`; a window's steps are its tokens over its batch: each step streams one
+    token a request); the host's terms are the two groups' sums. Where the usable windows cover
+    fewer than two batch sizes (an older probe's runs, no window read), per token alone, from the
+    largest batch's whole runs (`unbound_cpu_per_token`)."""
+    windows = [(run.batch, run.window) for run in runs if usable_window(run.batch, run.window)]
+    if len({batch for batch, _ in windows}) < 2:
         host, router = unbound_cpu_per_token(runs, router_cpu_s_per_request) if runs else (0.0, 0.0)
         return StreamCpu(host_per_token_s=host, router_per_token_s=router)
-    features = np.array([[w.tokens / batch, w.tokens] for batch, w in windows], dtype=float)
-    terms = {}
-    for group, idle in (("host", idle_host_cores), ("router", idle_router_cores)):
-        cpu = np.array([max(1e-9, getattr(w, f"{group}_cpu_s") - idle * w.seconds) for _, w in windows])
-        terms[group] = fit_nonnegative(features, cpu)
-    host, router = terms["host"], np.minimum(terms["router"], terms["host"])
-    return StreamCpu(float(host[0]), float(host[1]), float(router[0]), float(router[1]))
+    rates = [[w.tokens / batch / w.seconds, w.tokens / w.seconds] for batch, w in windows]
+    router = nonnegative_lstsq(rates, [w.router_cpu_s / w.seconds - idle_router_cores for _, w in windows])
+    client = nonnegative_lstsq(rates, [(w.host_cpu_s - w.router_cpu_s) / w.seconds - (idle_host_cores - idle_router_cores)
+                                       for _, w in windows])
+    return StreamCpu(float(router[0] + client[0]), float(router[1] + client[1]), float(router[0]), float(router[1]))
 
 
 class NoCommonWindow(RuntimeError):

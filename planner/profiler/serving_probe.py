@@ -169,7 +169,7 @@ class _StreamWindowReader:
 
     def __init__(self, batch: int, host_cpu, router_cpu=None) -> None:
         self.batch, self._host_cpu, self._router_cpu = batch, host_cpu, router_cpu
-        self._seconds = 0
+        self._past_second = 0  # streams that have their second token
         self.start: tuple[float, float, float] | None = None
         self.end: tuple[float, float, float] | None = None
 
@@ -177,8 +177,8 @@ class _StreamWindowReader:
         return time.perf_counter(), self._host_cpu(), self._router_cpu() if self._router_cpu else 0.0
 
     def second_token(self) -> None:
-        self._seconds += 1
-        if self._seconds == self.batch and self.start is None:
+        self._past_second += 1
+        if self._past_second == self.batch and self.start is None:
             self.start = self._read()
 
     def ended(self) -> None:

@@ -4,7 +4,8 @@ It stands in for a `pdserve profile` run until one is checked in, and the tests 
 tables are generated from timings measured by hand on this machine, not invented:
 prefill of 1,024 tokens ~0.3 s (about linear plus a small quadratic term); a decode step ~11 ms
 at batch 1, ~22 ms at batch 8, ~71 ms at batch 32 (with 512 tokens of context each; context
-adds a little); KV transfer over tcp ~ bytes / 2 GB/s + 1 ms. The curves through those anchors
+adds a little); KV transfer over tcp ~ bytes / 2 GB/s + 1 ms; a prompt in small chunks a little slower than in one
+pass (`planner.perf_model`'s chunked term). The curves through those anchors
 are below; a deterministic +-2% wobble stands in for measurement noise so that fitting has
 something to report. `example.json` beside this file is `build_example_profile()` written out.
 """
@@ -22,6 +23,7 @@ from planner.profile import (
     Profile,
     TransferSample,
 )
+from router.policies.placement.cost import prior_units
 
 EXAMPLE_PROFILE_PATH = Path(__file__).with_name("example.json")
 PREFILL_CASES = [(n, 2048) for n in (64, 128, 256, 512, 1024, 2048)] + [(1024, 256), (2048, 512), (2048, 256)]
@@ -37,7 +39,10 @@ def _wobble(i: int) -> float:
 
 def _prefill_s(prompt_tokens: int, chunk_tokens: int) -> float:
     chunks = -(-prompt_tokens // chunk_tokens)
-    return 0.010 * chunks + 2.5e-4 * prompt_tokens + 3.5e-8 * prompt_tokens**2
+    # a chunk's queries over the earlier chunks cost a third more than the one-pass attention (the
+    # slow Zen 4 EPYC's profile: 71 against 225 ns a unit)
+    return (0.010 * chunks + 2.5e-4 * prompt_tokens + 3.5e-8 * prompt_tokens**2
+            + 1.2e-8 * prior_units(prompt_tokens, chunk_tokens))
 
 
 def _decode_step_s(batch_size: int, context_tokens: int) -> float:

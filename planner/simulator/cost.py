@@ -6,8 +6,10 @@ mapping, with n = mean prompt tokens, c = mean context of a decoding sequence (n
 and k = the token budget (chunk size):
 - prefill: fixed_s = a + served first-token latency + the prefill worker's CPU per request,
   per_token_s = b + its CPU per prompt token, per_token2_s = c2, the prefill step's coefficients
-  and what serving adds: what a client waits for a prompt of at most k tokens alone (a longer one
-  pays a once per chunk on the engine), as the router observes a prefill;
+  and what serving adds: what a client waits for a prompt of at most k tokens alone, as the router
+  observes a prefill; a longer one is computed in chunks of k (chunk_tokens = k): each chunk after
+  the first pays the step's overhead again (per_chunk_s = a) and its queries over the earlier
+  chunks (per_prior_unit_s = e), as `PerfModel.prefill_s(n, k)` says;
 - decode step: step_fixed_s = step + served step overhead; step_per_seq_s = per_seq + per context
   token x c + served CPU per token (the context term at the mean context; a knee is not kept);
 - KV transfer: transfer_fixed_s = latency + served handoff; transfer_per_token_s = KV bytes per

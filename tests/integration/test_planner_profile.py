@@ -87,10 +87,10 @@ def test_the_cluster_pass_measures_what_serving_adds_around_the_engines(quick_pr
     assert 0 <= serving.first_token_s < 0.1 and 0 <= serving.handoff_s < 0.1
     assert 0 < serving.prefill_cpu_s_per_request < 0.05
     # streamed tokens are read while every request of a batch streams, per step and per token (either
-    # may fit to 0, not both)
-    assert 0 < serving.host_cpu_s_per_token + serving.host_cpu_s_per_step
+    # may fit to 0, not both): at a batch of 16 a token costs the router and the client at least
+    # 10 us (a fit that collapsed to ~0 fails here)
+    assert serving.host_cpu_s_per_token + serving.host_cpu_s_per_step / 16 > 1e-5
     assert serving.host_cpu_s_per_token < 0.005 and serving.host_cpu_s_per_step < 0.05
-    assert serving.router_cpu_s_per_step <= serving.host_cpu_s_per_step
     assert "ms/step" in quick_profile[1]
     # what serving adds to a decode step of 24 is milliseconds, not seconds
     assert serving.decode_step_s + 24 * serving.decode_cpu_s_per_token < 0.1 and serving.decode_cpu_s_per_token < 0.005

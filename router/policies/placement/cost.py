@@ -39,7 +39,8 @@ class CostModel:
     local_interference_per_decode: float = 0.0  # slowdown of a local prefill per running decode
     # prefill in chunks of `chunk_tokens` (the engine's token budget; 0: one chunk whatever the
     # length): each chunk after the first costs `per_chunk_s` more (a step's overhead), and its
-    # queries over the earlier chunks `per_prior_unit_s` per unit of `prior_units` (planner.perf_model)
+    # queries over the earlier chunks `per_prior_unit_s` per unit of `prior_units` (above; the
+    # planner's `PerfModel` fits the same term)
     chunk_tokens: int = 0
     per_chunk_s: float = 0.0
     per_prior_unit_s: float = 0.0

@@ -132,7 +132,7 @@ def test_each_step_that_streams_wakes_the_router_and_the_client_once_whatever_it
         one_by_one.tokens_emitted(0.5 + i / 1000, 1)
     for i in range(8):
         batched.tokens_emitted(0.5 + i / 1000, 8)
-    batched.tokens_emitted(0.6, 0)  # a step that streamed nothing (a prefill step's): no wake-up
+    batched.tokens_emitted(0.6, 0)  # a step that streamed nothing (a prefill step that completed no prompt)
     assert one_by_one.load_cores(1.0) == pytest.approx(64 * (0.0003 + 0.002), **EXACT)
     assert batched.load_cores(1.0) == pytest.approx(64 * 0.0003 + 8 * 0.002, **EXACT)
     # both engines step: the router's part (bound to the prefill core) and the client's (no idle core

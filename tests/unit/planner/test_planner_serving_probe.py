@@ -13,7 +13,7 @@ from planner_testkit import ROUND_MODEL
 from planner.profile import DecodeSample, ServingCosts
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from planner.profiler.serving_fit import (BatchRun, CpuRun, StreamCpu, StreamWindow, cpu_terms, engine_step_s,
-                                          fit_served_steps, stream_cpu_terms,
+                                          fit_served_steps, nonnegative_lstsq, stream_cpu_terms, usable_window,
                                           long_prompt_requests, long_prompt_tokens, serving_plan,
                                           solve_per_prompt_token,
                                           solve_per_request_and_token)
@@ -150,6 +150,27 @@ def test_the_unbound_cpu_is_fitted_per_streaming_step_and_per_token_over_every_b
     # the router's part never exceeds the host's, whatever the noise
     noisy = stream_cpu_terms([_windowed(b, 3.0, 0.0002, 0.0001, 0.0005, 0.0002) for b in (1, 8, 64)])
     assert noisy.router_per_step_s <= noisy.host_per_step_s and noisy.router_per_token_s <= noisy.host_per_token_s
+
+
+def test_windows_too_short_or_too_idle_to_measure_are_left_out_of_the_fit():
+    good = [_windowed(b, 3.0, 0.0012, 0.0004, 0.0005, 0.00023, idle_host=0.02, idle_router=0.01) for b in (1, 8, 64)]
+    # a batch of 64 whose window held 5 steps, and a window whose CPU /proc could not tell from idle
+    short = replace(good[2], window=StreamWindow(0.05, 5 * 64, 1.0, 0.5))
+    idle = replace(good[0], window=StreamWindow(3.0, 300, 0.02, 0.0))
+    assert not usable_window(64, short.window) and not usable_window(1, idle.window)
+    assert usable_window(8, good[1].window) and not usable_window(8, None)
+    terms = stream_cpu_terms([*good, short, idle], idle_host_cores=0.02, idle_router_cores=0.01)
+    assert (terms.router_per_step_s, terms.router_per_token_s) == pytest.approx((0.0005, 0.00023), rel=1e-6)
+    # runs with windows are fitted on when they cover two batch sizes, whatever the runs without
+    mixed = stream_cpu_terms([good[0], good[2], batch_run(16, 0.01)], idle_host_cores=0.02, idle_router_cores=0.01)
+    assert mixed.host_per_step_s == pytest.approx(0.0012, rel=1e-6)
+
+
+def test_nonnegative_least_squares_drops_a_column_that_would_go_negative():
+    x = [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]
+    assert nonnegative_lstsq(x, [3.0, 5.0, 7.0]) == pytest.approx([2.0, 1.0])
+    kept = nonnegative_lstsq(x, [1.0, 0.5, 0.0])  # the slope alone would be negative: the constant alone
+    assert kept[0] == 0.0 and kept[1] == pytest.approx(0.5)
 
 
 def test_runs_without_a_window_fall_back_to_the_largest_batchs_cost_per_token():
