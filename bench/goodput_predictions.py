@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -66,6 +67,9 @@ def main() -> int:
     parser.add_argument("--at-run-speed", action="store_true",
                         help="slow each run's prompts by the machine's speed before it over its speed at the profile "
                              "(where both checks timed the same product; other runs replay at the profile's speed)")
+    parser.add_argument("--calibrated-admission", action="store_true",
+                        help="the simulated routers scale admission's predictions by a calibration learned from the "
+                             "simulated requests, as the live routers do (`RouterSettings.calibrated`; a what-if)")
     parser.add_argument("--label", help="output file stem, beside the result (default <result stem>_predicted)")
     args = parser.parse_args()
     result = json.loads(args.result.read_text())
@@ -73,6 +77,8 @@ def main() -> int:
     plans = {pair: read_planned_cluster(Path(directory)) for pair, directory in result["config"].get("plans", [])}
     profile = load_profile(args.profile)
     settings, model = SimSettings.from_profile(profile, args.transport), fit_perf_model(profile).model
+    if args.calibrated_admission:
+        settings = replace(settings, router=replace(settings.router, calibrated=True))
     vllm_server = profile.vllm_server if args.baseline_costs == "vllm" else None
     console = Console()
     charged = ("its own serving costs (the profile's vllm_server)" if vllm_server
@@ -127,7 +133,7 @@ def main() -> int:
     stem = args.result.with_name(args.label or args.result.stem + "_predicted")
     stem.with_suffix(".json").write_text(json.dumps(
         {"result": str(args.result), "profile": str(args.profile), "transport": args.transport,
-         "at_run_speed": args.at_run_speed,
+         "at_run_speed": args.at_run_speed, "calibrated_admission": args.calibrated_admission,
          "vllm_server_costs": "vllm" if vllm_server else "pdserve", "rows": rows,
          "goodput_rps": {pair: {system: {side: {"goodput_rps": value, "bracketed": bracketed}
                                          for side, (value, bracketed) in sides.items()}

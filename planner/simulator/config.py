@@ -147,13 +147,21 @@ class RouterSettings:
     `admission`: whether the router's admission is modelled. On (the default), a request is refused
     at arrival as the router would refuse it with these SLOs (`router.scheduler.Scheduler.check`):
     judged on TTFT only with a TTFT SLO set, on TPOT only with a TPOT SLO set, never without SLOs.
-    Off: nothing is refused (placement still aims at the SLOs set), every request waits to be served."""
+    Off: nothing is refused (placement still aims at the SLOs set), every request waits to be served.
+
+    `calibrated`: whether admission scales its predictions by the router's `Calibration` learned from
+    the simulated requests, as the live router does (`planner.simulator.routing`). Off (the default)
+    it judges them as they are. Replayed on the slow Zen 4 EPYC's trace comparison it refused as the
+    live router did (0/1/2/5/14 of 60 at 0.6-1.8 req/s against 0/1/3/5/13 measured; 0/0/2/4/7 off),
+    but it moves the plan's picks (there: the tight pick to 1P+1H/256, the loose one to 2C@256), which
+    have not been run yet: a what-if until they are (BENCHMARKS, "What streaming costs the prefill core")."""
 
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     cost: CostModel | None = None
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     admission: bool = True
+    calibrated: bool = False
 
     def __post_init__(self) -> None:
         for name in ("ttft_slo_s", "tpot_slo_s"):

@@ -113,7 +113,8 @@ class _Cluster:
                                          for i in range(topology.num_decode + topology.num_colocated)]
         router = settings.router
         self.router = SimRouter(topology.kind, topology.num_prefill, self.decode, router.placement_for(topology),
-                                cost, router.slo, settings.block_size, router.admission)
+                                cost, router.slo, settings.block_size, router.admission,
+                                delivery_s=settings.serving.first_token_s, calibrated=router.calibrated)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._dirty: dict[int, Instance] = {}

@@ -30,8 +30,12 @@ Where the simulated router differs from a live one, on purpose:
   minus `now` for every item alike, so its order is `DispatchQueue.ordered(now)`'s at every `now`;
 - before `evaluate`, a request is skipped when no path could pass the hard filters and the gate
   (`_Openings.could_take`: a necessary condition; `evaluate` and `dispatch_open` decide);
-- admission judges the prediction as it is (scale 1: no `Calibration` of predictions against
-  what requests saw), and `RouterSettings.admission` False turns it off (every request is served;
+- admission judges the prediction as it is (scale 1), or with `calibrated` (`RouterSettings.calibrated`,
+  a what-if for now) scales it by the router's own `Calibration` (`PlacementConfig.calibration()`,
+  where `calibration_quantile` > 0 and an SLO is judged), fed as `Scheduler._calibrate` feeds it: at
+  each request's end, its TTFT and time per output token as the simulation served them (the hops'
+  latency `delivery_s` included, the drawn spread not) against the best placement's prediction at
+  its admission; `RouterSettings.admission` False turns admission off (every request is served;
   one that no decode instance has KV room for waits, as the router does without SLOs);
 - its counts are exact and current (a live router's KV counts are a heartbeat old), nothing is in
   a prefix cache (not modelled) and the cost model stays as given (no `OnlinePrefillFit`).
@@ -51,9 +55,10 @@ from planner.simulator.state import SimRequest
 from router.live_view import LocalPrefillRule
 from router.policies.placement.head_of_queue import HeadOfQueue
 from router.policies.admission import Admit, Scale, admit
+from router.policies.calibration import Calibration, ttft_observation
 from router.policies.ordering import QueuedItem, priority_key, queue_share
-from router.policies.placement import (CostModel, Disaggregated, Local, Path, PlacementConfig, RequestView,
-                                       WorkerView, dispatch_open, evaluate)
+from router.policies.placement import (CostModel, Disaggregated, Local, Path, PlacementConfig, Prediction,
+                                       RequestView, WorkerView, dispatch_open, evaluate)
 from router.scheduler import NOMINAL_TPOT_SLO_S, NOMINAL_TTFT_SLO_S, SloTargets
 
 UNMODELLED_KV_BLOCKS = 1 << 30  # what a worker reporting no KV total shows the router
@@ -106,10 +111,15 @@ class SimRouter:
 
     def __init__(self, kind: TopologyKind, num_prefill: int, decode_side: Sequence[DecodeSide],
                  placement: PlacementConfig, cost: CostModel, slo: SloTargets, block_size: int,
-                 admission: bool = True) -> None:
+                 admission: bool = True, delivery_s: float = 0.0, calibrated: bool = False) -> None:
         self.placement, self.cost = placement, cost
         self._slo_s = (slo.ttft_s or NOMINAL_TTFT_SLO_S, slo.tpot_s or NOMINAL_TPOT_SLO_S)
         self._judge = (admission and slo.ttft_s is not None, admission and slo.tpot_s is not None)  # (TTFT, TPOT)
+        # `Scheduler.calibration`: what admission scales its predictions by, learned from the requests served
+        self.calibration = ({quantity: Calibration(placement.calibration()) for quantity in ("ttft", "tpot")}
+                            if calibrated and placement.calibration_quantile > 0 and any(self._judge) else {})
+        self._expected: dict[int, Prediction] = {}  # request index -> the prediction it was admitted on
+        self._delivery_s = delivery_s  # what the hops add to a first token, as the client (and router) see it
         self._block_size = block_size
         self._prefill_ids = [prefill_id(i) for i in range(num_prefill)]
         self._decode_side = {decode_id(i): instance for i, instance in enumerate(decode_side)}
@@ -192,9 +202,31 @@ class SimRouter:
         self.running_decodes[decode_id(request.decode_instance)] += 1
 
     def finished(self, request: SimRequest) -> None:
-        """The request's last token is out of its decode instance (its KV blocks are free)."""
+        """The request's last token is out of its decode instance (its KV blocks are free); the
+        calibration learns from what it saw."""
         self.running_decodes[decode_id(request.decode_instance)] -= 1
         self._changed = True
+        expected = self._expected.pop(request.index, None)
+        if expected is not None and request.first_token_s is not None and request.finish_s is not None:
+            self._calibrate(expected, request)
+
+    def _calibrate(self, expected: Prediction, request: SimRequest) -> None:
+        """`Scheduler._calibrate` on the simulated request's TTFT and time per output token."""
+        delivery_s = self._delivery_s * request.hop_stretch
+        ttft_s = request.first_token_s + delivery_s - request.arrival_s
+        if "ttft" in self.calibration and ttft_s > 0:
+            predicted_s, observed_s = ttft_observation(expected.ttft_s, expected.ttft_wait_s, ttft_s,
+                                                       self.placement.calibrate_ttft)
+            self.calibration["ttft"].observe(predicted_s, observed_s, self._slo_s[0], self.now_s)
+        if "tpot" in self.calibration and request.output_tokens >= 2 and request.finish_s > request.first_token_s:
+            intervals = request.output_tokens - 1
+            tpot_s = (request.finish_s - request.first_token_s) / intervals
+            predicted_s = expected.decode_step_s + expected.kv_transfer_s / intervals
+            self.calibration["tpot"].observe(predicted_s, tpot_s, self._slo_s[1], self.now_s)
+
+    def scale(self) -> Scale:
+        """`Scheduler.scale`: each calibration's factor now (1 where it is off)."""
+        return Scale(**{quantity: calibration.factor(self.now_s) for quantity, calibration in self.calibration.items()})
 
     def views(self, extra_queued_tokens: int = 0, extra_queued_prompts: int = 0) -> list[WorkerView]:
         """Every instance as the placement sees it (as `LiveView.views` builds them), with
@@ -221,8 +253,10 @@ class SimRouter:
         view = self._request_view(request)
         shared = queue_share(*self._queued_ahead(key), self._computing_workers)
         ranked = evaluate(view, self.views(*shared), self.cost, self.placement)
-        verdict = admit(ranked[0].prediction if ranked else None, view, self.placement, Scale(),
+        verdict = admit(ranked[0].prediction if ranked else None, view, self.placement, self.scale(),
                         judge_ttft=judge_ttft, judge_tpot=judge_tpot)
+        if isinstance(verdict, Admit) and self.calibration and ranked:
+            self._expected[request.index] = ranked[0].prediction
         return isinstance(verdict, Admit)
 
     def _queued_ahead(self, key: float) -> tuple[int, int]:

@@ -130,3 +130,21 @@ def test_the_online_planners_latency_fn_reads_the_served_requests_when_the_route
     # the seconds a queue without admission would add
     assert 0 < latencies.ttft_p50_s <= 0.5 and latencies.ttft_p50_s <= latencies.ttft_p90_s <= 0.5 * 1.25
     assert 0 < latencies.tpot_p50_s <= latencies.tpot_p90_s
+
+
+def test_a_calibrated_simulated_router_learns_its_cost_model_runs_fast_and_refuses_as_the_live_one_would():
+    # the router's cost model says 0.2 ms a token, the engines take 0.4: three lone 1500-token
+    # prompts are predicted at 0.3 s and served in 0.6 s (ratio 2, relevant: over a quarter of the
+    # SLO); then two arrive together: the second is predicted at 0.6 s behind the first, 1.2 s
+    # calibrated, past the 1 s SLO: refused, as `Scheduler.check` with its calibration would
+    fast_cost = CostModel(fixed_s=0.0, per_token_s=0.0002, step_fixed_s=0.0, step_per_seq_s=0.0)
+    requests = [spec(0.0, 1500, 2), spec(2.0, 1500, 2), spec(4.0, 1500, 2), spec(10.0, 1500, 2), spec(10.0, 1500, 2)]
+    def run(calibrated: bool):
+        router = RouterSettings(PlacementConfig(), cost=fast_cost, ttft_slo_s=1.0, calibrated=calibrated)
+        return simulate(requests, Topology.disaggregated(1, 1),
+                        round_settings(token_budget=2000, num_kv_blocks=1000, router=router), MODEL)
+    learned, as_is = run(True), run(False)
+    assert learned.refused.tolist() == [False, False, False, False, True]
+    assert as_is.refused.tolist() == [False] * 5
+    assert as_is.ttft_s[4] == pytest.approx(1.2, **EXACT)  # admitted on the model as it is, and missed
+    assert learned.ttft_s[3] == pytest.approx(0.6, **EXACT)
