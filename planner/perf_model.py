@@ -8,8 +8,10 @@ Forms (n = tokens, seconds):
   (`prior_units`: P = sum of k_i * s_i, 0 for a prompt in one chunk, about (n^2 - n*k) / 2 chunked):
   the per-step overhead is paid once per chunk and the causal attention telescopes to n^2, but a
   chunk's queries over the prompt's earlier tokens, read back from the paged KV cache, cost more than
-  the same attention computed in one pass (on the slow Zen 4 EPYC a 2,000-token prompt took 1.12x as
-  long in 256-token chunks as in one, where a, b and c alone say 1.04x). e is fitted where the
+  the same attention computed in one pass (on the slow Zen 4 EPYC prompts of 512-2,000 tokens took
+  1.01-1.17x as long in 256-token chunks as in one over three measurements, where a, b and c alone
+  say 1.03-1.04x: small, and as large as that host's spread between engine starts; BENCHMARKS, "What
+  streaming costs the prefill core, and a prompt in small chunks"). e is fitted where the
   profile measured chunked prompts (`pdserve profile`'s rows at a small token budget); 0 otherwise.
 - decode step:   a + b * batch_size + c * context + d * max(0, context - knee)
   (context summed over the batch). Past `knee` tokens of context each further token costs c + d.
