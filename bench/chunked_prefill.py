@@ -74,6 +74,12 @@ async def _measure_budget(model: str, budget: int, prompts: tuple[int, ...], rep
         gc.collect()
 
 
+def _shown(path: str) -> str:
+    """`path` relative to the checkout where it lies inside it (results name no machine's folders)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else path
+
+
 def _markdown(summary: list[dict], has_model: bool) -> str:
     head = ["budget", "prompt", "seconds (median)", "/ one pass"] + (["model", "model / one pass"] if has_model else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -142,7 +148,7 @@ def main() -> int:
     summary = summarize(rows, max(budgets), predicted)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "chunked_prefill.json").write_text(json.dumps(
-        {"command": " ".join(sys.argv), "model": args.model, "profile": str(args.profile) if args.profile else None,
+        {"command": " ".join(sys.argv), "model": _shown(args.model), "profile": str(args.profile) if args.profile else None,
          "rows": rows, "summary": summary}, indent=1))
     (args.out / "chunked_prefill.md").write_text(_markdown(summary, predicted is not None))
     _plot(summary, args.out / "chunked_prefill.png", predicted is not None)

@@ -43,11 +43,13 @@ def busy_cores(before: dict[str, list[int]], after: dict[str, list[int]]) -> dic
 
 def charged_cores(costs, tokens_per_s: float, batch: int) -> dict[str, float]:
     """What a profile's `ServingCosts` charge the router and the client (cores) while `batch`
-    streams get `tokens_per_s` in all: per token, and per step (one token a stream)."""
-    steps_per_s = tokens_per_s / max(1, batch)
-    router = costs.router_cpu_s_per_token * tokens_per_s + costs.router_cpu_s_per_step * steps_per_s
-    host = costs.host_cpu_s_per_token * tokens_per_s + costs.host_cpu_s_per_step * steps_per_s
-    return {"router": router, "client": host - router}
+    streams get `tokens_per_s` in all: per token, and per step (one token a stream), as the
+    serving probe's fit reads them (`serving_fit.StreamCpu.host_load_cores`)."""
+    from planner.profiler.serving_fit import StreamCpu
+
+    client, router = StreamCpu(costs.host_cpu_s_per_step, costs.host_cpu_s_per_token, costs.router_cpu_s_per_step,
+                               costs.router_cpu_s_per_token).host_load_cores(tokens_per_s, batch)
+    return {"router": router, "client": client}
 
 
 def _cpu_stat() -> dict[str, list[int]]:
