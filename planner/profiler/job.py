@@ -209,7 +209,7 @@ async def _measure_engine(settings: WorkerEngineSettings, plan: ProfilePlan, adv
 
 async def _measure_chunked(settings: WorkerEngineSettings, plan: ProfilePlan, budget: int, advance):
     """The plan's chunked rows: its prompts on an engine of the same settings whose token budget is
-    `plan.chunked_budget`, each computed in chunks of that many tokens. None where the engine's own
+    `plan.chunked_budget`, each computed in chunks of that many tokens. None (()) where the engine's own
     budget is no larger (its rows are chunked as much already)."""
     from pdserve.engine import start_engine
     from planner.profiler.engine_probe import EngineProbe
