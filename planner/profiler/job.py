@@ -186,22 +186,33 @@ def _measure_transfers(model: ModelInfo, transports: tuple[str, ...], plan: Prof
     return tuple(rows)
 
 
-async def _measure_engine(settings: WorkerEngineSettings, plan: ProfilePlan, advance):
-    import vllm
-
+async def _on_engine(settings: WorkerEngineSettings, work, seed: int = 0):
+    """`await work(engine, probe)` on a colocated engine started from `settings` and its
+    `EngineProbe` (`seed`: the probe's token ids), then the engine shut down and collected whatever
+    `work` did: one engine up at a time, and AsyncLLM.__del__ (which shuts down again) run now, not at
+    interpreter exit. `work`'s result is returned; it must not keep the engine or the probe."""
     from pdserve.engine import start_engine
     from planner.profiler.engine_probe import EngineProbe
 
     engine, probe = start_engine(settings, "colocated"), None
     try:
-        budget = int(engine.vllm_config.scheduler_config.max_num_batched_tokens)
-        advance(f"engine up (token budget {budget})")
-        probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()))
-        prefill, decode = await _measure(probe, plan, budget, advance)
+        probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()), seed=seed)
+        return await work(engine, probe)
     finally:
         engine.shutdown()
         del engine, probe
-        gc.collect()  # AsyncLLM.__del__ shuts down again: let it run now, not at interpreter exit
+        gc.collect()
+
+
+async def _measure_engine(settings: WorkerEngineSettings, plan: ProfilePlan, advance):
+    import vllm
+
+    async def tables(engine, probe):
+        budget = int(engine.vllm_config.scheduler_config.max_num_batched_tokens)
+        advance(f"engine up (token budget {budget})")
+        return (*await _measure(probe, plan, budget, advance), budget)
+
+    prefill, decode, budget = await _on_engine(settings, tables)
     if plan.chunked_prompt_tokens:
         prefill += await _measure_chunked(settings, plan, budget, advance)
     return prefill, decode, budget, vllm.__version__
@@ -211,28 +222,22 @@ async def _measure_chunked(settings: WorkerEngineSettings, plan: ProfilePlan, bu
     """The plan's chunked rows: its prompts on an engine of the same settings whose token budget is
     `plan.chunked_budget`, each computed in chunks of that many tokens. None (()) where the engine's own
     budget is no larger (its rows are chunked as much already)."""
-    from pdserve.engine import start_engine
-    from planner.profiler.engine_probe import EngineProbe
-
     if budget <= plan.chunked_budget:
         for _ in range(len(plan.chunked_prompt_tokens) + 1):
             advance(f"chunked rows: the engine's own budget {budget} is no larger than {plan.chunked_budget}")
         return ()
-    engine, probe = start_engine(replace(settings, max_num_batched_tokens=plan.chunked_budget), "colocated"), None
-    try:
+
+    async def rows(engine, probe):
         advance(f"engine up (token budget {plan.chunked_budget}, for chunked prompts)")
-        probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()), seed=1)
         await probe.warm_up()
-        rows = []
+        measured = []
         for n in plan.chunked_prompt_tokens:
             seconds = await probe.prefill_s(n, plan.prefill_repeats)
-            rows.append(PrefillSample(n, plan.chunked_budget, round(seconds, 7)))
+            measured.append(PrefillSample(n, plan.chunked_budget, round(seconds, 7)))
             advance(f"prefill {n} tokens in {plan.chunked_budget}-token chunks {seconds * 1e3:.1f} ms")
-    finally:
-        engine.shutdown()
-        del engine, probe
-        gc.collect()
-    return tuple(rows)
+        return tuple(measured)
+
+    return await _on_engine(replace(settings, max_num_batched_tokens=plan.chunked_budget), rows, seed=1)
 
 
 def _engine_model(engine: WorkerEngineSettings, model: ModelInfo, prefill, decode, budget: int, transfers=()):
