@@ -78,6 +78,9 @@ def _print_header(console: Console, inputs: PlanInputs) -> None:
                   f"{s.num_kv_blocks} KV blocks of {s.block_size} tokens per instance, transport {s.transport}")
     console.print(f"[bold]workload[/bold] {inputs.workload_label}; SLOs TTFT <= {inputs.slo.ttft_s * 1e3:g} ms, "
                   f"TPOT <= {inputs.slo.tpot_s * 1e3:g} ms for >= {inputs.search.target_attainment:.0%} of requests")
+    if s.router.calibrated:
+        console.print("[bold]admission[/bold] calibrated: the simulated router scales its predictions by what it "
+                      "observed, as a live router does")
     for note in beyond_the_profile(inputs):
         console.print(f"[yellow]outside the profile:[/yellow] {note}: predictions there are extrapolated; "
                       f"profile with a larger --max-model-len / --max-num-seqs to measure them", highlight=False)
@@ -201,6 +204,7 @@ def run_goodput_search(inputs: PlanInputs, console: Console) -> int:
                                "target_attainment": inputs.search.target_attainment,
                                "speed_margin": margin, "speed_margin_why": inputs.speed_margin.why,
                                "budget_devices": inputs.budget_devices, "search_s": elapsed,
+                               "calibrated_admission": inputs.settings.router.calibrated,
                                **report.search_json(result),
                                "prefill_load_at_goodput": {label: round(summary["prefill_load"], 4)
                                                            for label, summary in points.items()}}, indent=1))

@@ -134,6 +134,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the placement policy the simulated router uses (JSON/YAML, `pdserve router "
                         "--placement-config`; default: the router's defaults)")
     g.add_argument("--no-colocated", action="store_true", help="skip the aggregated (colocated workers) topologies")
+    g.add_argument("--calibrated-admission", action="store_true",
+                   help="the simulated router's admission scales its predictions by what it observed of the "
+                        "simulated requests, as a live router's calibration does (a what-if; default: judged at "
+                        "the cost model's own predictions)")
     g.add_argument("--rel-tol", type=float, default=0.02,
                    help="rate bisection stops at this relative width (default 0.02)")
     g.add_argument("--min-devices-for-rate", type=float, metavar="R",
@@ -170,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         fit = fit_perf_model(profile)
         placement = PlacementConfig.from_file(args.placement_config) if args.placement_config else PlacementConfig()
         settings = SimSettings.from_profile(profile, args.transport, decode_pick=args.decode_pick,
-                                            router=RouterSettings(placement))
+                                            router=RouterSettings(placement, calibrated=args.calibrated_admission))
         arrival = args.arrival or ("trace" if args.workload == "trace" else "poisson")
         workload = WorkloadConfig(kind=args.workload, arrival=arrival, rate_rps=1.0, cv=args.cv,
                                   num_requests=args.num_prompts, prompt_mean=args.input_len,

@@ -85,3 +85,14 @@ def test_plan_says_where_the_workload_leaves_the_profiles_measured_range(tmp_pat
     out = " ".join(capsys.readouterr().out.split())   # rich wraps long lines
     assert "outside the profile: sequences reach" in out and "measured with sequences of up to 1024" in out
     assert "prompts reach" not in out   # 1.5k +- 30% stays under the 2,048 measured
+
+
+def test_plan_with_calibrated_admission_says_so_and_records_it(tmp_path, capsys):
+    common = ["--devices", "2", "--objective", "total", "--topologies", "hybrid", "--local-prefill-caps", "0",
+              "--token-budgets", "0", "--output-dir", str(tmp_path), *SMALL]
+    assert main(["plan", "--label", "plain", *common]) == 0
+    assert "admission calibrated" not in capsys.readouterr().out
+    assert main(["plan", "--label", "cal", "--calibrated-admission", *common]) == 0
+    assert "admission calibrated" in capsys.readouterr().out
+    assert json.loads((tmp_path / "plain_search.json").read_text())["calibrated_admission"] is False
+    assert json.loads((tmp_path / "cal_search.json").read_text())["calibrated_admission"] is True
