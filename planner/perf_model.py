@@ -6,13 +6,16 @@ Forms (n = tokens, seconds):
       a + b * sum(k_i) + c * sum((s_i + k_i)^2 - s_i^2) + e * sum(k_i * s_i)
   A whole prompt of n tokens chunked by k therefore costs  ceil(n/k) * a + b*n + c*n^2 + e * P(n, k)
   (`prior_units`: P = sum of k_i * s_i, 0 for a prompt in one chunk, about (n^2 - n*k) / 2 chunked):
-  the per-step overhead is paid once per chunk and the causal attention telescopes to n^2, but a
-  chunk's queries over the prompt's earlier tokens, read back from the paged KV cache, cost more than
-  the same attention computed in one pass (on the slow Zen 4 EPYC prompts of 512-2,000 tokens took
-  1.01-1.17x as long in 256-token chunks as in one over three measurements, where a, b and c alone
-  say 1.03-1.04x: small, and as large as that host's spread between engine starts; BENCHMARKS, "What
-  streaming costs the prefill core, and a prompt in small chunks"). e is fitted where the
-  profile measured chunked prompts (`pdserve profile`'s rows at a small token budget); 0 otherwise.
+  the per-step overhead is paid once per chunk and the causal attention telescopes to n^2, and a
+  chunk's queries over the prompt's earlier tokens, read back from the paged KV cache, cost e more
+  or less than the same attention in one pass. e >= -2c: per chunk the form is
+  a + b*k + c*k^2 + (2c + e)*k*s, and neither part may be negative. Both signs are measured: on the
+  slow Zen 4 EPYC prompts of 512-2,000 tokens took 1.01-1.17x as long in 256-token chunks as in one
+  (BENCHMARKS, "What streaming costs the prefill core, and a prompt in small chunks"): e > 0; on an
+  AMX Xeon 0.92-1.01x, where a, b and c alone say 1.13x, because there the one-pass n^2 is not
+  attention alone (a step of 512-2,048 tokens runs slower per token than its 256-token chunks): e < 0.
+  e is fitted where the profile measured chunked prompts (`pdserve profile`'s rows at a small token
+  budget); 0 otherwise (the telescoped attention, neither dearer nor cheaper).
 - decode step:   a + b * batch_size + c * context + d * max(0, context - knee)
   (context summed over the batch). Past `knee` tokens of context each further token costs c + d.
   The knee is the measured context that fits best; d = 0 (one slope) when a knee does not help.
@@ -51,7 +54,7 @@ class PrefillCoeffs:
     step_s: float
     per_token_s: float
     per_token2_s: float
-    per_prior_unit_s: float = 0.0  # e: per unit of sum(k_i * s_i), a chunk's queries over earlier chunks
+    per_prior_unit_s: float = 0.0  # e: per unit of sum(k_i * s_i), a chunk's queries over earlier chunks (>= -2c)
 
     def times(self, factor: float) -> PrefillCoeffs:
         return PrefillCoeffs(self.step_s * factor, self.per_token_s * factor, self.per_token2_s * factor,
@@ -235,7 +238,8 @@ def _engine_lines(model: PerfModel, prefill_mape: float, decode_mape: float, whe
     return [
         f"prefill step  = {p.step_s * 1e3:.3f} ms + {p.per_token_s * 1e6:.3f} us*tokens"
         f" + {p.per_token2_s * 1e9:.4f} ns*tokens^2"
-        + (f" + {p.per_prior_unit_s * 1e9:.4f} ns*sum(chunk*earlier)" if p.per_prior_unit_s > 0 else "")
+        + (f" {'-' if p.per_prior_unit_s < 0 else '+'} {abs(p.per_prior_unit_s) * 1e9:.4f} ns*sum(chunk*earlier)"
+           if p.per_prior_unit_s != 0 else "")
         + f"   (MAPE {prefill_mape:.1%}){where}",
         f"decode step   = {d.step_s * 1e3:.3f} ms + {d.per_seq_s * 1e3:.4f} ms*batch"
         f" + {d.per_context_token_s * 1e6:.4f} us*context"
@@ -296,14 +300,22 @@ def fit_prefill(rows: Sequence[PrefillSample]) -> tuple[PrefillCoeffs, float]:
     of at most half the prompt (`pdserve profile`'s rows at a small token budget beside the engine's
     own): e is read from how the two differ at the same length. A prompt that just overflows one chunk
     (the engine's longest, in two) says too little of it, and rows chunked at every length (an engine
-    whose own budget is small) cannot tell it from c; there a, b and c are fitted as before."""
-    features = np.array([[r.num_chunks, r.prompt_tokens, r.prompt_tokens**2,
-                          prior_units(r.prompt_tokens, r.chunk_tokens)] for r in rows], float)
+    whose own budget is small) cannot tell it from c; there a, b and c are fitted as before.
+
+    e is fitted as the chunk's whole cost over earlier tokens, 2c + e >= 0, beside c * sum(k_i^2)
+    (n^2 = sum(k_i^2) + 2 * P): so both signs of e are open to the fit, down to the -2c at which a
+    chunk's queries over earlier tokens would cost nothing."""
+    units = np.array([prior_units(r.prompt_tokens, r.chunk_tokens) for r in rows], float)
+    tokens = np.array([r.prompt_tokens for r in rows], float)
+    features = np.column_stack([[r.num_chunks for r in rows], tokens, tokens**2 - 2 * units, units])
     measured = np.array([r.prefill_s for r in rows])
-    if len(lengths_measured_both_ways(rows)) < MIN_CHUNKED_ROWS:
-        features = features[:, :3]
-    c = fit_nonnegative(features, measured)
-    return PrefillCoeffs(*map(float, c)), mape(features @ c, measured)
+    if len(lengths_measured_both_ways(rows)) < MIN_CHUNKED_ROWS:   # telescoped: c * n^2 chunked or not
+        telescoped = np.column_stack([features[:, :2], tokens**2])
+        c = fit_nonnegative(telescoped, measured)
+        return PrefillCoeffs(*map(float, c)), mape(telescoped @ c, measured)
+    a, b, c, over_earlier = fit_nonnegative(features, measured)
+    coeffs = PrefillCoeffs(float(a), float(b), float(c), float(over_earlier - 2 * c))
+    return coeffs, mape(features @ np.array([a, b, c, over_earlier]), measured)
 
 
 MIN_CHUNKED_ROWS = 2  # prompt lengths measured both ways before the chunked-attention term is fitted

@@ -25,9 +25,11 @@ def prior_units(prompt_tokens: int, chunk_tokens: int) -> float:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds as functions of token counts. Every coefficient is finite and >= 0, so every cost is
-    >= 0 and non-decreasing in its argument. A count <= 0 costs 0 s (an empty queue waits for
-    nothing), so `prefill_s(0) == 0` even with a fixed cost."""
+    """Seconds as functions of token counts. Every coefficient is finite and >= 0 but
+    `per_prior_unit_s`, which is >= -2 * `per_token2_s` (a chunk's queries over the earlier chunks may
+    cost less than the same attention in one pass, never less than nothing), so every cost is >= 0
+    and non-decreasing in its argument. A count <= 0 costs 0 s (an empty queue waits for nothing), so
+    `prefill_s(0) == 0` even with a fixed cost."""
 
     fixed_s: float                  # prefill: per-call overhead
     per_token_s: float              # prefill: linear (MLP, projections)
@@ -39,8 +41,8 @@ class CostModel:
     local_interference_per_decode: float = 0.0  # slowdown of a local prefill per running decode
     # prefill in chunks of `chunk_tokens` (the engine's token budget; 0: one chunk whatever the
     # length): each chunk after the first costs `per_chunk_s` more (a step's overhead), and its
-    # queries over the earlier chunks `per_prior_unit_s` per unit of `prior_units` (above; the
-    # planner's `PerfModel` fits the same term)
+    # queries over the earlier chunks `per_prior_unit_s` per unit of `prior_units` more than in one
+    # pass (above; >= -2 * per_token2_s; the planner's `PerfModel` fits the same term)
     chunk_tokens: int = 0
     per_chunk_s: float = 0.0
     per_prior_unit_s: float = 0.0
@@ -48,6 +50,12 @@ class CostModel:
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
+            if field.name == "per_prior_unit_s" and isinstance(value, (int, float)) and math.isfinite(value):
+                if value < -2 * self.per_token2_s:
+                    raise ValueError(f"CostModel.per_prior_unit_s must be >= -2 * per_token2_s "
+                                     f"({-2 * self.per_token2_s!r}), got {value!r}: below it a chunk's queries over "
+                                     f"the earlier chunks would cost less than nothing")
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"CostModel.{field.name} must be a finite number >= 0, got {value!r}: a negative "
                                  f"cost predicts time running backwards; fit it on measured times or set it to 0")

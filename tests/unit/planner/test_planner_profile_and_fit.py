@@ -21,7 +21,7 @@ from planner.profile import (
     save_profile,
 )
 from planner.profiles.example import EXAMPLE_PROFILE_PATH, build_example_profile
-from router.policies.placement.cost import prior_units
+from router.policies.placement.cost import CostModel, prior_units
 
 
 def test_checked_in_example_profile_is_what_its_generator_builds():
@@ -106,6 +106,28 @@ def test_a_chunked_prompts_attention_over_earlier_chunks_is_fitted_from_rows_in_
     # two chunks) the term is not fitted: 0, and a, b, c fitted as before
     unchunked = tuple(r for r in prefill if r.chunk_tokens == 2048)
     assert fit_prefill(unchunked)[0].per_prior_unit_s == 0.0
+
+
+def test_a_chunked_prompt_cheaper_than_one_pass_is_fitted_with_a_negative_term_down_to_minus_2c():
+    # as on an AMX Xeon: a step of 2,048 tokens runs slower per token than its 256-token chunks, so the
+    # one-pass n^2 is not attention alone and a chunk's queries over earlier tokens cost 2c + e < 2c
+    a, b, c, e = 0.023, 1.8e-4, 8.8e-8, -1.2e-7
+    def seconds(n, k):
+        return -(-n // k) * a + b * n + c * n * n + e * prior_units(n, k)
+    rows = [(n, 2048) for n in (32, 128, 512, 1024, 2048, 4095)] + [(n, 256) for n in (512, 1024, 2048)]
+    p, error = fit_prefill(tuple(PrefillSample(n, k, seconds(n, k)) for n, k in rows))
+    assert (p.step_s, p.per_token_s, p.per_token2_s, p.per_prior_unit_s) == pytest.approx((a, b, c, e), rel=1e-6)
+    assert error < 1e-9
+    model = PerfModel(p, DecodeCoeffs(0.01, 0.001, 1e-6))
+    assert model.prefill_s(2000, 256) < model.prefill_s(2000, 2048) + 7 * a   # cheaper than telescoped
+    # rows whose chunks cost nothing over earlier tokens (or less: noise) stop the fit at e = -2c: a
+    # chunk of a long prompt never costs less than the same chunk alone
+    free = tuple(PrefillSample(n, k, -(-n // k) * a + b * n + c * (n * n - 2 * prior_units(n, k))
+                               - (1e-8 * prior_units(n, k) if k == 256 else 0.0)) for n, k in rows)
+    p = fit_prefill(free)[0]
+    assert p.per_prior_unit_s == pytest.approx(-2 * p.per_token2_s, rel=1e-9) and p.per_token2_s > 0
+    CostModel(fixed_s=p.step_s, per_token_s=p.per_token_s, per_token2_s=p.per_token2_s, step_fixed_s=0.01,
+              step_per_seq_s=0.001, chunk_tokens=256, per_prior_unit_s=p.per_prior_unit_s)   # a valid cost model
 
 
 def _with_decode(decode: tuple) -> object:

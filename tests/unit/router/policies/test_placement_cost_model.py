@@ -37,6 +37,17 @@ def test_a_chunked_prefill_pays_a_steps_overhead_per_chunk_and_its_queries_over_
     assert CostModel(**{**vars(chunked), "chunk_tokens": 0}).prefill_s(1000) == pytest.approx(COST.prefill_s(1000))
 
 
+def test_chunks_may_cost_less_than_one_pass_over_earlier_tokens_but_never_less_than_nothing():
+    base = dict(fixed_s=0.01, per_token_s=1e-4, per_token2_s=1e-9, step_fixed_s=0.02, step_per_seq_s=0.001,
+                chunk_tokens=256, per_chunk_s=0.004)
+    cheaper = CostModel(**base, per_prior_unit_s=-1.5e-9)
+    assert cheaper.prefill_s(1000) == pytest.approx(COST.prefill_s(1000) + 3 * 0.004 - 1.5e-9 * (196_608 + 178_176))
+    costs = [CostModel(**base, per_prior_unit_s=-2e-9).prefill_s(n) for n in range(0, 3000, 7)]
+    assert all(later >= earlier for earlier, later in zip(costs, costs[1:]))   # still non-decreasing at -2c
+    with pytest.raises(ValueError, match=r"per_prior_unit_s must be >= -2 \* per_token2_s"):
+        CostModel(**base, per_prior_unit_s=-2.1e-9)
+
+
 def test_decode_step_and_transfer_are_affine():
     assert COST.decode_step_s(8) == pytest.approx(0.028)
     assert COST.kv_transfer_s(4000) == pytest.approx(0.045)
