@@ -52,10 +52,23 @@ class WorkerRecord:
         return cls(**values)
 
 
+# Every call to Redis answers within this or fails with redis' TimeoutError (a RedisError, which the
+# heartbeat, the pool's refresh, the live load and the online planner each log and retry): a server
+# that stops answering without closing the connection (paused, or behind a silent network) costs a
+# retry, never a call that waits forever. Every command pdserve sends is a short, non-blocking one.
+REDIS_TIMEOUT_S = 5.0
+
+
+def connect_redis(redis_url: str) -> aioredis.Redis:
+    """pdserve's asyncio Redis client for `redis_url`, its connect and every call bounded by
+    `REDIS_TIMEOUT_S`."""
+    return aioredis.from_url(redis_url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
+
+
 class Registry:
     def __init__(self, redis_url: str, cluster: str):
         self.cluster = cluster
-        self.redis = aioredis.from_url(redis_url)
+        self.redis = connect_redis(redis_url)
 
     async def heartbeat(self, record: WorkerRecord, ttl_s: float) -> None:
         """Writes the record and renews its lease for `ttl_s`."""

@@ -44,7 +44,7 @@ from redis.exceptions import RedisError
 
 from pdserve import metrics
 from pdserve.keys import planner_decision_key, planner_decisions_key
-from pdserve.registry import Registry
+from pdserve.registry import Registry, connect_redis
 from planner.actuators.base import ROLES, Actuator
 from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
@@ -141,9 +141,7 @@ class PlannerLoop:
     @classmethod
     def connect(cls, redis_url: str, settings: LoopSettings, config: PlannerConfig, oracle: Oracle,
                 actuator: Actuator) -> "PlannerLoop":
-        import redis.asyncio as aioredis
-
-        return cls(aioredis.from_url(redis_url), Registry(redis_url, settings.cluster), settings, config, oracle,
+        return cls(connect_redis(redis_url), Registry(redis_url, settings.cluster), settings, config, oracle,
                    actuator)
 
     async def close(self) -> None:

@@ -163,17 +163,17 @@ def start_load_publisher(redis_url: str, cluster: str, inflight: Callable[[], in
                          config: LiveLoadConfig | None = None) -> asyncio.Task:
     """Records every finished request (through `pdserve.metrics.FINISHED_OBSERVERS`) and publishes
     the window's summary until the returned task is cancelled."""
-    import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
     from pdserve import metrics
+    from pdserve.registry import connect_redis
 
     config = config or LiveLoadConfig.from_env()
     window = LoadWindow(config.window_s)
     metrics.FINISHED_OBSERVERS.append(window.record)
 
     async def run() -> None:
-        redis = aioredis.from_url(redis_url)
+        redis = connect_redis(redis_url)
         try:
             await publish_forever(redis, cluster, config, window, inflight)
         finally:

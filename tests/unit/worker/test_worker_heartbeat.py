@@ -16,7 +16,7 @@ from launch.redis_server import start_redis
 from pdserve.keys import worker_key
 from pdserve.registry import Registry
 from pdserve.worker.config import WorkerConfig
-from pdserve.worker.heartbeat import heartbeat_loop
+from pdserve.worker.heartbeat import heartbeat_loop, worker_record
 from pdserve.worker.load import EngineLoad
 from pdserve.worker.server import WorkerRuntime
 
@@ -111,3 +111,37 @@ async def test_metrics_port_serves_the_worker_gauges_over_http(redis_server):
 def test_a_negative_drain_timeout_is_refused():
     with pytest.raises(ValueError, match="drain_timeout_s must be >= 0"):
         WorkerConfig(role="decode", engine=EngineSettings(model="m"), redis_url="redis://h:1/0", drain_timeout_s=-1)
+
+
+async def test_a_redis_that_accepts_but_never_answers_costs_a_failed_heartbeat_not_a_hang(monkeypatch):
+    # a server paused (or behind a silent network) keeps the connection open and answers nothing:
+    # every call must end within the client's bound with a RedisError the heartbeat loop retries
+    import pdserve.registry
+    from redis.exceptions import RedisError
+
+    monkeypatch.setattr(pdserve.registry, "REDIS_TIMEOUT_S", 0.3)
+    connections: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        await reader.read(1 << 16)   # takes the command, answers nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    registry = Registry(f"redis://127.0.0.1:{port}", "silent")
+    runtime = make_runtime(f"redis://127.0.0.1:{port}")
+    try:
+        started = time.monotonic()
+        with pytest.raises(RedisError):   # without the bound: asyncio's TimeoutError after 5 s instead
+            await asyncio.wait_for(registry.heartbeat(worker_record(runtime, "10.0.0.7:1"), TTL_S), 5.0)
+        assert connections and time.monotonic() - started < 3.0   # the 0.3 s bound, with a slow host's margin
+        stop = asyncio.Event()
+        loop = asyncio.create_task(heartbeat_loop(registry, runtime, "10.0.0.7:1", stop))
+        await asyncio.sleep(1.0)   # heartbeats fail and are retried; the loop itself neither raises nor hangs
+        stop.set()
+        await asyncio.wait_for(loop, 3.0)
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()
+        await registry.close()
