@@ -67,9 +67,10 @@ def main() -> int:
     parser.add_argument("--at-run-speed", action="store_true",
                         help="slow each run's prompts by the machine's speed before it over its speed at the profile "
                              "(where both checks timed the same product; other runs replay at the profile's speed)")
-    parser.add_argument("--calibrated-admission", action="store_true",
+    parser.add_argument("--calibrated-admission", action=argparse.BooleanOptionalAction, default=True,
                         help="the simulated routers scale admission's predictions by a calibration learned from the "
-                             "simulated requests, as the live routers do (`RouterSettings.calibrated`; a what-if)")
+                             "simulated requests, as the live routers do (`RouterSettings.calibrated`, the default); "
+                             "--no-calibrated-admission judges them as they are (a what-if)")
     parser.add_argument("--label", help="output file stem, beside the result (default <result stem>_predicted)")
     args = parser.parse_args()
     result = json.loads(args.result.read_text())
@@ -77,8 +78,7 @@ def main() -> int:
     plans = {pair: read_planned_cluster(Path(directory)) for pair, directory in result["config"].get("plans", [])}
     profile = load_profile(args.profile)
     settings, model = SimSettings.from_profile(profile, args.transport), fit_perf_model(profile).model
-    if args.calibrated_admission:
-        settings = replace(settings, router=replace(settings.router, calibrated=True))
+    settings = replace(settings, router=replace(settings.router, calibrated=args.calibrated_admission))
     vllm_server = profile.vllm_server if args.baseline_costs == "vllm" else None
     console = Console()
     charged = ("its own serving costs (the profile's vllm_server)" if vllm_server

@@ -78,9 +78,9 @@ def _print_header(console: Console, inputs: PlanInputs) -> None:
                   f"{s.num_kv_blocks} KV blocks of {s.block_size} tokens per instance, transport {s.transport}")
     console.print(f"[bold]workload[/bold] {inputs.workload_label}; SLOs TTFT <= {inputs.slo.ttft_s * 1e3:g} ms, "
                   f"TPOT <= {inputs.slo.tpot_s * 1e3:g} ms for >= {inputs.search.target_attainment:.0%} of requests")
-    if s.router.calibrated:
-        console.print("[bold]admission[/bold] calibrated: the simulated router scales its predictions by what it "
-                      "observed, as a live router does")
+    if not s.router.calibrated:
+        console.print("[bold]admission[/bold] uncalibrated: the simulated router judges the cost model's predictions "
+                      "as they are, where a live router scales them by what it observed (a what-if)")
     for note in beyond_the_profile(inputs):
         console.print(f"[yellow]outside the profile:[/yellow] {note}: predictions there are extrapolated; "
                       f"profile with a larger --max-model-len / --max-num-seqs to measure them", highlight=False)

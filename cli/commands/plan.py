@@ -134,10 +134,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the placement policy the simulated router uses (JSON/YAML, `pdserve router "
                         "--placement-config`; default: the router's defaults)")
     g.add_argument("--no-colocated", action="store_true", help="skip the aggregated (colocated workers) topologies")
-    g.add_argument("--calibrated-admission", action="store_true",
+    g.add_argument("--calibrated-admission", action=argparse.BooleanOptionalAction, default=True,
                    help="the simulated router's admission scales its predictions by what it observed of the "
-                        "simulated requests, as a live router's calibration does (a what-if; default: judged at "
-                        "the cost model's own predictions)")
+                        "simulated requests, as a live router's calibration does (default); --no-calibrated-"
+                        "admission judges them at the cost model's own predictions (a what-if)")
     g.add_argument("--rel-tol", type=float, default=0.02,
                    help="rate bisection stops at this relative width (default 0.02)")
     g.add_argument("--min-devices-for-rate", type=float, metavar="R",

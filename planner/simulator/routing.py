@@ -30,13 +30,14 @@ Where the simulated router differs from a live one, on purpose:
   minus `now` for every item alike, so its order is `DispatchQueue.ordered(now)`'s at every `now`;
 - before `evaluate`, a request is skipped when no path could pass the hard filters and the gate
   (`_Openings.could_take`: a necessary condition; `evaluate` and `dispatch_open` decide);
-- admission judges the prediction as it is (scale 1), or with `calibrated` (`RouterSettings.calibrated`,
-  a what-if for now) scales it by the router's own `Calibration` (`PlacementConfig.calibration()`,
-  where `calibration_quantile` > 0 and an SLO is judged), fed as `Scheduler._calibrate` feeds it: at
+- not a difference: admission scales the prediction by the router's own `Calibration`
+  (`RouterSettings.calibrated`, the default; `PlacementConfig.calibration()`, where
+  `calibration_quantile` > 0 and an SLO is judged), fed as `Scheduler._calibrate` feeds it: at
   each request's end, its TTFT and time per output token as the simulation served them (the hops'
   latency `delivery_s` included, the drawn spread not) against the best placement's prediction at
-  its admission; `RouterSettings.admission` False turns admission off (every request is served;
-  one that no decode instance has KV room for waits, as the router does without SLOs);
+  its admission; `calibrated` False judges the prediction as it is (scale 1), a what-if;
+  `RouterSettings.admission` False turns admission off (every request is served; one that no
+  decode instance has KV room for waits, as the router does without SLOs);
 - its counts are exact and current (a live router's KV counts are a heartbeat old), nothing is in
   a prefix cache (not modelled) and the cost model stays as given (no `OnlinePrefillFit`).
 """
@@ -111,7 +112,7 @@ class SimRouter:
 
     def __init__(self, kind: TopologyKind, num_prefill: int, decode_side: Sequence[DecodeSide],
                  placement: PlacementConfig, cost: CostModel, slo: SloTargets, block_size: int,
-                 admission: bool = True, delivery_s: float = 0.0, calibrated: bool = False) -> None:
+                 admission: bool = True, delivery_s: float = 0.0, calibrated: bool = True) -> None:
         self.placement, self.cost = placement, cost
         self._slo_s = (slo.ttft_s or NOMINAL_TTFT_SLO_S, slo.tpot_s or NOMINAL_TPOT_SLO_S)
         self._judge = (admission and slo.ttft_s is not None, admission and slo.tpot_s is not None)  # (TTFT, TPOT)

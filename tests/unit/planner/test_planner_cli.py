@@ -87,12 +87,12 @@ def test_plan_says_where_the_workload_leaves_the_profiles_measured_range(tmp_pat
     assert "prompts reach" not in out   # 1.5k +- 30% stays under the 2,048 measured
 
 
-def test_plan_with_calibrated_admission_says_so_and_records_it(tmp_path, capsys):
+def test_plan_calibrates_admission_by_default_and_says_so_when_told_not_to(tmp_path, capsys):
     common = ["--devices", "2", "--objective", "total", "--topologies", "hybrid", "--local-prefill-caps", "0",
               "--token-budgets", "0", "--output-dir", str(tmp_path), *SMALL]
-    assert main(["plan", "--label", "plain", *common]) == 0
-    assert "admission calibrated" not in capsys.readouterr().out
-    assert main(["plan", "--label", "cal", "--calibrated-admission", *common]) == 0
-    assert "admission calibrated" in capsys.readouterr().out
+    assert main(["plan", "--label", "cal", *common]) == 0
+    assert "admission uncalibrated" not in capsys.readouterr().out
+    assert main(["plan", "--label", "plain", "--no-calibrated-admission", *common]) == 0
+    assert "admission uncalibrated" in capsys.readouterr().out
     assert json.loads((tmp_path / "plain_search.json").read_text())["calibrated_admission"] is False
     assert json.loads((tmp_path / "cal_search.json").read_text())["calibrated_admission"] is True
