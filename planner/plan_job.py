@@ -162,7 +162,8 @@ def _write_router_config(inputs: PlanInputs, best: RateSearch, console: Console)
                                                      best.topology.devices_per_instance).router.cost
     paths = write_router_config(inputs.router_config_dir, settings.router.placement_for(best.topology), cost)
     paths.append(write_planned_cluster(inputs.router_config_dir, best.topology, inputs.slo, best.max_rate_rps,
-                                       best.attainment, inputs.objective, inputs.workload_label))
+                                       best.attainment, inputs.objective, inputs.workload_label,
+                                       inputs.settings.router.calibrated))
     console.print(f"wrote {', '.join(map(str, paths))}; run the cluster with:", highlight=False)
     one = inputs.settings
     kv_mb_per_device = one.num_kv_blocks * one.block_size * one.kv_bytes_per_token >> 20

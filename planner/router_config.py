@@ -95,13 +95,15 @@ class PlannedCluster:
 
 
 def write_planned_cluster(directory: Path, topology: Topology, slo: SLO, predicted_goodput_rps: float,
-                          predicted_attainment: float, objective: str, workload: str) -> Path:
-    """Writes `cluster.json` beside the router files; returns its path."""
+                          predicted_attainment: float, objective: str, workload: str,
+                          calibrated_admission: bool = True) -> Path:
+    """Writes `cluster.json` beside the router files; returns its path. `calibrated_admission`: how
+    the simulated router that predicted the goodput judged admission (`RouterSettings.calibrated`)."""
     fields = ("kind", "num_prefill", "num_decode", "num_colocated", "local_prefill_max_tokens", "token_budget",
               "devices_per_instance")
     content = {"topology": {name: getattr(topology, name) for name in fields}, "slo_ms": slo.as_ms(),
                "predicted_goodput_rps": predicted_goodput_rps, "predicted_attainment": predicted_attainment,
-               "objective": objective, "workload": workload}
+               "objective": objective, "workload": workload, "calibrated_admission": calibrated_admission}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / CLUSTER_FILE
     path.write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")

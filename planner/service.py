@@ -43,7 +43,9 @@ def build_oracle(spec: PlanModelSpec, max_devices: int, kinds: Sequence[Topology
     (simulated p50s and p90s, what the loop's error tracker compares with the observed) functions
     of the profile's fitted model, and the fit itself. `worker_devices` > 1: the cluster is
     aggregated workers each over that many devices (`kinds` must be aggregated alone, and the
-    profile must have measured an engine of that width); `max_devices` counts devices."""
+    profile must have measured an engine of that width); `max_devices` counts devices. The
+    simulated routers admit as the live ones do, their predictions scaled by a calibration learned
+    from the simulated requests (`RouterSettings.calibrated`, its default, as `pdserve plan`'s)."""
     from planner.profiles.example import EXAMPLE_PROFILE_PATH
 
     profile = load_profile(spec.profile_path or EXAMPLE_PROFILE_PATH)

@@ -153,7 +153,7 @@ class RouterSettings:
     the simulated requests, as the live router does (`planner.simulator.routing`). On (the default)
     since its picks were measured: on an AMX Xeon's trace comparison the plan made with it picked the
     loose pair's measured-best topology (1P+1H/256, 5.04 req/s, predicted 6.25: +24%) where the plan
-    judging at scale 1 picked 2C@256 (4.78 measured, 9.62 predicted: +102%), and the same tight pick
+    judging at scale 1 picked 2C@256 (4.78 measured, 9.63 predicted: +102%), and the same tight pick
     (1P+1D, predicted 3.63 against 4.63, 2.75 measured); replayed on the slow Zen 4 EPYC's comparison it
     refused as the live router did (0/1/2/5/14 of 60 at 0.6-1.8 req/s against 0/1/3/5/13 measured;
     0/0/2/4/7 off) (BENCHMARKS, "B* on an AMX Xeon with the planner's admission calibrated"). Off: it

@@ -96,3 +96,6 @@ def test_plan_calibrates_admission_by_default_and_says_so_when_told_not_to(tmp_p
     assert "admission uncalibrated" in capsys.readouterr().out
     assert json.loads((tmp_path / "plain_search.json").read_text())["calibrated_admission"] is False
     assert json.loads((tmp_path / "cal_search.json").read_text())["calibrated_admission"] is True
+    router_dir = tmp_path / "router"
+    assert main(["plan", "--label", "w", "--no-calibrated-admission", "--write-router-config", str(router_dir), *common]) == 0
+    assert json.loads((router_dir / "cluster.json").read_text())["calibrated_admission"] is False
