@@ -56,6 +56,12 @@ class PrefillCoeffs:
     per_token2_s: float
     per_prior_unit_s: float = 0.0  # e: per unit of sum(k_i * s_i), a chunk's queries over earlier chunks (>= -2c)
 
+    def __post_init__(self) -> None:
+        if self.per_prior_unit_s < -2 * self.per_token2_s * (1 + 1e-12):
+            raise ValueError(f"PrefillCoeffs.per_prior_unit_s must be >= -2 * per_token2_s "
+                             f"({-2 * self.per_token2_s!r}), got {self.per_prior_unit_s!r}: below it a chunk's "
+                             f"queries over earlier tokens would cost less than nothing")
+
     def times(self, factor: float) -> PrefillCoeffs:
         return PrefillCoeffs(self.step_s * factor, self.per_token_s * factor, self.per_token2_s * factor,
                              self.per_prior_unit_s * factor)

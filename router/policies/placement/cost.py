@@ -51,14 +51,15 @@ class CostModel:
         for field in fields(self):
             value = getattr(self, field.name)
             if field.name == "per_prior_unit_s" and isinstance(value, (int, float)) and math.isfinite(value):
-                if value < -2 * self.per_token2_s:
+                if value < -2 * self.per_token2_s * (1 + 1e-12):
                     raise ValueError(f"CostModel.per_prior_unit_s must be >= -2 * per_token2_s "
                                      f"({-2 * self.per_token2_s!r}), got {value!r}: below it a chunk's queries over "
                                      f"the earlier chunks would cost less than nothing")
                 continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"CostModel.{field.name} must be a finite number >= 0, got {value!r}: a negative "
-                                 f"cost predicts time running backwards; fit it on measured times or set it to 0")
+                bound = "-2 * per_token2_s" if field.name == "per_prior_unit_s" else "0"
+                raise ValueError(f"CostModel.{field.name} must be a finite number >= {bound}, got {value!r}: a "
+                                 f"negative cost predicts time running backwards; fit it on measured times or set it to 0")
 
     def prefill_s(self, num_tokens: int) -> float:
         """Compute time of `num_tokens` prompt tokens in one prefill, alone on a prefill worker (in

@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from planner.perf_model import DecodeCoeffs, MeasuredRange, PerfModel, fit_nonnegative, fit_perf_model, fit_prefill
+from planner.perf_model import (DecodeCoeffs, MeasuredRange, PerfModel, PrefillCoeffs, fit_nonnegative, fit_perf_model,
+                                fit_prefill)
 from planner.profile import (
     PROFILE_VERSION,
     DecodeSample,
@@ -128,6 +129,9 @@ def test_a_chunked_prompt_cheaper_than_one_pass_is_fitted_with_a_negative_term_d
     assert p.per_prior_unit_s == pytest.approx(-2 * p.per_token2_s, rel=1e-9) and p.per_token2_s > 0
     CostModel(fixed_s=p.step_s, per_token_s=p.per_token_s, per_token2_s=p.per_token2_s, step_fixed_s=0.01,
               step_per_seq_s=0.001, chunk_tokens=256, per_prior_unit_s=p.per_prior_unit_s)   # a valid cost model
+    assert p.times(0.7).per_prior_unit_s == pytest.approx(-2 * p.times(0.7).per_token2_s)   # scaled, still valid
+    with pytest.raises(ValueError, match=r"per_prior_unit_s must be >= -2 \* per_token2_s"):
+        PrefillCoeffs(0.01, 1e-4, 1e-9, -2.1e-9)
 
 
 def _with_decode(decode: tuple) -> object:

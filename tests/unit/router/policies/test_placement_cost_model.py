@@ -46,6 +46,8 @@ def test_chunks_may_cost_less_than_one_pass_over_earlier_tokens_but_never_less_t
     assert all(later >= earlier for earlier, later in zip(costs, costs[1:]))   # still non-decreasing at -2c
     with pytest.raises(ValueError, match=r"per_prior_unit_s must be >= -2 \* per_token2_s"):
         CostModel(**base, per_prior_unit_s=-2.1e-9)
+    with pytest.raises(ValueError, match=r"per_prior_unit_s must be a finite number >= -2 \* per_token2_s, got nan"):
+        CostModel(**base, per_prior_unit_s=float("nan"))
 
 
 def test_decode_step_and_transfer_are_affine():
