@@ -156,7 +156,9 @@ class RouterSettings:
     judging at scale 1 picked 2C@256 (4.78 measured, 9.63 predicted: +102%), and the same tight pick
     (1P+1D, predicted 3.63 against 4.63, 2.75 measured); replayed on the slow Zen 4 EPYC's comparison it
     refused as the live router did (0/1/2/5/14 of 60 at 0.6-1.8 req/s against 0/1/3/5/13 measured;
-    0/0/2/4/7 off) (BENCHMARKS, "B* on an AMX Xeon with the planner's admission calibrated"). Off: it
+    0/0/2/4/7 off). On the AMX Xeon's long-prompt shape the scale-1 plan picked the better tight topology
+    (1.77 against 1.35 req/s), but over the four plans there the calibrated ones erred +23% to +37%
+    against -5% to +102% (BENCHMARKS, "B* on an AMX Xeon with the planner's admission calibrated"). Off: it
     judges them as they are (a what-if: what a router that had never learned its cost model's error
     would refuse)."""
 
