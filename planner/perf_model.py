@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.profile import DecodeSample, PrefillSample, Profile
-from router.policies.placement.cost import prior_units
+from router.policies.placement.cost import least_prior_unit_s, prior_units
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class PrefillCoeffs:
     per_prior_unit_s: float = 0.0  # e: per unit of sum(k_i * s_i), a chunk's queries over earlier chunks (>= -2c)
 
     def __post_init__(self) -> None:
-        if self.per_prior_unit_s < -2 * self.per_token2_s * (1 + 1e-12):
+        if self.per_prior_unit_s < least_prior_unit_s(self.per_token2_s):
             raise ValueError(f"PrefillCoeffs.per_prior_unit_s must be >= -2 * per_token2_s "
                              f"({-2 * self.per_token2_s!r}), got {self.per_prior_unit_s!r}: below it a chunk's "
                              f"queries over earlier tokens would cost less than nothing")

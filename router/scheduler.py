@@ -29,7 +29,7 @@ from pdserve.roles import Topology
 from pdserve.timings import Timings
 from router.live_view import LiveView
 from router.policies.admission import Refuse, Scale, admit
-from router.policies.calibration import Calibration, ttft_observation
+from router.policies.calibration import Calibration, observe_served
 from router.policies.ordering import DispatchQueue, QueuedItem, priority_key, queue_share
 from router.policies.placement import (CostModel, OnlinePrefillFit, Placement, PlacementConfig, Prediction,
                                        RequestView, dispatch_open, evaluate)
@@ -306,19 +306,10 @@ class Scheduler:
             self._calibrate(ticket.expected, served)
 
     def _calibrate(self, expected: Prediction, served: Timings) -> None:
-        """TTFT against the predicted TTFT; time per output token (after the first) against the
-        request's predicted one: the decode step plus its handoff (KV transfer) spread over its
-        tokens, like with like (a 3-token answer's TPOT is mostly its handoff, under any load)."""
-        slo, now_s = self.config.slo, self.clock()
-        if "ttft" in self.calibration and served.ttft_s > 0:
-            predicted_s, observed_s = ttft_observation(expected.ttft_s, expected.ttft_wait_s, served.ttft_s,
-                                                       self.config.placement.calibrate_ttft)
-            self.calibration["ttft"].observe(predicted_s, observed_s, slo.ttft_s or NOMINAL_TTFT_SLO_S, now_s)
-        if "tpot" in self.calibration and served.output_tokens >= 2 and served.e2e_s > served.ttft_s:
-            intervals = served.output_tokens - 1
-            tpot_s = (served.e2e_s - served.ttft_s) / intervals
-            predicted_s = expected.decode_step_s + expected.kv_transfer_s / intervals
-            self.calibration["tpot"].observe(predicted_s, tpot_s, slo.tpot_s or NOMINAL_TPOT_SLO_S, now_s)
+        slo = self.config.slo
+        observe_served(self.calibration, expected, served.ttft_s, served.e2e_s, served.output_tokens,
+                       (slo.ttft_s or NOMINAL_TTFT_SLO_S, slo.tpot_s or NOMINAL_TPOT_SLO_S),
+                       self.config.placement.calibrate_ttft, self.clock())
 
     def _any_slo(self) -> bool:
         return self.config.slo.ttft_s is not None or self.config.slo.tpot_s is not None

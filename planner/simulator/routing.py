@@ -56,7 +56,7 @@ from planner.simulator.state import SimRequest
 from router.live_view import LocalPrefillRule
 from router.policies.placement.head_of_queue import HeadOfQueue
 from router.policies.admission import Admit, Scale, admit
-from router.policies.calibration import Calibration, ttft_observation
+from router.policies.calibration import Calibration, observe_served
 from router.policies.ordering import QueuedItem, priority_key, queue_share
 from router.policies.placement import (CostModel, Disaggregated, Local, Path, PlacementConfig, Prediction,
                                        RequestView, WorkerView, dispatch_open, evaluate)
@@ -212,18 +212,11 @@ class SimRouter:
             self._calibrate(expected, request)
 
     def _calibrate(self, expected: Prediction, request: SimRequest) -> None:
-        """`Scheduler._calibrate` on the simulated request's TTFT and time per output token."""
+        """`Scheduler._calibrate` on the simulated request's TTFT and E2EL as the client sees them."""
         delivery_s = self._delivery_s * request.hop_stretch
-        ttft_s = request.first_token_s + delivery_s - request.arrival_s
-        if "ttft" in self.calibration and ttft_s > 0:
-            predicted_s, observed_s = ttft_observation(expected.ttft_s, expected.ttft_wait_s, ttft_s,
-                                                       self.placement.calibrate_ttft)
-            self.calibration["ttft"].observe(predicted_s, observed_s, self._slo_s[0], self.now_s)
-        if "tpot" in self.calibration and request.output_tokens >= 2 and request.finish_s > request.first_token_s:
-            intervals = request.output_tokens - 1
-            tpot_s = (request.finish_s - request.first_token_s) / intervals
-            predicted_s = expected.decode_step_s + expected.kv_transfer_s / intervals
-            self.calibration["tpot"].observe(predicted_s, tpot_s, self._slo_s[1], self.now_s)
+        observe_served(self.calibration, expected, request.first_token_s + delivery_s - request.arrival_s,
+                       request.finish_s + delivery_s - request.arrival_s, request.output_tokens, self._slo_s,
+                       self.placement.calibrate_ttft, self.now_s)
 
     def scale(self) -> Scale:
         """`Scheduler.scale`: each calibration's factor now (1 where it is off)."""

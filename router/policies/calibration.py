@@ -170,6 +170,23 @@ def ttft_observation(predicted_ttft_s: float, predicted_wait_s: float, observed_
     return predicted_wait_s, max(1e-3, observed_ttft_s - own_s)
 
 
+def observe_served(calibration: dict[str, Calibration], expected, ttft_s: float, e2e_s: float, output_tokens: int,
+                   slo_s: tuple[float, float], ttft_scales: str, now_s: float) -> None:
+    """What one served request teaches admission's calibrations (`calibration`: "ttft" and/or
+    "tpot"; a live `Scheduler`'s or a simulated router's), `expected` the `Prediction` it was
+    admitted on: its TTFT against the predicted TTFT (`ttft_observation`, `ttft_scales`); its time
+    per output token after the first against the request's predicted one, the decode step plus its
+    handoff (KV transfer) spread over its tokens, like with like (a 3-token answer's TPOT is mostly
+    its handoff, under any load). `slo_s`: the (TTFT, TPOT) SLOs each is judged against."""
+    if "ttft" in calibration and ttft_s > 0:
+        predicted_s, observed_s = ttft_observation(expected.ttft_s, expected.ttft_wait_s, ttft_s, ttft_scales)
+        calibration["ttft"].observe(predicted_s, observed_s, slo_s[0], now_s)
+    if "tpot" in calibration and output_tokens >= 2 and e2e_s > ttft_s:
+        intervals = output_tokens - 1
+        predicted_s = expected.decode_step_s + expected.kv_transfer_s / intervals
+        calibration["tpot"].observe(predicted_s, (e2e_s - ttft_s) / intervals, slo_s[1], now_s)
+
+
 def scaled_ttft_s(predicted_ttft_s: float, predicted_wait_s: float, factor: float, scales: str) -> float:
     """The predicted TTFT admission judges: all of it times `factor` ("whole"), or its own service
     as predicted plus its wait times `factor` ("wait")."""

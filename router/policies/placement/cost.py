@@ -23,6 +23,13 @@ def prior_units(prompt_tokens: int, chunk_tokens: int) -> float:
     return float(chunk_tokens * chunk_tokens * (full * (full - 1) // 2) + rest * full * chunk_tokens)
 
 
+def least_prior_unit_s(per_token2_s: float) -> float:
+    """The least chunked term (`per_prior_unit_s`, e) a prefill form whose quadratic is
+    `per_token2_s` (c) may have: -2c, where a chunk of k tokens after s earlier ones, costing
+    c*k^2 + (2c + e)*k*s, would pay nothing for its queries over them (a hair below, for rounding). Pure."""
+    return -2 * per_token2_s * (1 + 1e-12)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds as functions of token counts. Every coefficient is finite and >= 0 but
@@ -50,14 +57,10 @@ class CostModel:
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
-            if field.name == "per_prior_unit_s" and isinstance(value, (int, float)) and math.isfinite(value):
-                if value < -2 * self.per_token2_s * (1 + 1e-12):
-                    raise ValueError(f"CostModel.per_prior_unit_s must be >= -2 * per_token2_s "
-                                     f"({-2 * self.per_token2_s!r}), got {value!r}: below it a chunk's queries over "
-                                     f"the earlier chunks would cost less than nothing")
-                continue
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                bound = "-2 * per_token2_s" if field.name == "per_prior_unit_s" else "0"
+            chunked = field.name == "per_prior_unit_s"
+            least = least_prior_unit_s(self.per_token2_s) if chunked else 0.0
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= least):
+                bound = "-2 * per_token2_s" if chunked else "0"
                 raise ValueError(f"CostModel.{field.name} must be a finite number >= {bound}, got {value!r}: a "
                                  f"negative cost predicts time running backwards; fit it on measured times or set it to 0")
 

@@ -44,7 +44,8 @@ def test_chunks_may_cost_less_than_one_pass_over_earlier_tokens_but_never_less_t
     assert cheaper.prefill_s(1000) == pytest.approx(COST.prefill_s(1000) + 3 * 0.004 - 1.5e-9 * (196_608 + 178_176))
     costs = [CostModel(**base, per_prior_unit_s=-2e-9).prefill_s(n) for n in range(0, 3000, 7)]
     assert all(later >= earlier for earlier, later in zip(costs, costs[1:]))   # still non-decreasing at -2c
-    with pytest.raises(ValueError, match=r"per_prior_unit_s must be >= -2 \* per_token2_s"):
+    with pytest.raises(ValueError,
+                       match=r"per_prior_unit_s must be a finite number >= -2 \* per_token2_s, got -2.1e-09"):
         CostModel(**base, per_prior_unit_s=-2.1e-9)
     with pytest.raises(ValueError, match=r"per_prior_unit_s must be a finite number >= -2 \* per_token2_s, got nan"):
         CostModel(**base, per_prior_unit_s=float("nan"))
