@@ -10,8 +10,11 @@ process tree) and this process's (the client), and how busy each core was (/proc
 its idle load. A prompt computed on core 0 meanwhile shares that core with what is busy there. With
 `--profile` (repeatable), what each profile's serving costs charge the router and the client at the
 same token rate and batch (`host_cpu_s_per_step`, `_per_token` and the router's part: what the
-simulator's host model spreads over its window). Writes stream_cpu.json, .md and .png. About 3
-minutes on the bench model.
+simulator's host model spreads over its window), and the decode step as served (the batch over the
+tokens per second) beside what each profile charges for it: its engine step at that batch and
+context, plus its served terms (`decode_step_s` + `decode_cpu_s_per_token` x batch), stretched by
+the host's load as the profile's own fit stretches it (`serving_fit.fit_served_steps`).
+Writes stream_cpu.json, .md and .png. About 3 minutes on the bench model.
 """
 
 from __future__ import annotations
@@ -50,6 +53,23 @@ def charged_cores(costs, tokens_per_s: float, batch: int) -> dict[str, float]:
     client, router = StreamCpu(costs.host_cpu_s_per_step, costs.host_cpu_s_per_token, costs.router_cpu_s_per_step,
                                costs.router_cpu_s_per_token).host_load_cores(tokens_per_s, batch)
     return {"router": router, "client": client}
+
+
+def charged_step(profile, batch: int, context_tokens: float, tokens_per_s: float) -> dict[str, float]:
+    """What a profile (`planner.profile.Profile`) charges for one served decode step of `batch`
+    streams holding `context_tokens` in all while they get `tokens_per_s`: the fitted engine step,
+    and that plus the served terms, stretched by the host load those tokens charge (seconds)."""
+    from planner.perf_model import fit_perf_model
+    from planner.simulator.host import stretch_for_loads
+
+    serving = profile.serving
+    engine_s = fit_perf_model(profile).model.decode_step_s(batch, round(context_tokens))
+    charged = charged_cores(serving, tokens_per_s, batch)
+    client, router = charged["client"], charged["router"]
+    bound = serving.router_cpu_s_per_token > 0 or serving.router_cpu_s_per_step > 0
+    stretch = stretch_for_loads(client, router, serving.host_cores, busy_cores=1, router_cores=1 if bound else 0)
+    served_s = (engine_s + serving.decode_step_s + batch * serving.decode_cpu_s_per_token) * stretch
+    return {"engine_s": engine_s, "served_s": served_s, "stretch": stretch}
 
 
 def _cpu_stat() -> dict[str, list[int]]:
@@ -114,6 +134,9 @@ async def measure(target: str, router_pid: int, batches: tuple[int, ...], second
             start, tokens_at_start = _reading(router_pid), counted[0]
             await asyncio.sleep(seconds)
             window = _window(start, _reading(router_pid), counted[0] - tokens_at_start)
+            # the batch's context at the window's middle: each stream's prompt and what it had by then
+            window["context_tokens"] = batch * PROMPT_TOKENS + tokens_at_start + (counted[0] - tokens_at_start) / 2
+            window["served_step_s"] = batch / window["tokens_per_s"]
             stop.set()
             for task in tasks:
                 task.cancel()
@@ -123,7 +146,8 @@ async def measure(target: str, router_pid: int, batches: tuple[int, ...], second
                "client_net_cores": max(0.0, window["client_cores"] - idle["client_cores"]),
                "prefill_core_net_busy": max(0.0, window["busy"]["cpu0"] - idle["busy"].get("cpu0", 0.0))}
         rows.append(row)
-        print(f"batch {batch:3d}: {row['tokens_per_s']:6.0f} tokens/s; router {row['router_net_cores']:.3f} cores, "
+        print(f"batch {batch:3d}: {row['tokens_per_s']:6.0f} tokens/s, a step {row['served_step_s'] * 1e3:.2f} ms; "
+              f"router {row['router_net_cores']:.3f} cores, "
               f"client {row['client_net_cores']:.3f}; core 0 busy {row['prefill_core_net_busy']:.3f} beyond idle",
               flush=True)
         await asyncio.sleep(1.0)
@@ -131,15 +155,27 @@ async def measure(target: str, router_pid: int, batches: tuple[int, ...], second
 
 
 def _markdown(rows: list[dict], profiles: list[tuple[str, object]]) -> str:
+    """Two tables: the CPU streaming takes beside what each profile charges for it, then the served
+    decode step beside each profile's engine step and its served charge."""
     head = ["batch", "tokens/s", "router (cores)", "client (cores)", "core 0 busy beyond idle"]
     head += [f"charged by {name}: router / client" for name, _ in profiles]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [str(row["batch"]), f"{row['tokens_per_s']:.0f}", f"{row['router_net_cores']:.3f}",
                  f"{row['client_net_cores']:.3f}", f"{row['prefill_core_net_busy']:.3f}"]
-        for _, costs in profiles:
-            charged = charged_cores(costs, row["tokens_per_s"], row["batch"])
+        for _, profile in profiles:
+            charged = charged_cores(profile.serving, row["tokens_per_s"], row["batch"])
             cells.append(f"{charged['router']:.3f} / {charged['client']:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    head = ["batch", "context (tokens)", "served step (ms)"]
+    head += [f"{name}: engine / charged (ms, err)" for name, _ in profiles]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [str(row["batch"]), f"{row['context_tokens']:.0f}", f"{row['served_step_s'] * 1e3:.2f}"]
+        for _, profile in profiles:
+            step = charged_step(profile, row["batch"], row["context_tokens"], row["tokens_per_s"])
+            error = step["served_s"] / row["served_step_s"] - 1
+            cells.append(f"{step['engine_s'] * 1e3:.2f} / {step['served_s'] * 1e3:.2f} ({error:+.0%})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -155,8 +191,8 @@ def _plot(rows: list[dict], profiles: list[tuple[str, object]], path: Path) -> N
     ax.plot(batches, [row["router_net_cores"] for row in rows], "o-", label="router, measured")
     ax.plot(batches, [row["client_net_cores"] for row in rows], "s-", label="client, measured")
     ax.plot(batches, [row["prefill_core_net_busy"] for row in rows], "^-", label="core 0 busy beyond idle")
-    for name, costs in profiles:
-        charged = [charged_cores(costs, row["tokens_per_s"], row["batch"]) for row in rows]
+    for name, profile in profiles:
+        charged = [charged_cores(profile.serving, row["tokens_per_s"], row["batch"]) for row in rows]
         ax.plot(batches, [c["router"] for c in charged], "o--", label=f"router, charged by {name}")
     ax.set_xscale("log", base=2)
     ax.set(xlabel="requests streaming (batch)", ylabel="cores", title="what streaming takes beside the decode core")
@@ -185,7 +221,7 @@ def main() -> int:
     from pdserve.engine import EngineSettings
     from planner.profile import load_profile
 
-    profiles = [(path.stem, load_profile(path).serving) for path in args.profile]
+    profiles = [(path.stem, load_profile(path)) for path in args.profile]
     engine = EngineSettings(model=args.model, max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_mb << 20,
                             enable_prefix_caching=False)
     spec = ClusterSpec(engine=engine, transport="shm", cpu_cores={"prefill": "0", "decode": "1"})
@@ -198,8 +234,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stream_cpu.json").write_text(json.dumps(
         {"command": " ".join(sys.argv), "router_cores": spec.router_cpu_cores, **result,
-         "charged": {name: [charged_cores(costs, row["tokens_per_s"], row["batch"]) for row in result["rows"]]
-                     for name, costs in profiles}}, indent=1))
+         "charged": {name: [charged_cores(profile.serving, row["tokens_per_s"], row["batch"])
+                            | charged_step(profile, row["batch"], row["context_tokens"], row["tokens_per_s"])
+                            for row in result["rows"]]
+                     for name, profile in profiles}}, indent=1))
     (args.out / "stream_cpu.md").write_text(_markdown(result["rows"], profiles))
     _plot(result["rows"], profiles, args.out / "stream_cpu.png")
     print(_markdown(result["rows"], profiles))

@@ -3,9 +3,10 @@
 It is `ColocatedInstance` (a Local prompt is computed in its own steps, chunked within the token
 budget alongside its running decodes, which stall for it) plus a decode instance's intake: a
 request prefilled on a prefill instance waits for KV blocks and a `max_num_seqs` slot, pulls its
-KV over the instance's `KvLink`, and joins the batch at the next step boundary, as on a
-`DecodeInstance`. Pulled requests are admitted as soon as they fit (on arrival and after every
-step); Local prompts when a step is planned. vLLM keeps both in one FCFS queue: the order between
+KV over the instance's `KvLink`, and joins the batch at the first step boundary after its pull, as
+on a `DecodeInstance` (handed over while a step runs, its pull starts when that step ends). Pulled
+requests are admitted as soon as they fit (on arrival to an idle engine and after every step);
+Local prompts when a step is planned. vLLM keeps both in one FCFS queue: the order between
 a pulled request and a Local prompt that wait at the same time is the one thing modelled loosely.
 """
 
@@ -15,7 +16,7 @@ from collections import deque
 
 from planner.perf_model import PerfModel
 from planner.simulator.config import SimSettings
-from planner.simulator.instances import ColocatedInstance, KvLink, StepDone
+from planner.simulator.instances import ColocatedInstance, KvLink, StepDone, engine_sees_at_step_end
 from planner.simulator.state import ItlLog, SimRequest
 
 
@@ -30,9 +31,10 @@ class HybridInstance(ColocatedInstance):
         return super().admitted() + self._pulling
 
     def receive(self, request: SimRequest, now: float) -> list[SimRequest]:
-        """Queue a request prefilled elsewhere; returns the requests whose transfer starts now."""
+        """Queue a request prefilled elsewhere; returns the requests whose transfer starts now (none
+        while a step runs: the engine sees it at the step's end, `engine_sees_at_step_end`)."""
         self.pulls_waiting.append(request)
-        return self._admit_pulls(now)
+        return [] if engine_sees_at_step_end(self._step_start_s) else self._admit_pulls(now)
 
     def _admit_pulls(self, now: float) -> list[SimRequest]:
         s, started = self._settings, []

@@ -33,6 +33,13 @@ class StepDone:
     transfers: list[SimRequest] = field(default_factory=list)
 
 
+def engine_sees_at_step_end(step_start_s: float | None) -> bool:
+    """Whether a request handed to an engine now waits for the running step's end before its KV
+    pull can start: vLLM's engine core takes new requests between steps and its scheduler puts a
+    pull into the next step's connector metadata; an idle engine (no step running) takes it at once."""
+    return step_start_s is not None
+
+
 class KvLink:
     """An instance's inbound KV link: pulls into one instance are serialized, each taking
     `transfer_s(whole blocks of its prompt)`."""
@@ -137,7 +144,13 @@ class PrefillInstance:
 
 class DecodeInstance:
     """Decode only. A request waits for KV blocks, pulls its KV over the instance's `KvLink`, joins
-    the running batch at the next step boundary."""
+    the running batch at the first step boundary after its pull.
+
+    As vLLM's engine core with a KV connector (`kv_transfer.connector`) does: a request handed over
+    while a step runs is seen when that step ends, its pull is scheduled then and runs beside the
+    next step, and it computes in the step after the one its pull finished in; handed to an idle
+    engine, its pull starts at once. So under a running batch the first decode token comes one
+    step later than the pull alone would put it (`engine_sees_at_step_end`)."""
 
     def __init__(self, index: int, settings: SimSettings, model: PerfModel, itl: ItlLog) -> None:
         self.index, self._settings, self._model, self._itl = index, settings, model, itl
@@ -156,9 +169,10 @@ class DecodeInstance:
         return self._settings.num_kv_blocks - self.used_blocks
 
     def receive(self, request: SimRequest, now: float) -> list[SimRequest]:
-        """Queue a prefilled request; returns the requests whose transfer starts now."""
+        """Queue a prefilled request; returns the requests whose transfer starts now (none while a
+        step runs: `finish_step` admits them)."""
         self.waiting.append(request)
-        return self._admit(now)
+        return [] if engine_sees_at_step_end(self._step_start_s) else self._admit(now)
 
     def _admit(self, now: float) -> list[SimRequest]:
         s, started = self._settings, []

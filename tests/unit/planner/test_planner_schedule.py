@@ -20,19 +20,22 @@ def test_single_prefill_single_decode_reproduces_hand_schedule():
     # prefill step 2 at 0.205: R1 30 (units 80^2-50^2 = 3900) + R2 30 (900) -> 0.1648, ends 0.3698
     assert t["prefill_start_s"].tolist() == pytest.approx([0.0, 0.0, 0.205], **EXACT)
     assert t["first_token_s"].tolist() == pytest.approx([0.205, 0.3698, 0.3698], **EXACT)
-    # R0 pulls 5 blocks (5000 B): 0.055 s; R1 pulls 8 blocks: 0.085 s; R2 has nothing to decode
-    assert t["transfer_start_s"].tolist() == pytest.approx([0.205, 0.3698, 0.3698], **EXACT)
-    assert t["transfer_end_s"].tolist() == pytest.approx([0.26, 0.4548, 0.3698], **EXACT)
-    # R0 decodes alone from 0.26: step k costs 0.015 + 1e-4*(50+k); 10 steps end at 0.4655.
-    # R1 (ready at 0.4548) joins at that boundary; step 11: batch 2, context 61+81 -> 0.0342
-    assert t["first_decode_token_s"].tolist() == pytest.approx([0.2801, 0.4997, 0.3698], **EXACT)
-    assert t["finish_s"].tolist() == pytest.approx([0.4997, 0.4997, 0.3698], **EXACT)
+    # R0 pulls 5 blocks (5000 B): 0.055 s, at once (the decode engine is idle); R2 has nothing to decode.
+    # R0 decodes alone from 0.26: step k costs 0.015 + 1e-4*(50+k), ending 0.2801, 0.3003, 0.3206,
+    # 0.3410, 0.3615, 0.3821, ... R1 is handed over at 0.3698, during step 6: the engine sees it when
+    # that step ends, so its pull of 8 blocks (0.085 s) runs 0.3821 -> 0.4671, beside steps 7-11
+    assert t["transfer_start_s"].tolist() == pytest.approx([0.205, 0.3821, 0.3698], **EXACT)
+    assert t["transfer_end_s"].tolist() == pytest.approx([0.26, 0.4671, 0.3698], **EXACT)
+    # R0's 11 steps end at 0.4866 (its last token); R1 joins at that boundary, the first after its
+    # pull: batch 1, context 81 -> 0.0231, its one decode token at 0.5097
+    assert t["first_decode_token_s"].tolist() == pytest.approx([0.2801, 0.5097, 0.3698], **EXACT)
+    assert t["finish_s"].tolist() == pytest.approx([0.4866, 0.5097, 0.3698], **EXACT)
     assert result.ttft_s.tolist() == pytest.approx([0.205, 0.3698, 0.3198], **EXACT)
-    assert result.tpot_s[:2].tolist() == pytest.approx([(0.4997 - 0.205) / 11, 0.1299], **EXACT)
+    assert result.tpot_s[:2].tolist() == pytest.approx([(0.4866 - 0.205) / 11, 0.1399], **EXACT)
     assert result.itl_step_s.tolist() == pytest.approx([0.0202, 0.0203, 0.0204, 0.0205, 0.0206,
-                                                         0.0207, 0.0208, 0.0209, 0.0210, 0.0342], **EXACT)
+                                                         0.0207, 0.0208, 0.0209, 0.0210, 0.0211], **EXACT)
     assert sorted(result.itl_s.tolist()) == pytest.approx(
-        sorted([0.0751, 0.1299, 0.0202, 0.0203, 0.0204, 0.0205, 0.0206, 0.0207, 0.0208, 0.0209, 0.0210, 0.0342]),
+        sorted([0.0751, 0.1399, 0.0202, 0.0203, 0.0204, 0.0205, 0.0206, 0.0207, 0.0208, 0.0209, 0.0210, 0.0211]),
         **EXACT)
     assert result.busy_s["prefill"] == pytest.approx([0.3698], **EXACT)
 

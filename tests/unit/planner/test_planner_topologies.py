@@ -213,3 +213,24 @@ def test_a_wide_instance_holds_the_kv_of_all_its_devices():
 def test_a_width_the_profile_did_not_measure_is_refused():
     with pytest.raises(KeyError, match=r"no engine over 2 devices was profiled \(measured widths: \[1\]\)"):
         simulate([spec(0.0, 10, 2)], Topology.aggregated(1, devices_per_instance=2), round_settings(), ROUND_MODEL)
+
+
+@pytest.mark.parametrize("kind", ["decode", "hybrid"])
+def test_a_request_handed_over_mid_step_starts_its_pull_when_the_step_ends(kind):
+    """vLLM's engine core takes a new request between steps and schedules its pull into the next
+    one: handed over while a step runs, the pull waits for that step's end; to an idle engine, it
+    starts at once."""
+    from planner.simulator.hybrid import HybridInstance
+    from planner.simulator.instances import DecodeInstance
+    from planner.simulator.state import ItlLog, SimRequest
+
+    settings = round_settings()
+    instance = (DecodeInstance if kind == "decode" else HybridInstance)(0, settings, ROUND_MODEL, ItlLog())
+    first, second = SimRequest(0, 0.0, 20, 4), SimRequest(1, 0.0, 20, 4)
+    assert instance.receive(first, 1.0) == [first] and first.transfer_start_s == 1.0  # idle: at once
+    instance.transfer_done(first)
+    step_end_s = instance.start_step(first.transfer_end_s)
+    assert step_end_s is not None
+    assert instance.receive(second, first.transfer_end_s + 0.001) == []  # a step runs: not yet
+    assert second.transfer_start_s is None
+    assert instance.finish_step(step_end_s).transfers == [second] and second.transfer_start_s == step_end_s
