@@ -7,7 +7,7 @@ The forms fitted (the probe's module doc says how each input is measured):
   (`solve_per_request_and_token`), and + c * prompt tokens through a third whose prompts are
   long (`solve_per_prompt_token`);
 - served decode step / the host's stretch - engine step = decode_step_s + decode_cpu_s_per_token * B
-  over batched runs of B requests (`fit_served_steps`), the engine step from the engine table's own
+  over batched runs of B requests, each read where it has settled (`settled_window`; `fit_served_steps`), the engine step from the engine table's own
   row (`engine_step_s`), the host's stretch the simulator's (`planner.simulator.host`);
 - the host's and the router's CPU per decode step and per token streamed, cpu = w * steps + t * tokens
   over the batched runs' steady windows (`stream_cpu_terms`); where a run measured no window (an
@@ -29,7 +29,13 @@ SHORT_OUTPUT, LONG_OUTPUT = 2, 32
 # decode batch sizes the served steps are fitted on, each run BATCH_REPEATS times (one run is noisy);
 # batch sizes and prompts the engine table measures too (`planner.profiler.plan`)
 BATCHES, QUICK_BATCHES, BATCH_REPEATS = (1, 4, 8, 16, 32, 64), QUICK_ENGINE_BATCHES, 2
-BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS = SHORT_CONTEXT, 64
+# A batched run's outputs are long enough that its steps are read where the batch has settled and
+# its context is what served requests decode at: over the late half of the window in which all
+# decode together (`settled_window`), 100-250 tokens of context a sequence. Read over all of a
+# 64-token window (16-48 tokens a sequence), the served step's cost per sequence came out 262 us on
+# the Zen 3 EPYC where streams that kept decoding measured 155-170, and the simulator over-charged
+# the decodes of a loaded cluster by 20-30% (BENCHMARKS, "Across shapes on an AVX2-only EPYC").
+BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS = SHORT_CONTEXT, 256
 
 
 @dataclass(frozen=True)
@@ -264,13 +270,26 @@ def common_window(runs: Sequence[Sequence[float]]) -> tuple[float, float, list[f
     return start, end, gaps
 
 
+def settled_window(runs: Sequence[Sequence[float]]) -> tuple[float, float, list[float]]:
+    """(start, end, gaps): the late half of the `common_window`, where the batch has decoded past
+    the handoffs' wake and its context is the longest the run holds, and the gaps inside it.
+    Raises NoCommonWindow as that does, or when the half holds fewer gaps than requests."""
+    start, end, _ = common_window(runs)
+    start = (start + end) / 2
+    gaps = [b - a for marks in runs for a, b in zip(marks, marks[1:]) if a >= start and b <= end]
+    if len(gaps) < len(runs):
+        raise NoCommonWindow(f"the {len(runs)} profiling requests decoded together too briefly to read a settled "
+                             f"step ({len(gaps)} gaps in the late half of a {2 * (end - start):.3f} s window)")
+    return start, end, gaps
+
+
 def batch_run_of(batch: int, runs: Sequence[Sequence[float]], host_cpu_s: float = 0.0,
                  router_cpu_s: float = 0.0) -> BatchRun:
     """A batched run from its requests' token times (`runs`, one list per request, in seconds) and
-    the unbound processes' CPU over it: the median gap inside the `common_window`, the batch's
-    context at the window's middle (each request's `BATCH_PROMPT_TOKENS` and the tokens it had by
+    the unbound processes' CPU over it: the median gap inside the `settled_window`, the batch's
+    context at that window's middle (each request's `BATCH_PROMPT_TOKENS` and the tokens it had by
     then) and the tokens per second received inside it. Raises NoCommonWindow as that does."""
-    start, end, gaps = common_window(runs)
+    start, end, gaps = settled_window(runs)
     inside = sum(1 for marks in runs for t in marks if start <= t <= end)
     generated = statistics.median(sum(1 for t in marks if t <= (start + end) / 2) for marks in runs)
     return BatchRun(batch, statistics.median(gaps), batch * (BATCH_PROMPT_TOKENS + generated),

@@ -288,18 +288,28 @@ def test_a_batched_run_whose_requests_never_decoded_together_is_named_not_measur
         common_window(apart)
 
 
-def test_a_batched_run_is_read_off_its_token_times_inside_the_common_window():
+def test_a_batched_run_is_read_off_its_token_times_in_the_late_half_of_the_common_window():
     from planner.profiler.serving_fit import BATCH_PROMPT_TOKENS, batch_run_of
 
-    # two requests stepping every 10 ms from 1.00 s; both decode together from 1.01 to 1.05
-    first = [1.00, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06]
-    second = [0.99, 1.01, 1.02, 1.03, 1.04, 1.05]
+    # two requests stepping every 10 ms, then 20 ms once settled; both decode together from 1.01 to
+    # 1.09: the settled half is 1.05-1.09, and its steps (20 ms) are what the run reads
+    first = [1.00, 1.01, 1.02, 1.03, 1.04, 1.05, 1.07, 1.09, 1.11]
+    second = [0.99, 1.01, 1.02, 1.03, 1.04, 1.05, 1.07, 1.09]
     run = batch_run_of(2, [first, second], host_cpu_s=0.3, router_cpu_s=0.1)
-    assert run.batch == 2 and run.step_s == pytest.approx(0.01)
-    assert len(run.gaps_s) == 8 and all(g == pytest.approx(0.01) for g in run.gaps_s)
-    assert run.tokens == 13 and run.tokens_per_s == pytest.approx(10 / 0.04)   # 5 tokens each inside the window
-    assert run.context_tokens == 2 * (BATCH_PROMPT_TOKENS + 4)   # each had 4 tokens by the window's middle, 1.03 s
+    assert run.batch == 2 and run.step_s == pytest.approx(0.02)
+    assert len(run.gaps_s) == 4 and all(g == pytest.approx(0.02) for g in run.gaps_s)
+    assert run.tokens == 17 and run.tokens_per_s == pytest.approx(6 / 0.04)   # 3 tokens each inside 1.05-1.09
+    assert run.context_tokens == 2 * (BATCH_PROMPT_TOKENS + 7)   # each had 7 tokens by the half's middle, 1.07 s
     assert (run.host_cpu_s, run.router_cpu_s) == (0.3, 0.1)
+
+
+def test_a_window_too_short_to_settle_is_named_not_measured():
+    from planner.profiler.serving_fit import NoCommonWindow, settled_window
+
+    # together from 1.0 to 1.1: a late half of 50 ms holds one gap of the two requests'
+    brief = [[0.0, 1.0, 1.06, 1.1], [0.05, 0.9, 1.0, 1.11]]
+    with pytest.raises(NoCommonWindow, match="decoded together too briefly to read a settled step"):
+        settled_window(brief)
 
 
 def test_a_probe_may_run_each_batch_size_more_often_but_a_quick_one_runs_each_once():
@@ -319,9 +329,9 @@ def test_lone_latencies_are_grouped_by_prompt_length_for_their_spread():
 def test_a_batched_run_is_retried_with_longer_outputs_within_the_context():
     from planner.profiler.serving_fit import batch_output_attempts
 
-    assert batch_output_attempts(2032) == [64, 128, 256]
-    assert batch_output_attempts(200) == [64, 128]
-    assert batch_output_attempts(40) == [40]   # a context too short for the default: what it holds
+    assert batch_output_attempts(2032) == [256, 512, 1024]
+    assert batch_output_attempts(600) == [256, 512]
+    assert batch_output_attempts(200) == [200]   # a context too short for the default: what it holds
 
 
 def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_it_never_does():
@@ -332,7 +342,7 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
 
     async def run_batch(target, batch, vocab_size, host_cpu, seed, output_tokens, router_cpu=None):
         tried.append((batch, output_tokens))
-        if batch == 64 or (batch == 16 and output_tokens == 64):   # 16 joins at 128 tokens; 64 never does
+        if batch == 64 or (batch == 16 and output_tokens == 256):   # 16 joins at 512 tokens; 64 never does
             raise NoCommonWindow(f"the {batch} profiling requests never decoded together (window 0.000 s)")
         step_s = ROUND_MODEL.decode_step_s(batch, batch * 40)
         gaps = (step_s - 0.001, step_s, step_s, step_s + 0.004)   # one late wake-up in four gaps
@@ -342,7 +352,7 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
     host = ServingCosts(host_cores=2)
     steps = measure_served_steps("t", 0, ROUND_MODEL, (), host, 0.0, 1000, plan,
                                  lambda label, step=True: notes.append((label, step)), run_batch=run_batch)
-    assert tried == [(1, 64), (16, 64), (16, 128), (64, 64), (64, 128), (64, 256)]
+    assert tried == [(1, 256), (16, 256), (16, 512), (64, 256), (64, 512), (64, 1024)]
     assert steps.decode_step_s == pytest.approx(0.0, abs=1e-9)   # served = engine
     assert steps.decode_cpu_s_per_token == pytest.approx(0.0, abs=1e-9)
     # the spread pools both measured runs' gaps around each run's own median: 2 x (-1, 0, 0, +4) ms
