@@ -50,25 +50,20 @@ def charged_cores(costs, tokens_per_s: float, batch: int) -> dict[str, float]:
     serving probe's fit reads them (`serving_fit.StreamCpu.host_load_cores`)."""
     from planner.profiler.serving_fit import StreamCpu
 
-    client, router = StreamCpu(costs.host_cpu_s_per_step, costs.host_cpu_s_per_token, costs.router_cpu_s_per_step,
-                               costs.router_cpu_s_per_token).host_load_cores(tokens_per_s, batch)
+    client, router = StreamCpu.of(costs).host_load_cores(tokens_per_s, batch)
     return {"router": router, "client": client}
 
 
-def charged_step(profile, batch: int, context_tokens: float, tokens_per_s: float) -> dict[str, float]:
-    """What a profile (`planner.profile.Profile`) charges for one served decode step of `batch`
-    streams holding `context_tokens` in all while they get `tokens_per_s`: the fitted engine step,
-    and that plus the served terms, stretched by the host load those tokens charge (seconds)."""
-    from planner.perf_model import fit_perf_model
-    from planner.simulator.host import stretch_for_loads
+def charged_step(costs, engine, batch: int, context_tokens: float, tokens_per_s: float) -> dict[str, float]:
+    """What a profile charges for one served decode step of `batch` streams holding `context_tokens`
+    in all while they get `tokens_per_s`: `engine` (its fitted `PerfModel`) step, and that plus the
+    served terms of `costs` (its `ServingCosts`), stretched as the probe's fit stretches them
+    (`serving_fit.StreamCpu.decode_stretch`) (seconds)."""
+    from planner.profiler.serving_fit import StreamCpu
 
-    serving = profile.serving
-    engine_s = fit_perf_model(profile).model.decode_step_s(batch, round(context_tokens))
-    charged = charged_cores(serving, tokens_per_s, batch)
-    client, router = charged["client"], charged["router"]
-    bound = serving.router_cpu_s_per_token > 0 or serving.router_cpu_s_per_step > 0
-    stretch = stretch_for_loads(client, router, serving.host_cores, busy_cores=1, router_cores=1 if bound else 0)
-    served_s = (engine_s + serving.decode_step_s + batch * serving.decode_cpu_s_per_token) * stretch
+    engine_s = engine.decode_step_s(batch, round(context_tokens))
+    stretch = StreamCpu.of(costs).decode_stretch(tokens_per_s, batch, costs.host_cores)
+    served_s = (engine_s + costs.decode_step_s + batch * costs.decode_cpu_s_per_token) * stretch
     return {"engine_s": engine_s, "served_s": served_s, "stretch": stretch}
 
 
@@ -154,33 +149,33 @@ async def measure(target: str, router_pid: int, batches: tuple[int, ...], second
     return {"idle": idle, "rows": rows}
 
 
-def _markdown(rows: list[dict], profiles: list[tuple[str, object]]) -> str:
+def _markdown(rows: list[dict], profiles: list[tuple[str, object, object]]) -> str:
     """Two tables: the CPU streaming takes beside what each profile charges for it, then the served
     decode step beside each profile's engine step and its served charge."""
     head = ["batch", "tokens/s", "router (cores)", "client (cores)", "core 0 busy beyond idle"]
-    head += [f"charged by {name}: router / client" for name, _ in profiles]
+    head += [f"charged by {name}: router / client" for name, _, _ in profiles]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [str(row["batch"]), f"{row['tokens_per_s']:.0f}", f"{row['router_net_cores']:.3f}",
                  f"{row['client_net_cores']:.3f}", f"{row['prefill_core_net_busy']:.3f}"]
-        for _, profile in profiles:
-            charged = charged_cores(profile.serving, row["tokens_per_s"], row["batch"])
+        for _, costs, _ in profiles:
+            charged = charged_cores(costs, row["tokens_per_s"], row["batch"])
             cells.append(f"{charged['router']:.3f} / {charged['client']:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
     head = ["batch", "context (tokens)", "served step (ms)"]
-    head += [f"{name}: engine / charged (ms, err)" for name, _ in profiles]
+    head += [f"{name}: engine / charged (ms, err)" for name, _, _ in profiles]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [str(row["batch"]), f"{row['context_tokens']:.0f}", f"{row['served_step_s'] * 1e3:.2f}"]
-        for _, profile in profiles:
-            step = charged_step(profile, row["batch"], row["context_tokens"], row["tokens_per_s"])
+        for _, costs, engine in profiles:
+            step = charged_step(costs, engine, row["batch"], row["context_tokens"], row["tokens_per_s"])
             error = step["served_s"] / row["served_step_s"] - 1
             cells.append(f"{step['engine_s'] * 1e3:.2f} / {step['served_s'] * 1e3:.2f} ({error:+.0%})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _plot(rows: list[dict], profiles: list[tuple[str, object]], path: Path) -> None:
+def _plot(rows: list[dict], profiles: list[tuple[str, object, object]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,8 +186,8 @@ def _plot(rows: list[dict], profiles: list[tuple[str, object]], path: Path) -> N
     ax.plot(batches, [row["router_net_cores"] for row in rows], "o-", label="router, measured")
     ax.plot(batches, [row["client_net_cores"] for row in rows], "s-", label="client, measured")
     ax.plot(batches, [row["prefill_core_net_busy"] for row in rows], "^-", label="core 0 busy beyond idle")
-    for name, profile in profiles:
-        charged = [charged_cores(profile.serving, row["tokens_per_s"], row["batch"]) for row in rows]
+    for name, costs, _ in profiles:
+        charged = [charged_cores(costs, row["tokens_per_s"], row["batch"]) for row in rows]
         ax.plot(batches, [c["router"] for c in charged], "o--", label=f"router, charged by {name}")
     ax.set_xscale("log", base=2)
     ax.set(xlabel="requests streaming (batch)", ylabel="cores", title="what streaming takes beside the decode core")
@@ -219,9 +214,12 @@ def main() -> int:
     from launch.local import LocalCluster
     from pdserve.client import Client
     from pdserve.engine import EngineSettings
+    from planner.perf_model import fit_perf_model
     from planner.profile import load_profile
 
-    profiles = [(path.stem, load_profile(path)) for path in args.profile]
+    # (name, serving costs, fitted engine model), each profile fitted once
+    profiles = [(path.stem, profile.serving, fit_perf_model(profile).model)
+                for path, profile in ((path, load_profile(path)) for path in args.profile)]
     engine = EngineSettings(model=args.model, max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_mb << 20,
                             enable_prefix_caching=False)
     spec = ClusterSpec(engine=engine, transport="shm", cpu_cores={"prefill": "0", "decode": "1"})
@@ -234,10 +232,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stream_cpu.json").write_text(json.dumps(
         {"command": " ".join(sys.argv), "router_cores": spec.router_cpu_cores, **result,
-         "charged": {name: [charged_cores(profile.serving, row["tokens_per_s"], row["batch"])
-                            | charged_step(profile, row["batch"], row["context_tokens"], row["tokens_per_s"])
+         "charged": {name: [charged_cores(costs, row["tokens_per_s"], row["batch"])
+                            | charged_step(costs, engine, row["batch"], row["context_tokens"], row["tokens_per_s"])
                             for row in result["rows"]]
-                     for name, profile in profiles}}, indent=1))
+                     for name, costs, engine in profiles}}, indent=1))
     (args.out / "stream_cpu.md").write_text(_markdown(result["rows"], profiles))
     _plot(result["rows"], profiles, args.out / "stream_cpu.png")
     print(_markdown(result["rows"], profiles))

@@ -7,8 +7,9 @@ The forms fitted (the probe's module doc says how each input is measured):
   (`solve_per_request_and_token`), and + c * prompt tokens through a third whose prompts are
   long (`solve_per_prompt_token`);
 - served decode step / the host's stretch - engine step = decode_step_s + decode_cpu_s_per_token * B
-  over batched runs of B requests, each read where it has settled (`settled_window`; `fit_served_steps`), the engine step from the engine table's own
-  row (`engine_step_s`), the host's stretch the simulator's (`planner.simulator.host`);
+  over batched runs of B requests, each read where it has settled (`settled_window`;
+  `fit_served_steps`), the engine step from the engine table's own row (`engine_step_s`), the
+  host's stretch the simulator's (`planner.simulator.host`, `StreamCpu.decode_stretch`);
 - the host's and the router's CPU per decode step and per token streamed, cpu = w * steps + t * tokens
   over the batched runs' steady windows (`stream_cpu_terms`); where a run measured no window (an
   older probe's runs), per token alone from the largest batch (`unbound_cpu_per_token`).
@@ -201,6 +202,23 @@ class StreamCpu:
         host = self.host_per_step_s * steps_per_s + self.host_per_token_s * tokens_per_s
         return host - router, router
 
+    def decode_stretch(self, tokens_per_s: float, batch: float, host_cores: float) -> float:
+        """How much longer than its engine time a decode step takes while `batch` streams get
+        `tokens_per_s` and nothing else steps: the simulator's host model (`planner.simulator.host`)
+        for the one stepping engine, the router bound to the idle prefill core where it is measured
+        apart."""
+        from planner.simulator.host import stretch_for_loads
+
+        client, router = self.host_load_cores(tokens_per_s, batch)
+        bound = self.router_per_token_s > 0 or self.router_per_step_s > 0
+        return stretch_for_loads(client, router, host_cores, busy_cores=1, router_cores=1 if bound else 0)
+
+    @classmethod
+    def of(cls, costs: ServingCosts) -> StreamCpu:
+        """The streaming terms a profile's `ServingCosts` hold."""
+        return cls(costs.host_cpu_s_per_step, costs.host_cpu_s_per_token, costs.router_cpu_s_per_step,
+                   costs.router_cpu_s_per_token)
+
 
 MIN_WINDOW_STEPS = 16     # a window of fewer steps (a batch whose handoffs were staggered) says too little
 MIN_WINDOW_CPU_S = 0.03   # nor one in which the router and the client took under three of /proc's 10 ms ticks
@@ -324,16 +342,9 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
     same CPU."""
     import numpy as np
 
-    from planner.simulator.host import stretch_for_loads
-
     stream = stream or stream_cpu_terms(runs, router_cpu_s_per_request=router_cpu_s_per_request)
-    router_bound = stream.router_per_token_s > 0 or stream.router_per_step_s > 0
-    residuals = []
-    for run in runs:
-        client_load, router_load = stream.host_load_cores(run.tokens_per_s, run.batch)
-        stretch = stretch_for_loads(client_load, router_load, host.host_cores, busy_cores=1,
-                                    router_cores=1 if router_bound else 0)
-        residuals.append(run.step_s / stretch - engine_step_s(run.batch, run.context_tokens, model, engine_rows))
+    residuals = [run.step_s / stream.decode_stretch(run.tokens_per_s, run.batch, host.host_cores)
+                 - engine_step_s(run.batch, run.context_tokens, model, engine_rows) for run in runs]
     batches = np.array([run.batch for run in runs], dtype=float)
     if len(set(batches)) < 2:   # one batch size measured: no slope to fit, all of it per step
         return max(0.0, float(np.mean(residuals))), 0.0, stream.host_per_token_s

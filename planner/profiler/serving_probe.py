@@ -31,8 +31,9 @@
 - Decode steps as served, from batches of B requests sent at once (B in `BATCHES`): the median
   gap between tokens over the late half of the window in which all B decode together
   (`serving_fit.settled_window`: past the handoffs, at the longest context the run holds), net of
-  the engine-only step and of the host's stretch, fits served(B) - engine(B) = decode_step_s + decode_cpu_s_per_token * B. engine(B) is
-  the engine table's own row at batch B and the same short prompts (`plan.SHORT_CONTEXT`), not
+  the engine-only step and of the host's stretch, fits served(B) - engine(B) = decode_step_s +
+  decode_cpu_s_per_token * B. engine(B) is the engine table's own row at batch B and the same
+  short prompts (`plan.SHORT_CONTEXT`), not
   the fit: where the fit misses the engine, the miss would be read as serving cost and then
   charged again on top of the fit at every other context (on `bench` it tripled the per-token
   cost). Per token cost is not what a lone request shows: a step's outputs wake the API process,

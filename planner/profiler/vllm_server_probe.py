@@ -10,9 +10,10 @@ table:
 - `first_token_s`: lone requests (`LONE_PAUSE_S` apart, token ids, so nothing is tokenized), TTFT
   minus the wide engine's prefill of the prompt; the median, and the spread within each length;
 - `decode_step_s`, `decode_cpu_s_per_token`: B streams sent at once, the median gap between a
-  stream's tokens once all B decode (`serving_fit.settled_window`, as the cluster probe), minus the wide engine's step at B (its own table row), fits
-  a + b * B (`serving_fit.fit_served_steps`, with no host model: the API process runs on the
-  engine's cores, so what it takes shows in the gap, not as a stretch); their spread.
+  stream's tokens once all B decode (`serving_fit.settled_window`, as the cluster probe), minus
+  the wide engine's step at B (its own table row), fits a + b * B (`serving_fit.fit_served_steps`,
+  with no host model: the API process runs on the engine's cores, so what it takes shows in the
+  gap, not as a stretch); their spread.
 Each batch size runs `BATCH_REPEATS` times, twice the cluster probe's: on an AVX-512 EPYC one run's
 median gap sat either 1-3 or 6-8 ms above the engine's step, run to run at the same batch (probably
 where the floating API process lands against the engine's threads), so a few runs fit one mode or

@@ -51,21 +51,20 @@ def test_a_profile_charges_streaming_per_token_and_per_step():
 
 
 def test_a_served_step_is_charged_the_engine_step_plus_the_served_terms_stretched_by_the_host():
-    from dataclasses import replace
-
     from planner.perf_model import fit_perf_model
     from planner.profile import load_profile
     from planner.profiles.example import EXAMPLE_PROFILE_PATH
 
-    profile = load_profile(EXAMPLE_PROFILE_PATH)
-    engine_s = fit_perf_model(profile).model.decode_step_s(8, 1000)
-    bare = replace(profile, serving=ServingCosts())
-    assert STREAM["charged_step"](bare, 8, 1000, 400.0) == {"engine_s": engine_s, "served_s": engine_s,
-                                                            "stretch": 1.0}
-    served = replace(profile, serving=ServingCosts(decode_step_s=1e-3, decode_cpu_s_per_token=2e-4))
-    assert STREAM["charged_step"](served, 8, 1000, 400.0)["served_s"] == pytest.approx(engine_s + 1e-3 + 8 * 2e-4)
+    engine = fit_perf_model(load_profile(EXAMPLE_PROFILE_PATH)).model
+    engine_s = engine.decode_step_s(8, 1000)
+    bare = STREAM["charged_step"](ServingCosts(), engine, 8, 1000, 400.0)
+    assert bare == {"engine_s": engine_s, "served_s": engine_s, "stretch": 1.0}
+    served = ServingCosts(decode_step_s=1e-3, decode_cpu_s_per_token=2e-4)
+    charged = STREAM["charged_step"](served, engine, 8, 1000, 400.0)["served_s"]
+    assert charged == pytest.approx(engine_s + 1e-3 + 8 * 2e-4)
     # a host of one core: the client's 0.2 core (400 tokens/s at 0.5 ms each) finds no idle core and
     # shares the stepping one, 1 / (1 - 0.2) longer
-    loaded = replace(profile, serving=ServingCosts(decode_step_s=1e-3, host_cores=1, host_cpu_s_per_token=5e-4))
-    step = STREAM["charged_step"](loaded, 8, 1000, 400.0)
-    assert step["stretch"] == pytest.approx(1 / (1 - 0.2)) and step["served_s"] == pytest.approx((engine_s + 1e-3) / 0.8)
+    loaded = ServingCosts(decode_step_s=1e-3, host_cores=1, host_cpu_s_per_token=5e-4)
+    step = STREAM["charged_step"](loaded, engine, 8, 1000, 400.0)
+    assert step["stretch"] == pytest.approx(1 / (1 - 0.2))
+    assert step["served_s"] == pytest.approx((engine_s + 1e-3) / 0.8)

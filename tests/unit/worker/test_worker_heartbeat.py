@@ -62,14 +62,14 @@ async def test_heartbeat_outlives_a_redis_restart_and_registers_again():
         server.stop()
 
 
-async def test_stop_ends_the_loop_even_while_redis_is_down():
+async def test_stop_ends_the_loop_even_while_redis_is_down(caplog):
     server = start_redis()
     runtime = make_runtime(server.url)
     registry = Registry(server.url, "default")
     server.stop()
     stop = asyncio.Event()
     loop = asyncio.create_task(heartbeat_loop(registry, runtime, "10.0.0.7:50061", stop))
-    await asyncio.sleep(0)   # the loop's first heartbeat is under way against the stopped server
+    await wait_for(lambda: "registry heartbeat failed" in caplog.text, 10, "a heartbeat against the stopped server")
     stop.set()
     assert await asyncio.wait_for(loop, timeout=10) is None   # it ends, it does not raise
     await registry.close()
