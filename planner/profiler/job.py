@@ -8,7 +8,9 @@ latencies, the workers' and the router's CPU), then two engines on the two worke
 (`planner.profiler.corun_probe`: how much each slows the other); the profile's `serving` section
 holds both, and (`ProfileJob.wide`) the same engine tables are measured again on one engine bound to both
 workers' cores: the profile's `wide` engine, one worker spanning two devices, as vLLM's own server
-runs on the host. The rest of a profile describes one device per worker.
+runs on the host. The rest of a profile describes one device per worker. Before an engine goes
+down, the rows of its tables that stand more than 10% off the table's fit are measured twice more
+and the median kept (`planner.profiler.second_look`: a VM's slow stretch, not the engine).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from loadgen.comparison.host_speed import drift_note, wake_note
 from loadgen.host_probe import product_for_dtype, speed_check_ms, wake_check_us
 from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings as WorkerEngineSettings
-from planner.perf_model import FitReport, fit_perf_model
+from planner.perf_model import FitReport, PerfModel, fit_decode, fit_perf_model, fit_prefill
 from planner.profile import (
     DecodeSample,
     EngineSettings,
@@ -44,6 +46,7 @@ from planner.profile import (
 )
 from planner.profiler.host import hardware_info, model_info
 from planner.profiler.plan import ProfilePlan, make_plan
+from planner.profiler.second_look import SECOND_LOOKS, kept_s, rows_off_the_fit
 from planner.profiler.spread import spread_summary
 from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
 
@@ -302,6 +305,30 @@ async def _measure(probe, plan: ProfilePlan, budget: int, advance):
         m = await probe.decode(batch, context, plan.decode_steps)
         decode.append(DecodeSample(m.batch_size, m.context_tokens, round(m.step_s, 7)))
         advance(f"decode batch {batch} x {context} tokens {m.step_s * 1e3:.2f} ms/step")
+    return await _second_look(probe, plan, prefill, decode, advance)
+
+
+async def _second_look(probe, plan: ProfilePlan, prefill: list[PrefillSample], decode: list[DecodeSample], advance):
+    """`prefill` and `decode` (the rows of `plan`, in its order, from `probe`'s engine) with every
+    row off its table's fit measured again (`planner.profiler.second_look`), each such row a note."""
+    model = PerfModel(fit_prefill(prefill)[0], fit_decode(decode)[0])
+
+    def noted(point: str, first_s: float, fitted_s: float, again_s: list[float], kept: float) -> None:
+        advance(f"second look: {point} {first_s * 1e3:.1f} ms, {fitted_s / first_s - 1:+.0%} off the fit;"
+                f" again {', '.join(f'{s * 1e3:.1f}' for s in again_s)} ms: kept {kept * 1e3:.1f}", step=False)
+
+    fitted = [model.prefill_s(r.prompt_tokens, r.chunk_tokens) for r in prefill]
+    for i in rows_off_the_fit([r.prefill_s for r in prefill], fitted):
+        row = prefill[i]
+        again = [await probe.prefill_s(row.prompt_tokens, plan.prefill_repeats) for _ in range(SECOND_LOOKS)]
+        prefill[i] = replace(row, prefill_s=round(kept_s(row.prefill_s, again), 7))
+        noted(f"prefill {row.prompt_tokens} tokens", row.prefill_s, fitted[i], again, prefill[i].prefill_s)
+    fitted = [model.decode_step_s(r.batch_size, r.context_tokens) for r in decode]
+    for i in rows_off_the_fit([r.step_s for r in decode], fitted):
+        row, (batch, context) = decode[i], plan.decode_points[i]
+        again = [(await probe.decode(batch, context, plan.decode_steps)).step_s for _ in range(SECOND_LOOKS)]
+        decode[i] = replace(row, step_s=round(kept_s(row.step_s, again), 7))
+        noted(f"decode batch {batch} x {context} tokens", row.step_s, fitted[i], again, decode[i].step_s)
     return tuple(prefill), tuple(decode)
 
 
