@@ -73,6 +73,13 @@ class VllmOpenAIServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The API process's pid (its engine core is a child of it); only while started."""
+        if self._process is None:
+            raise RuntimeError("the server is not started")
+        return self._process.pid
+
     def start(self, timeout_s: float = 300.0) -> "VllmOpenAIServer":
         env = os.environ | {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
                             "PYTHONUNBUFFERED": "1"}

@@ -314,7 +314,7 @@ async def _second_look(probe, plan: ProfilePlan, prefill: list[PrefillSample], d
     model = PerfModel(fit_prefill(prefill)[0], fit_decode(decode)[0])
 
     def noted(point: str, first_s: float, fitted_s: float, again_s: list[float], kept: float) -> None:
-        advance(f"second look: {point} {first_s * 1e3:.1f} ms, {fitted_s / first_s - 1:+.0%} off the fit;"
+        advance(f"second look: {point} {first_s * 1e3:.1f} ms where the table's fit says {fitted_s * 1e3:.1f};"
                 f" again {', '.join(f'{s * 1e3:.1f}' for s in again_s)} ms: kept {kept * 1e3:.1f}", step=False)
 
     fitted = [model.prefill_s(r.prompt_tokens, r.chunk_tokens) for r in prefill]

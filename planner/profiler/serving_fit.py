@@ -124,23 +124,26 @@ LONG_PROMPT_RUN_S, MIN_LONG_PROMPT_REQUESTS = 20.0, 16
 
 
 def cpu_terms(short: CpuRun, long: CpuRun, long_prompts: CpuRun | None, host_cores: int) -> ServingCosts:
-    """`ServingCosts`' CPU terms from the steady runs (groups decode, prefill, host, router):
-    per request and output token from `short` and `long` (same prompts, outputs apart), per prompt
-    token from `long_prompts` against `short` (None: no such run, 0). The prefill worker streams
-    no output, so its terms come from both short-prompt runs pooled. The router's are at most the
-    host's, of which they are part, whatever the noise."""
-    terms = {}
-    for group in ("decode", "host", "router"):
+    """`ServingCosts`' CPU terms from the steady runs (groups decode, prefill, host, router; a
+    group the runs did not read stays 0, as vLLM's server has no workers apart): per request and
+    output token from `short` and `long` (same prompts, outputs apart), per prompt token from
+    `long_prompts` against `short` (None: no such run, 0). The prefill worker streams no output, so
+    its terms come from both short-prompt runs pooled. The router's are at most the host's, of
+    which they are part, whatever the noise."""
+    terms = {group: (0.0, 0.0) for group in ("decode", "host", "router")}
+    for group in (group for group in terms if group in short.cpu_s):
         per_request, per_token = solve_per_request_and_token(short, long, group)
         per_prompt_token = 0.0
         if long_prompts is not None:
             per_request, per_prompt_token = solve_per_prompt_token(short, long_prompts, group, per_token)
         terms[group] = (per_request, per_prompt_token)
-    pooled = CpuRun(short.requests + long.requests, short.tokens + long.tokens,
-                    {"prefill": short.cpu_s["prefill"] + long.cpu_s["prefill"]}, prompt_tokens=short.prompt_tokens
-                    + long.prompt_tokens)
-    prefill = ((pooled.cpu_s["prefill"] / pooled.requests, 0.0) if long_prompts is None
-               else solve_per_prompt_token(pooled, long_prompts, "prefill", per_token=0.0))
+    prefill = (0.0, 0.0)
+    if "prefill" in short.cpu_s:
+        pooled = CpuRun(short.requests + long.requests, short.tokens + long.tokens,
+                        {"prefill": short.cpu_s["prefill"] + long.cpu_s["prefill"]},
+                        prompt_tokens=short.prompt_tokens + long.prompt_tokens)
+        prefill = ((pooled.cpu_s["prefill"] / pooled.requests, 0.0) if long_prompts is None
+                   else solve_per_prompt_token(pooled, long_prompts, "prefill", per_token=0.0))
     router = tuple(min(r, h) for r, h in zip(terms["router"], terms["host"]))
     return ServingCosts(decode_cpu_s_per_request=terms["decode"][0], decode_cpu_s_per_prompt_token=terms["decode"][1],
                         prefill_cpu_s_per_request=prefill[0], prefill_cpu_s_per_prompt_token=prefill[1],
@@ -368,10 +371,14 @@ def unbound_cpu_per_token(runs: Sequence[BatchRun], router_cpu_s_per_request: fl
 
 
 def steady_rate(model: PerfModel, prompt_tokens: int) -> float:
-    """A request rate that keeps both engines about a third busy at the CPU runs' long outputs."""
+    """A request rate that keeps both engines about a third busy at the CPU runs' long outputs, at
+    most `MAX_STEADY_RATE_RPS` (a model that charges next to nothing, a test's, would ask any)."""
     per_request_s = max(model.prefill_s(prompt_tokens, prompt_tokens),
                         LONG_OUTPUT * model.decode_step_s(1, prompt_tokens))
-    return 0.3 / per_request_s
+    return min(MAX_STEADY_RATE_RPS, 0.3 / per_request_s) if per_request_s > 0 else MAX_STEADY_RATE_RPS
+
+
+MAX_STEADY_RATE_RPS = 10.0
 
 
 @dataclass(frozen=True)

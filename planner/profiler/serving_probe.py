@@ -58,8 +58,8 @@ import asyncio
 import os
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from pdserve.engine import EngineSettings
@@ -145,7 +145,7 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
 
     rng = np.random.default_rng(seed)
     prompts = [[int(i) for i in rng.integers(10, vocab_size, size=BATCH_PROMPT_TOKENS)] for _ in range(batch)]
-    reader = _StreamWindowReader(batch, host_cpu, router_cpu)
+    reader = StreamWindowReader(batch, host_cpu, router_cpu)
 
     async def stream(client, ids: list[int]) -> list[float]:
         marks: list[float] = []
@@ -165,7 +165,7 @@ async def batched_decode_run(target: str, batch: int, vocab_size: int, host_cpu,
     return replace(run, window=reader.window(runs))
 
 
-class _StreamWindowReader:
+class StreamWindowReader:
     """Reads the unbound processes' CPU when the last of `batch` streams has its second token and
     again when the first one ends: the stretch in which every request streams (`StreamWindow`)."""
 
@@ -197,14 +197,14 @@ class _StreamWindowReader:
 
 
 async def _steady_run(target: str, rate_rps: float, num_requests: int, prompt_tokens: int, output_tokens: int,
-                      groups: dict, seed: int):
+                      groups: dict, seed: int, backend: str = "pdserve"):
     from loadgen.harness import WorkloadConfig, make_target
     from loadgen.prompts import PromptSynthesizer
     from loadgen.runner import RunConfig, run
 
     specs = WorkloadConfig(kind="random", arrival="poisson", rate_rps=rate_rps, num_requests=num_requests,
                            prompt_mean=prompt_tokens, output_mean=output_tokens, seed=seed).build()
-    target_ = make_target("pdserve", target)
+    target_ = make_target(backend, target)
     await target_.open()
     try:
         before, started = {name: pids() for name, pids in groups.items()}, time.perf_counter()
@@ -242,12 +242,20 @@ def measure_cpu(target: str, pids: dict[str, int], model: PerfModel, plan: Servi
         "router": lambda: cpu_seconds(process_tree(pids["router"])),
         "host": lambda: host_cpu_seconds(pids["router"]),
     }
+    return steady_cpu(target, groups, model, plan, advance)
+
+
+def steady_cpu(target: str, groups: dict, model: PerfModel, plan: ServingPlan, advance,
+               backend: str = "pdserve") -> tuple[ServingCosts, dict[str, float]]:
+    """`measure_cpu`'s runs against `target` (a `loadgen.harness.make_target` address of `backend`),
+    reading `groups` (name -> the group's CPU seconds so far), and its result: the terms of the
+    groups read (`cpu_terms`) and each group's idle load in cores."""
     rate_rps = steady_rate(model, plan.load_prompt_tokens)
     time.sleep(LONE_PAUSE_S)  # past the last request's polling
     idle = idle_cpu_cores(groups, min(MAX_IDLE_S, max(MIN_IDLE_S, 0.1 * plan.load_requests / rate_rps)))
 
     def steady(rate: float, requests: int, prompt_tokens: int, output_tokens: int, seed: int) -> CpuRun:
-        run = asyncio.run(_steady_run(target, rate, requests, prompt_tokens, output_tokens, groups, seed))
+        run = asyncio.run(_steady_run(target, rate, requests, prompt_tokens, output_tokens, groups, seed, backend))
         advance(f"serving: CPU at {rate:.2f} req/s, {prompt_tokens}-token prompts, {output_tokens}-token outputs")
         return run.net_of_idle(idle)
 
@@ -261,13 +269,27 @@ def measure_cpu(target: str, pids: dict[str, int], model: PerfModel, plan: Servi
     return cpu_terms(short, long, long_prompts, host_cores=len(os.sched_getaffinity(0))), idle
 
 
-def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, engine_rows: Sequence[DecodeSample],
+@dataclass(frozen=True)
+class UnboundCpu:
+    """Readers of CPU seconds so far: `host`, every process bound to no worker (the router's or the
+    server's front end, and this client); `router`, the router's (or the front end's) part of it."""
+
+    host: Callable[[], float]
+    router: Callable[[], float]
+
+    @classmethod
+    def of_router(cls, router_pid: int) -> UnboundCpu:
+        """A pdserve cluster's: the router's process tree, and it with this process."""
+        return cls(lambda: host_cpu_seconds(router_pid), lambda: cpu_seconds(process_tree(router_pid)))
+
+
+def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfModel, engine_rows: Sequence[DecodeSample],
                          host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
                          advance, run_batch=None, label: str = "serving",
                          idle_cores: dict[str, float] | None = None) -> ServedSteps:
     """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches` (`run_batch`:
-    `batched_decode_run`'s signature; tests and `vllm_server_probe` give their own; `router_pid`
-    None: no router, no host CPU read; `label` heads the progress notes). A run whose
+    `batched_decode_run`'s signature; tests and `vllm_server_probe` give their own; `unbound`
+    None: no host CPU read; `label` heads the progress notes). A run whose
     requests never decoded together (on a slow or busy host the first can finish before the last
     one's KV arrives) is retried with outputs twice as long, up to `batch_output_attempts`; a batch
     that still fails is skipped with a note, and the fit runs on the rest (one batch size left: its
@@ -276,14 +298,7 @@ def measure_served_steps(target: str, router_pid: int | None, model: PerfModel, 
     step and per token is `stream_cpu_terms`' over the runs' windows, net of `idle_cores` (the
     groups "host" and "router": their load with no traffic; None: 0)."""
     run_batch = run_batch or batched_decode_run
-    if router_pid is None:
-        host_cpu = router_cpu = None
-    else:
-        def host_cpu() -> float:
-            return host_cpu_seconds(router_pid)
-
-        def router_cpu() -> float:
-            return cpu_seconds(process_tree(router_pid))
+    host_cpu, router_cpu = (unbound.host, unbound.router) if unbound is not None else (None, None)
     runs, skipped = [], []
     for index, batch in enumerate(plan.decode_batches):
         run = None
@@ -335,7 +350,7 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
         pids = {"router": cluster.router.pid,
                 **{role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}}
         cpu, idle = measure_cpu(cluster.grpc_target, pids, model, plan, advance)
-        steps = measure_served_steps(cluster.grpc_target, pids["router"], model, engine_rows, cpu,
+        steps = measure_served_steps(cluster.grpc_target, UnboundCpu.of_router(pids["router"]), model, engine_rows, cpu,
                                      cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance,
                                      idle_cores=idle)
     lone_prompt = statistics.median(plan.prompt_tokens)  # the lone latencies are medians over these

@@ -9,18 +9,25 @@ stream) shares those cores with the engine. Against the wide engine's engine-onl
 table:
 - `first_token_s`: lone requests (`LONE_PAUSE_S` apart, token ids, so nothing is tokenized), TTFT
   minus the wide engine's prefill of the prompt; the median, and the spread within each length;
+- the CPU of the processes apart from the engine, as the cluster probe reads its router's and
+  client's (`serving_probe.steady_cpu`, the same steady Poisson runs): the API process alone is
+  the "router" group (`front_end_cpu`), it and this client the "host" group, per request, prompt
+  token, streamed token and streaming step; `host_cores` the cores the server runs on. The
+  simulator charges them through its host model (`planner.simulator.host`; nothing is bound apart,
+  so all of it takes the engine's cores), as it charges pdserve's router and client. Without
+  them (before this measurement: `host_cores` 0) vLLM's server was replayed 27-40% optimistic on
+  goodput on an AMX Xeon where pdserve's one-engine topology on the same cores was within 10%:
+  the load generator's CPU was charged to pdserve and not to vLLM, and vLLM's front end's own
+  per-request work not at all;
 - `decode_step_s`, `decode_cpu_s_per_token`: B streams sent at once, the median gap between a
   stream's tokens once all B decode (`serving_fit.settled_window`, as the cluster probe), minus
-  the wide engine's step at B (its own table row), fits a + b * B (`serving_fit.fit_served_steps`,
-  with no host model: the API process runs on the engine's cores, so what it takes shows in the
-  gap, not as a stretch); their spread.
+  the wide engine's step at B (its own table row) and what the host model charges the streams'
+  CPU there, fits a + b * B (`serving_fit.fit_served_steps`); their spread.
 Each batch size runs `BATCH_REPEATS` times, twice the cluster probe's: on an AVX-512 EPYC one run's
 median gap sat either 1-3 or 6-8 ms above the engine's step, run to run at the same batch (probably
 where the floating API process lands against the engine's threads), so a few runs fit one mode or
 the other; the fit over more runs is their mean, which is what a request's TPOT sees over many steps.
-The rest stays 0: a server has no handoff, no router and no second worker, and `host_cores` 0 keeps
-the simulator's host model off (the load generator, on the same host, is not modelled for the
-baseline either; the cluster's profile charges it to pdserve through its host terms).
+The rest stays 0: a server has no handoff and no second worker.
 """
 
 from __future__ import annotations
@@ -29,27 +36,36 @@ import asyncio
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
+from loadgen.proc_cpu import cpu_seconds
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
 from planner.profile import DecodeSample, ServingCosts
 from planner.profiler.serving_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, ServingPlan, batch_run_of,
                                           serving_plan)
-from planner.profiler.serving_probe import by_length, lone_runs, measure_served_steps
+from planner.profiler.serving_probe import (StreamWindowReader, UnboundCpu, by_length, lone_runs, measure_served_steps,
+                                            steady_cpu)
 from planner.profiler.spread import spread_of
 
 BATCH_REPEATS = 4  # runs of each batch size (see the module's doc)
 
 
-async def token_times(target, ids: list[int], max_tokens: int) -> list[float]:
+async def token_times(target, ids: list[int], max_tokens: int, reader: StreamWindowReader | None = None) -> list[float]:
     """When each token of a greedy, exact-length request for `ids` reached this process
-    (`target`: an open `loadgen.targets.openai_http.OpenAITarget` with vLLM's extensions)."""
+    (`target`: an open `loadgen.targets.openai_http.OpenAITarget` with vLLM's extensions); told to
+    `reader` (optional): its second token, and its end."""
     from loadgen.prompts import Prompt
 
     marks: list[float] = []
     async for delta in target.generate(Prompt(tuple(ids), max_tokens)):
         if delta.content:
+            had = len(marks)
             marks += [time.perf_counter()] * (delta.num_tokens or 1)
+            if reader is not None and had < 2 <= len(marks):
+                reader.second_token()
+    if reader is not None:
+        reader.ended()
     return marks
 
 
@@ -71,22 +87,33 @@ async def lone_first_token(url: str, model: PerfModel, plan: ServingPlan, vocab_
 
 async def batched_run(url: str, batch: int, vocab_size: int, host_cpu, seed: int,
                       output_tokens: int = BATCH_OUTPUT_TOKENS, router_cpu=None):
-    """`serving_probe.batched_decode_run` against vLLM's server: `batch` short prompts at once. No
-    host CPU is read (`host_cpu`, `router_cpu` unused: nothing runs apart from the server's cores
-    but this client). Raises `NoCommonWindow` when they never decoded together."""
+    """`serving_probe.batched_decode_run` against vLLM's server: `batch` short prompts at once;
+    `host_cpu` and `router_cpu` (None: not read) read the front end's and this client's CPU, and the
+    front end's alone (`front_end_cpu`). Raises `NoCommonWindow` when they never decoded together."""
     import numpy as np
 
     from loadgen.targets.openai_http import OpenAITarget
 
     rng = np.random.default_rng(seed)
     prompts = [[int(i) for i in rng.integers(10, vocab_size, size=BATCH_PROMPT_TOKENS)] for _ in range(batch)]
+    reader = StreamWindowReader(batch, host_cpu, router_cpu) if host_cpu is not None else None
     target = OpenAITarget(url)
     await target.open()
     try:
-        runs = await asyncio.gather(*(token_times(target, ids, output_tokens) for ids in prompts))
+        router_before, cpu_before = router_cpu() if router_cpu else 0.0, host_cpu() if host_cpu else 0.0
+        runs = await asyncio.gather(*(token_times(target, ids, output_tokens, reader) for ids in prompts))
+        cpu_after, router_after = host_cpu() if host_cpu else 0.0, router_cpu() if router_cpu else 0.0
     finally:
         await target.close()
-    return batch_run_of(batch, runs)
+    run = batch_run_of(batch, runs, cpu_after - cpu_before, router_after - router_before)
+    return replace(run, window=reader.window(runs)) if reader is not None else run
+
+
+def front_end_cpu(api_pid: int) -> UnboundCpu:
+    """vLLM's server's processes apart from its engine: `router`, the API process alone (HTTP, the
+    output processor, detokenizing, the SSE stream; its engine core is a child, not counted); `host`,
+    it and this process, the client, as the cluster probe's host group holds the router and the client."""
+    return UnboundCpu(lambda: cpu_seconds([api_pid]) + time.process_time(), lambda: cpu_seconds([api_pid]))
 
 
 def measure_vllm_server(engine: EngineSettings, model: PerfModel, engine_rows: Sequence[DecodeSample],
@@ -98,22 +125,32 @@ def measure_vllm_server(engine: EngineSettings, model: PerfModel, engine_rows: S
     plan = serving_plan(engine.max_model_len, engine.max_num_seqs, quick, BATCH_REPEATS)
     with VllmOpenAIServer(engine, log_path=log_path) as server:
         advance("vLLM's server: up")
-        return measure_server_at(server.url, model, engine_rows, plan, vocab_size, advance)
+        return measure_server_at(server.url, model, engine_rows, plan, vocab_size, advance, server.pid)
 
 
 def measure_server_at(url: str, model: PerfModel, engine_rows: Sequence[DecodeSample], plan: ServingPlan,
-                      vocab_size: int, advance) -> ServingCosts:
+                      vocab_size: int, advance, api_pid: int | None = None) -> ServingCosts:
     """The `ServingCosts` of the vLLM server at `url` against `model`, its engine's fit, and
-    `engine_rows`, the decode table that was fitted on (see the module's doc)."""
+    `engine_rows`, the decode table that was fitted on (see the module's doc); `api_pid`, its API
+    process, whose CPU and this client's are measured as the cluster's router's and client's are
+    (None: not measured, the host model left off)."""
     first_token_s, first_spread = asyncio.run(lone_first_token(url, model, plan, vocab_size, advance))
-    steps = measure_served_steps(url, None, model, engine_rows, ServingCosts(), 0.0, vocab_size, plan, advance,
-                                 run_batch=batched_run, label="vLLM's server")
-    return ServingCosts(first_token_s=first_token_s, decode_step_s=steps.decode_step_s,
-                        decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
-                        first_token_spread_s=first_spread, decode_step_spread_s=steps.spread_s)
+    cpu, idle, unbound = ServingCosts(), {}, None
+    if api_pid is not None:
+        unbound = front_end_cpu(api_pid)
+        cpu, idle = steady_cpu(url, {"host": unbound.host, "router": unbound.router}, model, plan, advance,
+                               backend="openai")
+    steps = measure_served_steps(url, unbound, model, engine_rows, cpu, cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS),
+                                 vocab_size, plan, advance, run_batch=batched_run, label="vLLM's server",
+                                 idle_cores=idle)
+    return replace(cpu, first_token_s=first_token_s, decode_step_s=steps.decode_step_s,
+                   decode_cpu_s_per_token=steps.decode_cpu_s_per_token, host_cpu_s_per_token=steps.host_cpu_s_per_token,
+                   router_cpu_s_per_token=steps.router_cpu_s_per_token, host_cpu_s_per_step=steps.host_cpu_s_per_step,
+                   router_cpu_s_per_step=steps.router_cpu_s_per_step, first_token_spread_s=first_spread,
+                   decode_step_spread_s=steps.spread_s)
 
 
 def vllm_server_steps(max_model_len: int, max_num_seqs: int, quick: bool) -> int:
-    """Progress steps `measure_vllm_server` reports."""
-    plan = serving_plan(max_model_len, max_num_seqs, quick, BATCH_REPEATS)
-    return 1 + len(plan.prompt_tokens) + len(plan.decode_batches)
+    """Progress steps `measure_vllm_server` reports: the server's start, the lone lengths, the
+    CPU runs and the batches, as the cluster probe's (`ServingPlan.steps`)."""
+    return serving_plan(max_model_len, max_num_seqs, quick, BATCH_REPEATS).steps

@@ -182,10 +182,10 @@ def test_runs_without_a_window_fall_back_to_the_largest_batchs_cost_per_token():
 
 
 def test_the_window_reader_opens_at_the_last_second_token_and_closes_at_the_first_end():
-    from planner.profiler.serving_probe import _StreamWindowReader
+    from planner.profiler.serving_probe import StreamWindowReader
 
     cpu = {"host": 0.0}
-    reader = _StreamWindowReader(2, host_cpu=lambda: cpu["host"], router_cpu=lambda: cpu["host"] / 2)
+    reader = StreamWindowReader(2, host_cpu=lambda: cpu["host"], router_cpu=lambda: cpu["host"] / 2)
     assert reader.window([[0.0], [0.0]]) is None  # never opened
     reader.second_token()
     assert reader.start is None  # one of two streams past its second token
@@ -350,7 +350,7 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
 
     plan = ServingPlan((32,), 1, 32, 10, (1, 16, 64), max_output_tokens=2032)
     host = ServingCosts(host_cores=2)
-    steps = measure_served_steps("t", 0, ROUND_MODEL, (), host, 0.0, 1000, plan,
+    steps = measure_served_steps("t", None, ROUND_MODEL, (), host, 0.0, 1000, plan,
                                  lambda label, step=True: notes.append((label, step)), run_batch=run_batch)
     assert tried == [(1, 256), (16, 256), (16, 512), (64, 256), (64, 512), (64, 1024)]
     assert steps.decode_step_s == pytest.approx(0.0, abs=1e-9)   # served = engine
@@ -365,7 +365,7 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
         raise NoCommonWindow("never")
 
     with pytest.raises(RuntimeError, match=r"batches \[1, 16, 64\] never decoded together"):
-        measure_served_steps("t", 0, ROUND_MODEL, (), host, 0.0, 1000, plan, lambda *a, **k: None, run_batch=never)
+        measure_served_steps("t", None, ROUND_MODEL, (), host, 0.0, 1000, plan, lambda *a, **k: None, run_batch=never)
 
 
 def test_served_steps_of_one_batch_size_are_its_step_alone_and_said_so():
@@ -384,7 +384,7 @@ def test_served_steps_of_one_batch_size_are_its_step_alone_and_said_so():
         return BatchRun(1, step_s, 40, 1 / step_s, 0.0, output_tokens, (step_s, step_s))
 
     plan = ServingPlan((32,), 1, 32, 10, (1, 4, 16), max_output_tokens=2032)
-    steps = measure_served_steps("t", 0, ROUND_MODEL, (), ServingCosts(host_cores=2), 0.0, 1000, plan,
+    steps = measure_served_steps("t", None, ROUND_MODEL, (), ServingCosts(host_cores=2), 0.0, 1000, plan,
                                  lambda label, step=True: notes.append((label, step)), run_batch=run_batch)
     assert steps.decode_step_s == pytest.approx(0.002) and steps.decode_cpu_s_per_token == 0.0
     assert any("only batch 1 decoded together (batches [4, 16] never did" in label for label, _ in notes)
