@@ -172,7 +172,8 @@ class _Cluster:
         prefill instance's cores, the router's)."""
         busy_cores = (len(self._stepping) + 1) * self._cores_per_instance
         busy_router_cores = (len(self._stepping_prefill) + prefill) * self._cores_per_instance
-        return self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=prefill)
+        return self.host.stretch(now, busy_cores, busy_router_cores, on_router_cores=prefill,
+                                 team_cores=self._cores_per_instance)
 
     def _start_steps(self, now: float) -> None:
         for instance in self._dirty.values():

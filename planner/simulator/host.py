@@ -14,7 +14,10 @@ router's that no engine is stepping on first, then the room the router leaves on
 (Linux runs a woken thread on the less loaded core: the one not decoding), sharing a step there;
 what is left shares the other stepping cores. Where the router floats, all of it is the rest,
 which takes idle cores first and then shares every stepping core. A step's stretch is the
-processor-sharing slowdown 1 / (1 - the share of its core taken), capped at 1 / (1 - MAX_STOLEN).
+processor-sharing slowdown 1 / (1 - the share of its core taken), capped at 1 / (1 - MAX_STOLEN);
+for an engine whose threads span several cores, the share of its time taken is the load on all of
+them, since they wait for each other after every layer (BENCHMARKS, "vLLM's server replayed with
+its front end's CPU": a two-core engine beside a load on one core slowed as a one-core engine does).
 The hops of a first token (`ServingCosts.first_token_s`, `handoff_s`) run on the router's cores
 and take a step's stretch there (`planner.simulator.engine`). With `host_cores` 0 nothing is
 modelled and every stretch is 1.
@@ -101,14 +104,15 @@ class HostCpu:
         return self._router.load_cores(now) + self._rest.load_cores(now)
 
     def stretch(self, now: float, busy_cores: float, busy_router_cores: float = 0.0,
-                on_router_cores: bool = False) -> float:
+                on_router_cores: bool = False, team_cores: float = 1.0) -> float:
         """How much longer than its engine time a step starting now takes, when engines are
         stepping on `busy_cores` of the host's cores (the starting one included), `busy_router_cores`
-        of them the router's; `on_router_cores`: the starting step is on one of those."""
+        of them the router's; `on_router_cores`: the starting step is on one of those; `team_cores`,
+        the cores the starting step's engine spans (`stretch_for_loads`)."""
         if not self.modelled:
             return 1.0
         return stretch_for_loads(self._rest.load_cores(now), self._router.load_cores(now), self.costs.host_cores,
-                                 busy_cores, self.router_cores, busy_router_cores, on_router_cores)
+                                 busy_cores, self.router_cores, busy_router_cores, on_router_cores, team_cores)
 
     def router_delay_s(self, now: float, engine_s: float) -> float:
         """How much longer a step (or a hop) of `engine_s` starting now on the router's cores takes
@@ -165,9 +169,15 @@ class RouterBacklog:
 
 
 def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: float, busy_cores: float,
-                      router_cores: float = 0.0, busy_router_cores: float = 0.0, on_router_cores: bool = False) -> float:
+                      router_cores: float = 0.0, busy_router_cores: float = 0.0, on_router_cores: bool = False,
+                      team_cores: float = 1.0) -> float:
     """The processor-sharing stretch of a step starting on one of `busy_cores` stepping cores
     (`on_router_cores`: on one of the router's, of which `busy_router_cores` step).
+
+    The step's engine spans `team_cores` cores: its threads meet at a barrier after every layer, so
+    work that takes any one of its cores holds all of them, and the share of its time it loses is
+    the load on the cores it spans (the load a core times `team_cores`), not a core's share: an
+    engine over two cores loses as much to a load of 0.1 cores as a one-core engine to 0.1.
 
     The router's `router_load_cores` share its `router_cores`. The rest (`rest_cores`) takes the
     idle cores apart from the router's, then the room the router leaves on its own, then shares the
@@ -176,15 +186,16 @@ def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: f
     core."""
     if busy_cores <= 0 or host_cores <= 0:
         return 1.0
+    team = max(1.0, team_cores)
     if router_cores <= 0:
         spill = max(0.0, rest_cores + router_load_cores - max(0.0, host_cores - busy_cores))
-        return _stretch(spill / busy_cores)
+        return _stretch(spill / busy_cores * team)
     busy_elsewhere = max(0.0, busy_cores - busy_router_cores)
     rest_left = max(0.0, rest_cores - max(0.0, host_cores - router_cores - busy_elsewhere))
     on_router = rest_left if busy_elsewhere <= 0 else min(rest_left, max(0.0, router_cores - router_load_cores))
     if on_router_cores:
-        return _stretch((router_load_cores + on_router) / router_cores)
-    return _stretch((rest_left - on_router) / busy_elsewhere) if busy_elsewhere > 0 else 1.0
+        return _stretch((router_load_cores + on_router) / router_cores * min(team, router_cores))
+    return _stretch((rest_left - on_router) / busy_elsewhere * min(team, busy_elsewhere)) if busy_elsewhere > 0 else 1.0
 
 
 def _stretch(stolen: float) -> float:

@@ -105,6 +105,30 @@ def test_a_router_bound_to_the_prefill_core_stretches_only_the_prefill_steps():
     assert stretch_for_load(1.6, 2, 1) == pytest.approx(1 / (1 - 0.6), **EXACT)
 
 
+def test_an_engine_over_several_cores_loses_the_load_on_any_of_them():
+    """An engine's threads meet at a barrier after every layer: what takes one of its cores holds
+    the whole step (measured: bench/team_stretch.py, a two-core engine beside a burner on one core
+    slowed 1.116/1.208/1.315x at 10/20/30% duty, where sharing over two cores says 1.05/1.11/1.18)."""
+    # one engine over both cores, 0.2 cores of floating load: it loses 0.2 of its time, not 0.1
+    assert stretch_for_loads(0.2, 0.0, 2, busy_cores=2, team_cores=2) == pytest.approx(1 / (1 - 0.2), **EXACT)
+    assert stretch_for_loads(0.2, 0.0, 2, busy_cores=2) == pytest.approx(1 / (1 - 0.1), **EXACT)
+    # two one-core engines stepping: each carries half the load, as before
+    assert stretch_for_loads(0.2, 0.0, 2, busy_cores=2, team_cores=1) == pytest.approx(1 / (1 - 0.1), **EXACT)
+    # an idle core takes the load first, whatever the team
+    assert stretch_for_loads(0.2, 0.0, 4, busy_cores=2, team_cores=2) == 1.0
+    # a two-core prefill engine on the router's two cores: the router's 0.3 there holds all of it
+    assert stretch_for_loads(0.0, 0.3, 4, busy_cores=2, router_cores=2, busy_router_cores=2, on_router_cores=True,
+                             team_cores=2) == pytest.approx(1 / (1 - 0.3), **EXACT)
+    # a two-core decode engine beside it: of the client's 0.5, the router's cores (1.8 of 2 taken)
+    # have room for 0.2; the 0.3 left holds the decode engine whole
+    assert stretch_for_loads(0.5, 1.8, 4, busy_cores=4, router_cores=2, busy_router_cores=2,
+                             on_router_cores=False, team_cores=2) == pytest.approx(1 / (1 - 0.3), **EXACT)
+    # HostCpu passes the team on
+    host = HostCpu(ServingCosts(host_cpu_s_per_token=0.001, host_cores=2), window_s=1.0)
+    host.tokens_emitted(0.0, 200)   # 0.2 CPU seconds over a 1 s window: 0.2 cores
+    assert host.stretch(0.5, busy_cores=2, team_cores=2) == pytest.approx(1 / (1 - 0.2), **EXACT)
+
+
 def test_the_host_keeps_the_routers_part_apart_only_where_it_is_bound_and_measured():
     costs = ServingCosts(host_cpu_s_per_token=0.001, router_cpu_s_per_token=0.0006, host_cores=2)
     bound = HostCpu(costs, window_s=1.0, router_cores=1)
