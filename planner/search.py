@@ -5,7 +5,9 @@ workload arrives at `rate_rps` (the simulator provides it, tests pass a formula)
 assumes attainment does not rise with the rate and does not fall with more instances.
 
 - `max_rate`: the highest rate with attainment >= target (DistServe's goodput), by doubling or
-  halving to a bracket and then bisection to a relative tolerance;
+  halving to a bracket and then bisection to a relative tolerance, then checked at 90/80/70% of
+  it: a rate there that misses means service broke below the answer (a finite sample's attainment
+  does not fall smoothly with the rate), and the search runs again below it;
 - `search_splits`: every topology within the budget (`enumerate_topologies`): disaggregated
   N prefill + M decode, hybrid N + M under each local prefill cap, aggregated K workers, the
   last two under each engine token budget (the chunk that trades a decode's TPOT for TTFT); the
@@ -191,14 +193,42 @@ def max_rate(attainment: Callable[[float], float], settings: SearchSettings,
             hi /= 2
         if lo == 0.0:
             return 0.0, min(samples, key=lambda s: s[0])[1], tuple(samples)
-    while hi - lo > settings.rel_tol * lo:
+    lo = _bisect(passes, lo, hi, settings.rel_tol)
+    for _ in range(MAX_BREAK_RECHECKS):
+        # where service first breaks: a rate below the one found that misses the target (attainment
+        # is not monotone in the rate over a finite sample, least of all with an admission that
+        # learns) moves the answer below it, as `loadgen.sweep.goodput_on_grid` measures it
+        broken = [lo * f for f in FIRST_BREAK_CHECKS if not passes(lo * f)]
+        if not broken:
+            break
+        hi = min(broken)
+        passing_below = [rate for rate, value in samples if rate < hi and value >= target]
+        lo = max(passing_below, default=0.0)
+        while lo == 0.0 and hi / 2 >= settings.min_rate_rps:
+            if passes(hi / 2):
+                lo = hi / 2
+            else:
+                hi /= 2
+        if lo == 0.0:
+            return 0.0, min(samples, key=lambda s: s[0])[1], tuple(samples)
+        lo = _bisect(passes, lo, hi, settings.rel_tol)
+    at_lo = max(value for rate, value in samples if rate == lo)
+    return lo, at_lo, tuple(samples)
+
+
+FIRST_BREAK_CHECKS = (0.9, 0.8, 0.7)  # fractions of a rate found that must pass too
+MAX_BREAK_RECHECKS = 3                # searches again below a break before the answer stands
+
+
+def _bisect(passes: Callable[[float], bool], lo: float, hi: float, rel_tol: float) -> float:
+    """The highest passing rate bisection finds between `lo` (passes) and `hi` (fails)."""
+    while hi - lo > rel_tol * lo:
         mid = (lo + hi) / 2
         if passes(mid):
             lo = mid
         else:
             hi = mid
-    at_lo = max(value for rate, value in samples if rate == lo)
-    return lo, at_lo, tuple(samples)
+    return lo
 
 
 def search_topology(attainment: AttainmentFn, topology: Topology, settings: SearchSettings,

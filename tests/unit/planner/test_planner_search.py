@@ -125,6 +125,30 @@ def test_max_rate_is_zero_when_even_the_lowest_rate_misses():
     assert [s[0] for s in samples] == [1.0, 0.5, 0.25, 0.125]
 
 
+def test_max_rate_is_where_service_first_breaks_not_a_lucky_rate_above_a_dip():
+    """Simulated attainment over 80 trace requests with a learning admission is not monotone (an
+    AMX Xeon's plan: 2C@1024 at 0.76 at 7.5 req/s and 0.90 at 8.25, where bisection stopped)."""
+    def dipping(rate: float) -> float:
+        return 1.0 if rate < 7.0 else 0.8 if rate < 7.6 else 0.95 if rate < 9.0 else 0.5
+
+    rate, value, samples = max_rate(dipping, SearchSettings(rate_hint_rps=1.0, rel_tol=0.01))
+    assert 6.9 <= rate < 7.0 and value == 1.0
+    assert any(7.0 <= r < 7.6 for r, _ in samples)   # the dip was sampled by the checks below
+    assert all(a >= 0.9 for r, a in samples if r <= rate)
+
+    # a monotone curve's answer is what bisection alone gives: the checks below it all pass
+    def falling(rate: float) -> float:
+        return 1.0 - rate / 50
+
+    rate, _, _ = max_rate(falling, SearchSettings(rate_hint_rps=1.0, rel_tol=0.01))
+    assert 4.9 <= rate <= 5.0
+
+    # a break so low that nothing below it passes: zero
+    rate, _, _ = max_rate(lambda r: 1.0 if 8.0 <= r < 9.0 else 0.0,
+                          SearchSettings(rate_hint_rps=8.0, rel_tol=0.01, min_rate_rps=1.0))
+    assert rate == 0.0
+
+
 def test_max_rate_refuses_an_attainment_that_never_falls():
     with pytest.raises(ValueError, match="does not fall with the rate"):
         max_rate(lambda r: 1.0, SearchSettings())
