@@ -205,16 +205,19 @@ class StreamCpu:
         host = self.host_per_step_s * steps_per_s + self.host_per_token_s * tokens_per_s
         return host - router, router
 
-    def decode_stretch(self, tokens_per_s: float, batch: float, host_cores: float) -> float:
+    def decode_stretch(self, tokens_per_s: float, batch: float, host_cores: float, engine_cores: float = 1.0) -> float:
         """How much longer than its engine time a decode step takes while `batch` streams get
         `tokens_per_s` and nothing else steps: the simulator's host model (`planner.simulator.host`)
-        for the one stepping engine, the router bound to the idle prefill core where it is measured
-        apart."""
+        for the one stepping engine, over `engine_cores` of the host's cores. Where it leaves a core
+        (a cluster's decode worker), the router is bound to the idle prefill core where it is
+        measured apart; an engine over every core (vLLM's server) leaves none, and its front end
+        floats and holds the whole step (the team stretch), as the simulator charges it."""
         from planner.simulator.host import stretch_for_loads
 
         client, router = self.host_load_cores(tokens_per_s, batch)
-        bound = self.router_per_token_s > 0 or self.router_per_step_s > 0
-        return stretch_for_loads(client, router, host_cores, busy_cores=1, router_cores=1 if bound else 0)
+        bound = (self.router_per_token_s > 0 or self.router_per_step_s > 0) and engine_cores < host_cores
+        return stretch_for_loads(client, router, host_cores, busy_cores=engine_cores, router_cores=1 if bound else 0,
+                                 team_cores=engine_cores)
 
     @classmethod
     def of(cls, costs: ServingCosts) -> StreamCpu:
@@ -329,8 +332,8 @@ def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured:
 
 
 def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
-                     router_cpu_s_per_request: float = 0.0,
-                     engine_rows: Sequence[DecodeSample] = (), stream: StreamCpu | None = None) -> tuple[float, float, float]:
+                     router_cpu_s_per_request: float = 0.0, engine_rows: Sequence[DecodeSample] = (),
+                     stream: StreamCpu | None = None, engine_cores: float = 1.0) -> tuple[float, float, float]:
     """(decode_step_s, decode_cpu_s_per_token, host_cpu_s_per_token) from batched runs: served
     step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0 (runs of
     one batch size: b = 0, a their mean). The engine step is `engine_step_s` on `engine_rows` (the
@@ -339,14 +342,15 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
     The host's CPU per step and per token, and the router's part of them, are `stream`'s (None:
     `stream_cpu_terms` of the runs, with no idle load netted).
 
-    The stretch is the simulator's (`planner.simulator.host`) for one stepping engine (the decode
-    worker's; the prefill worker's core, where the router is bound, idles) and the host's load at
-    each run's token rate, so the fitted terms and the simulator's host model do not both count the
-    same CPU."""
+    The stretch is the simulator's (`planner.simulator.host`) for one stepping engine over
+    `engine_cores` (the decode worker's one: the prefill worker's core, where the router is bound,
+    idles; vLLM's server's: every core, `StreamCpu.decode_stretch`) and the host's load at each
+    run's token rate, so the fitted terms and the simulator's host model do not both count the same
+    CPU."""
     import numpy as np
 
     stream = stream or stream_cpu_terms(runs, router_cpu_s_per_request=router_cpu_s_per_request)
-    residuals = [run.step_s / stream.decode_stretch(run.tokens_per_s, run.batch, host.host_cores)
+    residuals = [run.step_s / stream.decode_stretch(run.tokens_per_s, run.batch, host.host_cores, engine_cores)
                  - engine_step_s(run.batch, run.context_tokens, model, engine_rows) for run in runs]
     batches = np.array([run.batch for run in runs], dtype=float)
     if len(set(batches)) < 2:   # one batch size measured: no slope to fit, all of it per step

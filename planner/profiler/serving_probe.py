@@ -286,7 +286,7 @@ class UnboundCpu:
 def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfModel, engine_rows: Sequence[DecodeSample],
                          host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
                          advance, run_batch=None, label: str = "serving",
-                         idle_cores: dict[str, float] | None = None) -> ServedSteps:
+                         idle_cores: dict[str, float] | None = None, engine_cores: float = 1.0) -> ServedSteps:
     """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches` (`run_batch`:
     `batched_decode_run`'s signature; tests and `vllm_server_probe` give their own; `unbound`
     None: no host CPU read; `label` heads the progress notes). A run whose
@@ -296,7 +296,8 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
     step alone, no per-token term, said in a note); none left raises.
     The spread is that of every run's gaps around the run's own median step. The unbound CPU per
     step and per token is `stream_cpu_terms`' over the runs' windows, net of `idle_cores` (the
-    groups "host" and "router": their load with no traffic; None: 0)."""
+    groups "host" and "router": their load with no traffic; None: 0). `engine_cores`: the cores the
+    served engine spans (`fit_served_steps`)."""
     run_batch = run_batch or batched_decode_run
     host_cpu, router_cpu = (unbound.host, unbound.router) if unbound is not None else (None, None)
     runs, skipped = [], []
@@ -325,7 +326,7 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
     idle_cores = idle_cores or {}
     stream = stream_cpu_terms(runs, idle_cores.get("host", 0.0), idle_cores.get("router", 0.0), router_cpu_s_per_request)
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows,
-                                                             stream)
+                                                             stream, engine_cores)
     return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs),
                        stream.router_per_token_s, stream.host_per_step_s, stream.router_per_step_s)
 

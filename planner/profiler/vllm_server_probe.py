@@ -22,7 +22,7 @@ table:
 - `decode_step_s`, `decode_cpu_s_per_token`: B streams sent at once, the median gap between a
   stream's tokens once all B decode (`serving_fit.settled_window`, as the cluster probe), minus
   the wide engine's step at B (its own table row) and what the host model charges the streams'
-  CPU there, fits a + b * B (`serving_fit.fit_served_steps`); their spread.
+  CPU there (an engine over every core: the front end's load holds the whole step), fits a + b * B (`serving_fit.fit_served_steps`); their spread.
 Each batch size runs `BATCH_REPEATS` times, twice the cluster probe's: on an AVX-512 EPYC one run's
 median gap sat either 1-3 or 6-8 ms above the engine's step, run to run at the same batch (probably
 where the floating API process lands against the engine's threads), so a few runs fit one mode or
@@ -142,7 +142,7 @@ def measure_server_at(url: str, model: PerfModel, engine_rows: Sequence[DecodeSa
                                backend="openai")
     steps = measure_served_steps(url, unbound, model, engine_rows, cpu, cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS),
                                  vocab_size, plan, advance, run_batch=batched_run, label="vLLM's server",
-                                 idle_cores=idle)
+                                 idle_cores=idle, engine_cores=cpu.host_cores or 1)
     return replace(cpu, first_token_s=first_token_s, decode_step_s=steps.decode_step_s,
                    decode_cpu_s_per_token=steps.decode_cpu_s_per_token, host_cpu_s_per_token=steps.host_cpu_s_per_token,
                    router_cpu_s_per_token=steps.router_cpu_s_per_token, host_cpu_s_per_step=steps.host_cpu_s_per_step,

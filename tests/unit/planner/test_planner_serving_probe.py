@@ -253,6 +253,21 @@ def test_the_routers_part_of_the_host_cpu_is_measured_apart_and_its_load_kept_on
     assert step_floating < 0.0009  # the big run's step divided by a 1.25x stretch it did not have
 
 
+def test_an_engine_over_every_core_is_netted_of_the_front_ends_whole_load():
+    """vLLM's server: one engine over both cores, its front end floating. The served step is net of
+    the team stretch the simulator charges it (the load on either core holds both), not of a stretch
+    that a one-core engine with an idle core beside it would have had (none)."""
+    stream = StreamCpu(host_per_step_s=0.0, host_per_token_s=0.0001)   # 10 streams at 1000 tokens/s: 0.1 cores
+    engine_s = ROUND_MODEL.decode_step_s(10, 400)
+    run = BatchRun(10, engine_s / (1 - 0.1) + 0.001, 400, 1000, 0.0, 2000)
+    step_s, _, _ = fit_served_steps([run], ROUND_MODEL, ServingCosts(host_cores=2), stream=stream, engine_cores=2)
+    assert step_s == pytest.approx((engine_s / 0.9 + 0.001) * 0.9 - engine_s, abs=1e-12)   # 0.9 ms
+    one_core, _, _ = fit_served_steps([run], ROUND_MODEL, ServingCosts(host_cores=2), stream=stream)
+    assert one_core == pytest.approx(engine_s / 0.9 + 0.001 - engine_s, abs=1e-12)   # the load on the idle core: no stretch
+    assert stream.decode_stretch(1000, 10, 2, engine_cores=2) == pytest.approx(1 / 0.9, abs=1e-12)
+    assert stream.decode_stretch(1000, 10, 2) == 1.0
+
+
 def test_the_engine_step_a_served_step_is_compared_with_is_the_measured_row_moved_along_the_context():
     rows = (DecodeSample(8, 200, 0.050), DecodeSample(8, 4000, 0.500), DecodeSample(16, 400, 0.090))
     # nearest row at batch 8 (context 200), plus the model's 1e-4 s per context token for 100 more
