@@ -19,7 +19,8 @@ from planner.decision import PlanFn, PredictFn, SloScale
 from planner.model_error import Latencies, LatencyFn
 from planner.perf_model import PerfModel
 from planner.pool_sizes import PoolSizes
-from planner.search import AttainmentFn, SearchSettings, fewest_devices
+from planner.rate_search import SearchSettings
+from planner.search import AttainmentFn, fewest_devices
 from planner.simulator import SimSettings, Topology, simulate
 
 WorkloadAt = Callable[[float], Sequence[RequestSpec]]  # rate_rps -> the requests sent at that rate

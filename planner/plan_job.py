@@ -19,7 +19,8 @@ from planner import report
 from planner.evaluate import WorkloadAt, make_attainment_fn, with_router_slo
 from planner.perf_model import FitReport
 from planner.router_config import up_flags, write_planned_cluster, write_router_config
-from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, DEFAULT_TOKEN_BUDGETS, RateSearch, SearchSettings, SplitSearch,
+from planner.rate_search import SearchSettings
+from planner.search import (DEFAULT_LOCAL_PREFILL_CAPS, DEFAULT_TOKEN_BUDGETS, RateSearch, SplitSearch,
                             enumerate_topologies, fewest_devices, search_splits)
 from planner.simulator import SimSettings, Topology, cost_model_from, simulate
 from planner.speed_margin import SpeedMargin

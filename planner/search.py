@@ -4,10 +4,7 @@
 workload arrives at `rate_rps` (the simulator provides it, tests pass a formula). The search
 assumes attainment does not rise with the rate and does not fall with more instances.
 
-- `max_rate`: the highest rate with attainment >= target (DistServe's goodput), by doubling or
-  halving to a bracket and then bisection to a relative tolerance, then checked at 90/80/70% of
-  it: a rate there that misses means service broke below the answer (a finite sample's attainment
-  does not fall smoothly with the rate), and the search runs again below it;
+- each topology's goodput is `planner.rate_search.max_rate`'s: where its service first breaks;
 - `search_splits`: every topology within the budget (`enumerate_topologies`): disaggregated
   N prefill + M decode, hybrid N + M under each local prefill cap, aggregated K workers, the
   last two under each engine token budget (the chunk that trades a decode's TPOT for TTFT); the
@@ -28,29 +25,14 @@ from dataclasses import dataclass
 
 from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
+from planner.rate_search import SearchSettings, max_rate
 from planner.simulator.config import Topology
 
 AttainmentFn = Callable[[Topology, float], float]
 Progress = Callable[[str], None]
-MAX_BRACKET_STEPS = 40
 DEFAULT_LOCAL_PREFILL_CAPS = (0, 256, 1024)  # hybrid: the placement's local_prefill_max_tokens tried (0: none)
 DEFAULT_TOKEN_BUDGETS = (0, 256, 512, 1024)  # aggregated and hybrid: engine step token budgets tried (0: the engine's)
 OBJECTIVES = ("per-device", "total")
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    target_attainment: float = 0.9
-    rate_hint_rps: float = 1.0  # first rate tried, per device
-    rel_tol: float = 0.02  # bisection stops when (hi - lo) <= rel_tol * lo
-    min_rate_rps: float = 1e-3  # below this a topology counts as never meeting the SLOs
-
-    def __post_init__(self) -> None:
-        if not 0 < self.target_attainment <= 1:
-            raise ValueError(f"target_attainment must be in (0, 1], e.g. 0.9; got {self.target_attainment}")
-        if not (self.rate_hint_rps > 0 and self.min_rate_rps > 0 and 0 < self.rel_tol < 1):
-            raise ValueError("rate_hint_rps and min_rate_rps must be > 0 and rel_tol in (0, 1), got "
-                             f"{self.rate_hint_rps}, {self.min_rate_rps}, {self.rel_tol}")
 
 
 @dataclass(frozen=True)
@@ -160,75 +142,6 @@ def _best(results: tuple[RateSearch, ...], objective: str = "per-device") -> Rat
         return max(feasible, key=lambda r: (r.ranking_rate_rps, r.max_rate_rps, -r.topology.devices))
     return max(feasible, key=lambda r: (r.ranking_rate_rps / r.topology.devices, r.goodput_per_device,
                                         -r.topology.devices, r.max_rate_rps))
-
-
-def max_rate(attainment: Callable[[float], float], settings: SearchSettings,
-             rate_hint_rps: float | None = None) -> tuple[float, float, tuple[tuple[float, float], ...]]:
-    """(max rate meeting the target, attainment there, samples). 0.0 if none >= min_rate_rps."""
-    target = settings.target_attainment
-    samples: list[tuple[float, float]] = []
-
-    def passes(rate: float) -> bool:
-        value = attainment(rate)
-        samples.append((rate, value))
-        return value >= target
-
-    rate = rate_hint_rps or settings.rate_hint_rps
-    if passes(rate):
-        lo, hi = rate, None
-        for _ in range(MAX_BRACKET_STEPS):
-            if not passes(lo * 2):
-                hi = lo * 2
-                break
-            lo *= 2
-        if hi is None:
-            raise ValueError(f"attainment still >= {target} at {lo:g} req/s: the attainment function "
-                             "does not fall with the rate; check the workload and SLOs")
-    else:
-        lo, hi = 0.0, rate
-        while hi / 2 >= settings.min_rate_rps:
-            if passes(hi / 2):
-                lo = hi / 2
-                break
-            hi /= 2
-        if lo == 0.0:
-            return 0.0, min(samples, key=lambda s: s[0])[1], tuple(samples)
-    lo = _bisect(passes, lo, hi, settings.rel_tol)
-    for _ in range(MAX_BREAK_RECHECKS):
-        # where service first breaks: a rate below the one found that misses the target (attainment
-        # is not monotone in the rate over a finite sample, least of all with an admission that
-        # learns) moves the answer below it, as `loadgen.sweep.goodput_on_grid` measures it
-        broken = [lo * f for f in FIRST_BREAK_CHECKS if not passes(lo * f)]
-        if not broken:
-            break
-        hi = min(broken)
-        passing_below = [rate for rate, value in samples if rate < hi and value >= target]
-        lo = max(passing_below, default=0.0)
-        while lo == 0.0 and hi / 2 >= settings.min_rate_rps:
-            if passes(hi / 2):
-                lo = hi / 2
-            else:
-                hi /= 2
-        if lo == 0.0:
-            return 0.0, min(samples, key=lambda s: s[0])[1], tuple(samples)
-        lo = _bisect(passes, lo, hi, settings.rel_tol)
-    at_lo = max(value for rate, value in samples if rate == lo)
-    return lo, at_lo, tuple(samples)
-
-
-FIRST_BREAK_CHECKS = (0.9, 0.8, 0.7)  # fractions of a rate found that must pass too
-MAX_BREAK_RECHECKS = 3                # searches again below a break before the answer stands
-
-
-def _bisect(passes: Callable[[float], bool], lo: float, hi: float, rel_tol: float) -> float:
-    """The highest passing rate bisection finds between `lo` (passes) and `hi` (fails)."""
-    while hi - lo > rel_tol * lo:
-        mid = (lo + hi) / 2
-        if passes(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def search_topology(attainment: AttainmentFn, topology: Topology, settings: SearchSettings,

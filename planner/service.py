@@ -14,7 +14,7 @@ from planner.evaluate import make_latency_fn, make_plan_fn, make_predict_fn
 from planner.online import Oracle
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile
-from planner.search import SearchSettings
+from planner.rate_search import SearchSettings
 from planner.simulator import SimSettings
 
 

@@ -24,7 +24,7 @@ from planner.profile import HardwareInfo, Profile, load_profile
 from planner.profiler.serving_probe import host_cpu_seconds
 from planner import router_config
 from planner.router_config import router_files, write_router_config
-from planner.search import SearchSettings, max_rate
+from planner.rate_search import SearchSettings, max_rate
 from planner.simulator import RouterSettings, SimResult, SimSettings, Topology, cost_model_from, simulate
 from planner.validation_phases import phase_rows, simulated_phases
 from planner.validation import Comparison, plot_validation, to_json

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.plan_job import PlanInputs, run_fewest_devices, run_goodput_search, with_router_cost, workload_label
     from planner.profile import ProfileError, load_profile
     from planner.profiles.example import EXAMPLE_PROFILE_PATH
-    from planner.search import SearchSettings
+    from planner.rate_search import SearchSettings
     from planner.simulator import RouterSettings, SimSettings, SimulationError
     from planner.speed_margin import resolve_speed_margin
     from router.policies.placement import PlacementConfig

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.search import (SearchSettings, enumerate_splits, enumerate_topologies, fewest_devices, max_rate,
-                            search_splits)
+from planner.rate_search import SearchSettings, max_rate
+from planner.search import enumerate_splits, enumerate_topologies, fewest_devices, search_splits
 from planner.simulator import Topology
 
 NOT_HYBRID = ("disaggregated", "aggregated")
