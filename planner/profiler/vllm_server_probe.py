@@ -15,8 +15,9 @@ table:
   token, streamed token and streaming step; `host_cores` the cores the server runs on. The
   simulator charges them through its host model (`planner.simulator.host`; nothing is bound apart,
   so all of it takes the engine's cores), as it charges pdserve's router and client. Without
-  them (before this measurement: `host_cores` 0) vLLM's server was replayed 27-40% optimistic on
-  goodput on an AMX Xeon where pdserve's one-engine topology on the same cores was within 10%:
+  them (before this measurement: `host_cores` 0) vLLM's server was replayed 27-48% optimistic on
+  goodput on an AMX Xeon where pdserve's one-core topologies were within 10% (9-37% with them and the
+  simulator's team stretch):
   the load generator's CPU was charged to pdserve and not to vLLM, and vLLM's front end's own
   per-request work not at all;
 - `decode_step_s`, `decode_cpu_s_per_token`: B streams sent at once, the median gap between a
