@@ -2,9 +2,10 @@
 
 Contract of `admit(best, request, config, scale, judge_ttft, judge_tpot)` (judge_*: that SLO is set):
 - `best` is the placement's prediction for the request (`placement.place(...).prediction`), or
-  None when no path can take it at all; `scale` multiplies its TTFT (or, with `calibrate_ttft`
-  "wait", the TTFT's wait for the prompts ahead) and decode step by what recent requests saw
-  against their predictions (`router.policies.calibration`; 1: as predicted);
+  None when no path can take it at all; `scale` multiplies its TTFT's wait for the prompts
+  ahead (the default `calibrate_ttft` "wait"; with "whole", all of its TTFT) and its decode step
+  by what recent requests saw against their predictions (`router.policies.calibration`; 1: as
+  predicted);
 - no path: `Refuse(min_retry_after_s, ...)`;
 - with `judge_ttft`, the scaled TTFT above ttft_slo * (1 + refuse_slack): `Refuse` with
   retry_after_s = max(min_retry_after_s, ceil(scaled ttft - ttft_slo)): the predicted time for the

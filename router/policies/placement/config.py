@@ -34,10 +34,11 @@ class PlacementConfig:
     observed / predicted ratios (`router.policies.calibration`; 0: no scaling). `class_rank`: SLO class -> rank, 0 first; a class not listed
     ranks as "" (or last if "" is not listed). `class_gap_s`: seconds of waiting that make up one
     rank. `max_queued_prefill_tokens_per_worker`: the dispatch gate (0: no gate).
-    `calibrate_ttft`: what the TTFT calibration scales: "whole", the whole predicted TTFT (the
-    default), or "wait", only its wait for the prompts ahead (`Prediction.ttft_wait_s`), learned
-    from queued requests alone: a long prompt's own prefill, which the model predicts well, is not
-    scaled by the error of the queue (an option to measure side by side; see router.policies.calibration).
+    `calibrate_ttft`: what the TTFT calibration scales: "wait" (the default), only the prediction's
+    wait for the prompts ahead (`Prediction.ttft_wait_s`), learned from queued requests alone, so a
+    long prompt's own prefill, which the model predicts well, is not scaled by the error of the
+    queue; or "whole", the whole predicted TTFT (the default before it was measured side by side:
+    see router.policies.calibration).
     `calibration_prior`, `calibration_prior_weight`, `calibration_min_observations`: the factor before
     evidence, how many pseudo-observations of it are pooled with the ratios, and the fewest ratios
     kept before they count at all (`CalibrationConfig`: prior_factor, prior_weight, min_observations)."""
@@ -50,7 +51,7 @@ class PlacementConfig:
     class_gap_s: float = 2.0
     max_queued_prefill_tokens_per_worker: int = 4096
     calibration_quantile: float = 0.75
-    calibrate_ttft: str = "whole"
+    calibrate_ttft: str = "wait"
     calibration_prior: float = CalibrationConfig.prior_factor
     calibration_prior_weight: int = CalibrationConfig.prior_weight
     calibration_min_observations: int = CalibrationConfig.min_observations

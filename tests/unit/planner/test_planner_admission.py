@@ -133,14 +133,16 @@ def test_the_online_planners_latency_fn_reads_the_served_requests_when_the_route
 
 
 def test_a_calibrated_simulated_router_learns_its_cost_model_runs_fast_and_refuses_as_the_live_one_would():
-    # the router's cost model says 0.2 ms a token, the engines take 0.4: three lone 1500-token
-    # prompts are predicted at 0.3 s and served in 0.6 s (ratio 2, relevant: over a quarter of the
-    # SLO); then two arrive together: the second is predicted at 0.6 s behind the first, 1.2 s
-    # calibrated, past the 1 s SLO: refused, as `Scheduler.check` with its calibration would
+    # the whole TTFT calibrated: the router's cost model says 0.2 ms a token, the engines take 0.4:
+    # three lone 1500-token prompts are predicted at 0.3 s and served in 0.6 s (ratio 2, relevant:
+    # over a quarter of the SLO); then two arrive together: the second is predicted at 0.6 s behind
+    # the first, 1.2 s calibrated, past the 1 s SLO: refused, as `Scheduler.check` with its
+    # calibration would
     fast_cost = CostModel(fixed_s=0.0, per_token_s=0.0002, step_fixed_s=0.0, step_per_seq_s=0.0)
     requests = [spec(0.0, 1500, 2), spec(2.0, 1500, 2), spec(4.0, 1500, 2), spec(10.0, 1500, 2), spec(10.0, 1500, 2)]
     def run(calibrated: bool):
-        router = RouterSettings(PlacementConfig(), cost=fast_cost, ttft_slo_s=1.0, calibrated=calibrated)
+        router = RouterSettings(PlacementConfig(calibrate_ttft="whole"), cost=fast_cost, ttft_slo_s=1.0,
+                                calibrated=calibrated)
         return simulate(requests, Topology.disaggregated(1, 1),
                         round_settings(token_budget=2000, num_kv_blocks=1000, router=router), MODEL)
     learned, as_is = run(True), run(False)
@@ -148,3 +150,22 @@ def test_a_calibrated_simulated_router_learns_its_cost_model_runs_fast_and_refus
     assert as_is.refused.tolist() == [False] * 5
     assert as_is.ttft_s[4] == pytest.approx(1.2, **EXACT)  # admitted on the model as it is, and missed
     assert learned.ttft_s[3] == pytest.approx(0.6, **EXACT)
+
+
+def test_with_the_wait_calibrated_only_requests_that_queued_teach_and_the_lesson_scales_the_wait():
+    # the default: the same fast cost model, the prompts in pairs. The first of a pair waits for
+    # nothing and teaches nothing; the second is predicted 0.3 s of own prefill + 0.3 s behind the
+    # first and seen at 1.2 s: it waited 0.9 s, 3x its predicted wait. After two such pairs the
+    # factor (the prior's four 1s and two 3s, their 0.75 quantile) is 3, and the third pair's
+    # second is judged at 0.3 + 0.9 = 1.2 s, past the 1 s SLO: refused; uncalibrated, admitted to miss
+    fast_cost = CostModel(fixed_s=0.0, per_token_s=0.0002, step_fixed_s=0.0, step_per_seq_s=0.0)
+    requests = [spec(at_s, 1500, 2) for at_s in (0.0, 0.0, 5.0, 5.0, 10.0, 10.0)]
+    def run(calibrated: bool):
+        router = RouterSettings(PlacementConfig(), cost=fast_cost, ttft_slo_s=1.0, calibrated=calibrated)
+        return simulate(requests, Topology.disaggregated(1, 1),
+                        round_settings(token_budget=2000, num_kv_blocks=1000, router=router), MODEL)
+    learned, as_is = run(True), run(False)
+    assert learned.refused.tolist() == [False] * 5 + [True]
+    assert as_is.refused.tolist() == [False] * 6
+    assert as_is.ttft_s[5] == pytest.approx(1.2, **EXACT)
+    assert learned.ttft_s[3] == pytest.approx(1.2, **EXACT)   # admitted on one lesson: the prior still outweighs it

@@ -57,19 +57,26 @@ async def test_a_full_decode_batch_is_refused_on_tpot_before_any_worker_call(red
         await registry.close()
 
 
-async def test_served_requests_teach_admission_how_far_its_predictions_were(redis_server, tokenizer):
+@pytest.mark.parametrize("ttft_scales, ttft_kept", [
+    ("whole", 3),   # each predicted >= a quarter of its SLO: every one kept
+    ("wait", 0),    # the default: sent one at a time, none was predicted to wait behind another
+])
+async def test_served_requests_teach_admission_how_far_its_predictions_were(redis_server, tokenizer, ttft_scales,
+                                                                            ttft_kept):
     prefill, decode = ScriptedWorker(prefill=PrefillResult(5, False, kv_handle=KVHandle("t", "h:1", "p", (1,), 3))), \
         decoder(tokens=(6, 7, 8))
-    config = router_config(slo=SloTargets(ttft_s=0.05, tpot_s=0.05), cost_prior=DEFAULT_COST)
+    config = router_config(slo=SloTargets(ttft_s=0.05, tpot_s=0.05), cost_prior=DEFAULT_COST,
+                           placement=PlacementConfig(calibrate_ttft=ttft_scales))
     lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
                                                        {"prefill-a": prefill, "decode-a": decode}, config)
     try:
         for i in range(3):
             assert await served(lifecycle, f"r{i}", SHORT) == [5, 6, 7, 8]
         ttft, tpot = lifecycle.scheduler.calibration["ttft"], lifecycle.scheduler.calibration["tpot"]
-        assert len(ttft) == 3 and len(tpot) == 3   # each predicted >= a quarter of its SLO: every one kept
+        assert len(ttft) == ttft_kept and len(tpot) == 3
         # what admission applies: the kept ratios pooled with the prior (4 at 1), its 0.75 quantile
         assert lifecycle.scheduler.scale().ttft == pooled_quantile(ttft.ratios(), 1.0, 4, 0.75, 4.0)
+        assert lifecycle.scheduler.scale().tpot == pooled_quantile(tpot.ratios(), 1.0, 4, 0.75, 4.0)
     finally:
         await pool.close()
         await registry.close()
@@ -85,7 +92,8 @@ async def test_the_router_exports_admissions_calibration_at_scrape_time(redis_se
 
     prefill, decode = ScriptedWorker(prefill=PrefillResult(5, False, kv_handle=KVHandle("t", "h:1", "p", (1,), 3))), \
         decoder(tokens=(6, 7, 8))
-    config = router_config(slo=SloTargets(ttft_s=0.05, tpot_s=0.05), cost_prior=DEFAULT_COST)
+    config = router_config(slo=SloTargets(ttft_s=0.05, tpot_s=0.05), cost_prior=DEFAULT_COST,
+                           placement=PlacementConfig(calibrate_ttft="whole"))   # the whole TTFT: these never wait
     lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
                                                        {"prefill-a": prefill, "decode-a": decode}, config)
     metrics.ROUTER_ADMISSION_CALIBRATION.source = lifecycle.scheduler.calibration_rows

@@ -14,8 +14,8 @@ def test_defaults():
     assert dict(config.class_rank) == {"interactive": 0, "": 1, "batch": 2}
     assert (config.local_prefill_max_tokens, config.refuse_slack, config.min_retry_after_s, config.class_gap_s,
             config.max_queued_prefill_tokens_per_worker, config.calibration_quantile) == (0, 0.0, 1.0, 2.0, 4096, 0.75)
-    assert config.calibrate_ttft == "whole"
-    assert PlacementConfig.from_dict({"calibrate_ttft": "wait"}).calibrate_ttft == "wait"
+    assert config.calibrate_ttft == "wait"
+    assert PlacementConfig.from_dict({"calibrate_ttft": "whole"}).calibrate_ttft == "whole"
     assert (config.calibration_prior, config.calibration_prior_weight, config.calibration_min_observations) == (1.0, 4, 1)
 
 

@@ -50,7 +50,8 @@ def test_a_request_no_worker_can_take_is_refused_after_the_minimum_wait():
     (1.5, Scale(ttft=0.5), True),     # 0.75 s: the model ran high lately
 ])
 def test_the_ttft_prediction_is_scaled_before_it_is_judged(ttft_s, scale, admitted):
-    decision = admit(_best(ttft_s), REQUEST, PlacementConfig(), scale)
+    # "whole": all of it is scaled (the default, "wait", scales only its wait: below)
+    decision = admit(_best(ttft_s), REQUEST, PlacementConfig(calibrate_ttft="whole"), scale)
     assert (decision == Admit()) is admitted
     if not admitted:
         assert decision.retry_after_s == 1.0 and "(x2.00, as recent requests saw" in decision.reason
@@ -75,15 +76,15 @@ def test_without_a_ttft_slo_a_late_prediction_is_not_refused():
 
 def test_with_the_wait_calibrated_a_long_prompt_is_judged_on_its_own_prefill_as_predicted():
     # 1.6 s predicted: 1.0 s of own prefill, 0.6 s waiting for the prompts ahead; recent requests
-    # waited 1.5x what was predicted. The whole TTFT scaled (the default, 2.4 s) misses a 2 s SLO;
-    # the wait scaled (1.0 + 0.9) does not. A request that waits nothing is not scaled at all.
+    # waited 1.5x what was predicted. The whole TTFT scaled (2.4 s) misses a 2 s SLO; the wait
+    # scaled (1.0 + 0.9, the default) does not. A request that waits nothing is not scaled at all.
     request = RequestView(num_prompt_tokens=2000, max_tokens=20, ttft_slo_s=2.0, tpot_slo_s=0.1)
     queued = Prediction(ttft_s=1.6, decode_stall_s=0.0, kv_transfer_s=0.0, decode_step_s=0.02, ttft_wait_s=0.6)
-    whole = admit(queued, request, PlacementConfig(), Scale(ttft=1.5))
+    whole = admit(queued, request, PlacementConfig(calibrate_ttft="whole"), Scale(ttft=1.5))
     assert isinstance(whole, Refuse) and "2.40 s (x1.50, as recent requests saw" in whole.reason
-    assert admit(queued, request, PlacementConfig(calibrate_ttft="wait"), Scale(ttft=1.5)) == Admit()
-    still_late = admit(queued, request, PlacementConfig(calibrate_ttft="wait"), Scale(ttft=2.0))
+    assert admit(queued, request, PlacementConfig(), Scale(ttft=1.5)) == Admit()
+    still_late = admit(queued, request, PlacementConfig(), Scale(ttft=2.0))
     assert isinstance(still_late, Refuse) and "2.20 s (its wait x2.00" in still_late.reason
     alone = Prediction(ttft_s=1.9, decode_stall_s=0.0, kv_transfer_s=0.0, decode_step_s=0.02)
-    assert admit(alone, request, PlacementConfig(calibrate_ttft="wait"), Scale(ttft=4.0)) == Admit()
-    assert isinstance(admit(alone, request, PlacementConfig(), Scale(ttft=4.0)), Refuse)
+    assert admit(alone, request, PlacementConfig(), Scale(ttft=4.0)) == Admit()
+    assert isinstance(admit(alone, request, PlacementConfig(calibrate_ttft="whole"), Scale(ttft=4.0)), Refuse)
