@@ -48,6 +48,11 @@ class NotFound(ServeError):
     kind = "NotFoundError"
 
 
+# what a router's admission refused a request on (`router.policies.admission.Refuse.by`, the label
+# `by` of `pdserve_router_admission_refusals_total`): its TTFT SLO, its TPOT SLO, or no path at all
+ADMISSION_REFUSED_BY = ("ttft", "tpot", "no_worker")
+
+
 class Overloaded(ServeError):
     """The cluster refuses work now (admission control, the router's in-flight limit).
     `retry_after_s`, when known, is the predicted time until a request like this one would be

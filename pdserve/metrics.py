@@ -34,6 +34,11 @@ KV_LOAD_FAILURES = Counter("pdserve_kv_load_failures_total", "Pulls that failed 
 UNAUTHENTICATED = Counter("pdserve_unauthenticated_requests_total", "Calls to the public API refused for a missing "
                           "or wrong API key, by API (http, grpc); not in pdserve_requests_total", ["api"])
 WORKER_FAILURES = Counter("pdserve_worker_failures_total", "RPCs to workers that failed and were retried", ["role"])
+ADMISSION_REFUSALS = Counter("pdserve_router_admission_refusals_total",
+                             "Requests the router's admission refused on arrival (in pdserve_requests_total as "
+                             "refused too), by what decided it: ttft (the predicted TTFT, calibrated, missed its SLO), "
+                             "tpot (the decode worker's step with the request joined missed the TPOT SLO), no_worker "
+                             "(no path could take it)", ["by"])
 
 
 

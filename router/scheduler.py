@@ -17,6 +17,7 @@ first), so a cancelled or failed request never leaves a worker looking busy.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import math
@@ -24,11 +25,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from pdserve import metrics
 from pdserve.errors import NoHealthyWorker, Overloaded
 from pdserve.roles import Topology
 from pdserve.timings import Timings
 from router.live_view import LiveView
-from router.policies.admission import Refuse, Scale, admit
+from router.policies.admission import Refuse, Scale, admit, refusal_counts
 from router.policies.calibration import Calibration, observe_served
 from router.policies.ordering import DispatchQueue, QueuedItem, priority_key, queue_share
 from router.policies.placement import (CostModel, OnlinePrefillFit, Placement, PlacementConfig, Prediction,
@@ -108,7 +110,8 @@ class Scheduler:
         self._waiting: dict[str, tuple[GenerationRequest, asyncio.Future, Prediction | None]] = {}
         self._sequence = itertools.count()   # queue keys are private: clients may reuse request ids
         self._ticker: asyncio.Task | None = None
-        self._refused_since_log, self._refusal_logged_s = 0, -math.inf
+        self._refused_since_log: collections.Counter[str] = collections.Counter()   # Refuse.by -> count
+        self._refusal_logged_s = -math.inf
 
     # ---- decisions over live state ---------------------------------------------------------------
     def request_view(self, request: GenerationRequest) -> RequestView:
@@ -144,13 +147,17 @@ class Scheduler:
                              retry_after_s=verdict.retry_after_s)
 
     def _log_refusal(self, verdict: Refuse) -> None:
-        """One line per `REFUSAL_LOG_EVERY_S` at most, with how many were refused since the last."""
-        self._refused_since_log += 1
+        """Counts the refusal by what decided it (`pdserve_router_admission_refusals_total{by}`) and
+        logs one line per `REFUSAL_LOG_EVERY_S` at most: how many were refused since the last, by
+        what, and the latest's reason."""
+        metrics.ADMISSION_REFUSALS.labels(verdict.by).inc()
+        self._refused_since_log[verdict.by] += 1
         now_s = self.clock()
         if now_s - self._refusal_logged_s >= REFUSAL_LOG_EVERY_S:
-            logger.info("admission refused %d request(s) since the last report; the latest: %s",
-                        self._refused_since_log, verdict.reason)
-            self._refused_since_log, self._refusal_logged_s = 0, now_s
+            logger.info("admission refused %s since the last report; the latest: %s",
+                        refusal_counts(self._refused_since_log), verdict.reason)
+            self._refused_since_log.clear()
+            self._refusal_logged_s = now_s
 
     def expected(self, request: GenerationRequest) -> Prediction | None:
         """The best placement's prediction for `request` if it joined the router's queue now (the

@@ -2,11 +2,13 @@
 admitted that then missed their SLOs.
 
 The router publishes its calibration (`pdserve_router_admission_scale_ratio{quantity}` and
-`pdserve_router_admission_calibration_observations{quantity}`, `router.policies.calibration`); an
+`pdserve_router_admission_calibration_observations{quantity}`, `router.policies.calibration`) and
+its refusals by what decided them (`pdserve_router_admission_refusals_total{by}`); an
 `AdmissionSampler` scrapes them through a run, and `admitted_misses` puts each admitted request that
 missed the pair beside the TTFT calibration as it stood when the request was sent. That answers
 the question an overload run leaves open: did the admitted misses come before the calibration had
 learned anything (its factor the prior, 1, with few or no observations) or despite it?
+`refusals_by` says which of the SLOs refused the run's refused requests.
 
 Pure except `AdmissionSampler` (a thread and HTTP).
 """
@@ -17,10 +19,11 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loadgen.metrics import SLO, meets_slo, tpot_s
 from loadgen.runner import RequestRecord
+from pdserve.errors import ADMISSION_REFUSED_BY
 
 # an admitted miss sent while the TTFT calibration held fewer than this many recent requests was decided on
 # little evidence (the router's hard minimum before it pooled a prior: bench/overload.py and
@@ -30,14 +33,18 @@ FEW_OBSERVATIONS = 16
 OLD_RULE = {"calibration_prior": 1.0, "calibration_prior_weight": 0, "calibration_min_observations": 16}
 SCALE = "pdserve_router_admission_scale_ratio"
 OBSERVATIONS = "pdserve_router_admission_calibration_observations"
+REFUSALS = "pdserve_router_admission_refusals_total"
 
 
 @dataclass(frozen=True)
 class AdmissionSample:
-    """The calibration at `at_s` seconds from the run's start: quantity -> (factor, observations)."""
+    """The calibration at `at_s` seconds from the run's start: quantity -> (factor, observations);
+    and the router's refusals so far, by what decided them (`pdserve.errors.ADMISSION_REFUSED_BY`;
+    empty from a router before that counter)."""
 
     at_s: float
     scales: dict[str, tuple[float, int]]
+    refusals: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,33 @@ def admission_scales(metrics_text: str) -> dict[str, tuple[float, int]]:
             elif sample.name == OBSERVATIONS and quantity:
                 counts[quantity] = int(sample.value)
     return {q: (factors[q], counts.get(q, 0)) for q in factors}
+
+
+def admission_refusals(metrics_text: str) -> dict[str, int]:
+    """by -> refusals so far, from a router's Prometheus text; {} when it has refused none (a
+    labelled counter shows no series before its first count)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {sample.labels["by"]: int(sample.value) for family in text_string_to_metric_families(metrics_text)
+            for sample in family.samples if sample.name == REFUSALS and sample.labels.get("by")}
+
+
+def refusals_by(samples: Sequence[AdmissionSample]) -> dict[str, int]:
+    """The run's refusals by what decided them: the last sample's counts less the first's (a router
+    started for the run counts from 0, a reused one from where it stood); {} with no samples."""
+    if not samples:
+        return {}
+    first, last = samples[0].refusals, samples[-1].refusals
+    counts = {by: last.get(by, 0) - first.get(by, 0) for by in ADMISSION_REFUSED_BY}
+    return {by: count for by, count in counts.items() if count > 0}
+
+
+def describe_refusals(refused: int, by: dict[str, int]) -> str:
+    """"15 (tpot 12, ttft 3)": a run's refused requests and, where the router counted them, by what
+    (refusals the counts do not cover, such as those before the first sample, are left unnamed)."""
+    if not by:
+        return str(refused)
+    return f"{refused} ({', '.join(f'{kind} {by[kind]}' for kind in ADMISSION_REFUSED_BY if by.get(kind))})"
 
 
 def scale_at(samples: Sequence[AdmissionSample], at_s: float, quantity: str = "ttft") -> tuple[float, int] | None:
@@ -182,9 +216,10 @@ class AdmissionSampler:
             at_s = time.monotonic() - self._started
             try:
                 with urllib.request.urlopen(self.metrics_url, timeout=self.timeout_s) as reply:
-                    scales = admission_scales(reply.read().decode())
+                    text = reply.read().decode()
+                scales, refusals = admission_scales(text), admission_refusals(text)
             except (OSError, ValueError):
-                scales = {}
+                scales, refusals = {}, {}
             if scales:
-                self._samples.append(AdmissionSample(round(at_s, 3), scales))
+                self._samples.append(AdmissionSample(round(at_s, 3), scales, refusals))
             self._stop.wait(self.every_s)

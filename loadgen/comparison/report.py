@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
+from loadgen.comparison.admission import describe_refusals, refusals_by
 from loadgen.comparison.goodput import (NOISY_OTHER_CORES, Measurement, Skipped, SLOPair, attainment_curves, best_vllm,
                                         format_goodput, goodputs, is_noisy, is_vllm, quiet_runs, ratio)
 from loadgen.comparison.host_speed import speed_factors, speed_summary
@@ -96,8 +97,8 @@ def _ratio_cell(by_system: dict[str, tuple[float, bool]], system: str, baseline:
 
 
 def per_rate_rows(measurements: Sequence[Measurement], pairs: Sequence[SLOPair]) -> tuple[list[str], list[list[str]]]:
-    headers = ["rate (req/s)", "system", "sent", "ok/failed/timeout", *(f"attain {p.name}" for p in pairs),
-               "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms", "machine speed", "other cores"]
+    headers = ["rate (req/s)", "system", "sent", "ok/failed/timeout", "refused (by)",
+               *(f"attain {p.name}" for p in pairs), "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms", "TPOT p90 ms", "machine speed", "other cores"]
     rows = []
     ordered = sorted(measurements, key=lambda m: (m.rate_rps, m.system))
     factors = speed_factors([m.host_ms_per_product for m in ordered])
@@ -105,11 +106,18 @@ def per_rate_rows(measurements: Sequence[Measurement], pairs: Sequence[SLOPair])
         s = m.summaries[pairs[0].name]
         rows.append([f"{m.rate_rps:g}", m.system, str(s["num_prompts"]),
                      f"{s['completed']}/{s['failed'] - s['timed_out']}/{s['timed_out']}",
+                     _refused_cell(m),
                      *(f"{m.summaries[p.name]['slo_attainment']:.0%}" for p in pairs),
                      f"{s['median_ttft_ms']:.0f}", f"{s['p90_ttft_ms']:.0f}", f"{s['median_tpot_ms']:.1f}",
                      f"{s['p90_tpot_ms']:.1f}", speed_cell(factor),
                      f"{m.other_load_cores:.2f}{_notes(m)}"])
     return headers, rows
+
+
+def _refused_cell(m: Measurement) -> str:
+    """How many of the run's requests were refused, and by which SLO where its router counted them."""
+    records = m.result.records if m.result is not None else ()
+    return describe_refusals(sum(r.status == "refused" for r in records), refusals_by(m.admission))
 
 
 def speed_cell(factor: float | None) -> str:

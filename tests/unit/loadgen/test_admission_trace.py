@@ -7,10 +7,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from loadgen.comparison.admission import (AdmissionSample, AdmissionSampler, admission_scales, admitted_misses,
-                                          describe_misses, scale_at)
+from loadgen.comparison.admission import (AdmissionSample, AdmissionSampler, admission_refusals, admission_scales,
+                                          admitted_misses, describe_misses, describe_refusals, refusals_by, scale_at)
 from loadgen.metrics import SLO
 from loadgen.runner import RequestRecord
 from pdserve.metrics import AdmissionCalibrationCollector
@@ -18,11 +18,15 @@ from pdserve.metrics import AdmissionCalibrationCollector
 SLO_PAIR = SLO(ttft_s=1.0, tpot_s=0.05)
 
 
-def _router_text(rows) -> str:
-    """What a router with these calibration rows serves at /metrics (the real collector, a private registry)."""
+def _router_text(rows, refusals: dict[str, int] | None = None) -> str:
+    """What a router with these calibration rows (and refusals by what decided them) serves at
+    /metrics: the real collector, and a counter of the router's name and label, in a private registry."""
     registry, collector = CollectorRegistry(), AdmissionCalibrationCollector()
     collector.source = lambda: rows
     registry.register(collector)
+    counter = Counter("pdserve_router_admission_refusals_total", "refusals", ["by"], registry=registry)
+    for by, count in (refusals or {}).items():
+        counter.labels(by).inc(count)
     return generate_latest(registry).decode()
 
 
@@ -37,6 +41,17 @@ def test_the_calibration_is_read_from_the_routers_metrics_text():
     assert admission_scales(_router_text([("ttft", 1.7, 20), ("tpot", 1.0, 3)])) == {"ttft": (1.7, 20), "tpot": (1.0, 3)}
     assert admission_scales(_router_text([])) == {}   # a router judging no SLO
     assert admission_scales("# HELP other x\n# TYPE other gauge\nother 1.0\n") == {}
+
+
+def test_the_refusals_are_read_by_what_decided_them_and_a_run_counts_its_own():
+    assert admission_refusals(_router_text([("ttft", 1.0, 0)], {"tpot": 12, "ttft": 3})) == {"tpot": 12, "ttft": 3}
+    assert admission_refusals(_router_text([("ttft", 1.0, 0)])) == {}   # none refused yet: no series
+    samples = (AdmissionSample(0.0, {}, {"ttft": 1}), AdmissionSample(1.0, {}, {"ttft": 1, "tpot": 2}),
+               AdmissionSample(2.0, {}, {"ttft": 4, "tpot": 12, "no_worker": 1}))
+    assert refusals_by(samples) == {"ttft": 3, "tpot": 12, "no_worker": 1}   # less what stood at the first sample
+    assert refusals_by(samples[:1]) == {} and refusals_by(()) == {}
+    assert describe_refusals(16, refusals_by(samples)) == "16 (ttft 3, tpot 12, no_worker 1)"
+    assert describe_refusals(0, {}) == "0" and describe_refusals(4, {}) == "4"   # vLLM, or a router before the counter
 
 
 def test_the_scale_a_request_met_is_the_last_sample_taken_before_it_was_sent():
@@ -69,7 +84,7 @@ def test_admitted_misses_are_the_requests_not_refused_that_missed_with_the_calib
 def test_the_sampler_scrapes_a_real_endpoint_until_stopped_and_skips_failed_scrapes():
     # the endpoint answers scrapes 1-2 with one calibration, fails 3-7, then answers with another
     texts = {"before": _router_text([("ttft", 1.0, 2), ("tpot", 1.0, 2)]),
-             "after": _router_text([("ttft", 2.5, 30), ("tpot", 1.0, 30)])}
+             "after": _router_text([("ttft", 2.5, 30), ("tpot", 1.0, 30)], {"tpot": 7})}
     answered = {"ok": 0, "failed": 0}
     lock = threading.Lock()
 
@@ -102,7 +117,9 @@ def test_the_sampler_scrapes_a_real_endpoint_until_stopped_and_skips_failed_scra
     assert answered["failed"] == 5   # failed scrapes raised nothing in the sampler: it went on
     assert len(samples) == answered["ok"]   # one sample per answered scrape, none for a failed one
     assert [s.scales for s in samples[:2]] == [{"ttft": (1.0, 2), "tpot": (1.0, 2)}] * 2
-    assert all(s.scales["ttft"] == (2.5, 30) for s in samples[2:])
+    assert all(s.scales["ttft"] == (2.5, 30) and s.refusals == {"tpot": 7} for s in samples[2:])
+    assert all(s.refusals == {} for s in samples[:2])
+    assert refusals_by(samples) == {"tpot": 7}
     assert [s.at_s for s in samples] == sorted(s.at_s for s in samples)
     assert len(sampler.stop()) == len(samples)   # stopped: it samples no more
 

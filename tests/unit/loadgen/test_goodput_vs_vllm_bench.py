@@ -276,6 +276,7 @@ def test_each_run_shows_the_machine_speed_it_started_on():
     headers, rows = per_rate_rows(runs, PAIRS)
     speed = headers.index("machine speed")
     assert [row[speed] for row in rows] == ["x1.00", "x1.00", "x1.50", "-"]
+    assert [row[headers.index("refused (by)")] for row in rows] == ["0"] * 4   # no records, no router counts
     assert "A @ 2 (x1.50)" in machine_speed_line(runs)
     with pytest.raises(ValueError, match="host_check_s must be >= 0"):
         BenchConfig(host_check_s=-1.0)

@@ -6,6 +6,7 @@ that calibration. Placement and dispatch order: test_placement_walk.py."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -14,11 +15,21 @@ from kv_transfer.handle import KVHandle
 from lifecycle_walk import GREEDY, LONG, SHORT, HeldPrefillWorker, decoder, router_config, served, until
 from pdserve.errors import Overloaded
 from pdserve.worker_api import PrefillResult
+from router.policies.admission import REFUSED_BY
 from router.policies.calibration import pooled_quantile
 from router.policies.placement import PlacementConfig
 from router.scheduler import DEFAULT_COST, SchedulerConfig, SloTargets
 from router.types import GenerationRequest
 from scripted_workers import ScriptedWorker, scripted_cluster
+
+
+def refusals_by() -> Counter:
+    """`pdserve_router_admission_refusals_total` now, by its `by` label (process-wide counters:
+    tests compare before and after)."""
+    from prometheus_client import REGISTRY
+
+    return Counter({kind: REGISTRY.get_sample_value("pdserve_router_admission_refusals_total", {"by": kind}) or 0
+                    for kind in REFUSED_BY})
 
 
 async def test_a_request_that_cannot_meet_its_ttft_is_refused_with_a_retry_time_and_costs_no_worker_call(
@@ -28,6 +39,7 @@ async def test_a_request_that_cannot_meet_its_ttft_is_refused_with_a_retry_time_
     config = replace(config, max_model_len=8192)
     lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
                                                        {"prefill-a": prefill, "decode-a": decode}, config)
+    before = refusals_by()
     try:
         with pytest.raises(Overloaded, match="time to first token") as refused:
             lifecycle.admit(GenerationRequest("long", LONG, GREEDY))  # ~1.02 s predicted, limit 0.1 s
@@ -37,6 +49,7 @@ async def test_a_request_that_cannot_meet_its_ttft_is_refused_with_a_retry_time_
         assert refused.value.retry_after_s == 2.0   # ceil(1.77 - 0.1): the predicted drain time
         assert (prefill.prefills, decode.decodes) == ([], [])
         assert await served(lifecycle, "short", SHORT) == [5]     # ~0.025 s: admitted
+        assert refusals_by() - before == {"ttft": 2}   # counted by what refused them, for /metrics
     finally:
         await pool.close()
         await registry.close()
@@ -47,11 +60,13 @@ async def test_a_full_decode_batch_is_refused_on_tpot_before_any_worker_call(red
     config = router_config(slo=SloTargets(tpot_s=0.010), cost_prior=DEFAULT_COST)   # a step is >= 15 ms
     lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
                                                        {"prefill-a": prefill, "decode-a": decode}, config)
+    before = refusals_by()
     try:
         with pytest.raises(Overloaded, match="time per output token 16.0 ms exceeds the limit of 10.0 ms") as refused:
             lifecycle.admit(GenerationRequest("short", SHORT, GREEDY))
         assert refused.value.retry_after_s == 1.0
         assert (prefill.prefills, decode.decodes) == ([], [])
+        assert refusals_by() - before == {"tpot": 1}
     finally:
         await pool.close()
         await registry.close()

@@ -3,7 +3,7 @@ with a TPOT SLO, refuse when the decode batch is full for it; predictions scaled
 
 import pytest
 
-from router.policies.admission import Admit, Refuse, Scale, admit
+from router.policies.admission import Admit, Refuse, Scale, admit, refusal_counts
 from router.policies.placement import PlacementConfig, Prediction, RequestView
 
 REQUEST = RequestView(num_prompt_tokens=1000, max_tokens=100, ttft_slo_s=1.0, tpot_slo_s=0.1)
@@ -35,7 +35,7 @@ def test_decision_table(ttft_s, config, expected_retry_after_s):
 def test_request_that_cannot_meet_ttft_is_refused_with_drain_time():
     decision = admit(_best(4.5), REQUEST, LATE_OK)
     assert decision == Refuse(4.0, "predicted time to first token 4.50 s exceeds the limit of 2.00 s "
-                                   "(SLO 1.00 s x 2)")
+                                   "(SLO 1.00 s x 2)", "ttft")
 
 
 def test_a_request_no_worker_can_take_is_refused_after_the_minimum_wait():
@@ -88,3 +88,12 @@ def test_with_the_wait_calibrated_a_long_prompt_is_judged_on_its_own_prefill_as_
     alone = Prediction(ttft_s=1.9, decode_stall_s=0.0, kv_transfer_s=0.0, decode_step_s=0.02)
     assert admit(alone, request, PlacementConfig(), Scale(ttft=4.0)) == Admit()
     assert isinstance(admit(alone, request, PlacementConfig(calibrate_ttft="whole"), Scale(ttft=4.0)), Refuse)
+
+
+def test_each_refusal_says_what_decided_it_and_a_summary_counts_them_by_that():
+    assert admit(None, REQUEST, PlacementConfig()).by == "no_worker"
+    assert admit(_best(1.2), REQUEST, PlacementConfig()).by == "ttft"
+    assert admit(_best(0.5, 0.11), REQUEST, PlacementConfig(), judge_tpot=True).by == "tpot"
+    assert admit(_best(1.2, 0.11), REQUEST, PlacementConfig(), judge_tpot=True).by == "ttft"   # TTFT judged first
+    assert refusal_counts({"tpot": 2, "ttft": 3}) == "5 request(s) (ttft 3, tpot 2)"
+    assert refusal_counts({"no_worker": 1, "ttft": 0}) == "1 request(s) (no_worker 1)"
