@@ -50,11 +50,14 @@ taken when 9 in 10 recent ones predicted like it met the SLO.
   Measured: on an AMX VM a whole-TTFT factor of 1.4-2.4 refused 2,000-token prompts that a 1P+1D
   cluster then served within the SLO at the same send times, and on a steady one the whole-TTFT
   admission refused 11 of 80 below the knee where admitting all met the SLO for 94-96% (BENCHMARKS
-  "B* on an AMX VM whose speed swings", "B* on an AMX Xeon with the current model"); side by side
-  on a Zen 5 EPYC ("Admission's TTFT calibration, the whole prediction or its wait"), "wait" refused
-  2 of 80 just below the knee where "whole" refused 6 (98% against 92% met), and past the knee it
-  kept as many good requests or more (1.5x and 2x the knee, four cold starts each: 98.7% of the
-  admitted met, 70.6% of the offered, against 98.2% and 68.8%), so it became the default.
+  "B* on an AMX VM whose speed swings", "B* on an AMX Xeon with the current model"). Below the knee
+  the waits are short, so "wait" judges nearly as the uncalibrated model (which measured best there
+  on that AMX Xeon); past it the waits are most of the prediction and it scales nearly as "whole".
+  Side by side on a Zen 5 EPYC ("Admission's TTFT calibration, the whole prediction or its wait"),
+  past the knee it kept as many good requests (1.5x and 2x the knee, four cold starts each: 98.7%
+  of the admitted met, 70.6% of the offered, against 98.2% and 68.8%), so it became the default.
+  There the tight pick's refusals were nearly all on TPOT (a full decode batch), so the TTFT mode
+  decided at most one refusal a run either way.
 - The factor stays within [1 / max_factor, max_factor]: a burst of outliers can neither make
   admission refuse everything nor admit everything, and the feedback (a high factor refuses more,
   the load falls, the ratios fall) settles instead of running away.
