@@ -53,6 +53,11 @@ class NotFound(ServeError):
 ADMISSION_REFUSED_BY = ("ttft", "tpot", "no_worker")
 
 
+def refused_by_kinds(by: dict[str, int]) -> str:
+    """"ttft 3, tpot 2": refusal counts by kind in `ADMISSION_REFUSED_BY` order, kinds with none left out."""
+    return ", ".join(f"{kind} {by[kind]}" for kind in ADMISSION_REFUSED_BY if by.get(kind))
+
+
 class Overloaded(ServeError):
     """The cluster refuses work now (admission control, the router's in-flight limit).
     `retry_after_s`, when known, is the predicted time until a request like this one would be

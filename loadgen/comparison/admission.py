@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from loadgen.metrics import SLO, meets_slo, tpot_s
 from loadgen.runner import RequestRecord
-from pdserve.errors import ADMISSION_REFUSED_BY
+from pdserve.errors import ADMISSION_REFUSED_BY, refused_by_kinds
 
 # an admitted miss sent while the TTFT calibration held fewer than this many recent requests was decided on
 # little evidence (the router's hard minimum before it pooled a prior: bench/overload.py and
@@ -101,7 +101,7 @@ def describe_refusals(refused: int, by: dict[str, int]) -> str:
     (refusals the counts do not cover, such as those before the first sample, are left unnamed)."""
     if not by:
         return str(refused)
-    return f"{refused} ({', '.join(f'{kind} {by[kind]}' for kind in ADMISSION_REFUSED_BY if by.get(kind))})"
+    return f"{refused} ({refused_by_kinds(by)})"
 
 
 def scale_at(samples: Sequence[AdmissionSample], at_s: float, quantity: str = "ttft") -> tuple[float, int] | None:

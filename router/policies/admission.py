@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pdserve.errors import ADMISSION_REFUSED_BY
+from pdserve.errors import refused_by_kinds
 from router.policies.calibration import scaled_ttft_s
 from router.policies.placement.config import PlacementConfig
 from router.policies.placement.paths import Prediction
@@ -42,12 +42,10 @@ class Admit:
     pass
 
 
-REFUSED_BY = ADMISSION_REFUSED_BY   # what a refusal was decided on (`Refuse.by`)
-
-
 @dataclass(frozen=True)
 class Refuse:
-    """`reason`: a sentence for the client and the log; `by`: one of `REFUSED_BY`, for counting."""
+    """`reason`: a sentence for the client and the log; `by`: what decided it, one of
+    `pdserve.errors.ADMISSION_REFUSED_BY`, for counting."""
 
     retry_after_s: float
     reason: str
@@ -91,7 +89,5 @@ def _scaled(factor: float, what: str = "") -> str:
 
 
 def refusal_counts(by: Mapping[str, int]) -> str:
-    """"5 request(s) (ttft 3, tpot 2)": refusals counted by what decided them (`Refuse.by`), in
-    `REFUSED_BY` order, those with none left out."""
-    parts = [f"{kind} {by[kind]}" for kind in REFUSED_BY if by.get(kind)]
-    return f"{sum(by.values())} request(s) ({', '.join(parts)})"
+    """"5 request(s) (ttft 3, tpot 2)": refusals counted by what decided them (`Refuse.by`)."""
+    return f"{sum(by.values())} request(s) ({refused_by_kinds(by)})"

@@ -13,9 +13,8 @@ import pytest
 
 from kv_transfer.handle import KVHandle
 from lifecycle_walk import GREEDY, LONG, SHORT, HeldPrefillWorker, decoder, router_config, served, until
-from pdserve.errors import Overloaded
+from pdserve.errors import ADMISSION_REFUSED_BY, Overloaded
 from pdserve.worker_api import PrefillResult
-from router.policies.admission import REFUSED_BY
 from router.policies.calibration import pooled_quantile
 from router.policies.placement import PlacementConfig
 from router.scheduler import DEFAULT_COST, SchedulerConfig, SloTargets
@@ -29,7 +28,7 @@ def refusals_by() -> Counter:
     from prometheus_client import REGISTRY
 
     return Counter({kind: REGISTRY.get_sample_value("pdserve_router_admission_refusals_total", {"by": kind}) or 0
-                    for kind in REFUSED_BY})
+                    for kind in ADMISSION_REFUSED_BY})
 
 
 async def test_a_request_that_cannot_meet_its_ttft_is_refused_with_a_retry_time_and_costs_no_worker_call(
