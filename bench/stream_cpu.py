@@ -13,7 +13,7 @@ same token rate and batch (`host_cpu_s_per_step`, `_per_token` and the router's 
 simulator's host model spreads over its window), and the decode step as served (the batch over the
 tokens per second) beside what each profile charges for it: its engine step at that batch and
 context, plus its served terms (`decode_step_s` + `decode_cpu_s_per_token` x batch), stretched by
-the host's load as the profile's own fit stretches it (`serving_fit.fit_served_steps`).
+the host's load as the profile's own fit stretches it (`stream_fit.fit_served_steps`).
 Writes stream_cpu.json, .md and .png. About 3 minutes on the bench model.
 """
 
@@ -47,8 +47,8 @@ def busy_cores(before: dict[str, list[int]], after: dict[str, list[int]]) -> dic
 def charged_cores(costs, tokens_per_s: float, batch: int) -> dict[str, float]:
     """What a profile's `ServingCosts` charge the router and the client (cores) while `batch`
     streams get `tokens_per_s` in all: per token, and per step (one token a stream), as the
-    serving probe's fit reads them (`serving_fit.StreamCpu.host_load_cores`)."""
-    from planner.profiler.serving_fit import StreamCpu
+    serving probe's fit reads them (`stream_fit.StreamCpu.host_load_cores`)."""
+    from planner.profiler.stream_fit import StreamCpu
 
     client, router = StreamCpu.of(costs).host_load_cores(tokens_per_s, batch)
     return {"router": router, "client": client}
@@ -58,8 +58,8 @@ def charged_step(costs, engine, batch: int, context_tokens: float, tokens_per_s:
     """What a profile charges for one served decode step of `batch` streams holding `context_tokens`
     in all while they get `tokens_per_s`: `engine` (its fitted `PerfModel`) step, and that plus the
     served terms of `costs` (its `ServingCosts`), stretched as the probe's fit stretches them
-    (`serving_fit.StreamCpu.decode_stretch`) (seconds)."""
-    from planner.profiler.serving_fit import StreamCpu
+    (`stream_fit.StreamCpu.decode_stretch`) (seconds)."""
+    from planner.profiler.stream_fit import StreamCpu
 
     engine_s = engine.decode_step_s(batch, round(context_tokens))
     stretch = StreamCpu.of(costs).decode_stretch(tokens_per_s, batch, costs.host_cores)

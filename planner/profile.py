@@ -223,7 +223,7 @@ class ServingCosts:
     - `host_cpu_s_per_token` and `host_cpu_s_per_step`: per token streamed and per decode step that
       streams any (a step's outputs wake the router and the client once, whatever the batch: at
       batch 1 the wake-up is most of a token's cost, at 64 little of it), fitted together over the
-      batched runs' steady windows (`serving_fit.stream_cpu_terms`); in a profile measured before
+      batched runs' steady windows (`stream_fit.stream_cpu_terms`); in a profile measured before
       (per step 0) the per-token term alone, measured at the largest batch;
     - `host_cpu_s_per_request`;
     - `host_cores`: the cores every process shares (0: the host is not modelled);

@@ -30,7 +30,7 @@
   is not there.
 - Decode steps as served, from batches of B requests sent at once (B in `BATCHES`): the median
   gap between tokens over the late half of the window in which all B decode together
-  (`serving_fit.settled_window`: past the handoffs, at the longest context the run holds), net of
+  (`stream_fit.settled_window`: past the handoffs, at the longest context the run holds), net of
   the engine-only step and of the host's stretch, fits served(B) - engine(B) = decode_step_s +
   decode_cpu_s_per_token * B. engine(B) is the engine table's own row at batch B and the same
   short prompts (`plan.SHORT_CONTEXT`), not
@@ -43,7 +43,7 @@
   a batched run has its second token and when the first ends (`StreamWindow`: only streaming in
   between, no request's admission or handoff), and fitted over every batch as a cost per decode
   step that streams (the outputs' wake-up) and per token (`host_cpu_s_per_step`, `host_cpu_s_per_token`,
-  the router's `router_cpu_s_per_*`; `serving_fit.stream_cpu_terms`), net of each group's idle load.
+  the router's `router_cpu_s_per_*`; `stream_fit.stream_cpu_terms`), net of each group's idle load.
   (Before, per token alone from the largest batch's whole runs net of the router's per-request
   share: on the slow Zen 4 EPYC that read 85 us a token for the router where it took 230 us and
   0.5 ms a step streaming, a third of what the prefill core lost to it at batch 4-16.)
@@ -65,12 +65,12 @@ from loadgen.proc_cpu import cpu_seconds, process_tree
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
 from planner.profile import DecodeSample, ServingCosts
-from planner.profiler.serving_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, LONG_OUTPUT, SHORT_OUTPUT,
-                                          BatchRun, CpuRun, LoneLatencies, NoCommonWindow, ServedSteps, ServingPlan,
-                                          batch_output_attempts, batch_run_of, fit_served_steps, serving_plan,
-                                          StreamWindow, cpu_terms, long_prompt_requests, steady_rate,
-                                          stream_cpu_terms)
+from planner.profiler.serving_fit import (LONG_OUTPUT, SHORT_OUTPUT, CpuRun, LoneLatencies, ServingPlan, cpu_terms,
+                                          long_prompt_requests, serving_plan, steady_rate)
 from planner.profiler.spread import spread_of
+from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, BatchRun, NoCommonWindow,
+                                         ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
+                                         fit_served_steps, stream_cpu_terms)
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
 

@@ -21,9 +21,9 @@ table:
   the load generator's CPU was charged to pdserve and not to vLLM, and vLLM's front end's own
   per-request work not at all;
 - `decode_step_s`, `decode_cpu_s_per_token`: B streams sent at once, the median gap between a
-  stream's tokens once all B decode (`serving_fit.settled_window`, as the cluster probe), minus
+  stream's tokens once all B decode (`stream_fit.settled_window`, as the cluster probe), minus
   the wide engine's step at B (its own table row) and what the host model charges the streams'
-  CPU there (an engine over every core: the front end's load holds the whole step), fits a + b * B (`serving_fit.fit_served_steps`); their spread.
+  CPU there (an engine over every core: the front end's load holds the whole step), fits a + b * B (`stream_fit.fit_served_steps`); their spread.
 Each batch size runs `BATCH_REPEATS` times, twice the cluster probe's: on an AVX-512 EPYC one run's
 median gap sat either 1-3 or 6-8 ms above the engine's step, run to run at the same batch (probably
 where the floating API process lands against the engine's threads), so a few runs fit one mode or
@@ -43,11 +43,11 @@ from loadgen.proc_cpu import cpu_seconds
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
 from planner.profile import DecodeSample, ServingCosts
-from planner.profiler.serving_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, ServingPlan, batch_run_of,
-                                          serving_plan)
+from planner.profiler.serving_fit import ServingPlan, serving_plan
 from planner.profiler.serving_probe import (StreamWindowReader, UnboundCpu, by_length, lone_runs, measure_served_steps,
                                             steady_cpu)
 from planner.profiler.spread import spread_of
+from planner.profiler.stream_fit import BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, batch_run_of
 
 BATCH_REPEATS = 4  # runs of each batch size (see the module's doc)
 

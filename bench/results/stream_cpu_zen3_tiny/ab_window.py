@@ -14,7 +14,7 @@ from pdserve.client import AsyncClient, Client
 from pdserve.engine import EngineSettings
 from planner.profile import load_profile
 from planner.perf_model import fit_perf_model
-from planner.profiler.serving_fit import BATCH_PROMPT_TOKENS, engine_step_s
+from planner.profiler.stream_fit import BATCH_PROMPT_TOKENS, engine_step_s
 
 def reading(runs, start, end, batch):
     gaps = [b - a for marks in runs for a, b in zip(marks, marks[1:]) if a >= start and b <= end]

@@ -107,7 +107,8 @@ def test_transfer_probe_moves_whole_blocks_over_the_real_transport(transport, mo
 
 
 def test_the_serving_probe_batches_are_points_the_engine_table_measures():
-    from planner.profiler.serving_fit import BATCH_PROMPT_TOKENS, BATCHES, QUICK_BATCHES
+    from planner.profiler.serving_fit import BATCHES, QUICK_BATCHES
+    from planner.profiler.stream_fit import BATCH_PROMPT_TOKENS
 
     for quick, batches in ((False, BATCHES), (True, QUICK_BATCHES)):
         plan = make_plan(max_model_len=2048, max_num_seqs=128, kv_cache_tokens=1 << 20, block_size=32, quick=quick)

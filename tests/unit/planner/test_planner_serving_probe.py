@@ -1,23 +1,19 @@
-"""The serving probe's arithmetic and its /proc readings, without a cluster."""
+"""The serving probe's plan, its CPU runs' arithmetic and its /proc readings, without a cluster (the batched
+runs' fits: test_planner_stream_fit)."""
 
 import os
 import subprocess
 import sys
 import time
 
-from dataclasses import replace
-
 import pytest
 from planner_testkit import ROUND_MODEL
 
-from planner.profile import DecodeSample, ServingCosts
 from loadgen.proc_cpu import cpu_seconds, process_tree
-from planner.profiler.serving_fit import (BatchRun, CpuRun, StreamCpu, StreamWindow, cpu_terms, engine_step_s,
-                                          fit_served_steps, nonnegative_lstsq, stream_cpu_terms, usable_window,
-                                          long_prompt_requests, long_prompt_tokens, serving_plan,
-                                          solve_per_prompt_token,
-                                          solve_per_request_and_token)
-from planner.simulator.host import stretch_for_load
+from planner.profile import ServingCosts
+from planner.profiler.serving_fit import (CpuRun, cpu_terms, long_prompt_requests, long_prompt_tokens, serving_plan,
+                                          solve_per_prompt_token, solve_per_request_and_token)
+from planner.profiler.stream_fit import BatchRun
 
 
 def test_per_request_and_per_token_cpu_solve_exactly_through_two_runs():
@@ -122,211 +118,6 @@ def test_a_process_tree_and_its_cpu_seconds_come_from_proc():
         parent.wait()
 
 
-def batch_run(batch: int, served_s: float, tokens_per_s: float = 100.0, host_cpu_s: float = 0.0,
-              tokens: int = 1000) -> BatchRun:
-    return BatchRun(batch, served_s, context_tokens=batch * 40, tokens_per_s=tokens_per_s, host_cpu_s=host_cpu_s,
-                    tokens=tokens)
-
-
-def _windowed(batch: int, seconds: float, w_host: float, t_host: float, w_router: float, t_router: float,
-              idle_host: float = 0.0, idle_router: float = 0.0) -> BatchRun:
-    tokens_per_s = 1000.0 * batch / (batch + 10)  # the step slows as the batch grows
-    tokens = round(tokens_per_s * seconds)
-    steps = tokens / batch
-    window = StreamWindow(seconds, tokens, w_host * steps + t_host * tokens + idle_host * seconds,
-                          w_router * steps + t_router * tokens + idle_router * seconds)
-    return replace(batch_run(batch, 0.01, tokens_per_s=tokens_per_s), window=window)
-
-
-def test_the_unbound_cpu_is_fitted_per_streaming_step_and_per_token_over_every_batchs_window_net_of_idle():
-    runs = [_windowed(b, 3.0, 0.0012, 0.0004, 0.0005, 0.00023, idle_host=0.02, idle_router=0.01)
-            for b in (1, 4, 8, 16, 32, 64)]
-    terms = stream_cpu_terms(runs, idle_host_cores=0.02, idle_router_cores=0.01)
-    assert (terms.host_per_step_s, terms.host_per_token_s) == pytest.approx((0.0012, 0.0004), rel=1e-6)
-    assert (terms.router_per_step_s, terms.router_per_token_s) == pytest.approx((0.0005, 0.00023), rel=1e-6)
-    # the load it implies at batch 4, 100 tokens/s: 25 wake-ups and 100 tokens a second
-    assert terms.host_load_cores(100.0, 4) == pytest.approx(
-        (25 * 0.0007 + 100 * 0.00017, 25 * 0.0005 + 100 * 0.00023), rel=1e-9)
-    # the router's part never exceeds the host's, whatever the noise
-    noisy = stream_cpu_terms([_windowed(b, 3.0, 0.0002, 0.0001, 0.0005, 0.0002) for b in (1, 8, 64)])
-    assert noisy.router_per_step_s <= noisy.host_per_step_s and noisy.router_per_token_s <= noisy.host_per_token_s
-
-
-def test_windows_too_short_or_too_idle_to_measure_are_left_out_of_the_fit():
-    good = [_windowed(b, 3.0, 0.0012, 0.0004, 0.0005, 0.00023, idle_host=0.02, idle_router=0.01) for b in (1, 8, 64)]
-    # a batch of 64 whose window held 5 steps, and a window whose CPU /proc could not tell from idle
-    short = replace(good[2], window=StreamWindow(0.05, 5 * 64, 1.0, 0.5))
-    idle = replace(good[0], window=StreamWindow(3.0, 300, 0.02, 0.0))
-    assert not usable_window(64, short.window) and not usable_window(1, idle.window)
-    assert usable_window(8, good[1].window) and not usable_window(8, None)
-    terms = stream_cpu_terms([*good, short, idle], idle_host_cores=0.02, idle_router_cores=0.01)
-    assert (terms.router_per_step_s, terms.router_per_token_s) == pytest.approx((0.0005, 0.00023), rel=1e-6)
-    # runs with windows are fitted on when they cover two batch sizes, whatever the runs without
-    mixed = stream_cpu_terms([good[0], good[2], batch_run(16, 0.01)], idle_host_cores=0.02, idle_router_cores=0.01)
-    assert mixed.host_per_step_s == pytest.approx(0.0012, rel=1e-6)
-
-
-def test_nonnegative_least_squares_drops_a_column_that_would_go_negative():
-    x = [[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]]
-    assert nonnegative_lstsq(x, [3.0, 5.0, 7.0]) == pytest.approx([2.0, 1.0])
-    kept = nonnegative_lstsq(x, [1.0, 0.5, 0.0])  # the slope alone would be negative: the constant alone
-    assert kept[0] == 0.0 and kept[1] == pytest.approx(0.5)
-
-
-def test_runs_without_a_window_fall_back_to_the_largest_batchs_cost_per_token():
-    runs = [BatchRun(32, 0.0, 32 * 40, 4000, 0.032 + 0.8, 2000, router_cpu_s=0.032 + 0.5),
-            replace(batch_run(4, 0.01), window=StreamWindow(1.0, 100, 0.05, 0.02))]
-    assert stream_cpu_terms(runs, router_cpu_s_per_request=0.001) == StreamCpu(
-        host_per_token_s=pytest.approx(0.0004), router_per_token_s=pytest.approx(0.00025))
-    assert stream_cpu_terms([]) == StreamCpu()
-
-
-def test_the_window_reader_opens_at_the_last_second_token_and_closes_at_the_first_end():
-    from planner.profiler.serving_probe import StreamWindowReader
-
-    cpu = {"host": 0.0}
-    reader = StreamWindowReader(2, host_cpu=lambda: cpu["host"], router_cpu=lambda: cpu["host"] / 2)
-    assert reader.window([[0.0], [0.0]]) is None  # never opened
-    reader.second_token()
-    assert reader.start is None  # one of two streams past its second token
-    cpu["host"] = 1.0
-    reader.second_token()
-    cpu["host"] = 1.6
-    reader.ended()
-    reader.ended()  # the second stream's end changes nothing
-    start, end = reader.start[0], reader.end[0]
-    inside = [start + (end - start) * f for f in (0.25, 0.5, 1.0)]
-    window = reader.window([[start - 1.0, *inside], [start - 0.5, inside[0]]])
-    assert (window.tokens, window.host_cpu_s, window.router_cpu_s) == (4, pytest.approx(0.6), pytest.approx(0.3))
-    assert window.seconds == pytest.approx(end - start)
-
-
-def test_served_steps_fit_a_per_step_and_a_per_token_cost_over_the_engine():
-    # truth: 1.5 ms per step and 0.2 ms per token of the batch on top of the engine's step
-    runs = [batch_run(b, ROUND_MODEL.decode_step_s(b, b * 40) + 0.0015 + 0.0002 * b) for b in (1, 4, 12, 32)]
-    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, ROUND_MODEL, ServingCosts())
-    assert step_s == pytest.approx(0.0015, abs=1e-9) and per_token_s == pytest.approx(0.0002, abs=1e-9)
-    assert host_per_token_s == 0.0
-
-
-def test_a_serving_cost_that_falls_with_the_batch_is_all_per_step():
-    # wake-ups amortised better than linearly: the fit must not return a negative per-token cost
-    runs = [batch_run(b, ROUND_MODEL.decode_step_s(b, b * 40) + extra) for b, extra in ((1, 0.003), (8, 0.002))]
-    step_s, per_token_s, _ = fit_served_steps(runs, ROUND_MODEL, ServingCosts())
-    assert per_token_s == 0.0 and step_s == pytest.approx(0.0025, abs=1e-9)
-
-
-def test_the_host_cpu_per_token_comes_from_the_largest_batch_and_its_stretch_is_not_counted_twice():
-    host = ServingCosts(host_cpu_s_per_request=0.003, host_cores=2)  # with the load generator's share
-    # largest batch: the router's 1 ms x 32 requests (0.032 s) + 2000 tokens at 0.4 ms (0.8 s) -> 0.4 ms/token
-    # at 4000 tokens/s that is 1.6 cores of load; one core is idle, so the stepping one is shared
-    stretch = stretch_for_load(0.0004 * 4000, 2, busy_cores=1)
-    assert stretch == pytest.approx(1 / (1 - 0.6))
-    runs = [batch_run(1, ROUND_MODEL.decode_step_s(1, 40) + 0.001, tokens_per_s=10, host_cpu_s=0.0, tokens=50),
-            batch_run(32, (ROUND_MODEL.decode_step_s(32, 32 * 40) + 0.001) * stretch, tokens_per_s=4000,
-                      host_cpu_s=0.032 + 0.8, tokens=2000)]
-    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, ROUND_MODEL, host, router_cpu_s_per_request=0.001)
-    assert host_per_token_s == pytest.approx(0.0004, abs=1e-12)
-    assert step_s == pytest.approx(0.001, abs=1e-9) and per_token_s == pytest.approx(0.0, abs=1e-9)
-
-
-def test_the_routers_part_of_the_host_cpu_is_measured_apart_and_its_load_kept_on_the_prefill_core():
-    from planner.profiler.serving_fit import unbound_cpu_per_token
-
-    # largest batch: host 0.8 s over 2000 tokens after the router's 1 ms x 32 requests, the router's
-    # own 0.032 + 0.5 s of it -> 0.4 ms/token in all, 0.25 of it the router's
-    big = BatchRun(32, 0.0, 32 * 40, 4000, 0.032 + 0.8, 2000, router_cpu_s=0.032 + 0.5)
-    assert unbound_cpu_per_token([big], 0.001) == pytest.approx((0.0004, 0.00025), abs=1e-12)
-    # noise that puts the router above the host is capped at the host's
-    assert unbound_cpu_per_token([replace(big, router_cpu_s=2.0)], 0.001) == pytest.approx((0.0004, 0.0004), abs=1e-12)
-    # all of it the router's, 1.2 cores at 4000 tokens/s: bound to the idle prefill core it does not
-    # stretch the decode step (the served steps are the engine's + 1 ms); floating, 0.2 cores of it
-    # would have, and the fit would read the steps as cheaper than they are
-    runs = [batch_run(1, ROUND_MODEL.decode_step_s(1, 40) + 0.001, tokens_per_s=10, tokens=50),
-            BatchRun(32, ROUND_MODEL.decode_step_s(32, 32 * 40) + 0.001, 32 * 40, 4000, 0.032 + 0.6, 2000,
-                     router_cpu_s=0.032 + 0.6)]
-    step_s, per_token_s, host_per_token_s = fit_served_steps(runs, ROUND_MODEL, ServingCosts(host_cores=2), 0.001)
-    assert host_per_token_s == pytest.approx(0.0003, abs=1e-12)
-    assert step_s == pytest.approx(0.001, abs=1e-9) and per_token_s == pytest.approx(0.0, abs=1e-9)
-    floating = [runs[0], replace(runs[1], router_cpu_s=0.0)]
-    step_floating, _, _ = fit_served_steps(floating, ROUND_MODEL, ServingCosts(host_cores=2), 0.001)
-    assert step_floating < 0.0009  # the big run's step divided by a 1.25x stretch it did not have
-
-
-def test_an_engine_over_every_core_is_netted_of_the_front_ends_whole_load():
-    """vLLM's server: one engine over both cores, its front end floating. The served step is net of
-    the team stretch the simulator charges it (the load on either core holds both), not of a stretch
-    that a one-core engine with an idle core beside it would have had (none)."""
-    stream = StreamCpu(host_per_step_s=0.0, host_per_token_s=0.0001)   # 10 streams at 1000 tokens/s: 0.1 cores
-    engine_s = ROUND_MODEL.decode_step_s(10, 400)
-    run = BatchRun(10, engine_s / (1 - 0.1) + 0.001, 400, 1000, 0.0, 2000)
-    step_s, _, _ = fit_served_steps([run], ROUND_MODEL, ServingCosts(host_cores=2), stream=stream, engine_cores=2)
-    assert step_s == pytest.approx((engine_s / 0.9 + 0.001) * 0.9 - engine_s, abs=1e-12)   # 0.9 ms
-    one_core, _, _ = fit_served_steps([run], ROUND_MODEL, ServingCosts(host_cores=2), stream=stream)
-    assert one_core == pytest.approx(engine_s / 0.9 + 0.001 - engine_s, abs=1e-12)   # the load on the idle core: no stretch
-    assert stream.decode_stretch(1000, 10, 2, engine_cores=2) == pytest.approx(1 / 0.9, abs=1e-12)
-    assert stream.decode_stretch(1000, 10, 2) == 1.0
-
-
-def test_the_engine_step_a_served_step_is_compared_with_is_the_measured_row_moved_along_the_context():
-    rows = (DecodeSample(8, 200, 0.050), DecodeSample(8, 4000, 0.500), DecodeSample(16, 400, 0.090))
-    # nearest row at batch 8 (context 200), plus the model's 1e-4 s per context token for 100 more
-    assert engine_step_s(8, 300, ROUND_MODEL, rows) == pytest.approx(0.050 + 100 * 1e-4)
-    assert engine_step_s(8, 3900, ROUND_MODEL, rows) == pytest.approx(0.500 - 100 * 1e-4)
-    assert engine_step_s(4, 160, ROUND_MODEL, rows) == ROUND_MODEL.decode_step_s(4, 160)  # no row: the model
-
-
-def test_where_the_fit_misses_the_engine_the_miss_is_not_read_as_serving_cost():
-    # the engine really costs 1 ms more per sequence at these short contexts than the model says;
-    # serving adds 1.5 ms per step and 0.2 ms per token on top of the real engine
-    def real_engine(b: int) -> float:
-        return ROUND_MODEL.decode_step_s(b, b * 40) + 0.001 * b
-
-    runs = [batch_run(b, real_engine(b) + 0.0015 + 0.0002 * b) for b in (1, 4, 12, 32)]
-    rows = [DecodeSample(b, b * 40, real_engine(b)) for b in (1, 4, 12, 32)]
-    step_s, per_token_s, _ = fit_served_steps(runs, ROUND_MODEL, ServingCosts(), engine_rows=rows)
-    assert step_s == pytest.approx(0.0015, abs=1e-9) and per_token_s == pytest.approx(0.0002, abs=1e-9)
-    _, per_token_against_the_fit, _ = fit_served_steps(runs, ROUND_MODEL, ServingCosts())
-    assert per_token_against_the_fit == pytest.approx(0.0012, abs=1e-9)  # what the fit alone misreads
-
-
-def test_a_batched_run_whose_requests_never_decoded_together_is_named_not_measured():
-    from planner.profiler.serving_fit import NoCommonWindow, common_window
-
-    # token times of 3 requests: all three decode together between 1.0 and 1.3
-    together = [[0.0, 1.0, 1.1, 1.2, 1.3], [0.1, 0.9, 1.05, 1.15, 1.35], [0.2, 0.95, 1.0, 1.1, 1.4]]
-    start, end, gaps = common_window(together)
-    assert (start, end) == (1.0, 1.3) and len(gaps) >= 3
-    # the first finished (0.5) before the last had its second token (0.9): no common window
-    apart = [[0.0, 0.2, 0.3, 0.5], [0.1, 0.9, 1.0, 1.1]]
-    with pytest.raises(NoCommonWindow, match="the 2 profiling requests never decoded together"):
-        common_window(apart)
-
-
-def test_a_batched_run_is_read_off_its_token_times_in_the_late_half_of_the_common_window():
-    from planner.profiler.serving_fit import BATCH_PROMPT_TOKENS, batch_run_of
-
-    # two requests stepping every 10 ms, then 20 ms once settled; both decode together from 1.01 to
-    # 1.09: the settled half is 1.05-1.09, and its steps (20 ms) are what the run reads
-    first = [1.00, 1.01, 1.02, 1.03, 1.04, 1.05, 1.07, 1.09, 1.11]
-    second = [0.99, 1.01, 1.02, 1.03, 1.04, 1.05, 1.07, 1.09]
-    run = batch_run_of(2, [first, second], host_cpu_s=0.3, router_cpu_s=0.1)
-    assert run.batch == 2 and run.step_s == pytest.approx(0.02)
-    assert len(run.gaps_s) == 4 and all(g == pytest.approx(0.02) for g in run.gaps_s)
-    assert run.tokens == 17 and run.tokens_per_s == pytest.approx(6 / 0.04)   # 3 tokens each inside 1.05-1.09
-    assert run.context_tokens == 2 * (BATCH_PROMPT_TOKENS + 7)   # each had 7 tokens by the half's middle, 1.07 s
-    assert (run.host_cpu_s, run.router_cpu_s) == (0.3, 0.1)
-
-
-def test_a_window_too_short_to_settle_is_named_not_measured():
-    from planner.profiler.serving_fit import NoCommonWindow, settled_window
-
-    # together from 1.0 to 1.1: a late half of 50 ms holds one gap of the two requests'
-    brief = [[0.0, 1.0, 1.06, 1.1], [0.05, 0.9, 1.0, 1.11]]
-    with pytest.raises(NoCommonWindow, match="decoded together too briefly to read a settled step"):
-        settled_window(brief)
-
-
 def test_a_probe_may_run_each_batch_size_more_often_but_a_quick_one_runs_each_once():
     from planner.profiler.serving_fit import BATCHES, serving_plan
 
@@ -341,16 +132,9 @@ def test_lone_latencies_are_grouped_by_prompt_length_for_their_spread():
     assert by_length([32, 32, 128, 32, 512], [1.0, 2.0, 3.0, 4.0, 5.0]) == [[1.0, 2.0, 4.0], [3.0], [5.0]]
 
 
-def test_a_batched_run_is_retried_with_longer_outputs_within_the_context():
-    from planner.profiler.serving_fit import batch_output_attempts
-
-    assert batch_output_attempts(2032) == [256, 512, 1024]
-    assert batch_output_attempts(600) == [256, 512]
-    assert batch_output_attempts(200) == [200]   # a context too short for the default: what it holds
-
-
 def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_it_never_does():
-    from planner.profiler.serving_fit import NoCommonWindow, ServingPlan
+    from planner.profiler.serving_fit import ServingPlan
+    from planner.profiler.stream_fit import NoCommonWindow
     from planner.profiler.serving_probe import measure_served_steps
 
     tried, notes = [], []
@@ -387,7 +171,8 @@ def test_served_steps_of_one_batch_size_are_its_step_alone_and_said_so():
     """A server whose batched streams arrive in bursts (vLLM's, auto-bound on two vCPUs) leaves only
     the lone batch measurable: the profile gets its step, no per-token term, and a note, not a
     failed run."""
-    from planner.profiler.serving_fit import NoCommonWindow, ServingPlan
+    from planner.profiler.serving_fit import ServingPlan
+    from planner.profiler.stream_fit import NoCommonWindow
     from planner.profiler.serving_probe import measure_served_steps
 
     notes = []
