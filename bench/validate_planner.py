@@ -51,8 +51,8 @@ from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
 from planner.simulator.host import ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
-from planner.validation import (LATENCY_KEYS, METRICS, error_table, phase_table, plot_verdicts, verdict,
-                               verdict_table, verdicts_to_json)
+from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, phase_table, plot_verdicts,
+                               verdict, verdict_table, verdicts_to_json)
 from planner.validation_phases import measured_phases
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
                                      cluster_cpu_s, compare, load_earlier, machine_against_profile, planned_router,
@@ -270,7 +270,7 @@ def write_summary(out_dir: Path, verdicts, rates_by_run: dict, console: Console)
              + " | goodput real / sim req/s | goodput err |", "|---" * (6 + len(LATENCY_KEYS)) + "|"]
     for v in verdicts:
         rates = rates_by_run[(v.shape, v.topology)]
-        errors = " | ".join(f"{100 * v.errors_to_knee[k]:.0f}%" for k in LATENCY_KEYS)
+        errors = " | ".join(error_and_noise(v.errors_to_knee[k], v.noise_to_knee.get(k)) for k in LATENCY_KEYS)
         error = "-" if v.goodput_error is None else f"{v.goodput_error:+.0%}"
         lines.append(f"| {v.shape} | {v.topology} | {v.model} | {','.join(f'{r:g}' for r in v.rates_to_knee)} | "
                      f"{errors} | {format_goodput(v.measured_goodput, rates)} / "

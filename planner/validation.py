@@ -5,7 +5,10 @@ For each offered rate the same request list runs on the real cluster (loadgen) a
 simulator with each profile's fitted model. Errors per metric:
 - latencies (p50/p90 TTFT and TPOT): relative, (simulated - measured) / measured;
 - SLO attainment: the difference in percentage points (a relative error of a share near 0 says
-  little), reported in the same "%" column.
+  little), reported in the same "%" column;
+- beside each measured latency percentile, its sampling noise (`planner.validation_noise`: how far
+  the same percentile of a resample of the run's own requests lands, relative): the floor under
+  the error, that a model exactly right would still show on a run of this size.
 Per workload shape and topology (`Verdict`): the latency errors averaged over the rates up to the
 measured knee (where the planner must be right; past it latencies grow without bound and a
 relative error there says little), and the goodput each side puts where its attainment curve
@@ -15,7 +18,7 @@ crosses the target on the same grid of rates.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ class Comparison:
     measured: dict[str, Any]
     simulated: dict[str, Any]
     phases: tuple[PhaseRow, ...] = ()  # where the run kept per-phase timings (`planner.validation_phases`)
+    noise: dict[str, float | None] = field(default_factory=dict)  # latency key -> the measured one's sampling noise
 
     def error(self, key: str) -> float:
         """Relative error of a latency; percentage-point difference (as a fraction) for attainment."""
@@ -70,6 +74,7 @@ class Verdict:
     errors_to_knee: dict[str, float]  # latency key -> mean |relative error| over those rates
     measured_goodput: tuple[float, bool]  # (req/s, bracketed by the grid), `goodput_on_grid`
     simulated_goodput: tuple[float, bool]
+    noise_to_knee: dict[str, float | None] = field(default_factory=dict)  # latency key -> mean sampling noise
 
     @property
     def goodput_error(self) -> float | None:
@@ -98,12 +103,24 @@ def verdict(comparisons: Sequence[Comparison], shape: str, topology: str, model:
     errors = {key: sum(abs(c.error(key)) for c in to_knee) / len(to_knee) for key in LATENCY_KEYS}
     return Verdict(shape, topology, model, tuple(c.rate_rps for c in to_knee), errors,
                    goodput_on_grid([(c.rate_rps, c.measured["slo_attainment"]) for c in rows], target),
-                   goodput_on_grid([(c.rate_rps, c.simulated["slo_attainment"]) for c in rows], target))
+                   goodput_on_grid([(c.rate_rps, c.simulated["slo_attainment"]) for c in rows], target),
+                   {key: _mean_known(c.noise.get(key) for c in to_knee) for key in LATENCY_KEYS})
+
+
+def _mean_known(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def error_and_noise(error: float, noise: float | None) -> str:
+    """A mean |error| with the measured percentile's sampling noise beside it: "15% (n 3%)"."""
+    return f"{error:.0%}" + ("" if noise is None else f" (n {noise:.0%})")
 
 
 def verdict_table(verdicts: Sequence[Verdict], rates_by_run: dict[tuple[str, str], Sequence[float]]) -> Table:
     """Shape x topology rows: the mean |error| of each latency up to the knee, the goodputs and their error."""
-    table = Table(title="per shape and topology: mean |error| up to the measured knee, goodput measured vs simulated")
+    table = Table(title="per shape and topology: mean |error| up to the measured knee (n: the measured percentile's "
+                        "sampling noise), goodput measured vs simulated")
     for name in ("shape", "topology", "model", "rates to knee"):
         table.add_column(name)
     for key, label in METRICS:
@@ -115,20 +132,21 @@ def verdict_table(verdicts: Sequence[Verdict], rates_by_run: dict[tuple[str, str
         rates = rates_by_run.get((v.shape, v.topology), ())
         error = "-" if v.goodput_error is None else f"{v.goodput_error:+.0%}"
         table.add_row(v.shape, v.topology, v.model, ",".join(f"{r:g}" for r in v.rates_to_knee),
-                      *(f"{v.errors_to_knee[key]:.0%}" for key in LATENCY_KEYS),
+                      *(error_and_noise(v.errors_to_knee[key], v.noise_to_knee.get(key)) for key in LATENCY_KEYS),
                       f"{format_goodput(v.measured_goodput, rates)} / {format_goodput(v.simulated_goodput, rates)}", error)
     return table
 
 
 def verdicts_to_json(verdicts: Sequence[Verdict]) -> list[dict[str, Any]]:
     return [{"shape": v.shape, "topology": v.topology, "model": v.model, "rates_to_knee": list(v.rates_to_knee),
-             "mean_abs_error_to_knee": v.errors_to_knee,
+             "mean_abs_error_to_knee": v.errors_to_knee, "mean_noise_to_knee": v.noise_to_knee,
              "goodput_rps": {"measured": v.measured_goodput[0], "measured_bracketed": v.measured_goodput[1],
                              "simulated": v.simulated_goodput[0], "simulated_bracketed": v.simulated_goodput[1]},
              "goodput_error": v.goodput_error} for v in verdicts]
 
 
 def error_table(comparisons: Sequence[Comparison], title: str) -> Table:
+    """Each rate's metrics, measured / simulated (error; n: the measured percentile's sampling noise)."""
     table = Table(title=title)
     table.add_column("rate req/s", justify="right")
     table.add_column("model")
@@ -140,7 +158,9 @@ def error_table(comparisons: Sequence[Comparison], title: str) -> Table:
             if key == "slo_attainment":
                 cells.append(f"{c.measured[key]:.0%} / {c.simulated[key]:.0%} ({c.error(key) * 100:+.0f} pp)")
             else:
-                cells.append(f"{c.measured[key]:.1f} / {c.simulated[key]:.1f} ({c.error(key):+.0%})")
+                noise = c.noise.get(key)
+                cells.append(f"{c.measured[key]:.1f} / {c.simulated[key]:.1f} ({c.error(key):+.0%}"
+                             + ("" if noise is None else f", n {noise:.0%}") + ")")
         table.add_row(f"{c.rate_rps:.2f}", c.model, *cells)
     for model in dict.fromkeys(c.model for c in comparisons):
         errors = mean_abs_errors(comparisons, model)
@@ -177,6 +197,7 @@ def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
         "runs": [{"rate_rps": c.rate_rps, "model": c.model,
                   "measured": {k: c.measured[k] for k in keys}, "simulated": {k: c.simulated[k] for k in keys},
                   "error": {k: c.error(k) for k in keys},
+                  **({"noise": c.noise} if c.noise else {}),
                   **({"phases": [row.as_dict() for row in c.phases]} if c.phases else {})} for c in comparisons],
         "mean_abs_error": {m: mean_abs_errors(comparisons, m) for m in models},
     }
@@ -206,7 +227,7 @@ def plot_validation(comparisons: Sequence[Comparison], path: Path, title: str) -
 
 def plot_verdicts(verdicts: Sequence[Verdict], path: Path, title: str) -> Path:
     """Measured and simulated goodput side by side for each shape on each topology (one model:
-    the first), and each latency's mean |error| up to the knee."""
+    the first), and each latency's mean |error| up to the knee with its sampling noise (a tick)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -226,6 +247,10 @@ def plot_verdicts(verdicts: Sequence[Verdict], path: Path, title: str) -> Path:
     for i, key in enumerate(LATENCY_KEYS):
         label = dict(METRICS)[key]
         right.bar(x - 0.4 + (i + 0.5) * width, [100 * v.errors_to_knee[key] for v in rows], width, label=label)
+        noise = [v.noise_to_knee.get(key) for v in rows]
+        right.scatter([x[j] - 0.4 + (i + 0.5) * width for j, n in enumerate(noise) if n is not None],
+                      [100 * n for n in noise if n is not None], marker="_", s=120, color="black",
+                      label="the measured percentile's sampling noise" if i == 0 else None)
     right.axhline(10, color="gray", linestyle="--", linewidth=1, label="10% aim")
     right.set_ylabel("mean |error| up to the knee, %")
     right.set_title("latency error up to the measured knee")

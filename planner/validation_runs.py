@@ -26,6 +26,7 @@ from planner import router_config
 from planner.router_config import router_files, write_router_config
 from planner.rate_search import SearchSettings, max_rate
 from planner.simulator import RouterSettings, SimResult, SimSettings, Topology, cost_model_from, simulate
+from planner.validation_noise import measured_noise
 from planner.validation_phases import phase_rows, simulated_phases
 from planner.validation import Comparison, plot_validation, to_json
 from router.policies.placement import CostModel, PlacementConfig
@@ -151,7 +152,8 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
 def _comparison(run: RateRun, model: str, result: SimResult, slo: SLO) -> Comparison:
     phases = () if run.phases is None else phase_rows(
         run.phases, simulated_phases(result.timeline, result.output_tokens, result.delivery_s))
-    return Comparison(run.rate_rps, model, run.measured, result.summary(slo), phases)
+    noise = {} if run.phases is None else measured_noise(run.phases, [r.output_tokens for r in run.requests])
+    return Comparison(run.rate_rps, model, run.measured, result.summary(slo), phases, noise)
 
 
 def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, list[RateRun]]:
