@@ -13,10 +13,19 @@ side computes prompts of `CorunPlan.prompt_tokens`, the "decode" side decodes `b
   1. the prompt alone (the other engine idle): median of `repeats` prefills;
   2. the decode alone: one run's step (`EngineProbe.decode`);
   3. the decode side keeps a batch decoding; once it is past its prefill, the prompt is measured again;
-  4. the prompt side computes prompts back to back; after the first, the decode is measured again.
-Alone and together alternate within a round, so a host whose speed drifts moves both.
-`corun_stretches` (pure) turns the rounds into the profile's two ratios: the median over rounds of
-together / alone (`ServingCosts.corun_prefill_stretch`, `corun_decode_stretch`).
+  4. the prompt side computes prompts back to back; after the first, the decode is measured again;
+  5. the prompt alone and the decode alone once more.
+Each together is compared with the mean of the alones around it, so a host whose speed drifts
+moves both sides of the ratio. A round whose two alones of either kind differ by more than
+`DRIFT_TOLERANCE` drifted while measured: it does not count (`steady_round`), and while fewer than
+`CorunPlan.rounds` rounds are steady the probe runs more, at most `CorunPlan.max_rounds` in all
+(`more_rounds_needed`). An AMX Xeon VM whose speed moved 1.46x during its profile kept a prompt's
+stretch of 1.60x from three unbracketed rounds; five rounds on the same VM after measured 1.01x,
+and the validation resimulated with it had its 1P+1D TTFT p50 errors fall from 44-166% to 10-37%
+(BENCHMARKS, "Across shapes on an AMX Xeon over shm").
+`corun_stretches` (pure) turns the rounds into the profile's two ratios: the median over the
+steady rounds (all of them if none is) of together / alone (`ServingCosts.corun_prefill_stretch`,
+`corun_decode_stretch`).
 
 The two processes take commands over a Unix socket (one JSON object per line; vLLM owns their
 stdout): {"do": "measure"} -> {"seconds": s}; {"do": "loop"} -> {"looping": true} after the first
@@ -54,14 +63,15 @@ class CorunPlan:
     context_tokens: int = 256   # per request of a measured decode run
     decode_steps: int = 48
     repeats: int = 3            # prefills per prompt measurement
-    rounds: int = 3
+    rounds: int = 3             # steady rounds wanted (`steady_round`)
     hold_context_tokens: int = 64   # per request of the batch the decode side keeps decoding beside a prompt
     hold_tokens: int = 512          # ... and each request's length before the batch starts again
+    max_rounds: int = 6             # rounds in all, steady or not, before the probe keeps what it has
 
     @property
     def steps(self) -> int:
-        """Progress steps: the two engines up, then four measurements a round."""
-        return 1 + 4 * self.rounds
+        """Progress steps: the two engines up, then six measurements a round (more where rounds drift)."""
+        return 1 + 6 * self.rounds
 
 
 def corun_plan(max_model_len: int, max_num_seqs: int, kv_tokens: int, quick: bool) -> CorunPlan:
@@ -77,7 +87,7 @@ def corun_plan(max_model_len: int, max_num_seqs: int, kv_tokens: int, quick: boo
     context = max(1, min(256, max_model_len - 64))
     hold_context = max(1, min(64, max_model_len // 4))
     hold = max(2, min(512, max_model_len - hold_context - 1, kv_tokens // batch - hold_context - 1))
-    return CorunPlan(prompt, batch, context, 16 if quick else 48, 3, 3, hold_context, hold)
+    return CorunPlan(prompt, batch, context, 16 if quick else 48, 3, 3, hold_context, hold, max_rounds=6)
 
 
 @dataclass(frozen=True)
@@ -88,15 +98,48 @@ class CorunRound:
     step_together_s: float
     tokens_beside: int = 0    # tokens the other engine's held batch decoded during the prompt's measurement
     prompts_beside: int = 0   # prompts the other engine computed during the decode's
+    prompt_alone_after_s: float = 0.0   # the prompt alone again after the together measurements (0: not measured)
+    step_alone_after_s: float = 0.0     # the decode step alone again (0: not measured)
+
+    @property
+    def prompt_ratio(self) -> float:
+        """The prompt's time together over the mean of its times alone around it."""
+        return self.prompt_together_s / _bracketed(self.prompt_alone_s, self.prompt_alone_after_s)
+
+    @property
+    def step_ratio(self) -> float:
+        """The decode step's time together over the mean of its times alone around it."""
+        return self.step_together_s / _bracketed(self.step_alone_s, self.step_alone_after_s)
+
+
+def _bracketed(before_s: float, after_s: float) -> float:
+    return (before_s + after_s) / 2 if after_s > 0 else before_s
+
+
+DRIFT_TOLERANCE = 0.15   # the two alones of a steady round differ by at most this share
+
+
+def steady_round(r: CorunRound, tolerance: float = DRIFT_TOLERANCE) -> bool:
+    """Whether the host held its speed through round `r`: each kind's time alone after the together
+    measurements within `tolerance` of its time alone before (a round without the second alones,
+    an older probe's, counts as steady: nothing says otherwise)."""
+    return all(after <= 0 or abs(after / before - 1) <= tolerance
+               for before, after in ((r.prompt_alone_s, r.prompt_alone_after_s),
+                                     (r.step_alone_s, r.step_alone_after_s)))
+
+
+def more_rounds_needed(rounds: list[CorunRound], wanted: int, most: int) -> bool:
+    """Whether to measure another round: fewer than `wanted` are steady and fewer than `most` ran."""
+    return sum(map(steady_round, rounds)) < wanted and len(rounds) < most
 
 
 def corun_stretches(rounds: list[CorunRound]) -> tuple[float, float]:
-    """(prompt, decode step): the median over `rounds` of each one's time together / alone."""
+    """(prompt, decode step): the median over the steady rounds (`steady_round`; all of `rounds`
+    where none is) of each one's time together over its times alone around it."""
     if not rounds:
         raise ValueError("no co-run rounds were measured")
-    prompt = statistics.median(r.prompt_together_s / r.prompt_alone_s for r in rounds)
-    step = statistics.median(r.step_together_s / r.step_alone_s for r in rounds)
-    return prompt, step
+    kept = [r for r in rounds if steady_round(r)] or rounds
+    return statistics.median(r.prompt_ratio for r in kept), statistics.median(r.step_ratio for r in kept)
 
 
 def chargeable_stretch(measured: float) -> float:
@@ -168,7 +211,9 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
             for peer in peers.values():
                 peer.recv()   # {"ready": dtype}: its engine is up and warmed
             advance(f"co-run: two engines up on cores {cores[0]} and {cores[1]}")
-            rounds = [_round(peers, n, plan.rounds, advance) for n in range(plan.rounds)]
+            rounds: list[CorunRound] = []
+            while not rounds or more_rounds_needed(rounds, plan.rounds, plan.max_rounds):
+                rounds.append(_round(peers, len(rounds), plan.rounds, advance))
             for peer in peers.values():
                 peer.send({"do": "exit"})
             for process in processes.values():
@@ -222,7 +267,14 @@ def _round(peers: dict[str, _Peer], n: int, rounds: int, advance) -> CorunRound:
     step_together, prompts = _beside(decode, prompt)
     advance(f"co-run round {n + 1}/{rounds}: decode step beside prompts {step_together * 1e3:.1f} ms "
             f"({step_together / step_alone:.3f}x)")
-    return CorunRound(prompt_alone, prompt_together, step_alone, step_together, tokens, prompts)
+    prompt_after = prompt.ask({"do": "measure"})["seconds"]
+    advance(f"co-run round {n + 1}/{rounds}: prompt alone again {prompt_after * 1e3:.0f} ms")
+    step_after = decode.ask({"do": "measure"})["seconds"]
+    measured = CorunRound(prompt_alone, prompt_together, step_alone, step_together, tokens, prompts,
+                          prompt_after, step_after)
+    advance(f"co-run round {n + 1}/{rounds}: decode step alone again {step_after * 1e3:.1f} ms"
+            + ("" if steady_round(measured) else " (the host's speed moved within the round: not counted)"))
+    return measured
 
 
 def _beside(measured: _Peer, busy: _Peer) -> tuple[float, int]:

@@ -265,7 +265,7 @@ def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: Model
 def _measure_corun(serving: ServingCosts, engine: WorkerEngineSettings, job: ProfileJob, plan,
                    advance) -> ServingCosts:
     """`serving` with the co-run stretches of two engines on the cluster's two workers' cores."""
-    from planner.profiler.corun_probe import chargeable_stretch, corun_stretches, measure_corun
+    from planner.profiler.corun_probe import chargeable_stretch, corun_stretches, measure_corun, steady_round
 
     rounds = measure_corun(engine, job.cluster_cores, plan, advance)
     prompt, step = corun_stretches(rounds)
@@ -276,7 +276,10 @@ def _measure_corun(serving: ServingCosts, engine: WorkerEngineSettings, job: Pro
 
     advance(f"co-run: a {plan.prompt_tokens}-token prompt {shown(prompt, kept[0])} its time alone (beside "
             f"{min(r.tokens_beside for r in rounds)}+ decoded tokens), a decode step of {plan.batch} "
-            f"{shown(step, kept[1])} (beside {min(r.prompts_beside for r in rounds)}+ prompts)", step=False)
+            f"{shown(step, kept[1])} (beside {min(r.prompts_beside for r in rounds)}+ prompts); the median of "
+            f"{sum(map(steady_round, rounds)) or len(rounds)} rounds of {len(rounds)}"
+            + ("" if any(map(steady_round, rounds)) else ", none of them steady (the host's speed moved in each)"),
+            step=False)
     return replace(serving, corun_prefill_stretch=kept[0], corun_decode_stretch=kept[1])
 
 

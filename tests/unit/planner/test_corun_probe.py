@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from planner.profile import load_profile, profile_from_dict, profile_to_dict, save_profile
-from planner.profiler.corun_probe import CorunRound, chargeable_stretch, corun_plan, corun_stretches
+from planner.profiler.corun_probe import (CorunRound, chargeable_stretch, corun_plan, corun_stretches,
+                                         more_rounds_needed, steady_round)
 from planner.profiles.example import build_example_profile
 
 
@@ -16,6 +17,32 @@ def test_the_stretches_are_the_median_over_rounds_of_together_over_alone():
               CorunRound(1.0, 1.06, 0.010, 0.0105)]
     prompt, step = corun_stretches(rounds)
     assert prompt == pytest.approx(1.06) and step == pytest.approx(1.05)
+
+
+def test_a_round_compares_together_with_the_mean_of_the_alones_around_it():
+    # prompt alone 1.0 s before and 1.1 after, 1.26 together; decode 20 ms, 22 ms, 21 ms together
+    r = CorunRound(1.0, 1.26, 0.020, 0.021, prompt_alone_after_s=1.1, step_alone_after_s=0.022)
+    assert r.prompt_ratio == pytest.approx(1.2) and r.step_ratio == pytest.approx(1.0)
+    assert steady_round(r)   # each kind's alones within 15% of each other
+    older = CorunRound(1.0, 1.26, 0.020, 0.021)   # no second alones (an older probe's round): the first alone
+    assert older.prompt_ratio == pytest.approx(1.26) and steady_round(older)
+
+
+def test_a_round_the_hosts_speed_moved_in_does_not_count_and_more_are_measured():
+    steady = CorunRound(1.0, 1.02, 0.020, 0.0205, prompt_alone_after_s=1.01, step_alone_after_s=0.0198)
+    # the VM slowed during the together measurements and stayed slow: the prompt's alones 1.0 then 1.5
+    drifted = CorunRound(1.0, 1.6, 0.020, 0.021, prompt_alone_after_s=1.5, step_alone_after_s=0.020)
+    slow_step = CorunRound(1.0, 1.0, 0.020, 0.030, prompt_alone_after_s=1.0, step_alone_after_s=0.0235)
+    assert not steady_round(drifted) and not steady_round(slow_step)   # 50% and 17.5% apart
+    assert steady_round(drifted, tolerance=0.6)
+    # the kept stretch is the steady rounds': the drifted round's 1.28x (1.6 over 1.25) is left out
+    prompt, step = corun_stretches([drifted, steady, drifted, steady, steady])
+    assert prompt == pytest.approx(1.02 / 1.005) and step == pytest.approx(0.0205 / 0.0199)
+    # no round steady: all of them, rather than nothing
+    assert corun_stretches([drifted, drifted])[0] == pytest.approx(1.6 / 1.25)
+    assert more_rounds_needed([steady, drifted, steady], wanted=3, most=6)
+    assert not more_rounds_needed([steady, drifted, steady, steady], wanted=3, most=6)
+    assert not more_rounds_needed([drifted] * 6, wanted=3, most=6)   # the cap holds
 
 
 def test_a_stretch_outside_what_two_engines_can_do_is_kept_at_the_bound():
@@ -34,9 +61,9 @@ def test_no_rounds_is_an_error_not_a_ratio_of_one():
 
 def test_the_plan_keeps_within_the_context_the_batch_cap_and_the_kv_cache():
     full = corun_plan(4096, 64, kv_tokens=100_000, quick=False)
-    assert (full.prompt_tokens, full.batch, full.rounds, full.repeats) == (1024, 16, 3, 3)
+    assert (full.prompt_tokens, full.batch, full.rounds, full.repeats, full.max_rounds) == (1024, 16, 3, 3, 6)
     assert (full.hold_context_tokens, full.hold_tokens) == (64, 512)
-    assert full.steps == 1 + 4 * 3
+    assert full.steps == 1 + 6 * 3
     quick = corun_plan(4096, 64, kv_tokens=100_000, quick=True)
     assert (quick.prompt_tokens, quick.rounds, quick.repeats) == (256, 3, 3)
     short = corun_plan(512, 4, kv_tokens=100_000, quick=False)
