@@ -53,7 +53,7 @@ from planner.simulator.host import ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, phase_table, plot_verdicts,
                                verdict, verdict_table, verdicts_to_json)
-from planner.validation_phases import measured_phases
+from planner.validation_phases import measured_local_share, measured_phases
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
                                      cluster_cpu_s, compare, load_earlier, machine_against_profile, planned_router,
                                      requests_at, router_flags_for, write_validation)
@@ -240,6 +240,8 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                                                    f"{topology.label} {shape.name} {rate:g} req/s"))
             cpu_cores = (cluster_cpu_s(system.cluster) - cpu_before) / (time.perf_counter() - wall_before)
             measured_summary = summarize(result.records, result.duration_s, slo)
+            if (local := measured_local_share(result.records)) is not None:
+                measured_summary["local_prefill_share"] = local
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
                           f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
                           f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "

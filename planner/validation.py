@@ -152,6 +152,9 @@ def error_table(comparisons: Sequence[Comparison], title: str) -> Table:
     table.add_column("model")
     for _, label in METRICS:
         table.add_column(f"{label} real / sim (err)", justify="right")
+    hybrid = any(_local(c) for c in comparisons)
+    if hybrid:
+        table.add_column("local prefills real / sim", justify="right")
     for c in comparisons:
         cells = []
         for key, _ in METRICS:
@@ -161,11 +164,13 @@ def error_table(comparisons: Sequence[Comparison], title: str) -> Table:
                 noise = c.noise.get(key)
                 cells.append(f"{c.measured[key]:.1f} / {c.simulated[key]:.1f} ({c.error(key):+.0%}"
                              + ("" if noise is None else f", n {noise:.0%}") + ")")
+        if hybrid:
+            cells.append(f"{c.measured[LOCAL]:.0%} / {c.simulated[LOCAL]:.0%}" if _local(c) else "-")
         table.add_row(f"{c.rate_rps:.2f}", c.model, *cells)
     for model in dict.fromkeys(c.model for c in comparisons):
         errors = mean_abs_errors(comparisons, model)
         cells = [f"{errors[key] * 100:.0f} pp" if key == "slo_attainment" else f"{errors[key]:.0%}" for key, _ in METRICS]
-        table.add_row("mean |err|", model, *cells, style="bold")
+        table.add_row("mean |err|", model, *cells, *([""] if hybrid else []), style="bold")
     return table
 
 
@@ -195,12 +200,20 @@ def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
     return {
         "metrics": keys,
         "runs": [{"rate_rps": c.rate_rps, "model": c.model,
-                  "measured": {k: c.measured[k] for k in keys}, "simulated": {k: c.simulated[k] for k in keys},
+                  "measured": {k: c.measured[k] for k in keys + _local(c)}, "simulated": {k: c.simulated[k] for k in keys + _local(c)},
                   "error": {k: c.error(k) for k in keys},
                   **({"noise": c.noise} if c.noise else {}),
                   **({"phases": [row.as_dict() for row in c.phases]} if c.phases else {})} for c in comparisons],
         "mean_abs_error": {m: mean_abs_errors(comparisons, m) for m in models},
     }
+
+
+def _local(c: Comparison) -> list[str]:
+    """["local_prefill_share"] where both sides have it (a hybrid's run since it was kept), else []."""
+    return [LOCAL] if LOCAL in c.measured and LOCAL in c.simulated else []
+
+
+LOCAL = "local_prefill_share"
 
 
 def plot_validation(comparisons: Sequence[Comparison], path: Path, title: str) -> Path:

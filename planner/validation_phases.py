@@ -55,6 +55,15 @@ def measured_phases(records: Sequence, count: int) -> dict[str, list[float]]:
     return out
 
 
+def measured_local_share(records: Sequence) -> float | None:
+    """The share of served requests whose prompt the decode worker computed itself (a hybrid's Local
+    path: `phases.disaggregated` False), over the ok records that carry per-phase timings; None
+    when none does. The simulator's counterpart is its summary's `local_prefill_share`: where the
+    two differ, the simulated router placed otherwise than the real one."""
+    known = [record.phases.disaggregated for record in records if record.ok and record.phases is not None]
+    return sum(not d for d in known) / len(known) if known else None
+
+
 def simulated_phases(timeline: Mapping[str, np.ndarray], output_tokens: np.ndarray,
                      delivery_s: float | np.ndarray = 0.0) -> dict[str, np.ndarray]:
     """The same phases from a `SimResult`'s timeline (NaN for a refused request and where the phase

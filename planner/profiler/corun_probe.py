@@ -257,22 +257,23 @@ def _processes_alive(processes: dict[str, subprocess.Popen]) -> Callable[[], int
 
 def _round(peers: dict[str, _Peer], n: int, rounds: int, advance) -> CorunRound:
     prompt, decode = peers["prompt"], peers["decode"]
+    label = f"co-run round {n + 1}/{rounds}" if n < rounds else f"co-run round {n + 1} (one more: a round drifted)"
     prompt_alone = prompt.ask({"do": "measure"})["seconds"]
-    advance(f"co-run round {n + 1}/{rounds}: prompt alone {prompt_alone * 1e3:.0f} ms")
+    advance(f"{label}: prompt alone {prompt_alone * 1e3:.0f} ms")
     step_alone = decode.ask({"do": "measure"})["seconds"]
-    advance(f"co-run round {n + 1}/{rounds}: decode step alone {step_alone * 1e3:.1f} ms")
+    advance(f"{label}: decode step alone {step_alone * 1e3:.1f} ms")
     prompt_together, tokens = _beside(prompt, decode)
-    advance(f"co-run round {n + 1}/{rounds}: prompt beside decode {prompt_together * 1e3:.0f} ms "
+    advance(f"{label}: prompt beside decode {prompt_together * 1e3:.0f} ms "
             f"({prompt_together / prompt_alone:.3f}x)")
     step_together, prompts = _beside(decode, prompt)
-    advance(f"co-run round {n + 1}/{rounds}: decode step beside prompts {step_together * 1e3:.1f} ms "
+    advance(f"{label}: decode step beside prompts {step_together * 1e3:.1f} ms "
             f"({step_together / step_alone:.3f}x)")
     prompt_after = prompt.ask({"do": "measure"})["seconds"]
-    advance(f"co-run round {n + 1}/{rounds}: prompt alone again {prompt_after * 1e3:.0f} ms")
+    advance(f"{label}: prompt alone again {prompt_after * 1e3:.0f} ms")
     step_after = decode.ask({"do": "measure"})["seconds"]
     measured = CorunRound(prompt_alone, prompt_together, step_alone, step_together, tokens, prompts,
                           prompt_after, step_after)
-    advance(f"co-run round {n + 1}/{rounds}: decode step alone again {step_after * 1e3:.1f} ms"
+    advance(f"{label}: decode step alone again {step_after * 1e3:.1f} ms"
             + ("" if steady_round(measured) else " (the host's speed moved within the round: not counted)"))
     return measured
 

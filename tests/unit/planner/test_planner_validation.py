@@ -54,6 +54,22 @@ def test_json_table_and_plot(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_a_hybrids_local_prefill_share_is_kept_and_shown_beside_the_simulated_one():
+    hybrid = [Comparison(1.0, "m", summary(100, 200, 10, 20, 1.0) | {"local_prefill_share": 0.4},
+                         summary(100, 200, 10, 20, 1.0) | {"local_prefill_share": 0.1}),
+              Comparison(2.0, "m", summary(100, 200, 10, 20, 1.0), summary(100, 200, 10, 20, 1.0))]  # an older run
+    runs = to_json(hybrid)["runs"]
+    assert runs[0]["measured"]["local_prefill_share"] == 0.4 and runs[0]["simulated"]["local_prefill_share"] == 0.1
+    assert "local_prefill_share" not in runs[1]["measured"]
+    console = Console(record=True, width=300)
+    console.print(error_table(hybrid, "t"))
+    text = console.export_text()
+    assert "local prefills" in text and "40% / 10%" in text
+    console = Console(record=True, width=300)
+    console.print(error_table(COMPARISONS, "t"))
+    assert "local prefills" not in console.export_text()   # a disaggregated run's table has no such column
+
+
 def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measured(tmp_path):
     """bench/validate_planner.py --resimulate: no cluster; the kept requests go through the simulator
     with the given profile and are compared with the earlier run's measurements."""

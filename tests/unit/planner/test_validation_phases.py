@@ -102,3 +102,15 @@ def test_the_machine_before_a_rate_is_said_against_the_profile():
     older = HardwareInfo("cpu", 2, machine_ms_start=3.0)
     assert machine_against_profile({"ms_per_product": 6.0, "wake_us": 100.0}, older) == \
         "compute x2.00 of the profile's, wake-up: the profile did not check"
+
+
+def test_the_measured_local_share_counts_served_requests_the_decode_worker_prefilled_itself():
+    from dataclasses import replace
+
+    from planner.validation_phases import measured_local_share
+
+    local = replace(record(0, (0.1, 0.2), 0.01, 2), phases=PhaseTimings(0.01, 0.0, 0.0, 0, 0.0, disaggregated=False))
+    handed_over = [record(i, (0.1, 0.2), 0.01, 2) for i in (1, 2, 3)]
+    refused = record(4, (), None, 2, status="refused")
+    assert measured_local_share([local, *handed_over, refused]) == pytest.approx(0.25)
+    assert measured_local_share([refused, record(5, (0.1,), None, 1)]) is None   # no timings: nothing to say
