@@ -244,6 +244,10 @@ class ServingCosts:
     - `corun_prefill_stretch`: of a prompt computed beside a decoding engine;
     - `corun_decode_stretch`: of a decode step beside an engine computing prompts.
     Kept as measured (the median over rounds); the simulator takes a ratio below 1 as 1 (noise).
+    What the served step was fitted on, kept so that another form can be fitted later without
+    measuring again (`stream_fit.kept_batch_runs`; () in a profile measured before it was kept):
+    - `served_batch_runs`: each batched run as (batch, served step s, context tokens, tokens the
+      client received per s), in run order.
     """
 
     first_token_s: float = 0.0
@@ -267,10 +271,14 @@ class ServingCosts:
     router_cpu_s_per_prompt_token: float = 0.0
     host_cpu_s_per_step: float = 0.0
     router_cpu_s_per_step: float = 0.0
+    served_batch_runs: tuple[tuple[float, float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "served_batch_runs":
+                object.__setattr__(self, f.name, _batch_runs(value))
+                continue
             if f.name in SPREAD_FIELDS:
                 object.__setattr__(self, f.name, _spread(f.name, value))
                 continue
@@ -309,6 +317,20 @@ CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch")
 # What a co-run stretch may be: below 0.5 or above 4 is a broken measurement, not two engines on
 # different cores (SMT siblings sharing one core slow each other by 1.3-2x)
 CORUN_RANGE = (0.5, 4.0)
+
+
+def _batch_runs(value: Any) -> tuple[tuple[float, float, float, float], ...]:
+    what = "serving.served_batch_runs must be a list of [batch, served step s, context tokens, tokens per s]"
+    _require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
+    runs = []
+    for row in value:
+        _require(isinstance(row, (list, tuple)) and len(row) == 4
+                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row),
+                 f"{what}, got the row {row!r}")
+        _require(row[0] >= 1 and row[1] > 0 and row[2] >= 0 and row[3] >= 0,
+                 f"{what} (a batch of at least 1, a step above 0), got the row {row!r}")
+        runs.append(tuple(float(v) for v in row))
+    return tuple(runs)
 
 
 def _spread(name: str, value: Any) -> tuple[float, ...]:

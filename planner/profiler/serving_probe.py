@@ -70,7 +70,7 @@ from planner.profiler.serving_fit import (LONG_OUTPUT, SHORT_OUTPUT, CpuRun, Lon
 from planner.profiler.spread import spread_of
 from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, BatchRun, NoCommonWindow,
                                          ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
-                                         fit_served_steps, stream_cpu_terms)
+                                         fit_served_steps, kept_row, stream_cpu_terms)
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
 
@@ -328,7 +328,8 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows,
                                                              stream, engine_cores)
     return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs),
-                       stream.router_per_token_s, stream.host_per_step_s, stream.router_per_step_s)
+                       stream.router_per_token_s, stream.host_per_step_s, stream.router_per_step_s,
+                       tuple(kept_row(run) for run in runs))
 
 
 def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, str], model: PerfModel,
@@ -362,4 +363,5 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                    host_cpu_s_per_token=steps.host_cpu_s_per_token,
                    router_cpu_s_per_token=steps.router_cpu_s_per_token,
                    host_cpu_s_per_step=steps.host_cpu_s_per_step, router_cpu_s_per_step=steps.router_cpu_s_per_step,
-                   first_token_spread_s=lone.first_token_spread_s, decode_step_spread_s=steps.spread_s)
+                   first_token_spread_s=lone.first_token_spread_s, decode_step_spread_s=steps.spread_s,
+                   served_batch_runs=steps.batch_runs)

@@ -246,7 +246,8 @@ def unbound_cpu_per_token(runs: Sequence[BatchRun], router_cpu_s_per_request: fl
 
 @dataclass(frozen=True)
 class ServedSteps:
-    """The served decode step's terms (`fit_served_steps`) and its spread (`planner.profiler.spread`)."""
+    """The served decode step's terms (`fit_served_steps`), its spread (`planner.profiler.spread`)
+    and the runs they were fitted on, as the profile keeps them (`kept_row`)."""
 
     decode_step_s: float
     decode_cpu_s_per_token: float
@@ -255,6 +256,21 @@ class ServedSteps:
     router_cpu_s_per_token: float = 0.0  # the router's part of host_cpu_s_per_token
     host_cpu_s_per_step: float = 0.0     # per decode step that streams (`stream_cpu_terms`)
     router_cpu_s_per_step: float = 0.0   # the router's part of it
+    batch_runs: tuple[tuple[float, float, float, float], ...] = ()
+
+
+def kept_row(run: BatchRun) -> tuple[float, float, float, float]:
+    """What a profile keeps of a batched run (`ServingCosts.served_batch_runs`): the inputs of
+    `fit_served_steps`, (batch, served step s, context tokens, tokens per s)."""
+    return float(run.batch), run.step_s, run.context_tokens, run.tokens_per_s
+
+
+def kept_batch_runs(costs: ServingCosts) -> list[BatchRun]:
+    """The batched runs a profile's served step was fitted on, as `fit_served_steps` takes them,
+    so that a fit of another form can be tried on them without measuring again (the CPU readings
+    are not kept: `StreamCpu.of(costs)` holds what was fitted from them)."""
+    return [BatchRun(int(batch), step_s, context, tokens_per_s, host_cpu_s=0.0, tokens=0)
+            for batch, step_s, context, tokens_per_s in costs.served_batch_runs]
 
 
 def batch_output_attempts(max_output_tokens: int, attempts: int = 3) -> list[int]:

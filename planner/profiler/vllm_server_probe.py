@@ -148,7 +148,7 @@ def measure_server_at(url: str, model: PerfModel, engine_rows: Sequence[DecodeSa
                    decode_cpu_s_per_token=steps.decode_cpu_s_per_token, host_cpu_s_per_token=steps.host_cpu_s_per_token,
                    router_cpu_s_per_token=steps.router_cpu_s_per_token, host_cpu_s_per_step=steps.host_cpu_s_per_step,
                    router_cpu_s_per_step=steps.router_cpu_s_per_step, first_token_spread_s=first_spread,
-                   decode_step_spread_s=steps.spread_s)
+                   decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs)
 
 
 def vllm_server_steps(max_model_len: int, max_num_seqs: int, quick: bool) -> int:

@@ -157,6 +157,7 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
     # the spread pools both measured runs' gaps around each run's own median: 2 x (-1, 0, 0, +4) ms
     assert steps.spread_s[0] == pytest.approx(-0.001) and steps.spread_s[-1] == pytest.approx(0.004, abs=2e-4)
     assert steps.spread_s[len(steps.spread_s) // 2] == pytest.approx(0.0)
+    assert [row[0] for row in steps.batch_runs] == [1.0, 16.0]   # the runs the fit used, kept for the profile
     assert ("serving: skipped batches [64] (never decoded together); fitted on the others", False) in notes
     assert sum(step for _, step in notes) == 3   # one progress step per planned batch, skipped or not
 

@@ -224,3 +224,26 @@ def test_a_batched_run_is_retried_with_longer_outputs_within_the_context():
     assert batch_output_attempts(2032) == [256, 512, 1024]
     assert batch_output_attempts(600) == [256, 512]
     assert batch_output_attempts(200) == [200]   # a context too short for the default: what it holds
+
+
+def test_the_runs_a_profile_keeps_refit_to_the_terms_fitted_when_measured(tmp_path):
+    from planner.profile import ProfileError, load_profile, save_profile
+    from planner.profiles.example import build_example_profile
+    from planner.profiler.stream_fit import kept_batch_runs, kept_row
+
+    stream = StreamCpu(host_per_step_s=0.0004, host_per_token_s=0.0001, router_per_step_s=0.0002, router_per_token_s=5e-5)
+    host = ServingCosts(host_cores=2)
+    runs = [batch_run(b, 1.1 * (ROUND_MODEL.decode_step_s(b, b * 40) + 0.001 + 0.00015 * b), tokens_per_s=200.0 * b ** 0.5)
+            for b in (1, 4, 8, 16, 32, 64)]
+    fitted = fit_served_steps(runs, ROUND_MODEL, host, stream=stream)
+    kept = replace(host, host_cpu_s_per_step=0.0004, host_cpu_s_per_token=0.0001, router_cpu_s_per_step=0.0002,
+                   router_cpu_s_per_token=5e-5, served_batch_runs=[list(kept_row(run)) for run in runs])  # as JSON gives it
+    assert kept.served_batch_runs[2] == (8.0, runs[2].step_s, 320.0, runs[2].tokens_per_s)
+    assert fit_served_steps(kept_batch_runs(kept), ROUND_MODEL, kept, stream=StreamCpu.of(kept)) == pytest.approx(fitted)
+    profile = replace(build_example_profile(), serving=kept)
+    save_profile(profile, tmp_path / "kept.json")
+    assert load_profile(tmp_path / "kept.json") == profile   # the file keeps them
+    with pytest.raises(ProfileError, match="served_batch_runs"):
+        ServingCosts(served_batch_runs=[[0, 0.01, 10, 100]])   # a batch of none
+    with pytest.raises(ProfileError, match="served_batch_runs"):
+        ServingCosts(served_batch_runs=[[4, 0.01, 10]])
