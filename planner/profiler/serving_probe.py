@@ -283,6 +283,19 @@ class UnboundCpu:
         return cls(lambda: host_cpu_seconds(router_pid), lambda: cpu_seconds(process_tree(router_pid)))
 
 
+def _broken_connection() -> tuple[type[BaseException], ...]:
+    import httpx
+
+    from pdserve.errors import DeadlineExceeded, NoHealthyWorker
+
+    return httpx.TransportError, ConnectionError, TimeoutError, NoHealthyWorker, DeadlineExceeded
+
+
+# What ends a batched run without its measuring anything wrong: the connection to the server (vLLM's
+# over HTTP, the router over gRPC through pdserve's client) broke or did not open in time
+BROKEN_CONNECTION = _broken_connection()
+
+
 def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfModel, engine_rows: Sequence[DecodeSample],
                          host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
                          advance, run_batch=None, label: str = "serving",
@@ -291,9 +304,11 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
     `batched_decode_run`'s signature; tests and `vllm_server_probe` give their own; `unbound`
     None: no host CPU read; `label` heads the progress notes). A run whose
     requests never decoded together (on a slow or busy host the first can finish before the last
-    one's KV arrives) is retried with outputs twice as long, up to `batch_output_attempts`; a batch
-    that still fails is skipped with a note, and the fit runs on the rest (one batch size left: its
-    step alone, no per-token term, said in a note); none left raises.
+    one's KV arrives) is retried with outputs twice as long, up to `batch_output_attempts`, and so is
+    a run whose connection broke (`BROKEN_CONNECTION`: a VM that stalled the client or the server
+    for seconds; a run times nothing then, it is measured again); a batch that still fails is skipped
+    with a note, and the fit runs on the rest (one batch size left: its step alone, no per-token
+    term, said in a note); none left raises.
     The spread is that of every run's gaps around the run's own median step. The unbound CPU per
     step and per token is `stream_cpu_terms`' over the runs' windows, net of `idle_cores` (the
     groups "host" and "router": their load with no traffic; None: 0). `engine_cores`: the cores the
@@ -310,6 +325,8 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
                 break
             except NoCommonWindow as why:
                 advance(f"{label}: batch {batch}: {why}; again with {output_tokens * 2} output tokens", step=False)
+            except BROKEN_CONNECTION as why:
+                advance(f"{label}: batch {batch}: the connection broke ({type(why).__name__}: {why}); again", step=False)
         if run is None:
             skipped.append(batch)
         else:

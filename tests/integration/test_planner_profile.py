@@ -67,7 +67,11 @@ def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_prof
 def test_quick_profile_fits_are_sane(quick_profile):
     profile = load_profile(quick_profile[0])
     prefill_s = [r.prefill_s for r in sorted(profile.prefill, key=lambda r: r.prompt_tokens)]
-    assert prefill_s == sorted(prefill_s) and prefill_s[-1] > 2 * prefill_s[0]  # 1024 tokens cost more than 32
+    assert prefill_s[-1] > 2 * prefill_s[0]  # the longest prompt costs more than 32 tokens
+    # each longer prompt costs about as much or more than the one before: a VM's speed swings (2x
+    # within a minute on an AMX Xeon once: 1,024 tokens 147 ms, then 2,047 tokens 143 ms) can turn
+    # two rows around, never by half; the fitted model below is increasing either way
+    assert all(later > 0.5 * earlier for earlier, later in zip(prefill_s, prefill_s[1:])), prefill_s
     assert max(r.step_s for r in profile.decode) < 0.5  # a tiny-model step is milliseconds, never seconds
     fit = fit_perf_model(profile)
     model = fit.model

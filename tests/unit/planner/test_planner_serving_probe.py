@@ -132,6 +132,29 @@ def test_lone_latencies_are_grouped_by_prompt_length_for_their_spread():
     assert by_length([32, 32, 128, 32, 512], [1.0, 2.0, 3.0, 4.0, 5.0]) == [[1.0, 2.0, 4.0], [3.0], [5.0]]
 
 
+def test_a_batched_run_whose_connection_broke_is_measured_again_not_the_profile_failed():
+    import httpx
+
+    from planner.profiler.serving_fit import ServingPlan
+    from planner.profiler.serving_probe import measure_served_steps
+
+    tried, notes = [], []
+
+    async def run_batch(target, batch, vocab_size, host_cpu, seed, output_tokens, router_cpu=None):
+        tried.append((batch, output_tokens))
+        if batch == 4 and len(tried) == 2:   # a VM that stalled for longer than the connect timeout
+            raise httpx.ConnectTimeout("")
+        step_s = ROUND_MODEL.decode_step_s(batch, batch * 40)
+        return BatchRun(batch, step_s, batch * 40, batch / step_s, 0.0, batch * output_tokens, (step_s,) * 4)
+
+    plan = ServingPlan((32,), 1, 32, 10, (1, 4), max_output_tokens=2032)
+    steps = measure_served_steps("t", None, ROUND_MODEL, (), ServingCosts(host_cores=2), 0.0, 1000, plan,
+                                 lambda label, step=True: notes.append((label, step)), run_batch=run_batch)
+    assert tried == [(1, 256), (4, 256), (4, 512)]
+    assert [row[0] for row in steps.batch_runs] == [1.0, 4.0]   # both batch sizes measured, nothing skipped
+    assert ("serving: batch 4: the connection broke (ConnectTimeout: ); again", False) in notes
+
+
 def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_it_never_does():
     from planner.profiler.serving_fit import ServingPlan
     from planner.profiler.stream_fit import NoCommonWindow
