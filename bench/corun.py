@@ -29,7 +29,7 @@ def summary_table(rounds, prompt_tokens: int, batch: int, prefill_core: str, dec
     """The rounds (`CorunRound`s) as a markdown table, one row per side: each round's time alone
     before and after, together, and together over the alones' mean; a round the host's drift
     voided (`steady_round`) is marked *."""
-    from planner.profiler.corun_probe import steady_round
+    from planner.profiler.corun_fit import steady_round
 
     lines = ["| what | where | alone before / after (s) | together (s) | together / alone |", "|---|---|---|---|---|"]
     mark = ["" if steady_round(r) else "*" for r in rounds]
@@ -64,7 +64,8 @@ def main(argv=None) -> int:
 
     from pdserve.dtype_probe import resolve_auto_dtype
     from pdserve.engine import EngineSettings
-    from planner.profiler.corun_probe import corun_plan, corun_stretches, measure_corun, steady_round
+    from planner.profiler.corun_fit import corun_plan, corun_stretches, steady_round
+    from planner.profiler.corun_probe import measure_corun
     from planner.profiler.host import model_info
 
     args.out.mkdir(parents=True, exist_ok=True)

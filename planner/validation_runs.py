@@ -145,14 +145,17 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
         profile = load_profile(path)
         models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport, **(what_if or {})), router),
                              fit_perf_model(profile).model)
-    return [_comparison(run, name, simulate(run.requests, topology, settings, model), slo)
-            for run in runs for name, (settings, model) in models.items()]
+    comparisons = []
+    for run in runs:   # the measured side's noise is the run's alone: once, whatever the profiles
+        noise = {} if run.phases is None else measured_noise(run.phases, [r.output_tokens for r in run.requests])
+        comparisons += [_comparison(run, name, simulate(run.requests, topology, settings, model), slo, noise)
+                        for name, (settings, model) in models.items()]
+    return comparisons
 
 
-def _comparison(run: RateRun, model: str, result: SimResult, slo: SLO) -> Comparison:
+def _comparison(run: RateRun, model: str, result: SimResult, slo: SLO, noise: dict) -> Comparison:
     phases = () if run.phases is None else phase_rows(
         run.phases, simulated_phases(result.timeline, result.output_tokens, result.delivery_s))
-    noise = {} if run.phases is None else measured_noise(run.phases, [r.output_tokens for r in run.requests])
     return Comparison(run.rate_rps, model, run.measured, result.summary(slo), phases, noise)
 
 

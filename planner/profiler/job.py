@@ -103,7 +103,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
                      engine.block_size, job.quick)
     serving_steps, corun = 0, None
     if job.path == "cluster":
-        from planner.profiler.corun_probe import corun_plan
+        from planner.profiler.corun_fit import corun_plan
         from planner.profiler.serving_fit import serving_plan
 
         corun = corun_plan(engine.max_model_len, engine.max_num_seqs, engine.kv_cache_bytes // model.kv_bytes_per_token,
@@ -265,7 +265,8 @@ def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: Model
 def _measure_corun(serving: ServingCosts, engine: WorkerEngineSettings, job: ProfileJob, plan,
                    advance) -> ServingCosts:
     """`serving` with the co-run stretches of two engines on the cluster's two workers' cores."""
-    from planner.profiler.corun_probe import chargeable_stretch, corun_stretches, measure_corun, steady_round
+    from planner.profiler.corun_fit import chargeable_stretch, corun_stretches, steady_round
+    from planner.profiler.corun_probe import measure_corun
 
     rounds = measure_corun(engine, job.cluster_cores, plan, advance)
     prompt, step = corun_stretches(rounds)

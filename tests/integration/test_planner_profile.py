@@ -13,7 +13,7 @@ from planner.perf_model import fit_perf_model
 from pdserve.dtype_probe import cached_decision
 from pdserve.engine import native_dtype
 from planner.profile import CORUN_RANGE, DTYPE_BYTES, load_profile
-from planner.profiler.corun_probe import chargeable_stretch
+from planner.profiler.corun_fit import chargeable_stretch
 from planner.profiler.plan import make_plan
 
 pytestmark = pytest.mark.integration

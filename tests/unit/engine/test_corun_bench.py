@@ -10,7 +10,7 @@ def test_the_corun_bench_explains_itself():
 
 
 def test_each_round_shows_its_alones_its_together_and_its_ratio_and_a_drifted_round_is_marked():
-    from planner.profiler.corun_probe import CorunRound
+    from planner.profiler.corun_fit import CorunRound
 
     table = bench_functions("corun.py")["summary_table"]
     rounds = [CorunRound(2.0, 2.2, 0.010, 0.010, prompt_alone_after_s=2.0, step_alone_after_s=0.010),

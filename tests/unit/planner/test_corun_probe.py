@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from planner.profile import load_profile, profile_from_dict, profile_to_dict, save_profile
-from planner.profiler.corun_probe import (CorunRound, chargeable_stretch, corun_plan, corun_stretches,
-                                         more_rounds_needed, steady_round)
+from planner.profiler.corun_fit import (CorunRound, chargeable_stretch, corun_plan, corun_stretches,
+                                       more_rounds_needed, steady_round)
 from planner.profiles.example import build_example_profile
 
 
