@@ -12,7 +12,7 @@ its idle load. A prompt computed on core 0 meanwhile shares that core with what 
 same token rate and batch (`host_cpu_s_per_step`, `_per_token` and the router's part: what the
 simulator's host model spreads over its window), and the decode step as served (the batch over the
 tokens per second) beside what each profile charges for it: its engine step at that batch and
-context, plus its served terms (`decode_step_s` + `decode_cpu_s_per_token` x batch), stretched by
+context, plus its served terms (the line, `decode_step_s` + `decode_cpu_s_per_token` x batch), stretched by
 the host's load as the profile's own fit stretches it (`stream_fit.fit_served_steps`).
 Writes stream_cpu.json, .md and .png. About 3 minutes on the bench model.
 """
@@ -63,7 +63,7 @@ def charged_step(costs, engine, batch: int, context_tokens: float, tokens_per_s:
 
     engine_s = engine.decode_step_s(batch, round(context_tokens))
     stretch = StreamCpu.of(costs).decode_stretch(tokens_per_s, batch, costs.host_cores)
-    served_s = (engine_s + costs.decode_step_s + batch * costs.decode_cpu_s_per_token) * stretch
+    served_s = (engine_s + costs.decode_serving_s(batch, by_batch=False)) * stretch
     return {"engine_s": engine_s, "served_s": served_s, "stretch": stretch}
 
 

@@ -49,6 +49,7 @@ from loadgen.runner import RunConfig
 from loadgen.host_probe import speed_check_ms, wake_check_us
 from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
+from planner.simulator.config import SERVED_STEP_FORMS
 from planner.simulator.host import ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, phase_table, plot_verdicts,
@@ -101,6 +102,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--router-cpu-charge", default=SimSettings.router_cpu_charge, choices=ROUTER_CHARGES,
                    help="a what-if for the simulated side: the bound router's CPU as a load over the host "
                         "window (window, the simulator's own) or as work queued on its cores (backlog)")
+    p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
+                   help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
+                        "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "validate_planner")
     args = p.parse_args(argv)
@@ -173,7 +177,8 @@ def measured(args: argparse.Namespace, console: Console):
 
 def what_if(args: argparse.Namespace) -> dict:
     """The simulator settings the command line changes from the simulator's own."""
-    changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge}
+    changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
+               "served_step": args.served_step}
     return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
 
 

@@ -32,8 +32,9 @@ from loadgen.metrics import SLO
 from loadgen.workload import RequestSpec
 from planner.evaluate import with_router_slo
 from planner.perf_model import PerfModel
-from planner.profile import HardwareInfo, ServingCosts
+from planner.profile import HardwareInfo
 from planner.router_config import COST_FILE, PLACEMENT_FILE, PlannedCluster
+from planner.serving_costs import ServingCosts
 from planner.simulator import SimSettings, Topology, simulate
 from router.policies.placement import CostModel, PlacementConfig
 

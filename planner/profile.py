@@ -8,7 +8,7 @@ A profile is JSON with a format tag and a version. Version 1 holds:
   `max_num_batched_tokens` is the chunk size / token budget, `max_num_seqs` the batch cap,
   `kv_cache_memory_bytes` the KV capacity per instance);
 - `serving` (optional; zeros when absent): what the router, the gRPC hops and the workers' API
-  processes add around the engines, see `ServingCosts`;
+  processes add around the engines, see `planner.serving_costs.ServingCosts`;
 - `wide` (optional; empty when absent): the prefill and decode tables again, of one engine spread
   over several devices (`WideEngine`: on a CPU host, one engine bound to both cores, as vLLM's own
   server runs): what a worker that spans devices computes at, measured, not scaled;
@@ -27,12 +27,13 @@ the returned `Profile` is frozen. `save_profile` writes the same format back.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from loadgen.host_probe import PRODUCTS as MACHINE_PRODUCTS
+from planner.profile_checks import ProfileError, positive_float, positive_int, require
+from planner.serving_costs import ServingCosts
 
 PROFILE_FORMAT = "pdserve-profile"
 PROFILE_VERSION = 1
@@ -40,26 +41,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 MIN_PREFILL_ROWS = 3  # the prefill form has three coefficients
 MIN_DECODE_ROWS = 3
 MIN_TRANSFER_ROWS_PER_TRANSPORT = 2
-
-
-class ProfileError(ValueError):
-    """A profile file that cannot be used; the message says which field and how to fix it."""
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ProfileError(message)
-
-
-def _positive_int(owner: str, name: str, value: Any) -> None:
-    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-             f"{owner}.{name} must be a positive integer, got {value!r}")
-
-
-def _positive_float(owner: str, name: str, value: Any) -> None:
-    _require(isinstance(value, (int, float)) and not isinstance(value, bool)
-             and math.isfinite(value) and value > 0,
-             f"{owner}.{name} must be a positive number of seconds, got {value!r}")
 
 
 def _mean_checked(*checks: float) -> float:
@@ -99,8 +80,8 @@ class HardwareInfo:
         return _mean_checked(self.machine_wake_us_start, self.machine_wake_us_end)
 
     def __post_init__(self) -> None:
-        _positive_int("hardware", "num_cores", self.num_cores)
-        _require(self.machine_product in MACHINE_PRODUCTS,
+        positive_int("hardware", "num_cores", self.num_cores)
+        require(self.machine_product in MACHINE_PRODUCTS,
                  f"hardware.machine_product {self.machine_product!r} is unknown; use one of {list(MACHINE_PRODUCTS)}")
 
 
@@ -117,13 +98,13 @@ class ModelInfo:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "block_size"):
-            _positive_int("model", name, getattr(self, name))
-        _require(self.dtype in DTYPE_BYTES,
+            positive_int("model", name, getattr(self, name))
+        require(self.dtype in DTYPE_BYTES,
                  f"model.dtype {self.dtype!r} is unknown; use one of {sorted(DTYPE_BYTES)}")
-        _require(isinstance(self.head_dim, int) and self.head_dim >= 0,
+        require(isinstance(self.head_dim, int) and self.head_dim >= 0,
                  f"model.head_dim must be an integer >= 0 (0: hidden_size / num_attention_heads), "
                  f"got {self.head_dim!r}")
-        _require(self.head_dim > 0 or self.hidden_size % self.num_attention_heads == 0,
+        require(self.head_dim > 0 or self.hidden_size % self.num_attention_heads == 0,
                  f"model.hidden_size {self.hidden_size} is not a multiple of "
                  f"num_attention_heads {self.num_attention_heads}; give model.head_dim")
 
@@ -152,7 +133,7 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes"):
-            _positive_int("engine", name, getattr(self, name))
+            positive_int("engine", name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -162,9 +143,9 @@ class PrefillSample:
     prefill_s: float
 
     def __post_init__(self) -> None:
-        _positive_int("prefill[]", "prompt_tokens", self.prompt_tokens)
-        _positive_int("prefill[]", "chunk_tokens", self.chunk_tokens)
-        _positive_float("prefill[]", "prefill_s", self.prefill_s)
+        positive_int("prefill[]", "prompt_tokens", self.prompt_tokens)
+        positive_int("prefill[]", "chunk_tokens", self.chunk_tokens)
+        positive_float("prefill[]", "prefill_s", self.prefill_s)
 
     @property
     def num_chunks(self) -> int:
@@ -178,9 +159,9 @@ class DecodeSample:
     step_s: float
 
     def __post_init__(self) -> None:
-        _positive_int("decode[]", "batch_size", self.batch_size)
-        _positive_int("decode[]", "context_tokens", self.context_tokens)
-        _positive_float("decode[]", "step_s", self.step_s)
+        positive_int("decode[]", "batch_size", self.batch_size)
+        positive_int("decode[]", "context_tokens", self.context_tokens)
+        positive_float("decode[]", "step_s", self.step_s)
 
 
 @dataclass(frozen=True)
@@ -190,156 +171,9 @@ class TransferSample:
     transfer_s: float
 
     def __post_init__(self) -> None:
-        _require(bool(self.transport), "kv_transfer[].transport must name a transport, e.g. 'tcp'")
-        _positive_int("kv_transfer[]", "kv_bytes", self.kv_bytes)
-        _positive_float("kv_transfer[]", "transfer_s", self.transfer_s)
-
-
-@dataclass(frozen=True)
-class ServingCosts:
-    """What serving adds around the engines, measured through a real 1P+1D cluster
-    (`pdserve profile --through cluster`); all zero in an engine-only profile.
-
-    Latencies, which hold no engine:
-    - `first_token_s`: added to every request's first token: the router, the gRPC hops and the
-      prefill worker's API process, the prompt in and the token back;
-    - `handoff_s`: from the prefill engine's first token until the decode engine has the request
-      (the router's Decode RPC, the decode worker's API process), on top of the KV transfer.
-    Decode steps as served, fitted on batches decoding together (served step = engine step +
-    `decode_step_s` + `decode_cpu_s_per_token` x batch): what the worker's engine core and API
-    process, on the model runner's core, add per step (a wake-up for the step's outputs) and per
-    token of the batch (each stream's message).
-    CPU on a worker's own cores, which stretches that worker's engine steps:
-    - `decode_cpu_s_per_request`: the decode worker's API process per request (its Decode RPC,
-      admission);
-    - `prefill_cpu_s_per_request`: the prefill worker's, per request.
-    Each `*_cpu_s_per_request` term has a `*_cpu_s_per_prompt_token` beside it: the prompt's token
-    ids cross every process (the router's placement and Prefill RPC, the prefill worker's request
-    into vLLM, the Decode RPC), so a 1.4k-token prompt costs each several ms more CPU than a
-    128-token one. 0 in a profile measured before it was (the per-request terms then hold the
-    cost at the profile's 128-token CPU-run prompts). `*_request_cpu_s(prompt_tokens)` adds both.
-    CPU of the processes bound to no worker (the router; a client on the same host), which takes
-    whatever core is free and otherwise stretches the engines' steps:
-    - `host_cpu_s_per_token` and `host_cpu_s_per_step`: per token streamed and per decode step that
-      streams any (a step's outputs wake the router and the client once, whatever the batch: at
-      batch 1 the wake-up is most of a token's cost, at 64 little of it), fitted together over the
-      batched runs' steady windows (`stream_fit.stream_cpu_terms`); in a profile measured before
-      (per step 0) the per-token term alone, measured at the largest batch;
-    - `host_cpu_s_per_request`;
-    - `host_cores`: the cores every process shares (0: the host is not modelled);
-    - `router_cpu_s_per_token`, `router_cpu_s_per_step`, `router_cpu_s_per_request`, `router_cpu_s_per_prompt_token`: the
-      router's own part of the host terms above. Where the router is bound to the prefill workers' cores (`pdserve up`'s default
-      for a cluster with a prefill pool apart from its decode workers:
-      `launch.commands.router_cores_for`), that part runs there and stretches only their steps, and
-      the rest (the client) goes wherever a core is free; elsewhere all of it floats. 0 (a profile
-      measured before the router was measured apart): all of it floats.
-    The spread around those medians (`planner.profiler.spread`: deviations in seconds at equally
-    spaced quantiles, ascending; () when not measured, and the simulator then charges the medians):
-    - `first_token_spread_s`: of lone requests' first token, within each prompt length;
-    - `decode_step_spread_s`: of the gaps between a request's tokens while a batch decodes
-      together, within each batched run.
-    Engines on different cores slowing each other (`planner.profiler.corun_probe`: shared caches,
-    memory bandwidth, SMT siblings sold as two vCPUs), as a ratio of an engine's time while another
-    engine steps on the other worker's cores to its time alone (1: none measured, or none):
-    - `corun_prefill_stretch`: of a prompt computed beside a decoding engine;
-    - `corun_decode_stretch`: of a decode step beside an engine computing prompts.
-    Kept as measured (the median over rounds); the simulator takes a ratio below 1 as 1 (noise).
-    What the served step was fitted on, kept so that another form can be fitted later without
-    measuring again (`stream_fit.kept_batch_runs`; () in a profile measured before it was kept):
-    - `served_batch_runs`: each batched run as (batch, served step s, context tokens, tokens the
-      client received per s), in run order.
-    """
-
-    first_token_s: float = 0.0
-    handoff_s: float = 0.0
-    decode_step_s: float = 0.0
-    decode_cpu_s_per_token: float = 0.0
-    decode_cpu_s_per_request: float = 0.0
-    prefill_cpu_s_per_request: float = 0.0
-    host_cpu_s_per_token: float = 0.0
-    host_cpu_s_per_request: float = 0.0
-    host_cores: int = 0
-    router_cpu_s_per_token: float = 0.0
-    router_cpu_s_per_request: float = 0.0
-    first_token_spread_s: tuple[float, ...] = ()
-    decode_step_spread_s: tuple[float, ...] = ()
-    corun_prefill_stretch: float = 1.0
-    corun_decode_stretch: float = 1.0
-    prefill_cpu_s_per_prompt_token: float = 0.0
-    decode_cpu_s_per_prompt_token: float = 0.0
-    host_cpu_s_per_prompt_token: float = 0.0
-    router_cpu_s_per_prompt_token: float = 0.0
-    host_cpu_s_per_step: float = 0.0
-    router_cpu_s_per_step: float = 0.0
-    served_batch_runs: tuple[tuple[float, float, float, float], ...] = ()
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "served_batch_runs":
-                object.__setattr__(self, f.name, _batch_runs(value))
-                continue
-            if f.name in SPREAD_FIELDS:
-                object.__setattr__(self, f.name, _spread(f.name, value))
-                continue
-            if f.name in CORUN_FIELDS:
-                _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                         and CORUN_RANGE[0] <= value <= CORUN_RANGE[1],
-                         f"serving.{f.name} must be a ratio in [{CORUN_RANGE[0]}, {CORUN_RANGE[1]:g}] (1: engines on "
-                         f"different cores do not slow each other), got {value!r}")
-                continue
-            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                     and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
-        for part in ("token", "request", "prompt_token", "step"):
-            router, host = getattr(self, f"router_cpu_s_per_{part}"), getattr(self, f"host_cpu_s_per_{part}")
-            _require(router <= host, f"serving.router_cpu_s_per_{part} ({router!r}) is part of "
-                     f"serving.host_cpu_s_per_{part} ({host!r}) and cannot exceed it")
-
-    def prefill_request_cpu_s(self, prompt_tokens: int) -> float:
-        """The prefill worker's API process's CPU for one request of `prompt_tokens`."""
-        return self.prefill_cpu_s_per_request + self.prefill_cpu_s_per_prompt_token * prompt_tokens
-
-    def decode_request_cpu_s(self, prompt_tokens: int) -> float:
-        """The decode worker's API process's CPU for one request of `prompt_tokens`."""
-        return self.decode_cpu_s_per_request + self.decode_cpu_s_per_prompt_token * prompt_tokens
-
-    def host_request_cpu_s(self, prompt_tokens: int) -> float:
-        """The unbound processes' (router and client) CPU for one request, its tokens' apart."""
-        return self.host_cpu_s_per_request + self.host_cpu_s_per_prompt_token * prompt_tokens
-
-    def router_request_cpu_s(self, prompt_tokens: int) -> float:
-        """The router's part of `host_request_cpu_s`."""
-        return self.router_cpu_s_per_request + self.router_cpu_s_per_prompt_token * prompt_tokens
-
-
-SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
-CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch")
-# What a co-run stretch may be: below 0.5 or above 4 is a broken measurement, not two engines on
-# different cores (SMT siblings sharing one core slow each other by 1.3-2x)
-CORUN_RANGE = (0.5, 4.0)
-
-
-def _batch_runs(value: Any) -> tuple[tuple[float, float, float, float], ...]:
-    what = "serving.served_batch_runs must be a list of [batch, served step s, context tokens, tokens per s]"
-    _require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
-    runs = []
-    for row in value:
-        _require(isinstance(row, (list, tuple)) and len(row) == 4
-                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row),
-                 f"{what}, got the row {row!r}")
-        _require(row[0] >= 1 and row[1] > 0 and row[2] >= 0 and row[3] >= 0,
-                 f"{what} (a batch of at least 1, a step above 0), got the row {row!r}")
-        runs.append(tuple(float(v) for v in row))
-    return tuple(runs)
-
-
-def _spread(name: str, value: Any) -> tuple[float, ...]:
-    _require(isinstance(value, (list, tuple)), f"serving.{name} must be a list of seconds, got {value!r}")
-    points = tuple(value)
-    _require(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in points),
-             f"serving.{name} must hold finite numbers, got {value!r}")
-    _require(list(points) == sorted(points), f"serving.{name} must be ascending (quantiles), got {value!r}")
-    return tuple(float(v) for v in points)
+        require(bool(self.transport), "kv_transfer[].transport must name a transport, e.g. 'tcp'")
+        positive_int("kv_transfer[]", "kv_bytes", self.kv_bytes)
+        positive_float("kv_transfer[]", "transfer_s", self.transfer_s)
 
 
 @dataclass(frozen=True)
@@ -355,7 +189,7 @@ class WideEngine:
     decode: tuple[DecodeSample, ...]
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.devices, int) and not isinstance(self.devices, bool) and self.devices >= 2,
+        require(isinstance(self.devices, int) and not isinstance(self.devices, bool) and self.devices >= 2,
                  f"wide[].devices must be an integer >= 2 (the one-device tables are the profile's own), "
                  f"got {self.devices!r}")
         _check_engine_tables(self.prefill, self.decode, f"wide[{self.devices} devices].")
@@ -363,11 +197,11 @@ class WideEngine:
 
 def _check_engine_tables(prefill: tuple[PrefillSample, ...], decode: tuple[DecodeSample, ...], where: str) -> None:
     lengths = {row.prompt_tokens for row in prefill}
-    _require(len(lengths) >= MIN_PREFILL_ROWS,
+    require(len(lengths) >= MIN_PREFILL_ROWS,
              f"{where}prefill needs rows for at least {MIN_PREFILL_ROWS} distinct prompt lengths to fit "
              f"a + b*n + c*n^2, got {sorted(lengths)}; measure more prompt lengths")
     batches = {row.batch_size for row in decode}
-    _require(len(decode) >= MIN_DECODE_ROWS and len(batches) >= 2,
+    require(len(decode) >= MIN_DECODE_ROWS and len(batches) >= 2,
              f"{where}decode needs >= {MIN_DECODE_ROWS} rows over >= 2 batch sizes, got {len(decode)} "
              f"rows over batch sizes {sorted(batches)}; measure more batch sizes")
 
@@ -391,12 +225,12 @@ class Profile:
     def __post_init__(self) -> None:
         _check_engine_tables(self.prefill, self.decode, "")
         widths = [engine.devices for engine in self.wide]
-        _require(len(set(widths)) == len(widths), f"wide lists a width twice: {widths}")
-        _require(self.vllm_server is None or bool(self.wide),
+        require(len(set(widths)) == len(widths), f"wide lists a width twice: {widths}")
+        require(self.vllm_server is None or bool(self.wide),
                  "vllm_server is measured around the widest engine: the profile needs a wide engine too")
         for transport in self.transports:
             sizes = {row.kv_bytes for row in self.kv_transfer if row.transport == transport}
-            _require(len(sizes) >= MIN_TRANSFER_ROWS_PER_TRANSPORT,
+            require(len(sizes) >= MIN_TRANSFER_ROWS_PER_TRANSPORT,
                      f"kv_transfer for {transport!r} needs >= 2 distinct kv_bytes to fit "
                      f"latency + bytes/bandwidth, got {sorted(sizes)}")
 
@@ -411,10 +245,10 @@ class Profile:
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
-    _require(isinstance(data, dict), f"{where} must be a JSON object, got {type(data).__name__}")
+    require(isinstance(data, dict), f"{where} must be a JSON object, got {type(data).__name__}")
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - names)
-    _require(not unknown, f"{where} has unknown keys {unknown}; known keys are {sorted(names)}")
+    require(not unknown, f"{where} has unknown keys {unknown}; known keys are {sorted(names)}")
     try:
         return cls(**data)
     except TypeError as error:  # a missing required key
@@ -425,17 +259,17 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 def _rows(cls: type, data: dict[str, Any], key: str) -> tuple[Any, ...]:
     rows = data.get(key)
-    _require(isinstance(rows, (list, tuple)), f"profile.{key} must be a list of measured rows")
+    require(isinstance(rows, (list, tuple)), f"profile.{key} must be a list of measured rows")
     return tuple(_build(cls, row, f"profile.{key}[{i}]") for i, row in enumerate(rows))
 
 
 def profile_from_dict(data: dict[str, Any]) -> Profile:
     """Validate a decoded JSON document and build the `Profile`; raises `ProfileError`."""
-    _require(isinstance(data, dict), "a profile must be a JSON object")
-    _require(data.get("format") == PROFILE_FORMAT,
+    require(isinstance(data, dict), "a profile must be a JSON object")
+    require(data.get("format") == PROFILE_FORMAT,
              f"not a pdserve profile: 'format' is {data.get('format')!r}, expected {PROFILE_FORMAT!r}")
     version = data.get("version")
-    _require(version == PROFILE_VERSION,
+    require(version == PROFILE_VERSION,
              f"profile version {version!r} is not readable by this pdserve (it reads version "
              f"{PROFILE_VERSION}); re-run `pdserve profile` to write a current one")
     return Profile(
@@ -455,11 +289,11 @@ def profile_from_dict(data: dict[str, Any]) -> Profile:
 
 
 def _wide(data: Any) -> tuple[WideEngine, ...]:
-    _require(isinstance(data, (list, tuple)), "profile.wide must be a list of {devices, prefill, decode}")
+    require(isinstance(data, (list, tuple)), "profile.wide must be a list of {devices, prefill, decode}")
     engines = []
     for i, entry in enumerate(data):
         where = f"profile.wide[{i}]"
-        _require(isinstance(entry, dict) and set(entry) == {"devices", "prefill", "decode"},
+        require(isinstance(entry, dict) and set(entry) == {"devices", "prefill", "decode"},
                  f"{where} must be an object with exactly the keys devices, prefill, decode")
         try:
             engines.append(WideEngine(entry["devices"], _rows(PrefillSample, entry, "prefill"),

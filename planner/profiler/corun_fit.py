@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from planner.profile import CORUN_RANGE
+from planner.serving_costs import CORUN_RANGE
 
 
 @dataclass(frozen=True)

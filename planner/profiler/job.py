@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -39,7 +39,6 @@ from planner.profile import (
     ModelInfo,
     PrefillSample,
     Profile,
-    ServingCosts,
     TransferSample,
     WideEngine,
     save_profile,
@@ -48,7 +47,9 @@ from planner.profiler.host import hardware_info, model_info
 from planner.profiler.plan import ProfilePlan, make_plan
 from planner.profiler.second_look import SECOND_LOOKS, kept_s, rows_off_the_fit
 from planner.profiler.spread import spread_summary
+from planner.profiler.stream_fit import kept_batch_runs, served_step_error
 from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
+from planner.serving_costs import ServingCosts
 
 
 @dataclass(frozen=True)
@@ -373,6 +374,8 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
             console.print("  " + prompt_cpu, markup=False)
         console.print(f"  engines on the two workers' cores together: a prompt {serving.corun_prefill_stretch:.3f}x its"
                       f" time alone, a decode step {serving.corun_decode_stretch:.3f}x", markup=False)
+        if line := served_step_line(serving, m, profile.decode):
+            console.print("  " + line, markup=False)
         for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
             if spread:
                 console.print(f"  spread of the {name} around its median: {spread_summary(spread)}", markup=False)
@@ -380,11 +383,29 @@ def _report(console: Console, profile: Profile, fit: FitReport) -> None:
         console.print(f"  vLLM's own server around the wide engine: first token +{server.first_token_s * 1e3:.2f} ms,"
                       f" decode step +{server.decode_step_s * 1e3:.2f} ms + {server.decode_cpu_s_per_token * 1e6:.0f}"
                       " us/token of the batch", markup=False)
+        if profile.wide and (line := served_step_line(server, dict(m.wide)[profile.wide[0].devices], profile.wide[0].decode,
+                                                      server.host_cores or profile.wide[0].devices)):
+            console.print("  vLLM's server: " + line, markup=False)
 
 
 def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: float) -> None:
     table.add_row(phase, point, f"{measured_s * 1e3:.3f}", f"{fitted_s * 1e3:.3f}",
                   f"{(fitted_s - measured_s) / measured_s:+.1%}")
+
+
+def served_step_line(serving: ServingCosts, model: PerfModel, engine_rows: Sequence[DecodeSample],
+                     engine_cores: float = 1.0) -> str:
+    """What serving adds to the decode step at each batch measured, and how far each form charges
+    the runs it was measured on (`stream_fit.served_step_error`), or "" where no table was kept."""
+    if not (serving.served_step_extra_s and serving.served_batch_runs):
+        return ""
+    runs = kept_batch_runs(serving)
+    table = served_step_error(runs, model, serving, True, engine_rows, engine_cores)
+    line = served_step_error(runs, model, serving, False, engine_rows, engine_cores)
+    points = ", ".join(f"b{batch:g} +{extra_s * 1e3:.2f}" for batch, extra_s in serving.served_step_extra_s)
+    return (f"served decode step over the engine's, by batch (ms): {points}; the line {serving.decode_step_s * 1e3:.2f}"
+            f" ms + {serving.decode_cpu_s_per_token * 1e6:.0f} us x batch misses these runs by {line:.1%} on average,"
+            f" the table interpolated by {table:.1%} (the simulator charges the line; `--served-step table` the table)")
 
 
 def serving_prompt_cpu_line(serving: ServingCosts, per_tokens: int = 1000) -> str:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.perf_model import PerfModel
-from planner.profile import ServingCosts
 from planner.profiler.plan import QUICK_BATCHES as QUICK_ENGINE_BATCHES
 from planner.profiler.stream_fit import BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS
+from planner.serving_costs import ServingCosts
 
 SHORT_OUTPUT, LONG_OUTPUT = 2, 32
 # decode batch sizes the served steps are fitted on, each run BATCH_REPEATS times (one run is noisy);

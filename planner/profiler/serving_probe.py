@@ -1,4 +1,4 @@
-"""What serving adds around the engines (`planner.profile.ServingCosts`), measured on a real
+"""What serving adds around the engines (`planner.serving_costs.ServingCosts`), measured on a real
 1P+1D local cluster against an engine-only fit of the same engine settings.
 
 - Latencies, from lone requests sent one at a time, `LONE_PAUSE_S` apart (nothing queues, and the
@@ -31,8 +31,11 @@
 - Decode steps as served, from batches of B requests sent at once (B in `BATCHES`): the median
   gap between tokens over the late half of the window in which all B decode together
   (`stream_fit.settled_window`: past the handoffs, at the longest context the run holds), net of
-  the engine-only step and of the host's stretch, fits served(B) - engine(B) = decode_step_s +
-  decode_cpu_s_per_token * B. engine(B) is the engine table's own row at batch B and the same
+  the engine-only step and of the host's stretch, is kept at each B (`served_step_extra_s`: the
+  median of B's runs, which the simulator interpolates) and fitted as served(B) - engine(B) =
+  decode_step_s + decode_cpu_s_per_token * B (the router's linear cost model's form; a line through
+  it misses its own runs by -10..+31% on an AMX Xeon: a fixed part at small B, then a steeper rise
+  as the router's core fills). engine(B) is the engine table's own row at batch B and the same
   short prompts (`plan.SHORT_CONTEXT`), not
   the fit: where the fit misses the engine, the miss would be read as serving cost and then
   charged again on top of the fit at every other context (on `bench` it tripled the per-token
@@ -64,13 +67,15 @@ from dataclasses import dataclass, replace
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
-from planner.profile import DecodeSample, ServingCosts
+from planner.profile import DecodeSample
 from planner.profiler.serving_fit import (LONG_OUTPUT, SHORT_OUTPUT, CpuRun, LoneLatencies, ServingPlan, cpu_terms,
                                           long_prompt_requests, serving_plan, steady_rate)
 from planner.profiler.spread import spread_of
 from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, BatchRun, NoCommonWindow,
                                          ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
-                                         fit_served_steps, kept_row, stream_cpu_terms)
+                                         fit_served_steps, kept_row, served_extra_by_batch,
+                                         served_residuals_s, stream_cpu_terms)
+from planner.serving_costs import ServingCosts
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
 
@@ -344,9 +349,11 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
     stream = stream_cpu_terms(runs, idle_cores.get("host", 0.0), idle_cores.get("router", 0.0), router_cpu_s_per_request)
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows,
                                                              stream, engine_cores)
+    residuals_s = served_residuals_s(runs, model, host.host_cores, stream, engine_rows, engine_cores)
     return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs),
                        stream.router_per_token_s, stream.host_per_step_s, stream.router_per_step_s,
-                       tuple(kept_row(run) for run in runs))
+                       tuple(kept_row(run) for run in runs),
+                       served_extra_by_batch([run.batch for run in runs], residuals_s))
 
 
 def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, str], model: PerfModel,
@@ -373,12 +380,14 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                                      cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance,
                                      idle_cores=idle)
     lone_prompt = statistics.median(plan.prompt_tokens)  # the lone latencies are medians over these
-    return replace(cpu, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt)),
-                   handoff_s=max(0.0, lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt) - steps.decode_step_s
-                                 - steps.decode_cpu_s_per_token),
-                   decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
-                   host_cpu_s_per_token=steps.host_cpu_s_per_token,
-                   router_cpu_s_per_token=steps.router_cpu_s_per_token,
-                   host_cpu_s_per_step=steps.host_cpu_s_per_step, router_cpu_s_per_step=steps.router_cpu_s_per_step,
-                   first_token_spread_s=lone.first_token_spread_s, decode_step_spread_s=steps.spread_s,
-                   served_batch_runs=steps.batch_runs)
+    served = replace(cpu, decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
+                     host_cpu_s_per_token=steps.host_cpu_s_per_token,
+                     router_cpu_s_per_token=steps.router_cpu_s_per_token,
+                     host_cpu_s_per_step=steps.host_cpu_s_per_step, router_cpu_s_per_step=steps.router_cpu_s_per_step,
+                     decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
+                     served_step_extra_s=steps.extra_by_batch)
+    # the lone handoff held the request's first decode step alone: what serving adds to it is charged there
+    return replace(served, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt)),
+                   handoff_s=max(0.0, lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt)
+                                 - served.decode_serving_s(1, by_batch=False)),
+                   first_token_spread_s=lone.first_token_spread_s)

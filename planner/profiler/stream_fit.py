@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.perf_model import PerfModel
-from planner.profile import DecodeSample, ServingCosts
+from planner.profile import DecodeSample
 from planner.profiler.plan import SHORT_CONTEXT
+from planner.serving_costs import ServingCosts
 
 # A batched run's outputs are long enough that its steps are read where the batch has settled and
 # its context is what served requests decode at: over the late half of the window in which all
@@ -220,8 +221,7 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
     import numpy as np
 
     stream = stream or stream_cpu_terms(runs, router_cpu_s_per_request=router_cpu_s_per_request)
-    residuals = [run.step_s / stream.decode_stretch(run.tokens_per_s, run.batch, host.host_cores, engine_cores)
-                 - engine_step_s(run.batch, run.context_tokens, model, engine_rows) for run in runs]
+    residuals = served_residuals_s(runs, model, host.host_cores, stream, engine_rows, engine_cores)
     batches = np.array([run.batch for run in runs], dtype=float)
     if len(set(batches)) < 2:   # one batch size measured: no slope to fit, all of it per step
         return max(0.0, float(np.mean(residuals))), 0.0, stream.host_per_token_s
@@ -229,6 +229,39 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
     if slope < 0:  # per-token serving cost cannot be negative: the mean residual is all per step
         slope, intercept = 0.0, float(np.mean(residuals))
     return max(0.0, float(intercept)), float(slope), stream.host_per_token_s
+
+
+def served_residuals_s(runs: Sequence[BatchRun], model: PerfModel, host_cores: int, stream: StreamCpu,
+                       engine_rows: Sequence[DecodeSample] = (), engine_cores: float = 1.0) -> list[float]:
+    """What serving added to each run's engine step: its served step over the host's stretch (as
+    `fit_served_steps` says) minus `engine_step_s`, in seconds (negative where the engine's own
+    step measured slower than served: noise)."""
+    return [run.step_s / stream.decode_stretch(run.tokens_per_s, run.batch, host_cores, engine_cores)
+            - engine_step_s(run.batch, run.context_tokens, model, engine_rows) for run in runs]
+
+
+def served_extra_by_batch(batches: Sequence[float], residuals_s: Sequence[float]) -> tuple[tuple[float, float], ...]:
+    """`ServingCosts.served_step_extra_s` from each run's batch and residual (`served_residuals_s`):
+    per batch, the median of its runs' residuals, at least 0, in ascending batch. Pure."""
+    if len(batches) != len(residuals_s):
+        raise ValueError(f"{len(batches)} batches but {len(residuals_s)} residuals")
+    by_batch: dict[float, list[float]] = {}
+    for batch, residual in zip(batches, residuals_s):
+        by_batch.setdefault(float(batch), []).append(residual)
+    return tuple((batch, max(0.0, statistics.median(values))) for batch, values in sorted(by_batch.items()))
+
+
+def served_step_error(runs: Sequence[BatchRun], model: PerfModel, costs: ServingCosts, by_batch: bool,
+                      engine_rows: Sequence[DecodeSample] = (), engine_cores: float = 1.0) -> float:
+    """The mean |error| of what `costs` charge for each run's served step (its engine step plus
+    `ServingCosts.decode_serving_s`, by batch or the line, stretched as `fit_served_steps`
+    stretches it) against the step measured: that form's fit error."""
+    stream = StreamCpu.of(costs)
+    errors = [abs((engine_step_s(run.batch, run.context_tokens, model, engine_rows)
+                   + costs.decode_serving_s(run.batch, by_batch))
+                  * stream.decode_stretch(run.tokens_per_s, run.batch, costs.host_cores, engine_cores) / run.step_s - 1)
+              for run in runs]
+    return statistics.mean(errors) if errors else 0.0
 
 
 def unbound_cpu_per_token(runs: Sequence[BatchRun], router_cpu_s_per_request: float) -> tuple[float, float]:
@@ -257,6 +290,7 @@ class ServedSteps:
     host_cpu_s_per_step: float = 0.0     # per decode step that streams (`stream_cpu_terms`)
     router_cpu_s_per_step: float = 0.0   # the router's part of it
     batch_runs: tuple[tuple[float, float, float, float], ...] = ()
+    extra_by_batch: tuple[tuple[float, float], ...] = ()  # `served_extra_by_batch`
 
 
 def kept_row(run: BatchRun) -> tuple[float, float, float, float]:
@@ -277,3 +311,15 @@ def batch_output_attempts(max_output_tokens: int, attempts: int = 3) -> list[int
     """The output lengths a batched run tries: BATCH_OUTPUT_TOKENS, then doubled, within the context."""
     lengths = [BATCH_OUTPUT_TOKENS * 2 ** i for i in range(attempts)]
     return [n for n in lengths if n <= max_output_tokens] or [max(2, max_output_tokens)]
+
+
+def with_served_table(costs: ServingCosts, model: PerfModel, engine_rows: Sequence[DecodeSample] = (),
+                      engine_cores: float = 1.0) -> ServingCosts:
+    """`costs` with `served_step_extra_s` fitted again from the batched runs it kept
+    (`kept_batch_runs`), as `pdserve profile` fits it now (the line and every other term as they
+    were); `costs` unchanged where it kept no runs. Pure."""
+    if not costs.served_batch_runs:
+        return costs
+    runs = kept_batch_runs(costs)
+    residuals = served_residuals_s(runs, model, costs.host_cores, StreamCpu.of(costs), engine_rows, engine_cores)
+    return replace(costs, served_step_extra_s=served_extra_by_batch([run.batch for run in runs], residuals))

@@ -23,7 +23,9 @@ table:
 - `decode_step_s`, `decode_cpu_s_per_token`: B streams sent at once, the median gap between a
   stream's tokens once all B decode (`stream_fit.settled_window`, as the cluster probe), minus
   the wide engine's step at B (its own table row) and what the host model charges the streams'
-  CPU there (an engine over every core: the front end's load holds the whole step), fits a + b * B (`stream_fit.fit_served_steps`); their spread.
+  CPU there (an engine over every core: the front end's load holds the whole step), fits a + b * B
+  (`stream_fit.fit_served_steps`) and keeps the median at each B (`served_step_extra_s`, what the
+  simulator charges); their spread.
 Each batch size runs `BATCH_REPEATS` times, twice the cluster probe's: on an AVX-512 EPYC one run's
 median gap sat either 1-3 or 6-8 ms above the engine's step, run to run at the same batch (probably
 where the floating API process lands against the engine's threads), so a few runs fit one mode or
@@ -42,12 +44,13 @@ from dataclasses import replace
 from loadgen.proc_cpu import cpu_seconds
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
-from planner.profile import DecodeSample, ServingCosts
+from planner.profile import DecodeSample
 from planner.profiler.serving_fit import ServingPlan, serving_plan
 from planner.profiler.serving_probe import (StreamWindowReader, UnboundCpu, by_length, lone_runs, measure_served_steps,
                                             steady_cpu)
 from planner.profiler.spread import spread_of
 from planner.profiler.stream_fit import BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, batch_run_of
+from planner.serving_costs import ServingCosts
 
 BATCH_REPEATS = 4  # runs of each batch size (see the module's doc)
 
@@ -148,7 +151,8 @@ def measure_server_at(url: str, model: PerfModel, engine_rows: Sequence[DecodeSa
                    decode_cpu_s_per_token=steps.decode_cpu_s_per_token, host_cpu_s_per_token=steps.host_cpu_s_per_token,
                    router_cpu_s_per_token=steps.router_cpu_s_per_token, host_cpu_s_per_step=steps.host_cpu_s_per_step,
                    router_cpu_s_per_step=steps.router_cpu_s_per_step, first_token_spread_s=first_spread,
-                   decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs)
+                   decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
+                   served_step_extra_s=steps.extra_by_batch)
 
 
 def vllm_server_steps(max_model_len: int, max_num_seqs: int, quick: bool) -> int:

@@ -10,12 +10,14 @@ from typing import Literal
 
 from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
-from planner.profile import Profile, ServingCosts
+from planner.profile import Profile
+from planner.serving_costs import ServingCosts
 from planner.simulator.host import ROUTER_CHARGES
 from router.policies.placement import CostModel, PlacementConfig
 from router.scheduler import SloTargets
 
 DecodePick = Literal["handoff", "arrival"]
+SERVED_STEP_FORMS = ("line", "table")  # `SimSettings.served_step`
 _LABEL = re.compile(r"(?:(?P<colocated>\d+)C(?:x(?P<width>\d+))?"
                     r"|(?P<prefill>\d+)P\+(?P<decode>\d+)(?P<kind>[DH])(?:/(?P<cap>\d+))?)"
                     r"(?:@(?P<budget>\d+))?")
@@ -208,7 +210,10 @@ class SimSettings:
       router's core" says what shorter windows do to the validations);
     - `router_cpu_charge`: where the router bound to the prefill instances' cores puts its CPU:
       "window" (a load over `host_window_s` that stretches the steps there) or "backlog" (work
-      queued on those cores that the steps starting there share, `planner.simulator.host.RouterBacklog`).
+      queued on those cores that the steps starting there share, `planner.simulator.host.RouterBacklog`);
+    - `served_step`: what serving adds to a decode step: "line" (the profile's fitted line) or
+      "table" (its measured extra by batch, interpolated, where the profile has it;
+      `ServingCosts.decode_serving_s`).
     """
 
     token_budget: int
@@ -223,6 +228,7 @@ class SimSettings:
     spread_seed: int = 0
     host_window_s: float = 0.5
     router_cpu_charge: str = "window"
+    served_step: str = "line"
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -232,6 +238,8 @@ class SimSettings:
         if self.router_cpu_charge not in ROUTER_CHARGES:
             raise SimulationError(f"SimSettings.router_cpu_charge must be one of {ROUTER_CHARGES}, "
                                   f"got {self.router_cpu_charge!r}")
+        if self.served_step not in SERVED_STEP_FORMS:
+            raise SimulationError(f"SimSettings.served_step must be one of {SERVED_STEP_FORMS}, got {self.served_step!r}")
         if not self.host_window_s > 0:
             raise SimulationError(f"SimSettings.host_window_s must be > 0, got {self.host_window_s!r}")
         if self.decode_pick not in ("handoff", "arrival"):

@@ -11,7 +11,9 @@ and k = the token budget (chunk size):
   the first pays the step's overhead again (per_chunk_s = a) and its queries over the earlier
   chunks (per_prior_unit_s = e), as `PerfModel.prefill_s(n, k)` says;
 - decode step: step_fixed_s = step + served step overhead; step_per_seq_s = per_seq + per context
-  token x c + served CPU per token (the context term at the mean context; a knee is not kept);
+  token x c + served CPU per token (the context term at the mean context; a knee is not kept; the
+  served terms are the profile's line, `ServingCosts.decode_step_s` and `decode_cpu_s_per_token`,
+  where the simulator's own steps charge its table by batch);
 - KV transfer: transfer_fixed_s = latency + served handoff; transfer_per_token_s = KV bytes per
   token / bandwidth (of the planned transport);
 - local_interference_per_decode: what one running decode adds to each of the ceil(n/k) steps of a

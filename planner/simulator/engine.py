@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from planner.perf_model import PerfModel
-from planner.profile import ServingCosts
+from planner.serving_costs import ServingCosts
 from planner.simulator.cost import cost_model_from
 from planner.simulator.config import SimSettings, SimulationError, Topology
 from planner.simulator.host import HostCpu

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from planner.profile import ServingCosts
+from planner.serving_costs import ServingCosts
 
 MAX_STOLEN = 0.9  # the share of a busy core the host's load may take (keeps the model finite)
 REQUEST_MOMENTS = 3  # arrival, handoff, end: a request's CPU in the router and the client is spread over them

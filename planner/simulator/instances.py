@@ -204,7 +204,7 @@ class DecodeInstance:
             return None
         size, serving = self.batch.size, self._settings.serving
         duration = jittered(stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
-                                       + serving.decode_step_s + size * serving.decode_cpu_s_per_token
+                                       + serving.decode_serving_s(size, self._settings.served_step == "table")
                                        + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step)),
                            extra_s)
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
@@ -282,8 +282,7 @@ class ColocatedInstance:
         duration = stretch * corun[0 if work.tokens else 1] * (
             self._model.mixed_step_s(work.tokens, work.attention_units, self.batch.size, self.batch.context_tokens,
                                      work.prior_units)
-            + (s.serving.decode_step_s if self.batch.size else 0.0)
-            + self.batch.size * s.serving.decode_cpu_s_per_token
+            + s.serving.decode_serving_s(self.batch.size, s.served_step == "table")
             + sum(s.serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step))
         if self.batch.size:
             duration = jittered(duration, extra_s)

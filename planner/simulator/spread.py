@@ -15,7 +15,7 @@ import random
 
 import numpy as np
 
-from planner.profile import ServingCosts
+from planner.serving_costs import ServingCosts
 
 MIN_STEP_SHARE = 0.25  # a draw may shorten a step to this share of its modelled duration, no less
 

@@ -12,9 +12,10 @@ import pytest
 from planner.perf_model import fit_perf_model
 from pdserve.dtype_probe import cached_decision
 from pdserve.engine import native_dtype
-from planner.profile import CORUN_RANGE, DTYPE_BYTES, load_profile
+from planner.profile import DTYPE_BYTES, load_profile
 from planner.profiler.corun_fit import chargeable_stretch
 from planner.profiler.plan import make_plan
+from planner.serving_costs import CORUN_RANGE
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from bench_scripts import bench_functions, bench_help
 
-from planner.profile import ServingCosts
+from planner.serving_costs import ServingCosts
 
 CHUNKED = bench_functions("chunked_prefill.py")
 STREAM = bench_functions("stream_cpu.py")

@@ -62,7 +62,7 @@ def test_a_server_without_a_router_takes_every_request_in_arrival_order():
 
 
 def test_vllm_s_server_is_charged_its_own_serving_costs_when_the_profile_measured_them():
-    from planner.profile import ServingCosts
+    from planner.serving_costs import ServingCosts
 
     pdserve_costs = ServingCosts(decode_step_s=0.001, host_cores=2, host_cpu_s_per_token=1e-4)
     vllm_costs = ServingCosts(first_token_s=0.02, decode_step_s=0.008)

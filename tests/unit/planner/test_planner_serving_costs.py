@@ -5,10 +5,13 @@ round-number model (prefill step 0.1 + 0.001*tokens + 1e-6*units, decode step 0.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from planner_testkit import ROUND_MODEL, round_settings, spec
 
-from planner.profile import ProfileError, ServingCosts
+from planner.profile import ProfileError
+from planner.serving_costs import ServingCosts
 from planner.simulator import SimulationError, Topology, simulate
 from planner.simulator.host import HostCpu, RouterBacklog, stretch_for_load, stretch_for_loads
 
@@ -354,3 +357,51 @@ def test_the_backlog_charge_moves_only_a_bound_routers_per_request_cpu_and_is_a_
         HostCpu(costs, router_charge="later")
     with pytest.raises(SimulationError, match="router_cpu_charge"):
         round_settings(router_cpu_charge="later")
+
+
+def test_the_served_extra_is_interpolated_between_the_batches_measured_and_extended_past_them():
+    from planner.serving_costs import interpolated_extra_s
+
+    table = ((1.0, 0.0004), (4.0, 0.0007), (16.0, 0.001), (64.0, 0.009))
+    assert interpolated_extra_s(table, 1) == pytest.approx(0.0004, **EXACT)
+    assert interpolated_extra_s(table, 0.5) == pytest.approx(0.0004, **EXACT)   # below the first: the first's
+    assert interpolated_extra_s(table, 2) == pytest.approx(0.0005, **EXACT)     # a third of the way to 4
+    assert interpolated_extra_s(table, 40) == pytest.approx(0.005, **EXACT)     # halfway from 16 to 64
+    assert interpolated_extra_s(table, 96) == pytest.approx(0.0143333333333, rel=1e-9)  # the last line: 1/6 ms a seq
+    falling = ((1.0, 0.002), (2.0, 0.001))
+    assert interpolated_extra_s(falling, 10) == 0.0   # extended below zero: none
+    assert interpolated_extra_s(((8.0, 0.003),), 64) == 0.003   # one batch measured: its extra at every batch
+    with pytest.raises(ValueError, match="no points"):
+        interpolated_extra_s((), 1)
+
+
+def test_the_served_step_charges_the_table_by_batch_where_asked_and_the_profile_has_one_else_the_line():
+    line = ServingCosts(decode_step_s=0.0002, decode_cpu_s_per_token=0.001)
+    assert line.decode_serving_s(4, by_batch=False) == pytest.approx(0.0042, **EXACT)
+    assert line.decode_serving_s(4, by_batch=True) == pytest.approx(0.0042, **EXACT)   # no table: the line
+    table = replace(line, served_step_extra_s=[[1, 0.0005], [8, 0.0012]])   # as JSON gives it
+    assert table.served_step_extra_s == ((1.0, 0.0005), (8.0, 0.0012))
+    assert table.decode_serving_s(4, by_batch=True) == pytest.approx(0.0008, **EXACT)
+    assert table.decode_serving_s(4, by_batch=False) == pytest.approx(0.0042, **EXACT)
+    assert table.decode_serving_s(0, True) == line.decode_serving_s(0, False) == 0.0   # no batch, no step
+    for bad in ([[0, 0.001]], [[4, -0.001]], [[4, 0.001], [2, 0.002]], [[4, 0.001], [4, 0.002]], [[4]], 3):
+        with pytest.raises(ProfileError, match="served_step_extra_s"):
+            ServingCosts(served_step_extra_s=bad)
+
+
+def test_a_decode_step_with_a_served_table_reproduces_a_hand_schedule():
+    # as the first hand schedule, the line 0.0002 + 0.001 x batch replaced by a table whose batch 1 is 0.0032
+    costs = ServingCosts(first_token_s=0.004, handoff_s=0.003, decode_step_s=0.0002, decode_cpu_s_per_token=0.001,
+                         decode_cpu_s_per_request=0.0005, prefill_cpu_s_per_request=0.002,
+                         served_step_extra_s=((1, 0.0032), (4, 0.004)))
+    settings = replace(round_settings(serving=costs), served_step="table")
+    t = simulate([spec(0.0, 50, 3)], Topology.disaggregated(1, 1), settings, ROUND_MODEL).timeline
+    assert t["transfer_end_s"].tolist() == pytest.approx([0.2125], **EXACT)
+    # decode steps: 0.015 + 1e-4 * (51, 52) + 0.0032 (+ 0.0005 as it joins) -> 0.0238, 0.0234
+    assert t["first_decode_token_s"].tolist() == pytest.approx([0.2363], **EXACT)
+    assert t["finish_s"].tolist() == pytest.approx([0.2597], **EXACT)
+    # the simulator's own form is the line: the first hand schedule's steps
+    line = simulate([spec(0.0, 50, 3)], Topology.disaggregated(1, 1), round_settings(serving=costs), ROUND_MODEL)
+    assert line.timeline["finish_s"].tolist() == pytest.approx([0.2557], **EXACT)
+    with pytest.raises(SimulationError, match="served_step"):
+        replace(settings, served_step="curve")

@@ -10,10 +10,10 @@ import pytest
 from planner_testkit import ROUND_MODEL
 
 from loadgen.proc_cpu import cpu_seconds, process_tree
-from planner.profile import ServingCosts
 from planner.profiler.serving_fit import (CpuRun, cpu_terms, long_prompt_requests, long_prompt_tokens, serving_plan,
                                           solve_per_prompt_token, solve_per_request_and_token)
 from planner.profiler.stream_fit import BatchRun
+from planner.serving_costs import ServingCosts
 
 
 def test_per_request_and_per_token_cpu_solve_exactly_through_two_runs():

@@ -2,14 +2,16 @@
 CPU per streaming step and token, the served decode step over the engine's, and the windows a
 batched run is read in, on plain values."""
 
+import statistics
 from dataclasses import replace
 
 import pytest
 from planner_testkit import ROUND_MODEL
 
-from planner.profile import DecodeSample, ServingCosts
+from planner.profile import DecodeSample
 from planner.profiler.stream_fit import (BatchRun, StreamCpu, StreamWindow, engine_step_s, fit_served_steps,
                                          nonnegative_lstsq, stream_cpu_terms, usable_window)
+from planner.serving_costs import ServingCosts
 from planner.simulator.host import stretch_for_load
 
 
@@ -247,3 +249,58 @@ def test_the_runs_a_profile_keeps_refit_to_the_terms_fitted_when_measured(tmp_pa
         ServingCosts(served_batch_runs=[[0, 0.01, 10, 100]])   # a batch of none
     with pytest.raises(ProfileError, match="served_batch_runs"):
         ServingCosts(served_batch_runs=[[4, 0.01, 10]])
+
+
+def test_the_served_extra_is_kept_per_batch_as_the_median_of_its_runs_and_never_below_zero():
+    from planner.profiler.stream_fit import served_extra_by_batch
+
+    table = served_extra_by_batch([4, 1, 4, 1, 4, 64], [0.002, 0.0004, 0.001, 0.0002, 0.0009, -0.001])
+    assert [b for b, _ in table] == [1.0, 4.0, 64.0]
+    assert [s for _, s in table] == pytest.approx([0.0003, 0.001, 0.0])
+    with pytest.raises(ValueError, match="2 batches but 1"):
+        served_extra_by_batch([1, 4], [0.001])
+
+
+def convex_runs(host: ServingCosts) -> tuple[list[BatchRun], dict[int, float]]:
+    """Runs whose serving extra is a fixed part and then grows faster than the batch (as measured
+    on an AMX Xeon: 0.4 ms at batch 1, 8.7 at 64), two per batch, on an idle host (stretch 1)."""
+    extra = {1: 0.0004, 4: 0.0005, 8: 0.0006, 16: 0.001, 32: 0.003, 64: 0.009}
+    runs = [batch_run(b, ROUND_MODEL.decode_step_s(b, b * 40) + extra_s * factor)
+            for b, extra_s in extra.items() for factor in (0.9, 1.1)]
+    return runs, extra
+
+
+def test_a_table_by_batch_charges_a_convex_extra_where_a_line_through_it_misses():
+    from planner.profiler.stream_fit import served_extra_by_batch, served_residuals_s, served_step_error
+
+    host = ServingCosts(host_cores=0)   # the host not modelled: every stretch is 1
+    runs, extra = convex_runs(host)
+    residuals = served_residuals_s(runs, ROUND_MODEL, host.host_cores, StreamCpu.of(host))
+    table = served_extra_by_batch([run.batch for run in runs], residuals)
+    assert [b for b, _ in table] == list(extra)
+    assert [s for _, s in table] == pytest.approx(list(extra.values()))   # the two runs' mean is the median
+    step_s, per_token_s, _ = fit_served_steps(runs, ROUND_MODEL, host)
+    line = replace(host, decode_step_s=step_s, decode_cpu_s_per_token=per_token_s)
+    by_table = served_step_error(runs, ROUND_MODEL, replace(line, served_step_extra_s=table), by_batch=True)
+    by_line = served_step_error(runs, ROUND_MODEL, line, by_batch=False)
+    # the table misses each run by its own scatter around the batch's median (|0.1 x extra| over the step)
+    scatter = statistics.mean(0.1 * s / (ROUND_MODEL.decode_step_s(b, b * 40) + s * f)
+                              for b, s in extra.items() for f in (0.9, 1.1))
+    assert by_table == pytest.approx(scatter, rel=1e-9)
+    assert by_line > 2 * by_table
+
+
+def test_a_profile_measured_with_a_line_is_refitted_to_a_table_and_nothing_else_changes():
+    from planner.profiler.stream_fit import kept_row, with_served_table
+
+    host = ServingCosts(host_cores=0)
+    runs, extra = convex_runs(host)
+    step_s, per_token_s, _ = fit_served_steps(runs, ROUND_MODEL, host)
+    old = replace(host, decode_step_s=step_s, decode_cpu_s_per_token=per_token_s, handoff_s=0.005,
+                  served_batch_runs=tuple(kept_row(run) for run in runs))
+    new = with_served_table(old, ROUND_MODEL)
+    assert [b for b, _ in new.served_step_extra_s] == [1, 4, 8, 16, 32, 64]
+    assert new.decode_serving_s(1, by_batch=True) == pytest.approx(extra[1])
+    assert new.decode_serving_s(1, by_batch=False) == old.decode_serving_s(1, by_batch=False)   # the line as it was
+    assert replace(new, served_step_extra_s=()) == old   # and every other term
+    assert with_served_table(host, ROUND_MODEL) is host   # nothing kept, nothing to refit

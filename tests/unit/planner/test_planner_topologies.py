@@ -10,7 +10,7 @@ import pytest
 from planner_testkit import ROUND_MODEL, round_settings, spec
 
 from planner.perf_model import PrefillCoeffs
-from planner.profile import ServingCosts
+from planner.serving_costs import ServingCosts
 from planner.simulator import RouterSettings, SimulationError, Topology, cost_model_from, simulate
 from router.policies.placement import PlacementConfig
 

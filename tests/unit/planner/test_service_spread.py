@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from planner_testkit import ROUND_MODEL, round_settings, spec
 
-from planner.profile import ProfileError, ServingCosts, load_profile, save_profile
+from planner.profile import ProfileError, load_profile, save_profile
 from planner.profiler.spread import MIN_SAMPLES, deviations_from_median, quantile_points, spread_of
+from planner.serving_costs import ServingCosts
 from planner.simulator import Topology, simulate
 from planner.simulator.spread import MIN_STEP_SHARE, ServiceSpread, jittered
 

@@ -13,7 +13,7 @@ from planner_testkit import ROUND_MODEL, round_settings, spec
 
 from loadgen.runner import RequestRecord
 from loadgen.targets.base import PhaseTimings
-from planner.profile import ServingCosts
+from planner.serving_costs import ServingCosts
 from planner.simulator import Topology, simulate
 from planner.validation_phases import PHASES, measured_phases, phase_rows, simulated_phases
 

@@ -1,0 +1,213 @@
+"""What serving adds around the engines (`ServingCosts`), the `serving` (and `vllm_server`) section
+of a profile: measured by `pdserve profile --through cluster` (`planner.profiler.serving_probe`),
+charged by the simulator around the engine's own step times."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Sequence
+
+from planner.profile_checks import require
+
+
+@dataclass(frozen=True)
+class ServingCosts:
+    """What serving adds around the engines, measured through a real 1P+1D cluster
+    (`pdserve profile --through cluster`); all zero in an engine-only profile.
+
+    Latencies, which hold no engine:
+    - `first_token_s`: added to every request's first token: the router, the gRPC hops and the
+      prefill worker's API process, the prompt in and the token back;
+    - `handoff_s`: from the prefill engine's first token until the decode engine has the request
+      (the router's Decode RPC, the decode worker's API process), on top of the KV transfer.
+    Decode steps as served, measured on batches decoding together: what the worker's engine core
+    and API process, on the model runner's core, add to the engine's step (`decode_serving_s`):
+    - `decode_step_s` + `decode_cpu_s_per_token` x batch: a line fitted on batched runs (per step,
+      a wake-up for the step's outputs; per token of the batch, each stream's message): what the
+      simulator charges by default, the router's linear cost model (`planner.simulator.cost`)
+      takes, and a lone handoff (`handoff_s`) was netted of at batch 1;
+    - `served_step_extra_s`: the same runs at each batch measured, (batch, seconds over the
+      engine's step), the median of that batch's runs net of the host's stretch
+      (`stream_fit.served_extra_by_batch`), which the simulator interpolates with
+      `SimSettings.served_step` "table"; () in a profile measured before it was kept. The extra is
+      not a line (BENCHMARKS, "The served step by batch"): a fixed part at batches 1-4, then rising
+      faster than the batch as the router's core fills; a line through it missed its own runs by
+      -10..+31% on an AMX Xeon, the table by 4%. Charged in a loaded cluster, the line's excess at
+      mid batches stood in for a slowdown the idle runs do not see, and the table did not predict
+      the validations better (same section): the line stays the default.
+    CPU on a worker's own cores, which stretches that worker's engine steps:
+    - `decode_cpu_s_per_request`: the decode worker's API process per request (its Decode RPC,
+      admission);
+    - `prefill_cpu_s_per_request`: the prefill worker's, per request.
+    Each `*_cpu_s_per_request` term has a `*_cpu_s_per_prompt_token` beside it: the prompt's token
+    ids cross every process (the router's placement and Prefill RPC, the prefill worker's request
+    into vLLM, the Decode RPC), so a 1.4k-token prompt costs each several ms more CPU than a
+    128-token one. 0 in a profile measured before it was (the per-request terms then hold the
+    cost at the profile's 128-token CPU-run prompts). `*_request_cpu_s(prompt_tokens)` adds both.
+    CPU of the processes bound to no worker (the router; a client on the same host), which takes
+    whatever core is free and otherwise stretches the engines' steps:
+    - `host_cpu_s_per_token` and `host_cpu_s_per_step`: per token streamed and per decode step that
+      streams any (a step's outputs wake the router and the client once, whatever the batch: at
+      batch 1 the wake-up is most of a token's cost, at 64 little of it), fitted together over the
+      batched runs' steady windows (`stream_fit.stream_cpu_terms`); in a profile measured before
+      (per step 0) the per-token term alone, measured at the largest batch;
+    - `host_cpu_s_per_request`;
+    - `host_cores`: the cores every process shares (0: the host is not modelled);
+    - `router_cpu_s_per_token`, `router_cpu_s_per_step`, `router_cpu_s_per_request`, `router_cpu_s_per_prompt_token`: the
+      router's own part of the host terms above. Where the router is bound to the prefill workers' cores (`pdserve up`'s default
+      for a cluster with a prefill pool apart from its decode workers:
+      `launch.commands.router_cores_for`), that part runs there and stretches only their steps, and
+      the rest (the client) goes wherever a core is free; elsewhere all of it floats. 0 (a profile
+      measured before the router was measured apart): all of it floats.
+    The spread around those medians (`planner.profiler.spread`: deviations in seconds at equally
+    spaced quantiles, ascending; () when not measured, and the simulator then charges the medians):
+    - `first_token_spread_s`: of lone requests' first token, within each prompt length;
+    - `decode_step_spread_s`: of the gaps between a request's tokens while a batch decodes
+      together, within each batched run.
+    Engines on different cores slowing each other (`planner.profiler.corun_probe`: shared caches,
+    memory bandwidth, SMT siblings sold as two vCPUs), as a ratio of an engine's time while another
+    engine steps on the other worker's cores to its time alone (1: none measured, or none):
+    - `corun_prefill_stretch`: of a prompt computed beside a decoding engine;
+    - `corun_decode_stretch`: of a decode step beside an engine computing prompts.
+    Kept as measured (the median over rounds); the simulator takes a ratio below 1 as 1 (noise).
+    What the served step was fitted on, kept so that another form can be fitted later without
+    measuring again (`stream_fit.kept_batch_runs`; () in a profile measured before it was kept):
+    - `served_batch_runs`: each batched run as (batch, served step s, context tokens, tokens the
+      client received per s), in run order.
+    """
+
+    first_token_s: float = 0.0
+    handoff_s: float = 0.0
+    decode_step_s: float = 0.0
+    decode_cpu_s_per_token: float = 0.0
+    decode_cpu_s_per_request: float = 0.0
+    prefill_cpu_s_per_request: float = 0.0
+    host_cpu_s_per_token: float = 0.0
+    host_cpu_s_per_request: float = 0.0
+    host_cores: int = 0
+    router_cpu_s_per_token: float = 0.0
+    router_cpu_s_per_request: float = 0.0
+    first_token_spread_s: tuple[float, ...] = ()
+    decode_step_spread_s: tuple[float, ...] = ()
+    corun_prefill_stretch: float = 1.0
+    corun_decode_stretch: float = 1.0
+    prefill_cpu_s_per_prompt_token: float = 0.0
+    decode_cpu_s_per_prompt_token: float = 0.0
+    host_cpu_s_per_prompt_token: float = 0.0
+    router_cpu_s_per_prompt_token: float = 0.0
+    host_cpu_s_per_step: float = 0.0
+    router_cpu_s_per_step: float = 0.0
+    served_batch_runs: tuple[tuple[float, float, float, float], ...] = ()
+    served_step_extra_s: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "served_batch_runs":
+                object.__setattr__(self, f.name, _batch_runs(value))
+                continue
+            if f.name == "served_step_extra_s":
+                object.__setattr__(self, f.name, _extra_table(value))
+                continue
+            if f.name in SPREAD_FIELDS:
+                object.__setattr__(self, f.name, _spread(f.name, value))
+                continue
+            if f.name in CORUN_FIELDS:
+                require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                         and CORUN_RANGE[0] <= value <= CORUN_RANGE[1],
+                         f"serving.{f.name} must be a ratio in [{CORUN_RANGE[0]}, {CORUN_RANGE[1]:g}] (1: engines on "
+                         f"different cores do not slow each other), got {value!r}")
+                continue
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                     and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
+        for part in ("token", "request", "prompt_token", "step"):
+            router, host = getattr(self, f"router_cpu_s_per_{part}"), getattr(self, f"host_cpu_s_per_{part}")
+            require(router <= host, f"serving.router_cpu_s_per_{part} ({router!r}) is part of "
+                     f"serving.host_cpu_s_per_{part} ({host!r}) and cannot exceed it")
+
+    def decode_serving_s(self, batch: float, by_batch: bool) -> float:
+        """What serving adds to one engine decode step of `batch` sequences (0 at batch 0): with
+        `by_batch` (`SimSettings.served_step` "table"), `served_step_extra_s` interpolated
+        (`interpolated_extra_s`) where the profile has it; else the fitted line."""
+        if batch <= 0:
+            return 0.0
+        if by_batch and self.served_step_extra_s:
+            return interpolated_extra_s(self.served_step_extra_s, batch)
+        return self.decode_step_s + batch * self.decode_cpu_s_per_token
+
+    def prefill_request_cpu_s(self, prompt_tokens: int) -> float:
+        """The prefill worker's API process's CPU for one request of `prompt_tokens`."""
+        return self.prefill_cpu_s_per_request + self.prefill_cpu_s_per_prompt_token * prompt_tokens
+
+    def decode_request_cpu_s(self, prompt_tokens: int) -> float:
+        """The decode worker's API process's CPU for one request of `prompt_tokens`."""
+        return self.decode_cpu_s_per_request + self.decode_cpu_s_per_prompt_token * prompt_tokens
+
+    def host_request_cpu_s(self, prompt_tokens: int) -> float:
+        """The unbound processes' (router and client) CPU for one request, its tokens' apart."""
+        return self.host_cpu_s_per_request + self.host_cpu_s_per_prompt_token * prompt_tokens
+
+    def router_request_cpu_s(self, prompt_tokens: int) -> float:
+        """The router's part of `host_request_cpu_s`."""
+        return self.router_cpu_s_per_request + self.router_cpu_s_per_prompt_token * prompt_tokens
+
+
+SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
+CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch")
+# What a co-run stretch may be: below 0.5 or above 4 is a broken measurement, not two engines on
+# different cores (SMT siblings sharing one core slow each other by 1.3-2x)
+CORUN_RANGE = (0.5, 4.0)
+
+
+def interpolated_extra_s(table: Sequence[tuple[float, float]], batch: float) -> float:
+    """The extra at `batch` from (batch, seconds) points in ascending batch: linear between the two
+    points around it, the first point's value below the first batch, the last two points' line
+    past the last (a batch beyond those measured costs what its last sequences did each), never
+    below 0. Pure."""
+    if not table:
+        raise ValueError("no points to interpolate")
+    first_batch, first_s = table[0]
+    if batch <= first_batch or len(table) == 1:
+        return first_s
+    for (b0, s0), (b1, s1) in zip(table, table[1:]):
+        if batch <= b1:
+            return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+    (b0, s0), (b1, s1) = table[-2], table[-1]
+    return max(0.0, s1 + (s1 - s0) * (batch - b1) / (b1 - b0))
+
+
+def _extra_table(value: Any) -> tuple[tuple[float, float], ...]:
+    what = "serving.served_step_extra_s must be a list of [batch, seconds] in ascending batch"
+    require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
+    points = []
+    for row in value:
+        require(isinstance(row, (list, tuple)) and len(row) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row)
+                and row[0] >= 1 and row[1] >= 0, f"{what} (a batch of at least 1, seconds >= 0), got the row {row!r}")
+        points.append((float(row[0]), float(row[1])))
+    require(all(a[0] < b[0] for a, b in zip(points, points[1:])), f"{what} (each batch once), got {value!r}")
+    return tuple(points)
+
+
+def _batch_runs(value: Any) -> tuple[tuple[float, float, float, float], ...]:
+    what = "serving.served_batch_runs must be a list of [batch, served step s, context tokens, tokens per s]"
+    require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
+    runs = []
+    for row in value:
+        require(isinstance(row, (list, tuple)) and len(row) == 4
+                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row),
+                 f"{what}, got the row {row!r}")
+        require(row[0] >= 1 and row[1] > 0 and row[2] >= 0 and row[3] >= 0,
+                 f"{what} (a batch of at least 1, a step above 0), got the row {row!r}")
+        runs.append(tuple(float(v) for v in row))
+    return tuple(runs)
+
+
+def _spread(name: str, value: Any) -> tuple[float, ...]:
+    require(isinstance(value, (list, tuple)), f"serving.{name} must be a list of seconds, got {value!r}")
+    points = tuple(value)
+    require(all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in points),
+             f"serving.{name} must hold finite numbers, got {value!r}")
+    require(list(points) == sorted(points), f"serving.{name} must be ascending (quantiles), got {value!r}")
+    return tuple(float(v) for v in points)
