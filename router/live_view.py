@@ -134,7 +134,12 @@ class LiveView:
         decode calls in flight (a retry placed by least-loaded), whichever is more."""
         return max(self.assigned_decodes[record.worker_id], self.pool.inflight(record.worker_id))
 
+    def computing_records(self) -> list:
+        """The live workers that compute prompts: every prefill worker, and the decode workers where
+        the rule lets them take prompts (local prefill, or no prefill worker alive)."""
+        prefill = self.pool.workers("prefill")
+        return prefill + (self.pool.workers("decode") if self.rule.accepts(bool(prefill)) else [])
+
     def computing_workers(self) -> int:
         """How many workers compute prompts (the router's queue is spread over them)."""
-        prefill = self.pool.workers("prefill")
-        return len(prefill) + (len(self.pool.workers("decode")) if self.rule.accepts(bool(prefill)) else 0)
+        return len(self.computing_records())

@@ -228,11 +228,14 @@ class Scheduler:
 
     def _pump(self) -> None:
         """Dispatches, in priority order, every queued request that has an open path now (a request
-        whose paths are all gated does not hold back one behind it whose path is open). Synchronous:
+        whose paths are all gated does not hold back one behind it whose path is open), and stops
+        as soon as every worker that computes prompts is at its gate: nothing behind can go then,
+        and ranking each queued request again (a placement and a prefix match each) is what a
+        router under load spent most of its CPU on, on the prefill worker's core. Synchronous:
         nothing can interleave between booking a ticket and handing it to its waiter."""
-        if not self._any_worker_open():
-            return  # every worker that computes prompts is at its gate: nothing can go
         for item in self.queue.ordered(self.clock()):
+            if not self._any_worker_open():
+                return  # every worker that computes prompts is at its gate: nothing can go
             request, waiter, expected = self._waiting[item.request_id]
             if waiter.done():
                 continue
@@ -247,8 +250,11 @@ class Scheduler:
                 waiter.set_result(ticket)
 
     def _any_worker_open(self) -> bool:
+        """Whether a worker that computes prompts is below its gate (none alive: the pump says why
+        each request cannot go). A decode worker that takes no prompts is not one: counted, its
+        empty queue kept the pump ranking every queued request on every arrival and settle."""
         limit = self.config.placement.max_queued_prefill_tokens_per_worker
-        workers = self.pool.workers("prefill") + self.pool.workers("decode")
+        workers = self.live.computing_records()
         return limit == 0 or not workers or any(self.live.queued_prefill_tokens[w.worker_id] < limit for w in workers)
 
     def _open_ticket(self, request: GenerationRequest) -> Ticket | None:

@@ -72,6 +72,35 @@ async def test_interactive_requests_overtake_batch_ones_in_the_router_queue(redi
         await registry.close()
 
 
+async def test_a_queue_behind_a_gated_prefill_worker_is_not_ranked_again_until_the_gate_opens(
+        redis_server, tokenizer):
+    # in 1P+1D the decode worker computes no prompt: its empty queue must not count as an open gate,
+    # or every arrival, settle and 0.1 s tick ranks every queued request again (the router's CPU under
+    # load, on the prefill worker's core, went there: BENCHMARKS "The router's pump under load")
+    prefill, decode = HeldPrefillWorker(), decoder()
+    gate_one = PlacementConfig(max_queued_prefill_tokens_per_worker=1)
+    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
+                                                       {"prefill-a": prefill, "decode-a": decode},
+                                                       router_config(placement=gate_one))
+    scheduler, rankings = lifecycle.scheduler, []
+    ranked = scheduler.ranked
+    scheduler.ranked = lambda request, *args: rankings.append(request.request_id) or ranked(request, *args)
+    try:
+        first = asyncio.create_task(served(lifecycle, "first", SHORT))
+        await until(lambda: len(prefill.prefills) == 1)
+        waiting = [asyncio.create_task(served(lifecycle, f"queued-{i}", SHORT)) for i in range(4)]
+        await until(lambda: len(scheduler.queue) == 4)
+        rankings.clear()
+        await asyncio.sleep(0.35)   # three of the queue's re-pump ticks, the gate shut throughout
+        assert rankings == []
+        prefill.unblock.set()
+        await asyncio.gather(first, *waiting)
+        assert [p.request_id for p in prefill.prefills] == ["first"] + [f"queued-{i}" for i in range(4)]
+    finally:
+        await pool.close()
+        await registry.close()
+
+
 async def test_a_repeated_prefix_goes_to_the_worker_that_holds_it(redis_server, tokenizer):
     workers = {"decode-a": decoder(), "decode-b": decoder()}
     lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer, workers,
