@@ -32,8 +32,9 @@ class ServingCosts:
       (`stream_fit.served_extra_by_batch`), which the simulator interpolates with
       `SimSettings.served_step` "table"; () in a profile measured before it was kept. The extra is
       not a line (BENCHMARKS, "The served step by batch"): a fixed part at batches 1-4, then rising
-      faster than the batch as the router's core fills; a line through it missed its own runs by
-      -10..+31% on an AMX Xeon, the table by 4%. Charged in a loaded cluster, the line's excess at
+      faster than the batch as the router's core fills; on an AMX Xeon a line through it missed the
+      tiny model's runs by -10..+31% (the table by 4%), the bench model's, whose engine steps are
+      ten times longer, by 2.5% (the table too). Charged in a loaded cluster, the line's excess at
       mid batches stood in for a slowdown the idle runs do not see, and the table did not predict
       the validations better (same section): the line stays the default.
     CPU on a worker's own cores, which stretches that worker's engine steps:

@@ -15,6 +15,16 @@ from router.types import GenerationRequest
 from scripted_workers import scripted_cluster
 
 
+async def gated_disaggregated(redis_server, tokenizer):
+    """1P+1D whose prefill worker takes one prompt at a time (a gate of one token) and holds it
+    until `unblock`: (that worker, lifecycle, pool, registry)."""
+    prefill = HeldPrefillWorker()
+    lifecycle, pool, registry = await scripted_cluster(
+        redis_server, tokenizer, {"prefill-a": prefill, "decode-a": decoder()},
+        router_config(placement=PlacementConfig(max_queued_prefill_tokens_per_worker=1)))
+    return prefill, lifecycle, pool, registry
+
+
 async def test_a_short_prompt_behind_a_long_prefill_queue_is_computed_on_the_decode_worker(redis_server, tokenizer):
     prefill, decode = HeldPrefillWorker(), decoder()
     config = router_config(topology="hybrid", placement=PlacementConfig(local_prefill_max_tokens=512))
@@ -76,12 +86,8 @@ async def test_a_queue_behind_a_gated_prefill_worker_is_not_ranked_again_until_t
         redis_server, tokenizer):
     # in 1P+1D the decode worker computes no prompt: its empty queue must not count as an open gate,
     # or every arrival, settle and 0.1 s tick ranks every queued request again (the router's CPU under
-    # load, on the prefill worker's core, went there: BENCHMARKS "The router's pump under load")
-    prefill, decode = HeldPrefillWorker(), decoder()
-    gate_one = PlacementConfig(max_queued_prefill_tokens_per_worker=1)
-    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
-                                                       {"prefill-a": prefill, "decode-a": decode},
-                                                       router_config(placement=gate_one))
+    # load, on the prefill worker's core, went there: BENCHMARKS "The router's dispatch queue under load")
+    prefill, lifecycle, pool, registry = await gated_disaggregated(redis_server, tokenizer)
     scheduler, rankings = lifecycle.scheduler, []
     ranked = scheduler.ranked
     scheduler.ranked = lambda request, *args: rankings.append(request.request_id) or ranked(request, *args)
@@ -123,11 +129,7 @@ async def test_a_repeated_prefix_goes_to_the_worker_that_holds_it(redis_server, 
 
 async def test_a_request_cancelled_while_queued_or_just_dispatched_leaves_no_tokens_on_the_books(
         redis_server, tokenizer):
-    prefill, decode = HeldPrefillWorker(), decoder()
-    gate_one = PlacementConfig(max_queued_prefill_tokens_per_worker=1)
-    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
-                                                       {"prefill-a": prefill, "decode-a": decode},
-                                                       router_config(placement=gate_one))
+    prefill, lifecycle, pool, registry = await gated_disaggregated(redis_server, tokenizer)
     books, prompts = lifecycle.scheduler.live.queued_prefill_tokens, lifecycle.scheduler.live.queued_prefill_prompts
     try:
         first = asyncio.create_task(served(lifecycle, "first", SHORT))
@@ -183,11 +185,7 @@ async def test_with_no_prefill_worker_alive_a_decode_worker_computes_prompts_pas
 
 
 async def test_two_requests_with_the_same_id_are_both_served(redis_server, tokenizer):
-    prefill, decode = HeldPrefillWorker(), decoder()
-    gate_one = PlacementConfig(max_queued_prefill_tokens_per_worker=1)
-    lifecycle, pool, registry = await scripted_cluster(redis_server, tokenizer,
-                                                       {"prefill-a": prefill, "decode-a": decode},
-                                                       router_config(placement=gate_one))
+    prefill, lifecycle, pool, registry = await gated_disaggregated(redis_server, tokenizer)
     try:
         both = [asyncio.create_task(served(lifecycle, "same-id", SHORT)) for _ in range(2)]
         await until(lambda: len(prefill.prefills) == 1 and len(lifecycle.scheduler.queue) == 1)
