@@ -26,8 +26,8 @@ from pathlib import Path
 
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile, save_profile
-from planner.profiler.job import served_step_line
 from planner.profiler.stream_fit import with_served_table
+from planner.profiler.summary import served_step_line
 
 
 def refit(path: Path, out: Path) -> list[str]:

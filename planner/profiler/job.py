@@ -22,13 +22,11 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from loadgen.comparison.host_speed import drift_note, wake_note
 from loadgen.host_probe import product_for_dtype, speed_check_ms, wake_check_us
 from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings as WorkerEngineSettings
@@ -46,8 +44,7 @@ from planner.profile import (
 from planner.profiler.host import hardware_info, model_info
 from planner.profiler.plan import ProfilePlan, make_plan
 from planner.profiler.second_look import SECOND_LOOKS, kept_s, rows_off_the_fit
-from planner.profiler.spread import spread_summary
-from planner.profiler.stream_fit import kept_batch_runs, served_step_error
+from planner.profiler.summary import print_summary
 from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
 from planner.serving_costs import ServingCosts
 
@@ -164,7 +161,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     from planner.profiler.plot import plot_profile
 
     plot_path = plot_profile(profile, fit.model, job.out.with_suffix(".png"))
-    _report(console, profile, fit)
+    print_summary(console, profile, fit)
     return ProfileOutcome(profile, fit, job.out, plot_path, time.perf_counter() - started)
 
 
@@ -335,86 +332,3 @@ async def _second_look(probe, plan: ProfilePlan, prefill: list[PrefillSample], d
         decode[i] = replace(row, step_s=round(kept_s(row.step_s, again), 7))
         noted(f"decode batch {batch} x {context} tokens", row.step_s, fitted[i], again, decode[i].step_s)
     return tuple(prefill), tuple(decode)
-
-
-def _report(console: Console, profile: Profile, fit: FitReport) -> None:
-    table = Table(title=f"profile of {profile.model.name} on {profile.hardware.num_cores} x {profile.hardware.cpu_model}")
-    for column in ("phase", "point", "measured ms", "fitted ms", "error"):
-        table.add_column(column, justify="right" if column != "phase" else "left")
-    m = fit.model
-    for row in profile.prefill:
-        point = f"{row.prompt_tokens} tokens" + (f" in {row.chunk_tokens}-token chunks" if row.num_chunks > 1 else "")
-        _row(table, "prefill", point, row.prefill_s, m.prefill_s(row.prompt_tokens, row.chunk_tokens))
-    for row in profile.decode:
-        _row(table, "decode step", f"batch {row.batch_size}, context {row.context_tokens}", row.step_s,
-             m.decode_step_s(row.batch_size, row.context_tokens))
-    for row in profile.kv_transfer:
-        _row(table, f"kv {row.transport}", f"{row.kv_bytes / 1e6:.2f} MB", row.transfer_s,
-             m.transfer_s(row.kv_bytes, row.transport))
-    console.print(table)
-    for line in fit.lines():
-        console.print("  " + line, markup=False)
-    if note := drift_note(profile.hardware.machine_ms_start, profile.hardware.machine_ms_end,
-                          product=profile.hardware.machine_product):
-        console.print("  " + note, markup=False)
-    if note := wake_note(profile.hardware.machine_wake_us_start, profile.hardware.machine_wake_us_end):
-        console.print("  " + note, markup=False)
-    serving = profile.serving
-    if serving != ServingCosts():
-        console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms,"
-                      f" decode step +{serving.decode_step_s * 1e3:.2f} ms;"
-                      f" decode worker CPU {serving.decode_cpu_s_per_token * 1e6:.0f} us/token"
-                      f" + {serving.decode_cpu_s_per_request * 1e3:.2f} ms/request, prefill worker CPU"
-                      f" {serving.prefill_cpu_s_per_request * 1e3:.2f} ms/request; host (router, client)"
-                      f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_step * 1e3:.2f} ms/step"
-                      f" + {serving.host_cpu_s_per_request * 1e3:.2f} ms/request on {serving.host_cores} cores (the router's"
-                      f" part {serving.router_cpu_s_per_token * 1e6:.0f} us/token + {serving.router_cpu_s_per_step * 1e3:.2f}"
-                      f" ms/step + {serving.router_cpu_s_per_request * 1e3:.2f} ms/request)", markup=False)
-        if prompt_cpu := serving_prompt_cpu_line(serving):
-            console.print("  " + prompt_cpu, markup=False)
-        console.print(f"  engines on the two workers' cores together: a prompt {serving.corun_prefill_stretch:.3f}x its"
-                      f" time alone, a decode step {serving.corun_decode_stretch:.3f}x", markup=False)
-        if line := served_step_line(serving, m, profile.decode):
-            console.print("  " + line, markup=False)
-        for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
-            if spread:
-                console.print(f"  spread of the {name} around its median: {spread_summary(spread)}", markup=False)
-    if (server := profile.vllm_server) is not None:
-        console.print(f"  vLLM's own server around the wide engine: first token +{server.first_token_s * 1e3:.2f} ms,"
-                      f" decode step +{server.decode_step_s * 1e3:.2f} ms + {server.decode_cpu_s_per_token * 1e6:.0f}"
-                      " us/token of the batch", markup=False)
-        if profile.wide and (line := served_step_line(server, dict(m.wide)[profile.wide[0].devices], profile.wide[0].decode,
-                                                      server.host_cores or profile.wide[0].devices)):
-            console.print("  vLLM's server: " + line, markup=False)
-
-
-def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: float) -> None:
-    table.add_row(phase, point, f"{measured_s * 1e3:.3f}", f"{fitted_s * 1e3:.3f}",
-                  f"{(fitted_s - measured_s) / measured_s:+.1%}")
-
-
-def served_step_line(serving: ServingCosts, model: PerfModel, engine_rows: Sequence[DecodeSample],
-                     engine_cores: float = 1.0) -> str:
-    """What serving adds to the decode step at each batch measured, and how far each form charges
-    the runs it was measured on (`stream_fit.served_step_error`), or "" where no table was kept."""
-    if not (serving.served_step_extra_s and serving.served_batch_runs):
-        return ""
-    runs = kept_batch_runs(serving)
-    table = served_step_error(runs, model, serving, True, engine_rows, engine_cores)
-    line = served_step_error(runs, model, serving, False, engine_rows, engine_cores)
-    points = ", ".join(f"b{batch:g} +{extra_s * 1e3:.2f}" for batch, extra_s in serving.served_step_extra_s)
-    return (f"served decode step over the engine's, by batch (ms): {points}; the line {serving.decode_step_s * 1e3:.2f}"
-            f" ms + {serving.decode_cpu_s_per_token * 1e6:.0f} us x batch misses these runs by {line:.1%} on average,"
-            f" the table interpolated by {table:.1%} (the simulator charges the line; `--served-step table` the table)")
-
-
-def serving_prompt_cpu_line(serving: ServingCosts, per_tokens: int = 1000) -> str:
-    """What `per_tokens` more prompt tokens cost each process in CPU, or "" where nothing was measured."""
-    terms = (("prefill worker", serving.prefill_cpu_s_per_prompt_token),
-             ("decode worker", serving.decode_cpu_s_per_prompt_token),
-             ("host", serving.host_cpu_s_per_prompt_token), ("router", serving.router_cpu_s_per_prompt_token))
-    if not any(value for _, value in terms):
-        return ""
-    return (f"serving CPU per {per_tokens} prompt tokens: "
-            + ", ".join(f"{name} +{value * per_tokens * 1e3:.2f} ms" for name, value in terms)
-            + " (the router's part of the host's)")

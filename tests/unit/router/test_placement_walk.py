@@ -88,16 +88,17 @@ async def test_a_queue_behind_a_gated_prefill_worker_is_not_ranked_again_until_t
     # or every arrival, settle and 0.1 s tick ranks every queued request again (the router's CPU under
     # load, on the prefill worker's core, went there: BENCHMARKS "The router's dispatch queue under load")
     prefill, lifecycle, pool, registry = await gated_disaggregated(redis_server, tokenizer)
-    scheduler, rankings = lifecycle.scheduler, []
-    ranked = scheduler.ranked
+    scheduler, rankings, pumps = lifecycle.scheduler, [], []
+    ranked, pump = scheduler.ranked, scheduler._pump
     scheduler.ranked = lambda request, *args: rankings.append(request.request_id) or ranked(request, *args)
+    scheduler._pump = lambda: pumps.append(1) or pump()
     try:
         first = asyncio.create_task(served(lifecycle, "first", SHORT))
         await until(lambda: len(prefill.prefills) == 1)
         waiting = [asyncio.create_task(served(lifecycle, f"queued-{i}", SHORT)) for i in range(4)]
         await until(lambda: len(scheduler.queue) == 4)
-        rankings.clear()
-        await asyncio.sleep(0.35)   # three of the queue's re-pump ticks, the gate shut throughout
+        rankings.clear(), pumps.clear()
+        await until(lambda: len(pumps) >= 3)   # three of the queue's re-pump ticks, the gate shut throughout
         assert rankings == []
         prefill.unblock.set()
         await asyncio.gather(first, *waiting)

@@ -1,0 +1,101 @@
+"""What `pdserve profile` prints when it is done: each measured row against its fit, the fitted
+forms and their errors, the machine's checks, and the serving terms (`planner.serving_costs`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from loadgen.comparison.host_speed import drift_note, wake_note
+from planner.perf_model import FitReport, PerfModel
+from planner.profile import DecodeSample, Profile
+from planner.profiler.spread import spread_summary
+from planner.profiler.stream_fit import kept_batch_runs, served_step_error
+from planner.serving_costs import ServingCosts
+
+
+def print_summary(console: Console, profile: Profile, fit: FitReport) -> None:
+    """The profile as `pdserve profile` prints it when done: each table row against its fit, the
+    fitted forms, the machine checks, and what serving adds."""
+    table = Table(title=f"profile of {profile.model.name} on {profile.hardware.num_cores} x {profile.hardware.cpu_model}")
+    for column in ("phase", "point", "measured ms", "fitted ms", "error"):
+        table.add_column(column, justify="right" if column != "phase" else "left")
+    m = fit.model
+    for row in profile.prefill:
+        point = f"{row.prompt_tokens} tokens" + (f" in {row.chunk_tokens}-token chunks" if row.num_chunks > 1 else "")
+        _row(table, "prefill", point, row.prefill_s, m.prefill_s(row.prompt_tokens, row.chunk_tokens))
+    for row in profile.decode:
+        _row(table, "decode step", f"batch {row.batch_size}, context {row.context_tokens}", row.step_s,
+             m.decode_step_s(row.batch_size, row.context_tokens))
+    for row in profile.kv_transfer:
+        _row(table, f"kv {row.transport}", f"{row.kv_bytes / 1e6:.2f} MB", row.transfer_s,
+             m.transfer_s(row.kv_bytes, row.transport))
+    console.print(table)
+    for line in fit.lines():
+        console.print("  " + line, markup=False)
+    if note := drift_note(profile.hardware.machine_ms_start, profile.hardware.machine_ms_end,
+                          product=profile.hardware.machine_product):
+        console.print("  " + note, markup=False)
+    if note := wake_note(profile.hardware.machine_wake_us_start, profile.hardware.machine_wake_us_end):
+        console.print("  " + note, markup=False)
+    serving = profile.serving
+    if serving != ServingCosts():
+        console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms,"
+                      f" decode step +{serving.decode_step_s * 1e3:.2f} ms;"
+                      f" decode worker CPU {serving.decode_cpu_s_per_token * 1e6:.0f} us/token"
+                      f" + {serving.decode_cpu_s_per_request * 1e3:.2f} ms/request, prefill worker CPU"
+                      f" {serving.prefill_cpu_s_per_request * 1e3:.2f} ms/request; host (router, client)"
+                      f" {serving.host_cpu_s_per_token * 1e6:.0f} us/token + {serving.host_cpu_s_per_step * 1e3:.2f} ms/step"
+                      f" + {serving.host_cpu_s_per_request * 1e3:.2f} ms/request on {serving.host_cores} cores (the router's"
+                      f" part {serving.router_cpu_s_per_token * 1e6:.0f} us/token + {serving.router_cpu_s_per_step * 1e3:.2f}"
+                      f" ms/step + {serving.router_cpu_s_per_request * 1e3:.2f} ms/request)", markup=False)
+        if prompt_cpu := serving_prompt_cpu_line(serving):
+            console.print("  " + prompt_cpu, markup=False)
+        console.print(f"  engines on the two workers' cores together: a prompt {serving.corun_prefill_stretch:.3f}x its"
+                      f" time alone, a decode step {serving.corun_decode_stretch:.3f}x", markup=False)
+        if line := served_step_line(serving, m, profile.decode):
+            console.print("  " + line, markup=False)
+        for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
+            if spread:
+                console.print(f"  spread of the {name} around its median: {spread_summary(spread)}", markup=False)
+    if (server := profile.vllm_server) is not None:
+        console.print(f"  vLLM's own server around the wide engine: first token +{server.first_token_s * 1e3:.2f} ms,"
+                      f" decode step +{server.decode_step_s * 1e3:.2f} ms + {server.decode_cpu_s_per_token * 1e6:.0f}"
+                      " us/token of the batch", markup=False)
+        if profile.wide and (line := served_step_line(server, dict(m.wide)[profile.wide[0].devices], profile.wide[0].decode,
+                                                      server.host_cores or profile.wide[0].devices)):
+            console.print("  vLLM's server: " + line, markup=False)
+
+
+def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: float) -> None:
+    table.add_row(phase, point, f"{measured_s * 1e3:.3f}", f"{fitted_s * 1e3:.3f}",
+                  f"{(fitted_s - measured_s) / measured_s:+.1%}")
+
+
+def served_step_line(serving: ServingCosts, model: PerfModel, engine_rows: Sequence[DecodeSample],
+                     engine_cores: float = 1.0) -> str:
+    """What serving adds to the decode step at each batch measured, and how far each form charges
+    the runs it was measured on (`stream_fit.served_step_error`), or "" where no table was kept."""
+    if not (serving.served_step_extra_s and serving.served_batch_runs):
+        return ""
+    runs = kept_batch_runs(serving)
+    table = served_step_error(runs, model, serving, True, engine_rows, engine_cores)
+    line = served_step_error(runs, model, serving, False, engine_rows, engine_cores)
+    points = ", ".join(f"b{batch:g} +{extra_s * 1e3:.2f}" for batch, extra_s in serving.served_step_extra_s)
+    return (f"served decode step over the engine's, by batch (ms): {points}; the line {serving.decode_step_s * 1e3:.2f}"
+            f" ms + {serving.decode_cpu_s_per_token * 1e6:.0f} us x batch misses these runs by {line:.1%} on average,"
+            f" the table interpolated by {table:.1%} (the simulator charges the line; `--served-step table` the table)")
+
+
+def serving_prompt_cpu_line(serving: ServingCosts, per_tokens: int = 1000) -> str:
+    """What `per_tokens` more prompt tokens cost each process in CPU, or "" where nothing was measured."""
+    terms = (("prefill worker", serving.prefill_cpu_s_per_prompt_token),
+             ("decode worker", serving.decode_cpu_s_per_prompt_token),
+             ("host", serving.host_cpu_s_per_prompt_token), ("router", serving.router_cpu_s_per_prompt_token))
+    if not any(value for _, value in terms):
+        return ""
+    return (f"serving CPU per {per_tokens} prompt tokens: "
+            + ", ".join(f"{name} +{value * per_tokens * 1e3:.2f} ms" for name, value in terms)
+            + " (the router's part of the host's)")
