@@ -21,6 +21,12 @@ Before each rate the machine is checked (`loadgen.host_probe`: a product in the 
 dtype on every core, and a cross-core wake-up round trip) and printed against the profile's own
 checks: a VM that runs slower than it was profiled shows there, not only in the errors.
 
+With --step-trace every engine core writes its steps (`pdserve.engine_step_trace`) under
+<out-dir>/.../logs/steps, and each rate prints what the decode worker's gap was made of
+(`planner.validation_steps`): the clients' steady gap beside the engine's cycle (its step, the
+profile's model of that step, the engine core's time between steps) and what the simulator adds
+to the model's step; validation.json keeps it under the run's `measured.decode_steps`.
+
 validation.json keeps each rate's requests as sent, so a change to the simulator or the model can
 be checked against the same real runs without running the cluster again (a directory of one run,
 or of several as written above):
@@ -47,6 +53,8 @@ from loadgen.metrics import SLO, summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.host_probe import speed_check_ms, wake_check_us
+from pdserve.engine_step_trace import STEP_TRACE_ENV, read_steps, trace_files
+from planner.perf_model import fit_perf_model
 from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
 from planner.simulator.config import SERVED_STEP_FORMS
@@ -55,6 +63,7 @@ from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, phase_table, plot_verdicts,
                                verdict, verdict_table, verdicts_to_json)
 from planner.validation_phases import measured_local_share, measured_phases
+from planner.validation_steps import client_steady_gap_s, decode_worker_summary
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
                                      cluster_cpu_s, compare, load_earlier, machine_against_profile, planned_router,
                                      requests_at, router_flags_for, write_validation)
@@ -105,6 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
+    p.add_argument("--step-trace", action="store_true",
+                   help="trace the engines' steps and print, at each rate, what the decode worker's gap was made "
+                        "of (the engine's step against the profile's model, the time between steps, the clients' gap)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=REPO / "out" / "validate_planner")
     args = p.parse_args(argv)
@@ -232,7 +244,13 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                   f"arrivals); SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
                   f"profiles {[p.stem for p in args.profile]}")
     runs = []
-    system = start_cluster(args.model, first, setup, max_model_len, out_dir / "logs")
+    trace_dir = out_dir / "logs" / "steps"
+    if args.step_trace:   # the workers and their engine cores inherit it as they start
+        os.environ[STEP_TRACE_ENV] = str(trace_dir)
+    try:
+        system = start_cluster(args.model, first, setup, max_model_len, out_dir / "logs")
+    finally:
+        os.environ.pop(STEP_TRACE_ENV, None)
     try:
         for index, rate in enumerate(rates):
             count = requests_at(rate, args.duration_s, args.min_requests)
@@ -247,6 +265,9 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             measured_summary = summarize(result.records, result.duration_s, slo)
             if (local := measured_local_share(result.records)) is not None:
                 measured_summary["local_prefill_share"] = local
+            if args.step_trace:
+                measured_summary["decode_steps"] = decode_step_report(system.cluster, trace_dir, result, first,
+                                                                      console)
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
                           f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
                           f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "
@@ -260,6 +281,27 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
     finally:
         system.stop()
     return runs
+
+
+def decode_step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console) -> dict:
+    """The decode workers' traced steps over the run's window against `profile` (printed, and a
+    dict per worker for validation.json; `planner.validation_steps`)."""
+    model = fit_perf_model(profile).model
+    served = lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)  # noqa: E731  the simulator's own
+    ok = [r for r in result.records if r.ok]
+    client_ms = client_steady_gap_s([r.chunk_times_s for r in ok], [r.output_tokens for r in ok]) * 1e3
+    report = {"client_steady_gap_ms": round(client_ms, 4) if client_ms == client_ms else None, "workers": {}}
+    for worker_id in cluster.worker_ids("decode"):
+        steps = [step for path in trace_files(trace_dir, worker_id) for step in read_steps(path)]
+        steps.sort(key=lambda s: s.start_s)
+        summary = decode_worker_summary(steps, result.start_s, result.start_s + result.duration_s,
+                                        model.decode_step_s, served)
+        report["workers"][worker_id] = summary
+        console.print(f"decode worker {worker_id}: clients' steady gap {client_ms:.2f} ms; engine cycle "
+                      f"{summary['cycle_ms']} ms = step {summary['step_ms']} (model {summary['model_ms']}) + between "
+                      f"{summary['between_ms']}; the simulator charges model + {summary['served_extra_ms']} ms; "
+                      f"engine busy {summary['busy_share']}")
+    return report
 
 
 def machine_now(profile: Profile) -> dict[str, float]:

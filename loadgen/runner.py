@@ -101,6 +101,7 @@ class RunResult:
     records: tuple[RequestRecord, ...]
     duration_s: float  # first send to the end of the last request
     warmup: tuple[RequestRecord, ...] = field(default=())
+    start_s: float = 0.0  # perf_counter time of the run's start (records' `sent_s` count from it)
 
 
 OnDone = Callable[[RequestRecord], None]
@@ -134,7 +135,7 @@ async def run(target: Target, specs: Sequence[RequestSpec], prompts: PromptSynth
         tasks.append(asyncio.create_task(
             _send(target, prompts.prompt(spec, index), spec, sending, config.request_timeout_s, on_done)))
     records = await asyncio.gather(*tasks)
-    return RunResult(target.name, config, tuple(records), time.perf_counter() - start, warmup)
+    return RunResult(target.name, config, tuple(records), time.perf_counter() - start, warmup, start)
 
 
 class _SlotGate:

@@ -66,6 +66,9 @@ with logprobs after a worker starts. On CPU the mask is a transient host buffer 
 the sampler the same function run eagerly on the CPU platform: the same integer counts, no
 compile, no first-request stall. Other platforms keep vLLM's compiled one, and so does a process
 with `PDSERVE_VLLM_EAGER_RANKS=0` (to measure the difference: `bench/first_request_latency.py`).
+
+Step trace. With `PDSERVE_VLLM_STEP_TRACE_DIR` set, every engine core writes its steps there
+(`pdserve.engine_step_trace`: a measurement, off by default).
 """
 
 from __future__ import annotations
@@ -85,14 +88,18 @@ def register() -> None:
     """Entry point of the `vllm.general_plugins` group: AMX permission where the CPU has AMX; vLLM's
     kernel scan made safe for a forked engine core and the seeded stream's patches (always); logprob
     ranks without a compile (on CPU; `PDSERVE_VLLM_EAGER_RANKS=0`: vLLM's compiled count); the hold
-    wait when `PDSERVE_VLLM_HOLD_WAIT_S` is above 0; the spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
+    wait when `PDSERVE_VLLM_HOLD_WAIT_S` is above 0; the step trace when `PDSERVE_VLLM_STEP_TRACE_DIR` is
+    set; the spin cap only when `PDSERVE_VLLM_SPIN_S` is set."""
     request_amx_permission()
     tolerate_non_mapping_namespaces()
     if os.environ.get(EAGER_RANKS_ENV, "1") != "0":
         count_logprob_ranks_eagerly_on_cpu()
-    from pdserve import grammar_stream, sampler_stream
+    from pdserve import engine_step_trace, grammar_stream, sampler_stream
     sampler_stream.install()
     grammar_stream.install()  # structured output continued across engines (pdserve.grammar_stream)
+    trace_dir = os.environ.get(engine_step_trace.STEP_TRACE_ENV, "")
+    if trace_dir:
+        engine_step_trace.install(trace_dir)
     hold_wait = os.environ.get(HOLD_WAIT_ENV, "")
     if hold_wait and float(hold_wait) > 0:
         wait_for_input_while_holding(float(hold_wait))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 from pathlib import Path
@@ -73,7 +75,6 @@ def test_a_hybrids_local_prefill_share_is_kept_and_shown_beside_the_simulated_on
 def test_resimulating_an_earlier_run_replays_its_requests_against_what_it_measured(tmp_path):
     """bench/validate_planner.py --resimulate: no cluster; the kept requests go through the simulator
     with the given profile and are compared with the earlier run's measurements."""
-    import json
 
     profile = REPO / "planner" / "profiles" / "tiny_2cpu_served.json"
     earlier = tmp_path / "earlier"
@@ -169,10 +170,13 @@ def test_a_validation_keeps_its_topology_and_router_so_a_resimulation_places_as_
     assert router.cost is not None and router.cost.per_token_s > 0
     setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "long-short"}, "tcp",
                                             topology, router)
-    runs = [validation_runs.RateRun(1.0, sample, summary(20, 30, 4, 5, 1.0), None)]
+    steps = {"client_steady_gap_ms": 4.3, "workers": {"decode-1": {"cycle_ms": 4.35}}}   # --step-trace's report
+    runs = [validation_runs.RateRun(1.0, sample, summary(20, 30, 4, 5, 1.0) | {"decode_steps": steps}, None),
+            validation_runs.RateRun(2.0, sample, summary(20, 30, 4, 5, 1.0), None)]
     comparisons = validation_runs.compare(runs, [profile_path], "tcp", setup.slo, topology, router)
     validation_runs.write_validation(tmp_path, setup, [profile_path], runs, comparisons)
 
+    assert json.loads((tmp_path / "validation.json").read_text())["decode_steps"] == {"1.0": steps}
     again, _ = validation_runs.load_earlier(tmp_path / "validation.json", default_transport="torch")
     assert again.topology == topology and again.router == router and again.workload == {"shape": "long-short"}
     flags = validation_runs.router_flags_for(router, tmp_path / "router")

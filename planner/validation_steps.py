@@ -1,0 +1,162 @@
+"""What a loaded decode worker's gap is made of: its engine's traced steps (`pdserve.engine_step_trace`)
+against the profile's model, beside the clients' gaps over the same run.
+
+A client's steady gap is the engine's cycle (one step and the engine core's work before the next)
+plus the change in the delivery lag from engine to client, which cancels over a request's tokens.
+So the token-weighted client gap and the token-weighted engine cycle agree when the serving path
+adds only latency; where the client's is larger, the path (the worker's API process, the router,
+the client) holds tokens back. The engine's cycle splits into:
+- `step`: the step itself, measured, beside `model`, the profile's engine step for the same batch
+  and context (`PerfModel.decode_step_s`); their ratio is the stretch the step took under load
+  (the host's other processes on its core, the pulled KV a join copies in);
+- `between`: the engine core's own time from a step's end to the next one's start, counted only
+  where the next step continues a request of this one (the engine had work: not idleness);
+- `served`: what the simulator adds to the engine's step (`ServingCosts.decode_serving_s`, the
+  line from the profile's idle runs) for comparison with step + between - model.
+
+Everything here is pure: steps in, rows out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pdserve.engine_step_trace import TracedStep
+
+BATCH_BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 1 << 20))
+
+
+def bucket_label(low: int, high: int) -> str:
+    return str(low) if low == high else (f"{low}+" if high >= 1 << 20 else f"{low}-{high}")
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """Steps of one kind (batch bucket; with a join or without), means in seconds."""
+
+    label: str
+    joins: bool
+    steps: int
+    batch: float
+    step_s: float
+    model_s: float
+    between_s: float     # NaN where no step of the row was followed by a continuing one
+    served_s: float      # the simulator's serving extra at the row's mean batch
+
+    @property
+    def stretch(self) -> float:
+        return self.step_s / self.model_s if self.model_s > 0 else float("nan")
+
+
+def between_s(steps: Sequence[TracedStep]) -> np.ndarray:
+    """Per step, the time from its end to the next step's start where the next continues requests
+    (the engine had work), else NaN (the last step, or the engine went idle before the next)."""
+    out = np.full(len(steps), np.nan)
+    for i in range(len(steps) - 1):
+        if steps[i + 1].continuing > 0:
+            out[i] = steps[i + 1].start_s - steps[i].end_s
+    return out
+
+
+def decode_steps(steps: Sequence[TracedStep], start_s: float = -np.inf, end_s: float = np.inf) -> list[int]:
+    """Indexes of the steps that only decode (every scheduled request computed one token: a decode
+    worker's steps, joins included, since a pulled prompt's join computes its last token), started
+    within [start_s, end_s)."""
+    return [i for i, s in enumerate(steps) if s.tokens == s.decoding > 0 and start_s <= s.start_s < end_s]
+
+
+def step_rows(steps: Sequence[TracedStep], indexes: Sequence[int], model_step_s: Callable[[int, int], float],
+              served_s: Callable[[int], float]) -> list[StepRow]:
+    """`indexes`' steps grouped by batch bucket and by whether a request joined, each group's means:
+    the measured step, `model_step_s(batch, context_tokens)`, the time to the next step (`between_s`),
+    `served_s(batch)` at the group's mean batch rounded."""
+    gaps = between_s(steps)
+    rows = []
+    for joins in (False, True):
+        for low, high in BATCH_BUCKETS:
+            chosen = [i for i in indexes if low <= steps[i].batch <= high and (steps[i].joined > 0) == joins]
+            if not chosen:
+                continue
+            group = [steps[i] for i in chosen]
+            batch = float(np.mean([s.batch for s in group]))
+            between = gaps[chosen]
+            rows.append(StepRow(
+                label=bucket_label(low, high), joins=joins, steps=len(group), batch=batch,
+                step_s=float(np.mean([s.duration_s for s in group])),
+                model_s=float(np.mean([model_step_s(s.batch, s.context_tokens) for s in group])),
+                between_s=float(np.nanmean(between)) if np.isfinite(between).any() else float("nan"),
+                served_s=served_s(round(batch))))
+    return rows
+
+
+@dataclass(frozen=True)
+class CycleSummary:
+    """Token-weighted means over a run's decode steps (each step weighs as the tokens it gave
+    clients): the engine's step, the model's step, the time to the next step, the cycle (step +
+    between, where the next continued), and the simulator's served extra."""
+
+    tokens: int
+    step_s: float
+    model_s: float
+    between_s: float
+    cycle_s: float
+    served_s: float
+
+
+def cycle_summary(steps: Sequence[TracedStep], indexes: Sequence[int], model_step_s: Callable[[int, int], float],
+                  served_s: Callable[[int], float]) -> CycleSummary:
+    """`step_rows`' terms over all of `indexes` at once, each step weighted by its `decoding` tokens.
+    The cycle is taken over the steps followed by a continuing one (a step after which the engine
+    went idle ends no gap any request sees)."""
+    gaps = between_s(steps)
+    weights = np.array([steps[i].decoding for i in indexes], dtype=float)
+    if not len(indexes) or weights.sum() == 0:
+        nan = float("nan")
+        return CycleSummary(0, nan, nan, nan, nan, nan)
+    step = np.array([steps[i].duration_s for i in indexes])
+    model = np.array([model_step_s(steps[i].batch, steps[i].context_tokens) for i in indexes])
+    served = np.array([served_s(steps[i].batch) for i in indexes])
+    between = gaps[list(indexes)]
+    busy = np.isfinite(between)
+    mean = lambda values, mask=slice(None): float(np.average(values[mask], weights=weights[mask]))  # noqa: E731
+    return CycleSummary(
+        tokens=int(weights.sum()), step_s=mean(step), model_s=mean(model), served_s=mean(served),
+        between_s=mean(between, busy) if busy.any() and weights[busy].sum() > 0 else float("nan"),
+        cycle_s=mean(step + np.nan_to_num(between), busy) if busy.any() and weights[busy].sum() > 0 else float("nan"))
+
+
+def client_steady_gap_s(chunk_times: Sequence[Sequence[float]], output_tokens: Sequence[int]) -> float:
+    """The clients' token-weighted steady gap: sum over requests of (last - second token) over the sum
+    of their (output - 2), requests of three tokens or more (`planner.validation_phases`' steady gap,
+    weighted as the engine's cycle is)."""
+    spans, tokens = 0.0, 0
+    for times, n in zip(chunk_times, output_tokens):
+        if n >= 3 and len(times) >= 3:
+            spans += times[-1] - times[1]
+            tokens += n - 2
+    return spans / tokens if tokens else float("nan")
+
+
+def decode_worker_summary(steps: Sequence[TracedStep], start_s: float, end_s: float,
+                          model_step_s: Callable[[int, int], float], served_s: Callable[[int], float]) -> dict:
+    """One decode worker's steps that started in [start_s, end_s) (a run's window), for a report
+    and validation.json: the token-weighted means (`cycle_summary`) and the rows by batch
+    (`step_rows`), in milliseconds."""
+    indexes = decode_steps(steps, start_s, end_s)
+    cycle = cycle_summary(steps, indexes, model_step_s, served_s)
+    ms = lambda seconds: None if not np.isfinite(seconds) else round(seconds * 1e3, 4)  # noqa: E731
+    window_steps = [s for s in steps if start_s <= s.start_s < end_s]
+    busy_s = sum(s.duration_s for s in window_steps)
+    return {
+        "steps": len(indexes), "tokens": cycle.tokens,
+        "busy_share": round(busy_s / (end_s - start_s), 4) if end_s > start_s else None,
+        "step_ms": ms(cycle.step_s), "model_ms": ms(cycle.model_s), "between_ms": ms(cycle.between_s),
+        "cycle_ms": ms(cycle.cycle_s), "served_extra_ms": ms(cycle.served_s),
+        "rows": [{"batch": row.label, "joins": row.joins, "steps": row.steps, "mean_batch": round(row.batch, 2),
+                  "step_ms": ms(row.step_s), "model_ms": ms(row.model_s), "between_ms": ms(row.between_s),
+                  "served_extra_ms": ms(row.served_s)}
+                 for row in step_rows(steps, indexes, model_step_s, served_s)],
+    }

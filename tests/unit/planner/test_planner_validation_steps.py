@@ -1,0 +1,92 @@
+"""What a loaded decode worker's gap is made of (planner.validation_steps), with plain values: a
+trace of hand-made steps against a model of round numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pdserve.engine_step_trace import TracedStep
+from planner.validation_steps import (between_s, client_steady_gap_s, cycle_summary, decode_steps,
+                                      decode_worker_summary, step_rows)
+
+
+def model_step_s(batch: int, context_tokens: int) -> float:
+    return 0.004 + 0.001 * batch + 1e-6 * context_tokens
+
+
+def served_s(batch: int) -> float:
+    return 0.0005 + 0.0001 * batch
+
+
+def step(start_s, duration_s, joined, continuing, context_tokens=0, prompt_tokens=0):
+    """A decode step (every request computes one token) or, with `prompt_tokens`, a prompt's step."""
+    tokens = prompt_tokens or joined + continuing
+    return TracedStep(start_s, start_s + duration_s, joined, continuing, tokens,
+                      0 if prompt_tokens else joined + continuing, context_tokens)
+
+
+# a prompt's step, a join (two pulled requests), three steps of two continuing, then the engine idles
+# 0.5 s and a lone request's step runs
+STEPS = [step(0.000, 0.050, 1, 0, prompt_tokens=100, context_tokens=100),
+         step(0.100, 0.010, 2, 0, context_tokens=1000),
+         step(0.112, 0.008, 0, 2, context_tokens=1000),
+         step(0.121, 0.008, 0, 2, context_tokens=1000),
+         step(0.130, 0.007, 0, 2, context_tokens=1000),
+         step(0.637, 0.006, 0, 1, context_tokens=500)]
+
+
+def test_the_time_between_steps_counts_only_where_the_next_step_continues_a_request():
+    gaps = between_s(STEPS)
+    assert gaps[1:4] == pytest.approx([0.002, 0.001, 0.001])
+    assert math.isnan(gaps[0])     # the step after the prompt's joined requests, continued none: not counted
+    assert gaps[4] == pytest.approx(0.5)   # the lone step continues a request: the engine waited on it
+    assert math.isnan(gaps[5])     # the last step
+
+
+def test_decode_steps_leave_out_prompt_steps_and_steps_outside_the_window():
+    assert decode_steps(STEPS) == [1, 2, 3, 4, 5]
+    assert decode_steps(STEPS, 0.11, 0.6) == [2, 3, 4]
+
+
+def test_rows_group_steps_by_batch_and_join_with_their_model_and_served_extra():
+    rows = step_rows(STEPS, decode_steps(STEPS), model_step_s, served_s)
+    assert [(r.label, r.joins, r.steps) for r in rows] == [("1", False, 1), ("2-3", False, 3), ("2-3", True, 1)]
+    two = rows[1]
+    assert two.step_s == pytest.approx(0.023 / 3)
+    assert two.model_s == pytest.approx(0.004 + 0.002 + 0.001)
+    assert two.stretch == pytest.approx(0.023 / 3 / 0.007)
+    assert two.between_s == pytest.approx((0.001 + 0.001 + 0.5) / 3)
+    assert two.served_s == pytest.approx(0.0007)
+    assert rows[2].between_s == pytest.approx(0.002) and rows[2].step_s == pytest.approx(0.010)
+
+
+def test_the_cycle_weighs_each_step_by_its_tokens_and_skips_gaps_after_which_the_engine_idled():
+    window = decode_steps(STEPS, 0.0, 0.2)      # the join and the three steps of two
+    summary = cycle_summary(STEPS, window, model_step_s, served_s)
+    assert summary.tokens == 8
+    assert summary.step_s == pytest.approx((0.010 + 0.008 + 0.008 + 0.007) * 2 / 8)
+    assert summary.model_s == pytest.approx(0.007)
+    # every one of the four is followed by a continuing step: (0.002 + 0.001 + 0.001 + 0.5) x 2 / 8
+    assert summary.between_s == pytest.approx(0.504 / 4)
+    assert summary.cycle_s == pytest.approx(summary.step_s + summary.between_s)
+    empty = cycle_summary(STEPS, [], model_step_s, served_s)
+    assert empty.tokens == 0 and math.isnan(empty.cycle_s)
+
+
+def test_the_clients_gap_is_token_weighted_over_requests_of_three_tokens_or_more():
+    # (0.3 - 0.1) / 2 tokens and (1.0 - 0.2) / 8: 1.0 s over 10 tokens; a two-token request adds nothing
+    gap = client_steady_gap_s([(0.0, 0.1, 0.2, 0.3), (0.0, 0.2) + tuple(0.2 + 0.1 * i for i in range(1, 9)),
+                               (0.0, 0.5)], [4, 10, 2])
+    assert gap == pytest.approx(1.0 / 10)
+    assert math.isnan(client_steady_gap_s([(0.0, 0.5)], [2]))
+
+
+def test_a_workers_summary_is_in_milliseconds_with_its_rows_and_busy_share():
+    summary = decode_worker_summary(STEPS, 0.0, 0.2, model_step_s, served_s)
+    assert summary["steps"] == 4 and summary["tokens"] == 8
+    assert summary["model_ms"] == pytest.approx(7.0)
+    assert summary["busy_share"] == pytest.approx((0.050 + 0.010 + 0.008 + 0.008 + 0.007) / 0.2)
+    assert [row["batch"] for row in summary["rows"]] == ["2-3", "2-3"]
+    assert summary["rows"][1]["joins"] is True
