@@ -160,3 +160,39 @@ def decode_worker_summary(steps: Sequence[TracedStep], start_s: float, end_s: fl
                   "served_extra_ms": ms(row.served_s)}
                  for row in step_rows(steps, indexes, model_step_s, served_s)],
     }
+
+
+@dataclass(frozen=True)
+class StepExtraFit:
+    """What a served decode step adds to the profile's engine step, fitted on traced steps:
+    extra = `per_step_s` + `per_seq_s` x batch + `per_context_token_s` x context, seconds, least
+    squares over `steps` decode steps without a join; `mean_abs_error` is the fit's mean |miss|
+    over the mean measured step (0.1: 10%)."""
+
+    per_step_s: float
+    per_seq_s: float
+    per_context_token_s: float
+    steps: int
+    mean_abs_error: float
+
+    def extra_s(self, batch: float, context_tokens: float) -> float:
+        return self.per_step_s + self.per_seq_s * batch + self.per_context_token_s * context_tokens
+
+
+def fit_step_extra(steps: Sequence[TracedStep], model_step_s: Callable[[int, int], float],
+                   with_context: bool = True) -> StepExtraFit:
+    """`StepExtraFit` of the decode steps among `steps` that no request joined (a join's step also
+    loads its KV: charged apart), against `model_step_s(batch, context_tokens)`; without
+    `with_context` the context term is 0. ValueError with fewer steps than terms."""
+    chosen = [s for s in steps if s.tokens == s.decoding > 0 and s.joined == 0]
+    terms = 3 if with_context else 2
+    if len(chosen) < terms:
+        raise ValueError(f"{len(chosen)} decode steps without a join: too few to fit {terms} terms")
+    features = np.array([[1.0, s.batch, s.context_tokens][:terms] for s in chosen])
+    measured = np.array([s.duration_s for s in chosen])
+    extra = measured - np.array([model_step_s(s.batch, s.context_tokens) for s in chosen])
+    coef, *_ = np.linalg.lstsq(features, extra, rcond=None)
+    misses = np.abs(features @ coef - extra)
+    return StepExtraFit(per_step_s=float(coef[0]), per_seq_s=float(coef[1]),
+                        per_context_token_s=float(coef[2]) if with_context else 0.0, steps=len(chosen),
+                        mean_abs_error=float(misses.mean() / measured.mean()))

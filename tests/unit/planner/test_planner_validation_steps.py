@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 
 from pdserve.engine_step_trace import TracedStep
@@ -90,3 +92,25 @@ def test_a_workers_summary_is_in_milliseconds_with_its_rows_and_busy_share():
     assert summary["busy_share"] == pytest.approx((0.050 + 0.010 + 0.008 + 0.008 + 0.007) / 0.2)
     assert [row["batch"] for row in summary["rows"]] == ["2-3", "2-3"]
     assert summary["rows"][1]["joins"] is True
+
+
+def test_the_step_extra_fit_recovers_known_terms_and_leaves_joins_and_prompts_out():
+    from planner.validation_steps import fit_step_extra
+
+    rng = np.random.default_rng(0)
+    steps, t = [], 0.0
+    for _ in range(400):
+        batch, context = int(rng.integers(1, 40)), int(rng.integers(100, 20_000))
+        duration = model_step_s(batch, context) + 0.0009 + 0.00017 * batch + 5e-8 * context
+        steps.append(step(t, duration, 0, batch, context_tokens=context))
+        t += duration + 0.0001
+    steps.append(step(t, 0.5, 1, 3, context_tokens=300))                    # a join: left out
+    steps.append(step(t + 1, 0.5, 1, 0, prompt_tokens=900, context_tokens=900))   # a prompt: left out
+    fit = fit_step_extra(steps, model_step_s)
+    assert fit.steps == 400 and fit.mean_abs_error == pytest.approx(0.0, abs=1e-9)
+    assert (fit.per_step_s, fit.per_seq_s, fit.per_context_token_s) == pytest.approx((0.0009, 0.00017, 5e-8), rel=1e-6)
+    assert fit.extra_s(10, 1000) == pytest.approx(0.0009 + 0.0017 + 5e-5)
+    flat = fit_step_extra(steps, model_step_s, with_context=False)
+    assert flat.per_context_token_s == 0.0 and flat.mean_abs_error > 0   # the context's part is missed
+    with pytest.raises(ValueError, match="too few"):
+        fit_step_extra(steps[-2:], model_step_s)
