@@ -25,7 +25,8 @@ With --step-trace every engine core writes its steps (`pdserve.engine_step_trace
 <out-dir>/.../logs/steps, and each rate prints what the decode worker's gap was made of
 (`planner.validation_steps`): the clients' steady gap beside the engine's cycle (its step, the
 profile's model of that step, the engine core's time between steps) and what the simulator adds
-to the model's step; validation.json keeps it under the run's `measured.decode_steps`.
+to the model's step; and the prefill worker's prompt steps against the model's (their stretch on
+the core the router shares). validation.json keeps both under `engine_steps`, by rate.
 
 validation.json keeps each rate's requests as sent, so a change to the simulator or the model can
 be checked against the same real runs without running the cluster again (a directory of one run,
@@ -63,7 +64,7 @@ from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, phase_table, plot_verdicts,
                                verdict, verdict_table, verdicts_to_json)
 from planner.validation_phases import measured_local_share, measured_phases
-from planner.validation_steps import client_steady_gap_s, decode_worker_summary
+from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
                                      cluster_cpu_s, compare, load_earlier, machine_against_profile, planned_router,
                                      requests_at, router_flags_for, write_validation)
@@ -266,8 +267,7 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             if (local := measured_local_share(result.records)) is not None:
                 measured_summary["local_prefill_share"] = local
             if args.step_trace:
-                measured_summary["decode_steps"] = decode_step_report(system.cluster, trace_dir, result, first,
-                                                                      console)
+                measured_summary["engine_steps"] = step_report(system.cluster, trace_dir, result, first, console)
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
                           f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
                           f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "
@@ -283,24 +283,36 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
     return runs
 
 
-def decode_step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console) -> dict:
-    """The decode workers' traced steps over the run's window against `profile` (printed, and a
-    dict per worker for validation.json; `planner.validation_steps`)."""
+def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console) -> dict:
+    """The workers' traced steps over the run's window against `profile` (printed, and a dict for
+    validation.json; `planner.validation_steps`): each decode worker's cycle and each prefill
+    worker's prompt steps."""
     model = fit_perf_model(profile).model
     served = lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)  # noqa: E731  the simulator's own
     ok = [r for r in result.records if r.ok]
     client_ms = client_steady_gap_s([r.chunk_times_s for r in ok], [r.output_tokens for r in ok]) * 1e3
-    report = {"client_steady_gap_ms": round(client_ms, 4) if client_ms == client_ms else None, "workers": {}}
+    window = (result.start_s, result.start_s + result.duration_s)
+    report = {"client_steady_gap_ms": round(client_ms, 4) if client_ms == client_ms else None, "workers": {},
+              "prefill_workers": {}}
+
+    def traced(worker_id: str):
+        return sorted((step for path in trace_files(trace_dir, worker_id) for step in read_steps(path)),
+                      key=lambda s: s.start_s)
+
     for worker_id in cluster.worker_ids("decode"):
-        steps = [step for path in trace_files(trace_dir, worker_id) for step in read_steps(path)]
-        steps.sort(key=lambda s: s.start_s)
-        summary = decode_worker_summary(steps, result.start_s, result.start_s + result.duration_s,
-                                        model.decode_step_s, served)
-        report["workers"][worker_id] = summary
+        summary = report["workers"][worker_id] = decode_worker_summary(traced(worker_id), *window,
+                                                                       model.decode_step_s, served)
         console.print(f"decode worker {worker_id}: clients' steady gap {client_ms:.2f} ms; engine cycle "
                       f"{summary['cycle_ms']} ms = step {summary['step_ms']} (model {summary['model_ms']}) + between "
                       f"{summary['between_ms']}; the simulator charges model + {summary['served_extra_ms']} ms; "
                       f"engine busy {summary['busy_share']}")
+    for worker_id in cluster.worker_ids("prefill"):
+        summary = report["prefill_workers"][worker_id] = prefill_worker_summary(traced(worker_id), *window,
+                                                                                model.prefill_step_s)
+        if summary["steps"]:
+            console.print(f"prefill worker {worker_id}: {summary['steps']} prompt steps of {summary['step_ms']} ms "
+                          f"(model {summary['model_ms']}), median stretch {summary['median_stretch']}; engine busy "
+                          f"{summary['busy_share']}")
     return report
 
 

@@ -198,7 +198,7 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
                      comparisons: Sequence[Comparison], resimulated: Path | None = None,
                      what_if: Mapping[str, object] | None = None) -> tuple[Path, Path]:
     """Writes <out_dir>/validation.json (the setup, the comparisons, each run's CPU and requests as
-    [arrival_s, prompt_tokens, output_tokens], its traced decode steps and the simulator's `what_if`
+    [arrival_s, prompt_tokens, output_tokens], its traced engine steps and the simulator's `what_if`
     settings where there are any) and validation.png; returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     slo = setup.slo
@@ -215,7 +215,7 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
          "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
                                           for r in run.requests] for run in runs},
          "measured_phases": {str(run.rate_rps): _phases_to_json(run.phases) for run in runs if run.phases},
-         **_decode_steps(runs)},
+         **_engine_steps(runs)},
         indent=1))
     png = plot_validation(comparisons, out_dir / "validation.png",
                           f"{setup.model_name} {setup.topology.label}: measured vs simulated (TTFT<={slo.ttft_s * 1e3:g} ms, "
@@ -223,10 +223,10 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
     return json_path, png
 
 
-def _decode_steps(runs: Sequence[RateRun]) -> dict:
-    """The traced decode steps of the runs that kept them (`bench/validate_planner.py --step-trace`)."""
-    kept = {str(run.rate_rps): run.measured["decode_steps"] for run in runs if "decode_steps" in run.measured}
-    return {"decode_steps": kept} if kept else {}
+def _engine_steps(runs: Sequence[RateRun]) -> dict:
+    """The traced engine steps of the runs that kept them (`bench/validate_planner.py --step-trace`)."""
+    kept = {str(run.rate_rps): run.measured["engine_steps"] for run in runs if "engine_steps" in run.measured}
+    return {"engine_steps": kept} if kept else {}
 
 
 def machine_against_profile(machine: dict[str, float], hardware: HardwareInfo) -> str:

@@ -14,6 +14,10 @@ the client) holds tokens back. The engine's cycle splits into:
 - `served`: what the simulator adds to the engine's step (`ServingCosts.decode_serving_s`, the
   line from the profile's idle runs) for comparison with step + between - model.
 
+A prefill worker's steps (`prefill_worker_summary`) are set against the model's prompt step the
+same way: their stretch is what the host's load on the prefill core (the router bound there, a
+client) and the cluster's own work cost each prompt.
+
 Everything here is pure: steps in, rows out.
 """
 
@@ -196,3 +200,31 @@ def fit_step_extra(steps: Sequence[TracedStep], model_step_s: Callable[[int, int
     return StepExtraFit(per_step_s=float(coef[0]), per_seq_s=float(coef[1]),
                         per_context_token_s=float(coef[2]) if with_context else 0.0, steps=len(chosen),
                         mean_abs_error=float(misses.mean() / measured.mean()))
+
+
+def prompt_steps(steps: Sequence[TracedStep], start_s: float = -np.inf, end_s: float = np.inf) -> list[int]:
+    """Indexes of the steps that computed prompts and nothing else: requests new to the batch,
+    none continuing, none decoding (a prefill worker's steps; a prompt chunked over several steps
+    shows only its first here), started within [start_s, end_s)."""
+    return [i for i, s in enumerate(steps)
+            if s.joined > 0 and s.continuing == 0 and s.decoding == 0 and start_s <= s.start_s < end_s]
+
+
+def prefill_worker_summary(steps: Sequence[TracedStep], start_s: float, end_s: float,
+                           model_prompt_step_s: Callable[[int, float], float]) -> dict:
+    """A prefill worker's prompt steps in [start_s, end_s) against `model_prompt_step_s(tokens,
+    attention_units)` (`PerfModel.prefill_step_s`), a step of n prompts taken as n of equal length
+    (units n x (tokens / n)^2; the trace keeps no lengths apart): their count, the means in ms, the
+    median stretch (measured over model), the steps of several prompts, the engine's busy share."""
+    indexes = prompt_steps(steps, start_s, end_s)
+    window = [s for s in steps if start_s <= s.start_s < end_s]
+    busy = round(sum(s.duration_s for s in window) / (end_s - start_s), 4) if end_s > start_s else None
+    if not indexes:
+        return {"steps": 0, "busy_share": busy}
+    chosen = [steps[i] for i in indexes]
+    measured = np.array([s.duration_s for s in chosen])
+    model = np.array([model_prompt_step_s(s.tokens, s.joined * (s.tokens / s.joined) ** 2) for s in chosen])
+    return {"steps": len(chosen), "step_ms": round(float(measured.mean()) * 1e3, 4),
+            "model_ms": round(float(model.mean()) * 1e3, 4),
+            "median_stretch": round(float(np.median(measured / model)), 4),
+            "several_prompts": sum(1 for s in chosen if s.joined > 1), "busy_share": busy}

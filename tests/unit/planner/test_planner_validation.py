@@ -171,12 +171,12 @@ def test_a_validation_keeps_its_topology_and_router_so_a_resimulation_places_as_
     setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "long-short"}, "tcp",
                                             topology, router)
     steps = {"client_steady_gap_ms": 4.3, "workers": {"decode-1": {"cycle_ms": 4.35}}}   # --step-trace's report
-    runs = [validation_runs.RateRun(1.0, sample, summary(20, 30, 4, 5, 1.0) | {"decode_steps": steps}, None),
+    runs = [validation_runs.RateRun(1.0, sample, summary(20, 30, 4, 5, 1.0) | {"engine_steps": steps}, None),
             validation_runs.RateRun(2.0, sample, summary(20, 30, 4, 5, 1.0), None)]
     comparisons = validation_runs.compare(runs, [profile_path], "tcp", setup.slo, topology, router)
     validation_runs.write_validation(tmp_path, setup, [profile_path], runs, comparisons)
 
-    assert json.loads((tmp_path / "validation.json").read_text())["decode_steps"] == {"1.0": steps}
+    assert json.loads((tmp_path / "validation.json").read_text())["engine_steps"] == {"1.0": steps}
     again, _ = validation_runs.load_earlier(tmp_path / "validation.json", default_transport="torch")
     assert again.topology == topology and again.router == router and again.workload == {"shape": "long-short"}
     flags = validation_runs.router_flags_for(router, tmp_path / "router")

@@ -114,3 +114,22 @@ def test_the_step_extra_fit_recovers_known_terms_and_leaves_joins_and_prompts_ou
     assert flat.per_context_token_s == 0.0 and flat.mean_abs_error > 0   # the context's part is missed
     with pytest.raises(ValueError, match="too few"):
         fit_step_extra(steps[-2:], model_step_s)
+
+
+def test_a_prefill_workers_prompt_steps_are_set_against_the_models_prompt_step():
+    from planner.validation_steps import prefill_worker_summary, prompt_steps
+
+    def prompt_model(tokens, units):
+        return 0.005 + 1e-5 * tokens + 1e-9 * units
+
+    steps = [step(0.0, 0.012, 1, 0, context_tokens=500, prompt_tokens=500),      # model 0.01025: x1.17
+             step(0.1, 0.040, 2, 0, context_tokens=2000, prompt_tokens=2000),    # two of 1000: 0.027, x1.48
+             step(0.2, 0.003, 0, 1, context_tokens=501),                         # a decode step: not a prompt's
+             step(0.3, 0.030, 1, 0, context_tokens=1000, prompt_tokens=1000)]    # outside the window below
+    assert prompt_steps(steps) == [0, 1, 3] and prompt_steps(steps, 0.0, 0.25) == [0, 1]
+    summary = prefill_worker_summary(steps, 0.0, 0.25, prompt_model)
+    assert summary["steps"] == 2 and summary["several_prompts"] == 1
+    assert summary["model_ms"] == pytest.approx((10.25 + 27.0) / 2)
+    assert summary["median_stretch"] == pytest.approx((0.012 / 0.01025 + 0.040 / 0.027) / 2, rel=1e-3)
+    assert summary["busy_share"] == pytest.approx(0.055 / 0.25)
+    assert prefill_worker_summary(steps, 5.0, 6.0, prompt_model) == {"steps": 0, "busy_share": 0.0}
