@@ -115,6 +115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
+    p.add_argument("--router-core-max-stolen", type=float, default=SimSettings.router_core_max_stolen,
+                   help="a what-if for the simulated side: the largest share of a step on the router's core the "
+                        "host's load may take (default %(default)s, the simulator's own; 0.5: a fair scheduler keeps "
+                        "the stepping engine half its core)")
     p.add_argument("--step-trace", action="store_true",
                    help="trace the engines' steps and print, at each rate, what the decode worker's gap was made "
                         "of (the engine's step against the profile's model, the time between steps, the clients' gap)")
@@ -191,7 +195,7 @@ def measured(args: argparse.Namespace, console: Console):
 def what_if(args: argparse.Namespace) -> dict:
     """The simulator settings the command line changes from the simulator's own."""
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
-               "served_step": args.served_step}
+               "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen}
     return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
 
 

@@ -12,7 +12,7 @@ from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
 from planner.profile import Profile
 from planner.serving_costs import ServingCosts
-from planner.simulator.host import ROUTER_CHARGES
+from planner.simulator.host import MAX_STOLEN, ROUTER_CHARGES
 from router.policies.placement import CostModel, PlacementConfig
 from router.scheduler import SloTargets
 
@@ -213,7 +213,11 @@ class SimSettings:
       queued on those cores that the steps starting there share, `planner.simulator.host.RouterBacklog`);
     - `served_step`: what serving adds to a decode step: "line" (the profile's fitted line) or
       "table" (its measured extra by batch, interpolated, where the profile has it;
-      `ServingCosts.decode_serving_s`).
+      `ServingCosts.decode_serving_s`);
+    - `router_core_max_stolen`: the largest share of a step on the router's cores the host's load
+      may take (`planner.simulator.host.stretch_for_loads`): the default `MAX_STOLEN` (0.9), or 0.5,
+      a fair scheduler keeping a stepping engine at least half its core against the router
+      (a what-if; BENCHMARKS "What a loaded cluster's steps are made of" says what it does).
     """
 
     token_budget: int
@@ -229,6 +233,7 @@ class SimSettings:
     host_window_s: float = 0.5
     router_cpu_charge: str = "window"
     served_step: str = "line"
+    router_core_max_stolen: float = MAX_STOLEN
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -242,6 +247,9 @@ class SimSettings:
             raise SimulationError(f"SimSettings.served_step must be one of {SERVED_STEP_FORMS}, got {self.served_step!r}")
         if not self.host_window_s > 0:
             raise SimulationError(f"SimSettings.host_window_s must be > 0, got {self.host_window_s!r}")
+        if not 0 < self.router_core_max_stolen <= MAX_STOLEN:
+            raise SimulationError(f"SimSettings.router_core_max_stolen must be in (0, {MAX_STOLEN}], "
+                                  f"got {self.router_core_max_stolen!r}")
         if self.decode_pick not in ("handoff", "arrival"):
             raise SimulationError(f"SimSettings.decode_pick must be 'handoff' or 'arrival', got {self.decode_pick!r}")
 

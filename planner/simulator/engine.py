@@ -122,7 +122,8 @@ class _Cluster:
         # the router is bound to the prefill instances' cores where there are any (a prefill pool
         # is apart from the decode side: `launch.commands.router_cores_for`), else it floats
         self.host = HostCpu(settings.serving, settings.host_window_s, router_cores=topology.num_prefill * self._cores_per_instance,
-                            router_charge=settings.router_cpu_charge)
+                            router_charge=settings.router_cpu_charge,
+                            router_core_max_stolen=settings.router_core_max_stolen)
         self.spread = ServiceSpread(settings.serving, settings.spread_seed)
         self._stepping: set[int] = set()  # ids of the instances with a step running
         self._stepping_prefill: set[int] = set()  # of those, the prefill instances (the router's cores)

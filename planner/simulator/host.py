@@ -63,14 +63,17 @@ class HostCpu:
     bound to (the prefill instances' cores), 0 when it floats."""
 
     def __init__(self, costs: ServingCosts, window_s: float = 0.5, router_cores: float = 0.0,
-                 router_charge: str = "window") -> None:
+                 router_charge: str = "window", router_core_max_stolen: float = MAX_STOLEN) -> None:
         if window_s <= 0:
             raise ValueError(f"window_s must be > 0, got {window_s}")
         if router_cores < 0:
             raise ValueError(f"router_cores must be >= 0, got {router_cores}")
         if router_charge not in ROUTER_CHARGES:
             raise ValueError(f"router_charge must be one of {ROUTER_CHARGES}, got {router_charge!r}")
+        if not 0 < router_core_max_stolen <= MAX_STOLEN:
+            raise ValueError(f"router_core_max_stolen must be in (0, {MAX_STOLEN}], got {router_core_max_stolen}")
         self.costs, self.window_s = costs, window_s
+        self.router_core_max_stolen = router_core_max_stolen
         measured_apart = (costs.router_cpu_s_per_token or costs.router_cpu_s_per_request
                           or costs.router_cpu_s_per_prompt_token or costs.router_cpu_s_per_step)
         self.router_cores = router_cores if measured_apart else 0.0
@@ -112,7 +115,8 @@ class HostCpu:
         if not self.modelled:
             return 1.0
         return stretch_for_loads(self._rest.load_cores(now), self._router.load_cores(now), self.costs.host_cores,
-                                 busy_cores, self.router_cores, busy_router_cores, on_router_cores, team_cores)
+                                 busy_cores, self.router_cores, busy_router_cores, on_router_cores, team_cores,
+                                 self.router_core_max_stolen)
 
     def router_delay_s(self, now: float, engine_s: float) -> float:
         """How much longer a step (or a hop) of `engine_s` starting now on the router's cores takes
@@ -170,7 +174,7 @@ class RouterBacklog:
 
 def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: float, busy_cores: float,
                       router_cores: float = 0.0, busy_router_cores: float = 0.0, on_router_cores: bool = False,
-                      team_cores: float = 1.0) -> float:
+                      team_cores: float = 1.0, router_core_max_stolen: float = MAX_STOLEN) -> float:
     """The processor-sharing stretch of a step starting on one of `busy_cores` stepping cores
     (`on_router_cores`: on one of the router's, of which `busy_router_cores` step).
 
@@ -183,7 +187,11 @@ def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: f
     idle cores apart from the router's, then the room the router leaves on its own, then shares the
     other stepping cores (all of it on the router's where no other core steps). With `router_cores`
     0 the router's load is part of the rest, which takes idle cores first and shares every stepping
-    core."""
+    core.
+
+    A step on the router's cores loses at most `router_core_max_stolen` of its time there (every
+    other step at most `MAX_STOLEN`): 0.5 says Linux's fair scheduler keeps a stepping engine at
+    least half its core against the router (`SimSettings.router_core_max_stolen`, a what-if)."""
     if busy_cores <= 0 or host_cores <= 0:
         return 1.0
     team = max(1.0, team_cores)
@@ -194,12 +202,12 @@ def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: f
     rest_left = max(0.0, rest_cores - max(0.0, host_cores - router_cores - busy_elsewhere))
     on_router = rest_left if busy_elsewhere <= 0 else min(rest_left, max(0.0, router_cores - router_load_cores))
     if on_router_cores:
-        return _stretch((router_load_cores + on_router) / router_cores * min(team, router_cores))
+        return _stretch((router_load_cores + on_router) / router_cores * min(team, router_cores), router_core_max_stolen)
     return _stretch((rest_left - on_router) / busy_elsewhere * min(team, busy_elsewhere)) if busy_elsewhere > 0 else 1.0
 
 
-def _stretch(stolen: float) -> float:
-    return 1.0 / (1.0 - min(MAX_STOLEN, stolen))
+def _stretch(stolen: float, most: float = MAX_STOLEN) -> float:
+    return 1.0 / (1.0 - min(most, stolen))
 
 
 def stretch_for_load(load_cores: float, host_cores: float, busy_cores: float) -> float:

@@ -234,3 +234,37 @@ def test_the_backlog_charge_moves_only_a_bound_routers_per_request_cpu_and_is_a_
         HostCpu(costs, router_charge="later")
     with pytest.raises(SimulationError, match="router_cpu_charge"):
         round_settings(router_cpu_charge="later")
+
+
+def test_a_step_on_the_routers_core_loses_at_most_the_named_share_there_and_the_others_keep_the_default():
+    both = dict(busy_cores=2, router_cores=1, busy_router_cores=1)
+    # the router's 0.7 cores on its one core: the prefill step there 1 / 0.3 by processor sharing,
+    # 2x where a fair scheduler keeps the stepping engine half its core
+    assert stretch_for_loads(0.0, 0.7, 2, **both, on_router_cores=True) == pytest.approx(1 / 0.3, **EXACT)
+    assert stretch_for_loads(0.0, 0.7, 2, **both, on_router_cores=True, router_core_max_stolen=0.5) == \
+        pytest.approx(2.0, **EXACT)
+    # the decode step on the other core: the client's 0.95 less the 0.3 the router's core has room for
+    assert stretch_for_loads(0.95, 0.7, 2, **both, on_router_cores=False, router_core_max_stolen=0.5) == \
+        pytest.approx(1 / 0.35, **EXACT)
+    host = HostCpu(ServingCosts(host_cpu_s_per_token=0.001, router_cpu_s_per_token=0.001, host_cores=2),
+                   window_s=1.0, router_cores=1, router_core_max_stolen=0.5)
+    host.tokens_emitted(0.0, 800)   # the router's 0.8 cores
+    assert host.stretch(0.5, 2, busy_router_cores=1, on_router_cores=True) == pytest.approx(2.0, **EXACT)
+    for bad in (0.0, 0.95):
+        with pytest.raises(ValueError, match="router_core_max_stolen"):
+            HostCpu(ServingCosts(host_cores=2), router_core_max_stolen=bad)
+    with pytest.raises(SimulationError, match="router_core_max_stolen"):
+        round_settings(router_core_max_stolen=1.0)
+
+
+def test_a_first_token_under_a_heavy_router_takes_at_most_twice_its_time_where_the_engine_keeps_half_its_core():
+    # 1P+1D, the router bound to the prefill core with 2.1 cpu-s a request: a third (0.7) at arrival
+    # is 1.4 cores over the 0.5 s window; the prompt (0.1525 s alone) takes 1 / (1 - 0.9) of it by
+    # default (the cap of every step) and 1 / (1 - 0.5) where the router may take half its core
+    costs = ServingCosts(host_cpu_s_per_request=2.1, router_cpu_s_per_request=2.1, host_cores=2)
+
+    def first_token_s(**what_if):
+        settings = round_settings(serving=costs, **what_if)
+        return simulate([spec(0.0, 50, 3)], Topology.disaggregated(1, 1), settings, ROUND_MODEL).timeline["first_token_s"][0]
+    assert first_token_s() == pytest.approx(0.1525 / (1 - 0.9), **EXACT)
+    assert first_token_s(router_core_max_stolen=0.5) == pytest.approx(0.1525 * 2, **EXACT)
