@@ -12,8 +12,8 @@ clock Python's `perf_counter` reads on Linux, so a client on the same host lines
 up with the steps.
 
 The cost is a clock read and a buffered line a step (flushed every `FLUSH_S` and whenever the
-engine runs out of work); unset, nothing is
-wrapped. `StepShape.of` (what a step ran) and `read_steps` (the file back) are pure.
+engine runs out of work); unset, nothing is wrapped. `StepShape.of` (what a step ran),
+`read_steps` (the file back) and `trace_files` are pure.
 """
 
 from __future__ import annotations
@@ -103,8 +103,10 @@ def read_steps(path: str | Path) -> list[TracedStep]:
 
 
 def trace_files(directory: str | Path, engine_id: str) -> list[Path]:
-    """The trace files `engine_id`'s engine cores wrote in `directory` (one per process)."""
-    return sorted(Path(directory).glob(f"steps-{engine_id}-*.csv"))
+    """The trace files `engine_id`'s engine cores wrote in `directory` (one per process), not
+    another engine's whose id starts alike (decode-1 is not decode-10)."""
+    prefix = f"steps-{engine_id}-"
+    return sorted(path for path in Path(directory).glob(f"{prefix}*.csv") if path.stem[len(prefix):].isdigit())
 
 
 class StepWriter:

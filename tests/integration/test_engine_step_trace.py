@@ -51,3 +51,10 @@ def test_reading_a_trace_skips_a_line_cut_short_and_refuses_another_file(tmp_pat
     empty = tmp_path / "steps-w-2.csv"
     empty.write_text("")   # a process that stopped before its header was flushed
     assert read_steps(empty) == []
+
+
+def test_an_engines_trace_files_are_its_own_and_not_another_whose_id_starts_alike(tmp_path):
+    for name in ("steps-decode-1-41.csv", "steps-decode-1-42.csv", "steps-decode-10-43.csv", "steps-decode-1-x.csv"):
+        (tmp_path / name).write_text(",".join(STEP_COLUMNS) + "\n")
+    assert [path.name for path in trace_files(tmp_path, "decode-1")] == ["steps-decode-1-41.csv", "steps-decode-1-42.csv"]
+    assert [path.name for path in trace_files(tmp_path, "decode-10")] == ["steps-decode-10-43.csv"]
