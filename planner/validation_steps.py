@@ -13,6 +13,7 @@ the client) holds tokens back. The engine's cycle splits into:
   where the next step continues a request of this one (the engine had work: not idleness);
 - `served`: what the simulator adds to the engine's step (`ServingCosts.decode_serving_s`, the
   line from the profile's idle runs) for comparison with step + between - model.
+`fit_step_extra` fits what the steps add over the model, a + b x batch (+ c x context).
 
 A prefill worker's steps (`prefill_worker_summary`) are set against the model's prompt step the
 same way: their stretch is what the host's load on the prefill core (the router bound there, a
