@@ -27,7 +27,7 @@ import numpy as np
 from pdserve.engine_step_trace import read_steps
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile
-from planner.validation_steps import BATCH_BUCKETS, bucket_label, fit_step_extra
+from planner.validation_steps import BATCH_BUCKETS, bucket_label, fit_step_extra, steady_decode_steps
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,14 +41,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def decode_steps_only(steps):
-    return [s for s in steps if s.tokens == s.decoding > 0 and s.joined == 0]
-
-
 def file_row(name: str, steps, model_step_s, fitted, profile_line) -> dict:
     """One trace file: its decode steps without a join, their mean measured step, and the mean
     signed miss of the fit and of the profile's line (measured - charged, ms), and the extra by batch."""
-    chosen = decode_steps_only(steps)
+    chosen = steady_decode_steps(steps)
     measured = np.array([s.duration_s for s in chosen])
     model = np.array([model_step_s(s.batch, s.context_tokens) for s in chosen])
     fit_miss = measured - model - np.array([fitted.extra_s(s.batch, s.context_tokens) for s in chosen])
@@ -98,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     for root in args.traces:
         for path in sorted(root.rglob("steps-decode-*.csv")):
             steps = read_steps(path)
-            if decode_steps_only(steps):
+            if steady_decode_steps(steps):
                 traces[str(path.relative_to(root.parent))] = steps
     if not traces:
         raise SystemExit(f"no decode step traces (steps-decode-*.csv) under {[str(t) for t in args.traces]}")

@@ -77,6 +77,12 @@ class TracedStep:
     def duration_s(self) -> float:
         return self.end_s - self.start_s
 
+    @property
+    def only_decodes(self) -> bool:
+        """Every request it scheduled computed one token (a decode worker's step, joins included:
+        a pulled prompt's join computes its last token)."""
+        return self.tokens == self.decoding > 0
+
 
 STEP_COLUMNS = tuple(f.name for f in fields(TracedStep))
 

@@ -70,7 +70,7 @@ def decode_steps(steps: Sequence[TracedStep], start_s: float = -np.inf, end_s: f
     """Indexes of the steps that only decode (every scheduled request computed one token: a decode
     worker's steps, joins included, since a pulled prompt's join computes its last token), started
     within [start_s, end_s)."""
-    return [i for i, s in enumerate(steps) if s.tokens == s.decoding > 0 and start_s <= s.start_s < end_s]
+    return [i for i, s in enumerate(steps) if s.only_decodes and start_s <= s.start_s < end_s]
 
 
 def step_rows(steps: Sequence[TracedStep], indexes: Sequence[int], model_step_s: Callable[[int, int], float],
@@ -184,12 +184,17 @@ class StepExtraFit:
         return self.per_step_s + self.per_seq_s * batch + self.per_context_token_s * context_tokens
 
 
+def steady_decode_steps(steps: Sequence[TracedStep]) -> list[TracedStep]:
+    """The decode steps no request joined (a join's step also loads its KV: charged apart)."""
+    return [s for s in steps if s.only_decodes and s.joined == 0]
+
+
 def fit_step_extra(steps: Sequence[TracedStep], model_step_s: Callable[[int, int], float],
                    with_context: bool = True) -> StepExtraFit:
     """`StepExtraFit` of the decode steps among `steps` that no request joined (a join's step also
     loads its KV: charged apart), against `model_step_s(batch, context_tokens)`; without
     `with_context` the context term is 0. ValueError with fewer steps than terms."""
-    chosen = [s for s in steps if s.tokens == s.decoding > 0 and s.joined == 0]
+    chosen = steady_decode_steps(steps)
     terms = 3 if with_context else 2
     if len(chosen) < terms:
         raise ValueError(f"{len(chosen)} decode steps without a join: too few to fit {terms} terms")
