@@ -25,8 +25,11 @@ With --step-trace every engine core writes its steps (`pdserve.engine_step_trace
 <out-dir>/.../logs/steps, and each rate prints what the decode worker's gap was made of
 (`planner.validation_steps`): the clients' steady gap beside the engine's cycle (its step, the
 profile's model of that step, the engine core's time between steps) and what the simulator adds
-to the model's step; and the prefill worker's prompt steps against the model's (their stretch on
-the core the router shares). validation.json keeps both under `engine_steps`, by rate.
+to the model's step; where the handoff's time went (`planner.validation_joins`: the hops outside
+the decode worker, and inside it the step running when the request came, the pull and the steps it
+spanned, the join step), set against the simulator's split of the same; and the prefill worker's
+prompt steps against the model's (their stretch on the core the router shares). validation.json
+keeps them under `engine_steps`, by rate (and each comparison's handoff split under `handoff_ms`).
 
 validation.json keeps each rate's requests as sent, so a change to the simulator or the model can
 be checked against the same real runs without running the cluster again (a directory of one run,
@@ -54,15 +57,16 @@ from loadgen.metrics import SLO, summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.host_probe import speed_check_ms, wake_check_us
-from pdserve.engine_step_trace import STEP_TRACE_ENV, read_steps, trace_files
+from pdserve.engine_step_trace import STEP_TRACE_ENV, read_joins, read_steps, trace_files
 from planner.perf_model import fit_perf_model
 from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
 from planner.simulator.config import SERVED_STEP_FORMS
 from planner.simulator.host import ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
-from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, phase_table, plot_verdicts,
-                               verdict, verdict_table, verdicts_to_json)
+from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, handoff_table, phase_table,
+                               plot_verdicts, verdict, verdict_table, verdicts_to_json)
+from planner.validation_joins import client_first_gap_s, handoff_summary, prompt_summary
 from planner.validation_phases import measured_local_share, measured_phases
 from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
@@ -157,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"where the time goes, {setup.topology.label}, {shape}: measured vs simulated phases")
         if phases is not None:
             console.print(phases)
+        handoffs = handoff_table([c for c in comparisons if c.model == args.profile[0].stem],
+                                 f"the handoff, {setup.topology.label}, {shape}: outside the decode worker and inside it")
+        if handoffs is not None:
+            console.print(handoffs)
         json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons, args.resimulate,
                                           what_if(args))
         console.print(f"wrote {json_path} and {png}")
@@ -303,20 +311,34 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
         return sorted((step for path in trace_files(trace_dir, worker_id) for step in read_steps(path)),
                       key=lambda s: s.start_s)
 
+    def joined(worker_id: str):
+        return [join for path in trace_files(trace_dir, worker_id, "joins") for join in read_joins(path)]
+
+    first_gap_s = client_first_gap_s([r.chunk_times_s for r in ok])
     for worker_id in cluster.worker_ids("decode"):
-        summary = report["workers"][worker_id] = decode_worker_summary(traced(worker_id), *window,
-                                                                       model.decode_step_s, served)
+        steps = traced(worker_id)
+        summary = report["workers"][worker_id] = decode_worker_summary(steps, *window, model.decode_step_s, served)
         console.print(f"decode worker {worker_id}: clients' steady gap {client_ms:.2f} ms; engine cycle "
                       f"{summary['cycle_ms']} ms = step {summary['step_ms']} (model {summary['model_ms']}) + between "
                       f"{summary['between_ms']}; the simulator charges model + {summary['served_extra_ms']} ms; "
                       f"engine busy {summary['busy_share']}")
+        handoff = summary["handoff"] = handoff_summary(joined(worker_id), steps, *window, first_gap_s)
+        if handoff["requests"]:
+            console.print(f"  handoff, {handoff['requests']} pulled requests (ms): clients' first gap "
+                          f"{handoff.get('client_first_gap_ms')} = hops outside {handoff.get('hops_ms')} (the profile's "
+                          f"{profile.serving.handoff_s * 1e3:.2f}) + inside {handoff['inside_ms']}: front end "
+                          f"{handoff['front_ms']} (behind the running step {handoff['behind_step_ms']}), pull "
+                          f"{handoff['pull_ms']} (steps it spanned {handoff['pull_steps_share']}), to its step "
+                          f"{handoff['to_join_ms']}, its step {handoff['join_step_ms']}")
     for worker_id in cluster.worker_ids("prefill"):
         summary = report["prefill_workers"][worker_id] = prefill_worker_summary(traced(worker_id), *window,
                                                                                 model.prefill_step_s)
+        prompts = summary["prompts"] = prompt_summary(joined(worker_id), *window)
         if summary["steps"]:
             console.print(f"prefill worker {worker_id}: {summary['steps']} prompt steps of {summary['step_ms']} ms "
                           f"(model {summary['model_ms']}), median stretch {summary['median_stretch']}; engine busy "
-                          f"{summary['busy_share']}")
+                          f"{summary['busy_share']}; a prompt's front end {prompts.get('front_ms')} ms, queue "
+                          f"{prompts.get('queue_ms')} ms")
     return report
 
 

@@ -7,19 +7,23 @@ client's gap sits above them (BENCHMARKS "Across shapes on a second AMX kind"), 
 tells which part grew. `PDSERVE_VLLM_STEP_TRACE_DIR` set in a worker's environment (inherited by
 `pdserve up`'s workers and their engine cores) makes pdserve's vLLM plugin (`pdserve.vllm_plugin`)
 wrap the engine core's step: each step that scheduled work appends one line to
-`DIR/steps-<engine id>-<pid>.csv` (`STEP_COLUMNS`). Times are `time.monotonic()` seconds, the
-clock Python's `perf_counter` reads on Linux, so a client on the same host lines its token times
-up with the steps.
+`DIR/steps-<engine id>-<pid>.csv` (`STEP_COLUMNS`), and each request's first step one line to
+`DIR/joins-<engine id>-<pid>.csv` (`JOIN_COLUMNS`): when the worker's front end accepted it, when
+the engine core's scheduler took it in, when its KV pull was reported done (a decode worker's), and
+the step it first ran in. Times are `time.monotonic()` seconds, the clock Python's `perf_counter`
+reads on Linux, so a client on the same host lines its token times up with the steps; the front
+end's stamp (vLLM's `arrival_time`, wall-clock) is moved onto that clock by their offset at install.
 
 The cost is a clock read and a buffered line a step (flushed every `FLUSH_S` and whenever the
 engine runs out of work); unset, nothing is wrapped. `StepShape.of` (what a step ran),
-`read_steps` (the file back) and `trace_files` are pure.
+`read_steps` / `read_joins` (the files back) and `trace_files` are pure.
 """
 
 from __future__ import annotations
 
 import csv
 import logging
+import math
 import os
 import time
 from dataclasses import astuple, dataclass, fields
@@ -87,70 +91,181 @@ class TracedStep:
 STEP_COLUMNS = tuple(f.name for f in fields(TracedStep))
 
 
-def read_steps(path: str | Path) -> list[TracedStep]:
-    """A trace file's steps in the order they ran; a last line cut short (the process stopped
-    mid-write) is skipped."""
-    steps = []
+@dataclass(frozen=True)
+class TracedJoin:
+    """One request's way into an engine's batch, in monotonic seconds: `accepted_s` when the
+    worker's front end took it (vLLM's `arrival_time`), `arrived_s` when the engine core's
+    scheduler took it in (between two steps), `pulled_s` when its KV pull was reported done (after
+    the step whose connector finished it; NaN: it pulled nothing, its prompt is computed here), and
+    the first step that ran it (`start_s`, `end_s`: a prompt's first chunk, or a pulled prompt's
+    last token and so its first decode token)."""
+
+    request_id: str
+    prompt_tokens: int
+    accepted_s: float
+    arrived_s: float
+    pulled_s: float
+    start_s: float
+    end_s: float
+
+    @property
+    def pulled(self) -> bool:
+        return not math.isnan(self.pulled_s)
+
+
+JOIN_COLUMNS = tuple(f.name for f in fields(TracedJoin))
+
+
+def _read_rows(path: str | Path, columns: tuple[str, ...], kind: str) -> list[list[str]]:
+    """A trace file's rows of `columns` values; a last line cut short (the process stopped
+    mid-write) is skipped, a file of other columns refused."""
     with open(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
             return []
-        if tuple(header) != STEP_COLUMNS:
-            raise ValueError(f"{path}: not a step trace (columns {header}, expected {list(STEP_COLUMNS)})")
-        for row in reader:
-            if len(row) != len(STEP_COLUMNS):
-                continue
-            try:
-                steps.append(TracedStep(float(row[0]), float(row[1]), *(int(v) for v in row[2:])))
-            except ValueError:
-                continue
+        if tuple(header) != columns:
+            raise ValueError(f"{path}: not a {kind} trace (columns {header}, expected {list(columns)})")
+        return [row for row in reader if len(row) == len(columns)]
+
+
+def read_steps(path: str | Path) -> list[TracedStep]:
+    """A trace file's steps in the order they ran; a last line cut short is skipped."""
+    steps = []
+    for row in _read_rows(path, STEP_COLUMNS, "step"):
+        try:
+            steps.append(TracedStep(float(row[0]), float(row[1]), *(int(v) for v in row[2:])))
+        except ValueError:
+            continue
     return steps
 
 
-def trace_files(directory: str | Path, engine_id: str) -> list[Path]:
-    """The trace files `engine_id`'s engine cores wrote in `directory` (one per process), not
-    another engine's whose id starts alike (decode-1 is not decode-10)."""
-    prefix = f"steps-{engine_id}-"
+def read_joins(path: str | Path) -> list[TracedJoin]:
+    """A join trace's requests in the order their first steps ran; a last line cut short is skipped."""
+    joins = []
+    for row in _read_rows(path, JOIN_COLUMNS, "join"):
+        try:
+            joins.append(TracedJoin(row[0], int(row[1]), *(float(v) for v in row[2:])))
+        except ValueError:
+            continue
+    return joins
+
+
+def trace_files(directory: str | Path, engine_id: str, kind: str = "steps") -> list[Path]:
+    """The trace files of `kind` ("steps" or "joins") that `engine_id`'s engine cores wrote in
+    `directory` (one per process), not another engine's whose id starts alike (decode-1 is not
+    decode-10)."""
+    prefix = f"{kind}-{engine_id}-"
     return sorted(path for path in Path(directory).glob(f"{prefix}*.csv") if path.stem[len(prefix):].isdigit())
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A request's stamps before its first step (monotonic seconds; NaN: not seen)."""
+
+    request_id: str
+    prompt_tokens: int
+    accepted_s: float
+    arrived_s: float
+    pulled_s: float
+
+
 class StepWriter:
-    """Appends one engine core's steps to its file, flushing at most every `FLUSH_S`."""
+    """Appends one engine core's steps and joins to its two files, flushing at most every `FLUSH_S`."""
 
     def __init__(self, directory: str | Path, engine_id: str):
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path = Path(directory) / f"steps-{engine_id}-{os.getpid()}.csv"
+        self.joins_path = Path(directory) / f"joins-{engine_id}-{os.getpid()}.csv"
         self._file = open(self.path, "w", newline="", buffering=1 << 16)
-        self._csv = csv.writer(self._file)
+        self._joins_file = open(self.joins_path, "w", newline="", buffering=1 << 16)
+        self._csv, self._joins_csv = csv.writer(self._file), csv.writer(self._joins_file)
         self._csv.writerow(STEP_COLUMNS)
+        self._joins_csv.writerow(JOIN_COLUMNS)
         self._flushed_s = time.monotonic()
 
-    def write(self, start_s: float, end_s: float, shape: StepShape, idle: bool) -> None:
-        """`idle`: the engine has nothing left to run (the file is flushed then too, so a reader
-        between requests sees every step)."""
+    def write(self, start_s: float, end_s: float, shape: StepShape, joins: list[Entry], idle: bool) -> None:
+        """The step, and the requests whose first step it was. `idle`: the engine has nothing left
+        to run (the files are flushed then too, so a reader between requests sees every step)."""
         self._csv.writerow((f"{start_s:.6f}", f"{end_s:.6f}", *astuple(shape)))
+        for e in joins:
+            self._joins_csv.writerow((e.request_id, e.prompt_tokens, f"{e.accepted_s:.6f}", f"{e.arrived_s:.6f}",
+                                      f"{e.pulled_s:.6f}", f"{start_s:.6f}", f"{end_s:.6f}"))
         if idle or end_s - self._flushed_s >= FLUSH_S:
             self._file.flush()
+            self._joins_file.flush()
             self._flushed_s = end_s
+
+
+class Stamps:
+    """One scheduler's stamps of the requests it holds that have not run yet: `arrived` when it
+    took one in, `pulled` when its KV pull was reported done, `take` at its first step. Bounded:
+    past `MAX` entries (requests aborted before they ran) the oldest half goes."""
+
+    MAX = 8192
+
+    def __init__(self, wall_to_monotonic_s: float):
+        self._offset_s = wall_to_monotonic_s
+        self._arrived: dict[str, tuple[float, float, int]] = {}
+        self._pulled: dict[str, float] = {}
+
+    def arrived(self, request_id: str, accepted_wall_s: float | None, prompt_tokens: int, now_s: float) -> None:
+        if request_id in self._arrived:
+            return
+        if len(self._arrived) >= self.MAX:
+            for old in list(self._arrived)[: self.MAX // 2]:
+                del self._arrived[old]
+                self._pulled.pop(old, None)
+        accepted_s = math.nan if accepted_wall_s is None else accepted_wall_s - self._offset_s
+        self._arrived[request_id] = (accepted_s, now_s, prompt_tokens)
+
+    def pulled(self, request_id: str, now_s: float) -> None:
+        if request_id in self._arrived:
+            self._pulled[request_id] = now_s
+
+    def take(self, request_id: str) -> Entry | None:
+        """The request's stamps, forgotten here; None for one never seen arriving (resumed)."""
+        stamps = self._arrived.pop(request_id, None)
+        pulled_s = self._pulled.pop(request_id, math.nan)
+        if stamps is None:
+            return None
+        accepted_s, arrived_s, prompt_tokens = stamps
+        return Entry(request_id, prompt_tokens, accepted_s, arrived_s, pulled_s)
 
 
 def install(directory: str) -> None:
     """Wraps vLLM's `EngineCore.step` and `step_with_batch_queue` (and its scheduler's `schedule`,
-    for the shape) so every step that scheduled work is written to `directory`."""
+    for the shape, `add_request` and the KV connector's report, for the joins) so every step that
+    scheduled work, and every request's first step, is written to `directory`."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
 
     if getattr(EngineCore, "_pdserve_step_trace", False):
         return
     original_schedule = Scheduler.schedule
-    shapes: list[StepShape] = []   # the shapes scheduled and not yet written (a batch queue holds several)
+    original_add_request = Scheduler.add_request
+    original_kv_finished = Scheduler._update_from_kv_xfer_finished
+    # the shapes scheduled and not yet written, each with the requests it ran first (a batch queue holds several)
+    shapes: list[tuple[StepShape, list[Entry]]] = []
     writers: dict[int, StepWriter] = {}
+    stamps = Stamps(wall_to_monotonic_s=time.time() - time.monotonic())
+
+    def add_request(self, request, *args, **kwargs):
+        stamps.arrived(request.request_id, getattr(request, "arrival_time", None),
+                       getattr(request, "num_prompt_tokens", 0), time.monotonic())
+        return original_add_request(self, request, *args, **kwargs)
+
+    def kv_finished(self, kv_connector_output, *args, **kwargs):
+        now_s = time.monotonic()
+        for request_id in kv_connector_output.finished_recving or ():
+            stamps.pulled(request_id, now_s)
+        return original_kv_finished(self, kv_connector_output, *args, **kwargs)
 
     def schedule(self, *args, **kwargs):
         output = original_schedule(self, *args, **kwargs)
         if output.total_num_scheduled_tokens > 0:
-            shapes.append(StepShape.of(output))
+            joins = [e for new in output.scheduled_new_reqs if (e := stamps.take(new.req_id)) is not None]
+            shapes.append((StepShape.of(output), joins))
         return output
 
     def traced(original, batch_queue: bool):
@@ -165,11 +280,14 @@ def install(directory: str) -> None:
                 writer = writers.get(id(self))
                 if writer is None:
                     writer = writers[id(self)] = StepWriter(directory, _engine_id(self))
-                writer.write(start_s, time.monotonic(), shapes.pop(0), idle=not self.scheduler.has_unfinished_requests())
+                shape, joins = shapes.pop(0)
+                writer.write(start_s, time.monotonic(), shape, joins, idle=not self.scheduler.has_unfinished_requests())
             return result
         return step
 
     Scheduler.schedule = schedule
+    Scheduler.add_request = add_request
+    Scheduler._update_from_kv_xfer_finished = kv_finished
     EngineCore.step = traced(EngineCore.step, batch_queue=False)
     EngineCore.step_with_batch_queue = traced(EngineCore.step_with_batch_queue, batch_queue=True)
     EngineCore._pdserve_step_trace = True

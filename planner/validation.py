@@ -194,6 +194,46 @@ def phase_table(comparisons: Sequence[Comparison], title: str) -> Table | None:
     return table
 
 
+HANDOFF_PARTS = ("hops", "inside")
+
+
+def measured_handoff_ms(measured: dict[str, Any]) -> dict[str, float] | None:
+    """The handoff split a run's join trace measured (`planner.validation_joins`, under
+    `engine_steps`): hops outside the decode workers and the time inside them, means in ms over
+    their pulled requests (weighted by each worker's count); None where none was traced."""
+    workers = [w.get("handoff", {}) for w in measured.get("engine_steps", {}).get("workers", {}).values()]
+    workers = [h for h in workers if h.get("requests") and h.get("hops_ms") is not None]
+    total = sum(h["requests"] for h in workers)
+    if not total:
+        return None
+    return {part: sum(h[f"{part}_ms"] * h["requests"] for h in workers) / total for part in HANDOFF_PARTS}
+
+
+def simulated_handoff_ms(simulated: dict[str, Any]) -> dict[str, float] | None:
+    """The same split from the simulator's summary (`SimResult.handoff_split_ms`); None where no
+    request pulled."""
+    values = {part: simulated.get(f"mean_handoff_{part}_ms") for part in HANDOFF_PARTS}
+    return None if any(v is None for v in values.values()) else values
+
+
+def handoff_table(comparisons: Sequence[Comparison], title: str) -> Table | None:
+    """Each rate's handoff split, measured (the join trace) / simulated means in ms with the error;
+    None when no run was traced."""
+    rows = [(c, m, s) for c in comparisons
+            if (m := measured_handoff_ms(c.measured)) is not None and (s := simulated_handoff_ms(c.simulated)) is not None]
+    if not rows:
+        return None
+    table = Table(title=title)
+    for column in ("rate req/s", "model", "hops outside real / sim ms", "inside the decode worker real / sim ms"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for c, measured, simulated in rows:
+        cells = [f"{measured[part]:.1f} / {simulated[part]:.1f}"
+                 + (f" ({(simulated[part] - measured[part]) / measured[part]:+.0%})" if measured[part] > 0 else "")
+                 for part in HANDOFF_PARTS]
+        table.add_row(f"{c.rate_rps:.2f}", c.model, *cells)
+    return table
+
+
 def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
     keys = [key for key, _ in METRICS]
     models = list(dict.fromkeys(c.model for c in comparisons))
@@ -203,7 +243,9 @@ def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
                   "measured": {k: c.measured[k] for k in keys + _local(c)}, "simulated": {k: c.simulated[k] for k in keys + _local(c)},
                   "error": {k: c.error(k) for k in keys},
                   **({"noise": c.noise} if c.noise else {}),
-                  **({"phases": [row.as_dict() for row in c.phases]} if c.phases else {})} for c in comparisons],
+                  **({"phases": [row.as_dict() for row in c.phases]} if c.phases else {}),
+                  **({"handoff_ms": {"measured": m, "simulated": simulated_handoff_ms(c.simulated)}}
+                     if (m := measured_handoff_ms(c.measured)) is not None else {})} for c in comparisons],
         "mean_abs_error": {m: mean_abs_errors(comparisons, m) for m in models},
     }
 

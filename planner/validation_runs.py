@@ -177,9 +177,10 @@ def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, l
                             Topology.from_label(earlier.get("topology", "1P+1D")), router)
     measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
     cpu_cores, phases = earlier.get("cluster_cpu_cores", {}), earlier.get("measured_phases", {})
-    machine = earlier.get("machine", {})
-    runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows], measured[float(rate)], cpu_cores.get(rate),
-                    _phases_from_json(phases.get(rate)), machine.get(rate))
+    machine, engine_steps = earlier.get("machine", {}), earlier.get("engine_steps", {})
+    runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows],
+                    measured[float(rate)] | ({"engine_steps": engine_steps[rate]} if rate in engine_steps else {}),
+                    cpu_cores.get(rate), _phases_from_json(phases.get(rate)), machine.get(rate))
             for rate, rows in earlier["requests"].items()]
     return setup, runs
 

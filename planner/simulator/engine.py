@@ -228,12 +228,13 @@ class _Cluster:
         self.host.request_moved(now, request.prompt_tokens)
         if request.output_tokens == 1:  # nothing left to decode: its end is now
             self.host.request_moved(now, request.prompt_tokens)
-            request.transfer_start_s = request.transfer_end_s = request.first_token_s
+            request.handed_off_s = request.transfer_start_s = request.transfer_end_s = request.first_token_s
             request.first_decode_token_s = request.finish_s = request.first_token_s
             return
         if self.settings.decode_pick == "handoff":
             self.router.place_decode_again(request)
         self.router.decode_started(request)
+        request.handed_off_s = now
         decode = self.decode[request.decode_instance]
         self._push_transfers(decode, decode.receive(request, now))
         self._dirty[id(decode)] = decode

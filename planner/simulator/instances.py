@@ -300,7 +300,7 @@ class ColocatedInstance:
         prefilled = apply_chunks(self.prefilling, self._plan, now)
         for request in prefilled:
             self.step_tokens += 1
-            request.transfer_start_s = request.transfer_end_s = now
+            request.handed_off_s = request.transfer_start_s = request.transfer_end_s = now
             if request.output_tokens == 1:
                 request.first_decode_token_s = now
                 finished.append(request)

@@ -25,7 +25,7 @@ from loadgen.metrics import DEFAULT_PERCENTILES, SLO, distribution_ms
 from planner.simulator.config import Topology
 from planner.simulator.state import ItlLog, SimRequest
 
-TIMELINE = ("arrival_s", "prefill_start_s", "first_token_s", "transfer_start_s", "transfer_end_s",
+TIMELINE = ("arrival_s", "prefill_start_s", "first_token_s", "handed_off_s", "transfer_start_s", "transfer_end_s",
             "first_decode_token_s", "finish_s")
 NOT_PLACED = -1  # `decode_instance` of a refused request
 
@@ -98,6 +98,20 @@ class SimResult:
         handoff = (self.timeline["first_decode_token_s"] - self.timeline["first_token_s"])[multi]
         return np.concatenate([handoff, np.repeat(self.itl_step_s, self.itl_weight)])
 
+    def handoff_split_ms(self) -> dict[str, float | None]:
+        """Over the served requests of two tokens or more whose KV was pulled (not computed where
+        they decode), the mean handoff split where the decode worker's join trace splits it
+        (`planner.validation_joins`): `mean_handoff_hops_ms`, first token to the Decode call
+        reaching the decode instance, and `mean_handoff_inside_ms`, from there to the first decode
+        token (the step running, the pull, the join step). None where no request pulled."""
+        pulled = self.served & (self.output_tokens > 1) & ~self.local_prefill
+        if not pulled.any():
+            return {"mean_handoff_hops_ms": None, "mean_handoff_inside_ms": None}
+        t = self.timeline
+        hops = (t["handed_off_s"] - t["first_token_s"])[pulled]
+        inside = (t["first_decode_token_s"] - t["handed_off_s"])[pulled]
+        return {"mean_handoff_hops_ms": float(hops.mean()) * 1e3, "mean_handoff_inside_ms": float(inside.mean()) * 1e3}
+
     @property
     def duration_s(self) -> float:
         """First arrival to the last answer, the run's duration as loadgen measures it: a served
@@ -149,6 +163,7 @@ class SimResult:
             out["request_goodput"] = float(good.sum()) / duration
             out["slo_attainment"] = self.attainment(slo)
             out["admitted_slo_attainment"] = float(good[served].mean()) if num_served else 0.0
+        out |= self.handoff_split_ms()
         tpot = self.tpot_s[served]
         out |= distribution_ms("ttft", self.ttft_s[served], percentiles)
         out |= distribution_ms("tpot", tpot[~np.isnan(tpot)], percentiles)

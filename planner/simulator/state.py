@@ -8,14 +8,17 @@ import heapq
 class SimRequest:
     """One request's life in the simulation. Times are absolute seconds; None = not reached.
 
-    Invariant at the end of a run: arrival_s <= prefill_start_s <= first_token_s <=
+    `handed_off_s`: when the router's Decode call reached its decode instance (the end of the
+    handoff's hops; the first token for a prompt computed where it decodes, or a one-token one).
+
+    Invariant at the end of a run: arrival_s <= prefill_start_s <= first_token_s <= handed_off_s <=
     transfer_start_s <= transfer_end_s <= first_decode_token_s <= finish_s (colocated and
     single-token requests have no transfer: those two equal first_token_s); or, for a request the
     router refused at arrival (`refused`), every time but arrival_s is None and no instance has it.
     """
 
     __slots__ = ("index", "arrival_s", "prompt_tokens", "output_tokens", "prefilled_tokens", "blocks",
-                 "prefill_start_s", "first_token_s", "transfer_start_s", "transfer_end_s",
+                 "prefill_start_s", "first_token_s", "handed_off_s", "transfer_start_s", "transfer_end_s",
                  "first_decode_token_s", "finish_s", "prefill_instance", "decode_instance", "join_step",
                  "join_context", "refused", "hop_stretch")
 
@@ -28,6 +31,7 @@ class SimRequest:
         self.blocks = 0
         self.prefill_start_s: float | None = None
         self.first_token_s: float | None = None
+        self.handed_off_s: float | None = None
         self.transfer_start_s: float | None = None
         self.transfer_end_s: float | None = None
         self.first_decode_token_s: float | None = None

@@ -9,6 +9,8 @@ import pytest
 
 from cluster_helpers import TOOL_PARSER_FLAGS, engine_settings, kv_segments_of, start_cluster
 
+from pdserve.engine_step_trace import STEP_TRACE_ENV
+
 
 @pytest.fixture(scope="session")
 def tcp_cluster(tiny_model, tmp_path_factory):
@@ -28,10 +30,26 @@ def torch_cluster(tiny_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def shm_cluster(tiny_model, tmp_path_factory):
+def shm_trace_dir(tmp_path_factory):
+    """Where the shm cluster's first engines write their step and join traces."""
+    return tmp_path_factory.mktemp("shm-steps")
+
+
+@pytest.fixture(scope="session")
+def shm_cluster(tiny_model, tmp_path_factory, shm_trace_dir):
     """The same cluster over the one-sided shared-memory transport. When it stops, no KV segment
-    its workers mapped outlives it (the producers unlink theirs, whatever killed workers left is swept)."""
-    cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-shm"), "shm")
+    its workers mapped outlives it (the producers unlink theirs, whatever killed workers left is swept).
+    The workers it starts with trace their engines' steps into `shm_trace_dir`
+    (`pdserve.engine_step_trace`: a measurement; nothing they serve changes)."""
+    earlier = os.environ.get(STEP_TRACE_ENV)
+    os.environ[STEP_TRACE_ENV] = str(shm_trace_dir)
+    try:
+        cluster = start_cluster(tiny_model, tmp_path_factory.mktemp("cluster-shm"), "shm")
+    finally:
+        if earlier is None:
+            del os.environ[STEP_TRACE_ENV]
+        else:
+            os.environ[STEP_TRACE_ENV] = earlier
     yield cluster
     segments = set().union(*(kv_segments_of(cluster, worker_id) for worker_id in list(cluster.workers)))
     cluster.stop()

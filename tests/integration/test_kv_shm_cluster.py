@@ -8,6 +8,7 @@ import time
 import pytest
 
 from pdserve.client import Client
+from pdserve.engine_step_trace import read_joins, read_steps, trace_files
 
 from cluster_helpers import kv_segments_of, wait_until_idle
 
@@ -72,3 +73,25 @@ def test_a_pull_does_not_wait_for_the_producers_next_prefill(shm_cluster):
     prefill_s = statistics.median(t.prefill_s for t in timings)   # compute, without its queue
     assert all(t.disaggregated and t.kv_transfer_blocks for t in timings)
     assert transfer_s[len(transfer_s) // 2] < 0.25 * prefill_s, (transfer_s, prefill_s)
+
+
+def test_a_pulled_requests_way_into_the_decode_engine_is_traced(shm_cluster, shm_trace_dir):
+    """The decode engine's join trace stamps a pulled request in the order it happens: its front
+    end accepted it, the scheduler took it in, the pull was reported done, its first step ran; that
+    step is in the step trace, as a join computing the prompt's last token."""
+    decode_id = shm_cluster.worker_ids("decode")[0]
+
+    def joins():
+        return [j for path in trace_files(shm_trace_dir, decode_id, "joins") for j in read_joins(path)]
+
+    before = {j.request_id for j in joins()}
+    assert _served(shm_cluster, 600) == [4, 4, 1]
+    wait_until_idle(shm_cluster)   # the trace is flushed whenever the engine runs out of work
+    new = [j for j in joins() if j.request_id not in before]
+    assert len(new) == 1, new
+    join = new[0]
+    assert join.pulled and join.prompt_tokens >= 100
+    assert join.accepted_s <= join.arrived_s <= join.pulled_s <= join.start_s < join.end_s
+    steps = [s for path in trace_files(shm_trace_dir, decode_id) for s in read_steps(path)]
+    (its_step,) = [s for s in steps if abs(s.start_s - join.start_s) < 1e-5]
+    assert its_step.joined == 1 and its_step.only_decodes

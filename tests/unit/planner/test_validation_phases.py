@@ -52,6 +52,23 @@ def test_simulated_phases_add_up_to_ttft_and_tpot_on_a_hand_schedule():
     np.testing.assert_allclose(tpot, result.tpot_s)
 
 
+def test_the_simulated_handoff_splits_into_the_hops_and_the_decode_workers_part():
+    costs = ServingCosts(first_token_s=0.004, handoff_s=0.003)
+    result = simulate([spec(0.0, 50, 4)], Topology.disaggregated(1, 1), round_settings(serving=costs), ROUND_MODEL)
+    t = {name: values[0] for name, values in result.timeline.items()}
+    assert t["handed_off_s"] == pytest.approx(t["first_token_s"] + 0.003)    # the hops: the profile's handoff_s
+    # an idle decode engine pulls at once (5 blocks of 10 tokens x 100 bytes: 5 ms + 5,000 B at 1e5 B/s),
+    # then runs it in its next step (batch 1, context 51: 10 + 5 + 5.1 ms)
+    assert t["transfer_start_s"] == pytest.approx(t["handed_off_s"])
+    assert t["first_decode_token_s"] - t["handed_off_s"] == pytest.approx(0.055 + 0.0201)
+    summary = result.summary()
+    assert summary["mean_handoff_hops_ms"] == pytest.approx(3.0)
+    assert summary["mean_handoff_inside_ms"] == pytest.approx(75.1)
+    colocated = simulate([spec(0.0, 50, 4)], Topology.colocated(1), round_settings(serving=costs), ROUND_MODEL)
+    assert colocated.summary()["mean_handoff_hops_ms"] is None            # nothing pulled
+    assert colocated.timeline["handed_off_s"][0] == colocated.timeline["first_token_s"][0]
+
+
 def test_phase_rows_compare_each_sides_own_requests_and_say_when_a_phase_is_missing():
     measured = {"queue": [0.01, 0.02, math.nan], "prefill": [0.1, 0.2, 0.3], "first_gap": [math.nan] * 3,
                 "steady_gap": [0.01, 0.01, 0.01]}
@@ -69,14 +86,18 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
     from loadgen.metrics import SLO
     from loadgen.workload import RequestSpec
     from planner import validation_runs
-    from planner.validation import phase_table
+    from planner.validation import handoff_table, phase_table, to_json
 
     profile_path = REPO / "planner" / "profiles" / "tiny_2cpu_served.json"
     sample = [RequestSpec(0.1 * i, 100, 6) for i in range(4)]
     phases = {"queue": [0.001, 0.002, math.nan, 0.001], "prefill": [0.02, 0.03, math.nan, 0.02],
               "first_gap": [0.01] * 3 + [math.nan], "steady_gap": [0.004] * 4}
     measured = {"median_ttft_ms": 25, "p90_ttft_ms": 30, "median_tpot_ms": 5, "p90_tpot_ms": 6, "slo_attainment": 1.0}
-    runs = [validation_runs.RateRun(1.0, sample, measured, None, phases, {"ms_per_product": 3.1, "wake_us": 70.0})]
+    # the run's join trace: two decode workers' handoffs (planner.validation_joins)
+    traced = {"workers": {"decode-0": {"handoff": {"requests": 3, "hops_ms": 2.0, "inside_ms": 8.0}},
+                          "decode-1": {"handoff": {"requests": 1, "hops_ms": 6.0, "inside_ms": 4.0}}}}
+    runs = [validation_runs.RateRun(1.0, sample, measured | {"engine_steps": traced}, None, phases,
+                                    {"ms_per_product": 3.1, "wake_us": 70.0})]
     setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "uniform"}, "tcp")
     comparisons = validation_runs.compare(runs, [profile_path], "tcp", setup.slo)
     assert [row.phase for row in comparisons[0].phases] == list(PHASES)
@@ -87,6 +108,12 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
     assert again[0].machine == {"ms_per_product": 3.1, "wake_us": 70.0}   # the machine before the rate, kept
     assert validation_runs.compare(again, [profile_path], "tcp", setup.slo)[0].phases == comparisons[0].phases
     assert phase_table(comparisons, "phases").row_count == len(PHASES)
+    # the handoff split: the trace's, weighted by each worker's requests, beside the simulator's
+    handoff = to_json(comparisons)["runs"][0]["handoff_ms"]
+    assert handoff["measured"] == {"hops": pytest.approx(3.0), "inside": pytest.approx(7.0)}
+    assert set(handoff["simulated"]) == {"hops", "inside"} and handoff["simulated"]["inside"] > 0
+    assert again[0].measured["engine_steps"] == traced                     # kept, and back on a resimulation
+    assert handoff_table(validation_runs.compare(again, [profile_path], "tcp", setup.slo), "handoff").row_count == 1
     assert phase_table([validation_runs.compare([validation_runs.RateRun(1.0, sample, measured, None)],
                                                 [profile_path], "tcp", setup.slo)[0]], "none") is None
 

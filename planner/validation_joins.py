@@ -1,0 +1,117 @@
+"""A request's way into an engine, from the join trace (`pdserve.engine_step_trace`): where the
+handoff's time goes inside a decode worker, and a prompt's wait inside a prefill worker.
+
+The clients' first gap (first token to second: `planner.validation_phases`' `first_gap`) is the
+router's hop to the decode worker plus what happens inside it. Inside, per pulled request (each
+phase in seconds, from the trace's stamps):
+- `front`: the worker's front end accepted it (vLLM's `arrival_time`) to the engine core's
+  scheduler taking it in; the engine core takes requests between steps, so this holds
+  `behind_step`, what was left of the step running when it was accepted;
+- `pull`: taken in to its pull reported done: the pull is scheduled in the next step's connector
+  metadata and reported after the step it finished in, so it spans whole steps (`pull_steps`:
+  how many started in it; 1 when the pull ends within the step beside it);
+- `to_join`: reported done to the start of the step that runs it (the scheduler runs it in the
+  next step);
+- `join_step`: that step, which computes the prompt's last token and so the first decode token.
+`inside` is their sum, accepted to the join step's end; the clients' first gap less `inside` is
+the hops outside (the router's Decode call in, the token's way out), compared with the profile's
+`handoff_s`.
+
+A prefill worker's requests (no pull): `front`, `queue` (taken in to its first step, the
+engine's own queue) and `first_step` (its prompt's first chunk).
+
+Pure: joins and steps in, means out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from pdserve.engine_step_trace import TracedJoin, TracedStep
+
+PULL_PHASES = ("front", "behind_step", "pull", "to_join", "join_step", "inside")
+PROMPT_PHASES = ("front", "queue", "first_step")
+
+
+def behind_step_s(accepted_s: float, steps: Sequence[TracedStep], starts: np.ndarray) -> float:
+    """What was left at `accepted_s` of the traced step running then (`steps` in start order,
+    `starts` their start times); 0 when none ran."""
+    i = int(np.searchsorted(starts, accepted_s, side="right")) - 1
+    if i < 0 or steps[i].end_s <= accepted_s:
+        return 0.0
+    return steps[i].end_s - accepted_s
+
+
+def pull_phases(joins: Sequence[TracedJoin], steps: Sequence[TracedStep]) -> dict[str, np.ndarray]:
+    """Per pulled request of `joins` whose stamps are all there, each phase of the module doc in
+    seconds, and `pull_steps` (the steps that started between its arrival and its pull's report)."""
+    ordered = sorted(steps, key=lambda s: s.start_s)
+    starts = np.array([s.start_s for s in ordered])
+    chosen = [j for j in joins if j.pulled and np.isfinite(j.accepted_s)]
+    phases = {
+        "front": [j.arrived_s - j.accepted_s for j in chosen],
+        "behind_step": [behind_step_s(j.accepted_s, ordered, starts) for j in chosen],
+        "pull": [j.pulled_s - j.arrived_s for j in chosen],
+        "to_join": [j.start_s - j.pulled_s for j in chosen],
+        "join_step": [j.end_s - j.start_s for j in chosen],
+        "inside": [j.end_s - j.accepted_s for j in chosen],
+        "pull_steps": [int(np.searchsorted(starts, j.pulled_s) - np.searchsorted(starts, j.arrived_s))
+                       for j in chosen],
+    }
+    return {name: np.array(values, dtype=float) for name, values in phases.items()}
+
+
+def prompt_phases(joins: Sequence[TracedJoin]) -> dict[str, np.ndarray]:
+    """Per request of `joins` that pulled nothing (its prompt computed here) with every stamp, the
+    prompt phases of the module doc in seconds."""
+    chosen = [j for j in joins if not j.pulled and np.isfinite(j.accepted_s)]
+    return {"front": np.array([j.arrived_s - j.accepted_s for j in chosen]),
+            "queue": np.array([j.start_s - j.arrived_s for j in chosen]),
+            "first_step": np.array([j.end_s - j.start_s for j in chosen])}
+
+
+def in_window(joins: Sequence[TracedJoin], start_s: float, end_s: float) -> list[TracedJoin]:
+    """The joins whose request reached the worker's front end within [start_s, end_s)."""
+    return [j for j in joins if start_s <= j.accepted_s < end_s]
+
+
+def handoff_summary(joins: Sequence[TracedJoin], steps: Sequence[TracedStep], start_s: float, end_s: float,
+                    client_first_gap_s: float = float("nan")) -> dict:
+    """A decode worker's pulled requests accepted in [start_s, end_s), for a report and
+    validation.json: the count, each phase's mean in ms, the share of requests by `pull_steps`
+    (0, 1, 2, 3 or more), and, given the clients' mean first gap, the hops outside (first gap -
+    inside) in ms."""
+    phases = pull_phases(in_window(joins, start_s, end_s), steps)
+    n = len(phases["inside"])
+    summary: dict = {"requests": n}
+    if n == 0:
+        return summary
+    for name in PULL_PHASES:
+        summary[f"{name}_ms"] = round(float(phases[name].mean()) * 1e3, 4)
+    counts = np.minimum(phases["pull_steps"], 3).astype(int)
+    summary["pull_steps_share"] = {("3+" if k == 3 else str(k)): round(float(np.mean(counts == k)), 4)
+                                   for k in range(4)}
+    if np.isfinite(client_first_gap_s):
+        summary["client_first_gap_ms"] = round(client_first_gap_s * 1e3, 4)
+        summary["hops_ms"] = round((client_first_gap_s - float(phases["inside"].mean())) * 1e3, 4)
+    return summary
+
+
+def prompt_summary(joins: Sequence[TracedJoin], start_s: float, end_s: float) -> dict:
+    """A prefill worker's requests accepted in [start_s, end_s): the count and each prompt phase's
+    mean in ms."""
+    phases = prompt_phases(in_window(joins, start_s, end_s))
+    n = len(phases["queue"])
+    summary: dict = {"requests": n}
+    for name in PROMPT_PHASES if n else ():
+        summary[f"{name}_ms"] = round(float(phases[name].mean()) * 1e3, 4)
+    return summary
+
+
+def client_first_gap_s(chunk_times: Sequence[Sequence[float]]) -> float:
+    """The clients' mean first gap (second token - first) over requests of two tokens or more
+    (NaN: none)."""
+    gaps = [times[1] - times[0] for times in chunk_times if len(times) >= 2]
+    return float(np.mean(gaps)) if gaps else float("nan")

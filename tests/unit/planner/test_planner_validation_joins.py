@@ -1,0 +1,102 @@
+"""Where a handoff's time goes inside a decode worker (planner.validation_joins), with plain values:
+hand-made steps and joins whose phases are known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pdserve.engine_step_trace import Stamps, TracedJoin, TracedStep
+from planner.validation_joins import (behind_step_s, client_first_gap_s, handoff_summary, prompt_summary,
+                                      pull_phases)
+
+NAN = math.nan
+
+
+def decode(start_s, duration_s, joined=0, continuing=2):
+    batch = joined + continuing
+    return TracedStep(start_s, start_s + duration_s, joined, continuing, batch, batch, 100 * batch)
+
+
+# a decode engine stepping every 10 ms (9 ms a step, 1 ms between), from 1.000 s
+STEPS = [decode(1.000 + 0.010 * k, 0.009, joined=1 if k in (3, 7) else 0) for k in range(12)]
+# request a: accepted at 1.004 (5 ms left of the step running), taken in at its end 1.0095, its pull
+# beside the next step (1.010-1.019) and reported after it (1.0195), run one step later than it
+# could have been (1.030, not 1.020)
+A = TracedJoin("a", 1000, accepted_s=1.004, arrived_s=1.0095, pulled_s=1.0195, start_s=1.030, end_s=1.039)
+# request b: accepted while the engine sat between steps (1.0495), taken in at once, its pull took
+# two steps (1.050 and 1.060), run at 1.070
+B = TracedJoin("b", 2000, accepted_s=1.0495, arrived_s=1.0497, pulled_s=1.0695, start_s=1.070, end_s=1.079)
+PROMPT = TracedJoin("p", 300, accepted_s=2.000, arrived_s=2.002, pulled_s=NAN, start_s=2.010, end_s=2.040)
+
+
+def test_what_was_left_of_the_running_step_when_a_request_came():
+    starts = np.array([s.start_s for s in STEPS])
+    assert behind_step_s(1.004, STEPS, starts) == pytest.approx(0.005)
+    assert behind_step_s(1.0095, STEPS, starts) == 0.0      # between two steps
+    assert behind_step_s(0.5, STEPS, starts) == 0.0         # before any step ran
+    assert behind_step_s(3.0, STEPS, starts) == 0.0         # after the last
+
+
+def test_a_pulled_requests_phases_and_the_steps_its_pull_spanned():
+    phases = pull_phases([A, B, PROMPT], STEPS)
+    assert phases["front"] == pytest.approx([0.0055, 0.0002])
+    assert phases["behind_step"] == pytest.approx([0.005, 0.0])
+    assert phases["pull"] == pytest.approx([0.010, 0.0198])
+    assert list(phases["pull_steps"]) == [1, 2]
+    assert phases["to_join"] == pytest.approx([0.0105, 0.0005])
+    assert phases["join_step"] == pytest.approx([0.009, 0.009])
+    assert phases["inside"] == pytest.approx([0.035, 0.0295])
+    # the phases add up to the whole inside the worker
+    parts = phases["front"] + phases["pull"] + phases["to_join"] + phases["join_step"]
+    assert parts == pytest.approx(phases["inside"])
+
+
+def test_the_handoff_summary_over_a_window_with_the_hops_outside():
+    summary = handoff_summary([A, B, PROMPT], STEPS, 1.0, 1.045, client_first_gap_s=0.045)
+    assert summary["requests"] == 1                           # b was accepted after the window
+    assert summary["inside_ms"] == pytest.approx(35.0)
+    assert summary["hops_ms"] == pytest.approx(10.0)
+    assert summary["pull_steps_share"] == {"0": 0.0, "1": 1.0, "2": 0.0, "3+": 0.0}
+    both = handoff_summary([A, B], STEPS, 1.0, 2.0)
+    assert both["requests"] == 2 and both["pull_ms"] == pytest.approx(14.9)
+    assert both["pull_steps_share"] == {"0": 0.0, "1": 0.5, "2": 0.5, "3+": 0.0}
+    assert "hops_ms" not in both                              # no clients' gap given
+    assert handoff_summary([PROMPT], STEPS, 0.0, 9.0) == {"requests": 0}
+
+
+def test_a_prompts_front_end_queue_and_first_step():
+    summary = prompt_summary([A, PROMPT], 0.0, 9.0)
+    assert summary == {"requests": 1, "front_ms": pytest.approx(2.0), "queue_ms": pytest.approx(8.0),
+                       "first_step_ms": pytest.approx(30.0)}
+    assert prompt_summary([A], 0.0, 9.0) == {"requests": 0}
+
+
+def test_the_clients_first_gap_over_requests_of_two_tokens_or_more():
+    assert client_first_gap_s([(0.1, 0.15, 0.2), (0.2, 0.23), (0.3,)]) == pytest.approx(0.04)
+    assert math.isnan(client_first_gap_s([(0.1,)]))
+
+
+def test_a_schedulers_stamps_until_a_requests_first_step():
+    stamps = Stamps(wall_to_monotonic_s=1000.0)
+    stamps.arrived("a", accepted_wall_s=1001.5, prompt_tokens=40, now_s=1.75)
+    stamps.arrived("a", accepted_wall_s=1009.0, prompt_tokens=40, now_s=9.0)   # seen again: the first stamp stays
+    stamps.pulled("a", 2.5)
+    stamps.pulled("unknown", 2.5)                                              # never arrived: ignored
+    stamps.arrived("b", accepted_wall_s=None, prompt_tokens=8, now_s=3.0)
+    a = stamps.take("a")
+    assert (a.prompt_tokens, a.accepted_s, a.arrived_s, a.pulled_s) == (40, 1.5, 1.75, 2.5)
+    assert stamps.take("a") is None                                            # forgotten once taken
+    b = stamps.take("b")
+    assert math.isnan(b.accepted_s) and math.isnan(b.pulled_s)
+    assert stamps.take("unknown") is None
+
+
+def test_stamps_of_requests_that_never_ran_are_bounded():
+    stamps = Stamps(wall_to_monotonic_s=0.0)
+    for k in range(Stamps.MAX + 1):
+        stamps.arrived(f"r{k}", None, 1, float(k))
+    assert stamps.take("r0") is None                          # the oldest half went
+    assert stamps.take(f"r{Stamps.MAX}") is not None
