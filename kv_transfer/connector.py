@@ -38,6 +38,7 @@ class PDConnector(KVConnectorBase_V1):
         block_size = vllm_config.cache_config.block_size
         self._scheduler: PDScheduler | None = None
         self._worker: PDWorker | None = None
+        self._started: PDConnectorMetadata | None = None   # the last step's metadata handed to the worker half
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = PDScheduler(config, transfer.engine_id or "", block_size)
         else:
@@ -82,9 +83,24 @@ class PDConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._worker.register_kv_caches(kv_caches)
 
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        """The step's metadata, bound before its forward. vLLM (0.32) starts a step's asynchronous
+        loads after the forward is launched, which on a GPU overlaps the forward; on a CPU the
+        forward has run to its end by then, so a pull started there finishes only during the next
+        step and is reported after it: the request runs a whole decode step later than its pull
+        allows (BENCHMARKS "The handoff's missing step"). Where the pulls run beside the forward
+        (`PDWorker.pulls_beside_forward`) they start here instead."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and self._worker.pulls_beside_forward:
+            self._start(connector_metadata)
+
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        if isinstance(meta, PDConnectorMetadata):
+        self._start(self._get_connector_metadata())
+
+    def _start(self, meta) -> None:
+        """Hands the step's pulls, grants and releases to the worker half, once per step's metadata."""
+        if isinstance(meta, PDConnectorMetadata) and meta is not self._started:
+            self._started = meta
             self._worker.start_load_kv(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:

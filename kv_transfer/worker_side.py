@@ -131,6 +131,13 @@ class PDWorker:
             logger.warning("%s: consumers read the KV cache over tcp", error)
             return None
 
+    @property
+    def pulls_beside_forward(self) -> bool:
+        """Whether a step's pulls start when its metadata is bound, before its forward, and so run
+        beside it: on a CPU cache, where the forward holds the step until it ends. On a GPU vLLM's
+        own order (after the forward's launch, which returns at once) overlaps them already."""
+        return self.device_type == "cpu"
+
     def start_load_kv(self, meta: PDConnectorMetadata) -> None:
         for grant in meta.grants:
             self.leases.grant(Lease(grant.transfer_id, grant.request_id, grant.block_ids, grant.num_tokens,

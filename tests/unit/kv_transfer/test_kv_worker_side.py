@@ -143,3 +143,41 @@ def test_workers_given_the_cluster_secret_file_pull_from_each_other_and_refuse_a
     assert _until(prefill.leases.take_released) == {"prefill-req"}
     for worker in (stranger, decode, prefill):
         worker.shutdown()
+
+
+def _connector(worker: PDWorker):
+    """The connector's worker role around `worker`, built without a vLLM config (which only picks the
+    half); vLLM's model runner calls it as here: bind the step's metadata, run the forward, then
+    `start_load_kv` and `get_finished`."""
+    from kv_transfer.connector import PDConnector
+
+    connector = PDConnector.__new__(PDConnector)
+    connector._scheduler, connector._worker, connector._started = None, worker, None
+    connector._connector_metadata = None
+    return connector
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_a_steps_pull_starts_when_its_metadata_is_bound_on_a_cpu_cache_and_once(producer, device_type):
+    """On a CPU the forward runs to its end between the metadata's binding and `start_load_kv`: a
+    pull started only there is reported a step late. It starts at the binding instead, and
+    `start_load_kv` does not pull it again; on a GPU vLLM's own order stands."""
+    source, leases, server, address = producer
+    leases.grant(Lease("x9", "prefill-req", (4, 5), 60, time.monotonic() + 30))
+    target = _caches(1)
+    worker = PDWorker(ConnectorConfig(transport="tcp"), False, True, 32, 32, IDENTITY, device_type=device_type)
+    worker.register_kv_caches(target)
+    connector = _connector(worker)
+    meta = PDConnectorMetadata(pulls=[PullSpec("dec-9", "x9", address, (4, 5), (20, 21), 60)])
+    connector.bind_connector_metadata(meta)
+    if device_type == "cpu":   # in flight before the forward: its bytes land while the step computes
+        _until(lambda: all(torch.equal(source[n][4:6], target[n][20:22]) for n in source))
+    else:
+        assert worker.get_transfer_results() == (set(), set(), set()) and not worker._inflight
+    connector.start_load_kv(forward_context=None)
+    finished = _until(lambda: connector.get_finished(set())[1])
+    assert finished == {"dec-9"}
+    connector.start_load_kv(forward_context=None)   # the same step's metadata again: nothing new
+    connector.clear_connector_metadata()
+    assert not worker._inflight and worker.get_transfer_results() == (set(), set(), set())
+    assert leases.num_held == 0          # pulled once, and its lease released by that pull
