@@ -220,7 +220,8 @@ def handoff_table(comparisons: Sequence[Comparison], title: str) -> Table | None
     """Each rate's handoff split, measured (the join trace) / simulated means in ms with the error;
     None when no run was traced."""
     rows = [(c, m, s) for c in comparisons
-            if (m := measured_handoff_ms(c.measured)) is not None and (s := simulated_handoff_ms(c.simulated)) is not None]
+            if (m := measured_handoff_ms(c.measured)) is not None
+            and (s := simulated_handoff_ms(c.simulated)) is not None]
     if not rows:
         return None
     table = Table(title=title)

@@ -80,8 +80,14 @@ def router_flags_for(router: RouterSettings, directory: Path) -> list[str]:
 
 
 class NoRateMeetsSlos(ValueError):
-    """The profile predicts the SLOs met at no rate for this shape and topology: nothing to size
-    the rates from."""
+    """The profile predicts the SLOs met at no rate for this shape and topology, or at rates so low
+    that their runs would outlast `MAX_ARRIVAL_MINUTES`: nothing to measure in a validation's time."""
+
+
+# Arrivals one shape's auto rates may take: past it the SLOs are too tight for the host (a bench
+# model's 3,800-token prompts against TTFT 3 s on a slow VM put the trace's rates at 0.004-0.017
+# req/s, 255 minutes of arrivals)
+MAX_ARRIVAL_MINUTES = 60.0
 
 
 def requests_at(rate_rps: float, duration_s: float, min_requests: int) -> int:
@@ -110,7 +116,20 @@ def auto_rates(profile: Profile, workload: WorkloadConfig, slo: SLO, transport: 
     if goodput <= 0:
         raise NoRateMeetsSlos(f"the first profile meets the SLOs at no rate on {topology.label}; give --rates or "
                               "looser SLOs")
-    return [round(goodput * share, 3) for share in AUTO_RATE_SHARES]
+    return rates_within_budget([round(goodput * share, 3) for share in AUTO_RATE_SHARES], duration_s, min_requests,
+                               topology.label)
+
+
+def rates_within_budget(rates_rps: list[float], duration_s: float, min_requests: int, where: str) -> list[float]:
+    """`rates_rps` as they are, or NoRateMeetsSlos when their runs would take more than
+    `MAX_ARRIVAL_MINUTES` of arrivals (SLOs the host meets only at a trickle). Pure."""
+    minutes = arrival_minutes(rates_rps, duration_s, min_requests)
+    if minutes > MAX_ARRIVAL_MINUTES:
+        goodput = max(rates_rps) / AUTO_RATE_SHARES[-1]
+        raise NoRateMeetsSlos(f"the first profile meets the SLOs on {where} only up to {goodput:.3g} req/s: its "
+                              f"rates {rates_rps} would take {minutes:.0f} min of arrivals (more than "
+                              f"{MAX_ARRIVAL_MINUTES:g}); give --rates or looser SLOs")
+    return rates_rps
 
 
 def _with_router(settings: SimSettings, router: RouterSettings | None) -> SimSettings:

@@ -190,3 +190,13 @@ def test_a_run_sends_its_duration_of_arrivals_and_says_how_long_slow_rates_take(
     # 30 requests at 0.025 req/s are 20 minutes of arrivals alone (the bench model's long prompts)
     assert arrival_minutes([0.025], 30, 30) == pytest.approx(20.0)
     assert arrival_minutes([1.0, 2.0], 30, 30) == pytest.approx(1.0)
+
+
+def test_rates_whose_runs_would_outlast_an_hour_are_refused():
+    from planner.validation_runs import NoRateMeetsSlos, rates_within_budget
+
+    assert rates_within_budget([1.0, 2.0, 3.0, 4.0], 30, 30, "1P+1D") == [1.0, 2.0, 3.0, 4.0]
+    # the bench model's trace on a slow VM: 30 requests at each of 0.004-0.017 req/s
+    with pytest.raises(NoRateMeetsSlos, match="255 min of arrivals"):
+        rates_within_budget([0.004, 0.008, 0.013, 0.017], 30, 30, "1P+1D")
+    assert rates_within_budget([0.025, 0.05], 30, 30, "1P+1D") == [0.025, 0.05]   # 30 minutes: run
