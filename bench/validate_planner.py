@@ -314,7 +314,9 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
     def joined(worker_id: str):
         return [join for path in trace_files(trace_dir, worker_id, "joins") for join in read_joins(path)]
 
-    first_gap_s = client_first_gap_s([r.chunk_times_s for r in ok])
+    # the handed-over requests' first gaps only: a hybrid's Local one has no hop and no pull
+    first_gap_s = client_first_gap_s([r.chunk_times_s for r in ok
+                                      if r.phases is None or r.phases.disaggregated])
     for worker_id in cluster.worker_ids("decode"):
         steps = traced(worker_id)
         summary = report["workers"][worker_id] = decode_worker_summary(steps, *window, model.decode_step_s, served)
