@@ -32,8 +32,8 @@ def rows_of(name: str, validation: dict) -> list[tuple]:
     for run in validation.get("runs", []):
         if run["model"] != model or "handoff_ms" not in run:
             continue
-        traced = [w["handoff"] for w in steps.get(f"{run['rate_rps']:g}", steps.get(str(run["rate_rps"]), {}))
-                  .get("workers", {}).values() if w.get("handoff", {}).get("requests")]
+        workers = steps.get(str(run["rate_rps"]), {}).get("workers", {})   # keyed as validate_planner writes it
+        traced = [w["handoff"] for w in workers.values() if w.get("handoff", {}).get("requests")]
         if not traced:
             continue
         h = max(traced, key=lambda t: t["requests"])
