@@ -8,7 +8,8 @@ spanned, the join step) beside the simulator's, and the TPOT both put, from vali
 
 Each DIR is a validation's output directory; every validation.json under it is read (one per
 shape and topology). Prints one markdown table (milliseconds; "pull 2 steps" is the share of
-pulled requests whose pull was reported two steps after the scheduler took them in) and writes it
+pulled requests whose pull was reported two steps after the scheduler took them in; "way in", the
+Decode call's from the prefill step's end to the decode worker's front end, medians) and writes it
 to --out when given.
 """
 
@@ -19,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-COLUMNS = ("run", "shape", "req/s", "first gap", "hops real / sim", "inside real / sim", "behind step",
+COLUMNS = ("run", "shape", "req/s", "first gap", "hops real / sim", "way in real / sim", "inside real / sim", "behind step",
            "pull", "pull 2+ steps", "join step", "TPOT p50 real / sim")
 
 
@@ -41,6 +42,8 @@ def rows_of(name: str, validation: dict) -> list[tuple]:
         measured, simulated = run["handoff_ms"]["measured"], run["handoff_ms"]["simulated"] or {}
         rows.append((name, shape, f"{run['rate_rps']:.2f}", f"{h.get('client_first_gap_ms', float('nan')):.1f}",
                      f"{measured['hops']:.1f} / {simulated.get('hops', float('nan')):.1f}",
+                     "-" if "hop_in" not in measured else
+                     f"{measured['hop_in']:.1f} / {simulated.get('hop_in', float('nan')):.1f}",
                      f"{measured['inside']:.1f} / {simulated.get('inside', float('nan')):.1f}",
                      f"{h['behind_step_ms']:.1f}", f"{h['pull_ms']:.1f}", f"{shares['2'] + shares['3+']:.0%}",
                      f"{h['join_step_ms']:.1f}",

@@ -317,6 +317,7 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
     # the handed-over requests' first gaps only: a hybrid's Local one has no hop and no pull
     first_gap_s = client_first_gap_s([r.chunk_times_s for r in ok
                                       if r.phases is None or r.phases.disaggregated])
+    prefill_joins = [join for worker_id in cluster.worker_ids("prefill") for join in joined(worker_id)]
     for worker_id in cluster.worker_ids("decode"):
         steps = traced(worker_id)
         summary = report["workers"][worker_id] = decode_worker_summary(steps, *window, model.decode_step_s, served)
@@ -324,11 +325,11 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
                       f"{summary['cycle_ms']} ms = step {summary['step_ms']} (model {summary['model_ms']}) + between "
                       f"{summary['between_ms']}; the simulator charges model + {summary['served_extra_ms']} ms; "
                       f"engine busy {summary['busy_share']}")
-        handoff = summary["handoff"] = handoff_summary(joined(worker_id), steps, *window, first_gap_s)
+        handoff = summary["handoff"] = handoff_summary(joined(worker_id), steps, *window, first_gap_s, prefill_joins)
         if handoff["requests"]:
             console.print(f"  handoff, {handoff['requests']} pulled requests (ms): clients' first gap "
                           f"{handoff.get('client_first_gap_ms')} = hops outside {handoff.get('hops_ms')} (the profile's "
-                          f"{profile.serving.handoff_s * 1e3:.2f}) + inside {handoff['inside_ms']}: front end "
+                          f"{profile.serving.handoff_s * 1e3:.2f}; the way in's median {handoff.get('hop_in_ms')}) + inside {handoff['inside_ms']}: front end "
                           f"{handoff['front_ms']} (behind the running step {handoff['behind_step_ms']}), pull "
                           f"{handoff['pull_ms']} (steps it spanned {handoff['pull_steps_share']}), to its step "
                           f"{handoff['to_join_ms']}, its step {handoff['join_step_ms']}")

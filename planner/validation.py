@@ -195,42 +195,60 @@ def phase_table(comparisons: Sequence[Comparison], title: str) -> Table | None:
 
 
 HANDOFF_PARTS = ("hops", "inside")
+# the Decode call's way in alone, a median: measured from the prefill worker's join step to the
+# decode worker's front end (`validation_joins.hop_in_s`), simulated as the hops (their median)
+HOP_IN = "hop_in"
 
 
 def measured_handoff_ms(measured: dict[str, Any]) -> dict[str, float] | None:
     """The handoff split a run's join trace measured (`planner.validation_joins`, under
     `engine_steps`): hops outside the decode workers and the time inside them, means in ms over
-    their pulled requests (weighted by each worker's count); None where none was traced."""
+    their pulled requests (weighted by each worker's count), and where the prefill workers' joins
+    matched them, the way in's median (`HOP_IN`; each worker's, weighted by its count); None where
+    none was traced."""
     workers = [w.get("handoff", {}) for w in measured.get("engine_steps", {}).get("workers", {}).values()]
     workers = [h for h in workers if h.get("requests") and h.get("hops_ms") is not None]
     total = sum(h["requests"] for h in workers)
     if not total:
         return None
-    return {part: sum(h[f"{part}_ms"] * h["requests"] for h in workers) / total for part in HANDOFF_PARTS}
+    split = {part: sum(h[f"{part}_ms"] * h["requests"] for h in workers) / total for part in HANDOFF_PARTS}
+    matched = [h for h in workers if h.get("hop_in_requests")]
+    if matched:
+        split[HOP_IN] = sum(h["hop_in_ms"] * h["hop_in_requests"] for h in matched) / sum(
+            h["hop_in_requests"] for h in matched)
+    return split
 
 
 def simulated_handoff_ms(simulated: dict[str, Any]) -> dict[str, float] | None:
-    """The same split from the simulator's summary (`SimResult.handoff_split_ms`); None where no
-    request pulled."""
+    """The same split from the simulator's summary (`SimResult.handoff_split_ms`), `HOP_IN` its
+    hops' median where it has one; None where no request pulled."""
     values = {part: simulated.get(f"mean_handoff_{part}_ms") for part in HANDOFF_PARTS}
-    return None if any(v is None for v in values.values()) else values
+    if any(v is None for v in values.values()):
+        return None
+    if simulated.get("median_handoff_hops_ms") is not None:
+        values[HOP_IN] = simulated["median_handoff_hops_ms"]
+    return values
 
 
 def handoff_table(comparisons: Sequence[Comparison], title: str) -> Table | None:
-    """Each rate's handoff split, measured (the join trace) / simulated means in ms with the error;
-    None when no run was traced."""
+    """Each rate's handoff split, measured (the join trace) / simulated in ms with the error (the
+    way in where both sides have it); None when no run was traced."""
     rows = [(c, m, s) for c in comparisons
             if (m := measured_handoff_ms(c.measured)) is not None
             and (s := simulated_handoff_ms(c.simulated)) is not None]
     if not rows:
         return None
+    parts = HANDOFF_PARTS + ((HOP_IN,) if any(HOP_IN in m and HOP_IN in s for _, m, s in rows) else ())
+    titles = {"hops": "hops outside real / sim ms", "inside": "inside the decode worker real / sim ms",
+              HOP_IN: "the way in, median, real / sim ms"}
     table = Table(title=title)
-    for column in ("rate req/s", "model", "hops outside real / sim ms", "inside the decode worker real / sim ms"):
+    for column in ("rate req/s", "model", *(titles[part] for part in parts)):
         table.add_column(column, justify="left" if column == "model" else "right")
     for c, measured, simulated in rows:
-        cells = [f"{measured[part]:.1f} / {simulated[part]:.1f}"
+        cells = ["-" if part not in measured or part not in simulated else
+                 f"{measured[part]:.1f} / {simulated[part]:.1f}"
                  + (f" ({(simulated[part] - measured[part]) / measured[part]:+.0%})" if measured[part] > 0 else "")
-                 for part in HANDOFF_PARTS]
+                 for part in parts]
         table.add_row(f"{c.rate_rps:.2f}", c.model, *cells)
     return table
 

@@ -15,7 +15,10 @@ phase in seconds, from the trace's stamps):
 - `join_step`: that step, which computes the prompt's last token and so the first decode token.
 `inside` is their sum, accepted to the join step's end; the clients' first gap less `inside` is
 the hops outside (the router's Decode call in, the token's way out), compared with the profile's
-`handoff_s`.
+`handoff_s`. The way in alone (`hop_in_s`) is the request's prefill join end (its first token, for
+a prompt that ran in one step) to its acceptance by the decode worker's front end: the stretch of
+the simulator that `handoff_s` is (`SimRequest.handed_off_s` less its first token). The rest of
+the hops is the decode token's way out less the first token's.
 
 A prefill worker's requests (no pull): `front`, `queue` (taken in to its first step, the
 engine's own queue) and `first_step` (its prompt's first chunk).
@@ -72,18 +75,39 @@ def prompt_phases(joins: Sequence[TracedJoin]) -> dict[str, np.ndarray]:
             "first_step": np.array([j.end_s - j.start_s for j in chosen])}
 
 
+def external_id(engine_request_id: str) -> str:
+    """The request id the router gave a worker, from the engine's: vLLM's front end appends "-"
+    and 8 characters of a random id to make its own (`InputProcessor`)."""
+    head, dash, tail = engine_request_id.rpartition("-")
+    return head if dash and len(tail) == 8 else engine_request_id
+
+
+def hop_in_s(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin]) -> np.ndarray:
+    """Per request in both, pulled by the decode worker and prefilled (not pulled) by the prefill
+    worker, seconds from its prefill join step's end to the decode worker's front end accepting
+    it, in `decode_joins`' order. A prompt in chunks joined at its first chunk, so its value holds
+    the chunks after it too: take a median where chunked prompts are few."""
+    prefilled = {external_id(j.request_id): j.end_s for j in prefill_joins if not j.pulled}
+    return np.array([j.accepted_s - prefilled[key] for j in decode_joins
+                     if j.pulled and np.isfinite(j.accepted_s) and (key := external_id(j.request_id)) in prefilled],
+                    dtype=float)
+
+
 def in_window(joins: Sequence[TracedJoin], start_s: float, end_s: float) -> list[TracedJoin]:
     """The joins whose request reached the worker's front end within [start_s, end_s)."""
     return [j for j in joins if start_s <= j.accepted_s < end_s]
 
 
 def handoff_summary(joins: Sequence[TracedJoin], steps: Sequence[TracedStep], start_s: float, end_s: float,
-                    client_first_gap_s: float = float("nan")) -> dict:
+                    client_first_gap_s: float = float("nan"),
+                    prefill_joins: Sequence[TracedJoin] = ()) -> dict:
     """A decode worker's pulled requests accepted in [start_s, end_s), for a report and
     validation.json: the count, each phase's mean in ms, the share of requests by `pull_steps`
-    (0, 1, 2, 3 or more), and, given the clients' mean first gap, the hops outside (first gap -
-    inside) in ms."""
-    phases = pull_phases(in_window(joins, start_s, end_s), steps)
+    (0, 1, 2, 3 or more), given the clients' mean first gap, the hops outside (first gap -
+    inside) in ms, and given the prefill workers' joins, the way in's median (`hop_in_ms`) and
+    the count it is over (`hop_in_requests`)."""
+    chosen = in_window(joins, start_s, end_s)
+    phases = pull_phases(chosen, steps)
     n = len(phases["inside"])
     summary: dict = {"requests": n}
     if n == 0:
@@ -96,6 +120,10 @@ def handoff_summary(joins: Sequence[TracedJoin], steps: Sequence[TracedStep], st
     if np.isfinite(client_first_gap_s):
         summary["client_first_gap_ms"] = round(client_first_gap_s * 1e3, 4)
         summary["hops_ms"] = round((client_first_gap_s - float(phases["inside"].mean())) * 1e3, 4)
+    hops_in = hop_in_s(prefill_joins, chosen)
+    if len(hops_in):
+        summary["hop_in_requests"] = len(hops_in)
+        summary["hop_in_ms"] = round(float(np.median(hops_in)) * 1e3, 4)
     return summary
 
 

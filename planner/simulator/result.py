@@ -103,14 +103,16 @@ class SimResult:
         they decode), the mean handoff split where the decode worker's join trace splits it
         (`planner.validation_joins`): `mean_handoff_hops_ms`, first token to the Decode call
         reaching the decode instance, and `mean_handoff_inside_ms`, from there to the first decode
-        token (the step running, the pull, the join step). None where no request pulled."""
+        token (the step running, the pull, the join step), and `median_handoff_hops_ms`, the hops'
+        median (what the trace's way in is compared with). None where no request pulled."""
         pulled = self.served & (self.output_tokens > 1) & ~self.local_prefill
         if not pulled.any():
-            return {"mean_handoff_hops_ms": None, "mean_handoff_inside_ms": None}
+            return {"mean_handoff_hops_ms": None, "mean_handoff_inside_ms": None, "median_handoff_hops_ms": None}
         t = self.timeline
         hops = (t["handed_off_s"] - t["first_token_s"])[pulled]
         inside = (t["first_decode_token_s"] - t["handed_off_s"])[pulled]
-        return {"mean_handoff_hops_ms": float(hops.mean()) * 1e3, "mean_handoff_inside_ms": float(inside.mean()) * 1e3}
+        return {"mean_handoff_hops_ms": float(hops.mean()) * 1e3, "mean_handoff_inside_ms": float(inside.mean()) * 1e3,
+                "median_handoff_hops_ms": float(np.median(hops)) * 1e3}
 
     @property
     def duration_s(self) -> float:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pdserve.engine_step_trace import Stamps, TracedJoin, TracedStep
-from planner.validation_joins import (behind_step_s, client_first_gap_s, handoff_summary, prompt_summary,
-                                      pull_phases)
+from planner.validation_joins import (behind_step_s, client_first_gap_s, external_id, handoff_summary, hop_in_s,
+                                      prompt_summary, pull_phases)
 
 NAN = math.nan
 
@@ -65,6 +65,32 @@ def test_the_handoff_summary_over_a_window_with_the_hops_outside():
     assert both["pull_steps_share"] == {"0": 0.0, "1": 0.5, "2": 0.5, "3+": 0.0}
     assert "hops_ms" not in both                              # no clients' gap given
     assert handoff_summary([PROMPT], STEPS, 0.0, 9.0) == {"requests": 0}
+
+
+# the same requests in a prefill worker, under the engine ids vLLM's front end makes of the router's:
+# a's first token at 0.998 (accepted by the decode worker 6 ms later), b's at 1.0475 (2 ms later)
+PREFILLED = [TracedJoin("a-1f2e3d4c", 1000, 0.90, 0.901, NAN, 0.95, 0.998),
+             TracedJoin("b-0a9b8c7d", 2000, 0.95, 0.951, NAN, 1.00, 1.0475),
+             TracedJoin("c-12345678", 50, 0.95, 0.951, NAN, 1.00, 1.0100)]   # never reached a decode worker
+
+
+def test_the_router_given_id_from_an_engines_request_id():
+    assert external_id("a-1f2e3d4c") == "a"
+    assert external_id("cmpl-7-0-1f2e3d4c") == "cmpl-7-0"
+    assert external_id("plain") == "plain"
+    assert external_id("a-short") == "a-short"                  # not vLLM's 8-character suffix
+
+
+def test_the_way_in_from_the_prefill_join_to_the_decode_front_end():
+    decoded = [TracedJoin(j.request_id + "-99aa88bb", j.prompt_tokens, j.accepted_s, j.arrived_s, j.pulled_s,
+                          j.start_s, j.end_s) for j in (A, B, PROMPT)]
+    # in the decode joins' order; p pulled nothing (computed where it decodes) and is left out
+    assert hop_in_s(PREFILLED, decoded) == pytest.approx([0.006, 0.002])
+    pulled_there = [TracedJoin("a-1f2e3d4c", 1000, 0.90, 0.901, 0.93, 0.95, 0.998)]
+    assert len(hop_in_s(pulled_there, decoded)) == 0             # a decode worker's join is no prefill
+    summary = handoff_summary(decoded, STEPS, 1.0, 2.0, client_first_gap_s=0.045, prefill_joins=PREFILLED)
+    assert summary["hop_in_requests"] == 2 and summary["hop_in_ms"] == pytest.approx(4.0)   # the median
+    assert "hop_in_ms" not in handoff_summary(decoded, STEPS, 1.0, 2.0)
 
 
 def test_a_prompts_front_end_queue_and_first_step():

@@ -64,6 +64,7 @@ def test_the_simulated_handoff_splits_into_the_hops_and_the_decode_workers_part(
     summary = result.summary()
     assert summary["mean_handoff_hops_ms"] == pytest.approx(3.0)
     assert summary["mean_handoff_inside_ms"] == pytest.approx(75.1)
+    assert summary["median_handoff_hops_ms"] == pytest.approx(3.0)
     colocated = simulate([spec(0.0, 50, 4)], Topology.colocated(1), round_settings(serving=costs), ROUND_MODEL)
     assert colocated.summary()["mean_handoff_hops_ms"] is None            # nothing pulled
     assert colocated.timeline["handed_off_s"][0] == colocated.timeline["first_token_s"][0]
@@ -94,8 +95,11 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
               "first_gap": [0.01] * 3 + [math.nan], "steady_gap": [0.004] * 4}
     measured = {"median_ttft_ms": 25, "p90_ttft_ms": 30, "median_tpot_ms": 5, "p90_tpot_ms": 6, "slo_attainment": 1.0}
     # the run's join trace: two decode workers' handoffs (planner.validation_joins)
-    traced = {"workers": {"decode-0": {"handoff": {"requests": 3, "hops_ms": 2.0, "inside_ms": 8.0}},
-                          "decode-1": {"handoff": {"requests": 1, "hops_ms": 6.0, "inside_ms": 4.0}}}}
+    # (decode-0's way in matched over 2 of its requests, decode-1's over its one)
+    traced = {"workers": {"decode-0": {"handoff": {"requests": 3, "hops_ms": 2.0, "inside_ms": 8.0,
+                                                   "hop_in_requests": 2, "hop_in_ms": 1.0}},
+                          "decode-1": {"handoff": {"requests": 1, "hops_ms": 6.0, "inside_ms": 4.0,
+                                                   "hop_in_requests": 1, "hop_in_ms": 4.0}}}}
     runs = [validation_runs.RateRun(1.0, sample, measured | {"engine_steps": traced}, None, phases,
                                     {"ms_per_product": 3.1, "wake_us": 70.0})]
     setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "uniform"}, "tcp")
@@ -110,8 +114,8 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
     assert phase_table(comparisons, "phases").row_count == len(PHASES)
     # the handoff split: the trace's, weighted by each worker's requests, beside the simulator's
     handoff = to_json(comparisons)["runs"][0]["handoff_ms"]
-    assert handoff["measured"] == {"hops": pytest.approx(3.0), "inside": pytest.approx(7.0)}
-    assert set(handoff["simulated"]) == {"hops", "inside"} and handoff["simulated"]["inside"] > 0
+    assert handoff["measured"] == {"hops": pytest.approx(3.0), "inside": pytest.approx(7.0), "hop_in": pytest.approx(2.0)}
+    assert set(handoff["simulated"]) == {"hops", "inside", "hop_in"} and handoff["simulated"]["inside"] > 0
     assert again[0].measured["engine_steps"] == traced                     # kept, and back on a resimulation
     assert handoff_table(validation_runs.compare(again, [profile_path], "tcp", setup.slo), "handoff").row_count == 1
     assert phase_table([validation_runs.compare([validation_runs.RateRun(1.0, sample, measured, None)],
