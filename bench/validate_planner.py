@@ -61,7 +61,7 @@ from pdserve.engine_step_trace import STEP_TRACE_ENV, read_joins, read_steps, tr
 from planner.perf_model import fit_perf_model
 from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
-from planner.simulator.config import SERVED_STEP_FORMS
+from planner.simulator.config import HOP_MODELS, SERVED_STEP_FORMS
 from planner.simulator.host import ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, handoff_table, phase_table,
@@ -123,6 +123,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a what-if for the simulated side: the largest share of a step on the router's core the "
                         "host's load may take (default %(default)s, the simulator's own; 0.5: a fair scheduler keeps "
                         "the stepping engine half its core)")
+    p.add_argument("--hops", default=SimSettings.hops, choices=HOP_MODELS,
+                   help="a what-if for the simulated side: a first token's hops under load, stretched as a step on "
+                        "the router's cores (stretched, the simulator's own) or unstretched plus the waits behind "
+                        "the decode side's outputs in the router and the decode worker (queued)")
     p.add_argument("--step-trace", action="store_true",
                    help="trace the engines' steps and print, at each rate, what the decode worker's gap was made "
                         "of (the engine's step against the profile's model, the time between steps, the clients' gap)")
@@ -203,7 +207,8 @@ def measured(args: argparse.Namespace, console: Console):
 def what_if(args: argparse.Namespace) -> dict:
     """The simulator settings the command line changes from the simulator's own."""
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
-               "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen}
+               "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
+               "hops": args.hops}
     return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
 
 

@@ -20,7 +20,13 @@ class ServingCosts:
     - `first_token_s`: added to every request's first token: the router, the gRPC hops and the
       prefill worker's API process, the prompt in and the token back;
     - `handoff_s`: from the prefill engine's first token until the decode engine has the request
-      (the router's Decode RPC, the decode worker's API process), on top of the KV transfer.
+      (the router's Decode RPC, the decode worker's API process), on top of the KV transfer: the
+      Decode call's way in, traced on lone requests (`planner.validation_joins.hop_in_s`);
+    - `idle_join_s`: what a request handed to an idle decode engine takes beyond the pull and the
+      join step the simulator charges (the engine core woken from its socket, its idle loop's
+      steps around the pull: a lone request's first gap less the way in and the simulator's own
+      pull and step); 0 in a profile measured before it was traced apart, whose `handoff_s`
+      holds it.
     Decode steps as served, measured on batches decoding together: what the worker's engine core
     and API process, on the model runner's core, add to the engine's step (`decode_serving_s`):
     - `decode_step_s` + `decode_cpu_s_per_token` x batch: a line fitted on batched runs (per step,
@@ -80,6 +86,7 @@ class ServingCosts:
 
     first_token_s: float = 0.0
     handoff_s: float = 0.0
+    idle_join_s: float = 0.0
     decode_step_s: float = 0.0
     decode_cpu_s_per_token: float = 0.0
     decode_cpu_s_per_request: float = 0.0

@@ -145,6 +145,18 @@ class LoneLatencies:
     first_token_s: float
     handoff_s: float
     first_token_spread_s: tuple[float, ...] = ()
+    way_in_s: float | None = None  # the Decode call's way in, traced (None: no trace read)
+
+
+def split_lone_handoff(handoff_s: float, way_in_s: float | None) -> tuple[float, float]:
+    """(`ServingCosts.handoff_s`, `idle_join_s`) from a lone request's handoff net of what the
+    simulator charges an idle decode engine (its pull and its join step, the request's CPU) and,
+    where the trace measured it, the Decode call's way in: the way in is the hop, the rest what
+    the idle engine took beyond the simulator's charge. Untraced, all of it is the hop, as in a
+    profile measured before. Pure."""
+    if way_in_s is None:
+        return max(0.0, handoff_s), 0.0
+    return max(0.0, way_in_s), max(0.0, handoff_s - max(0.0, way_in_s))
 
 
 def steady_rate(model: PerfModel, prompt_tokens: int) -> float:

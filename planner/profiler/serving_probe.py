@@ -6,7 +6,11 @@
   predicts.
     first_token_s = TTFT - prefill(n)
     handoff_s     = (second token - first token) - KV transfer(n) - decode step(1, n + 1)
-  Medians over a few prompt lengths and repeats.
+  Medians over a few prompt lengths and repeats. The cluster's engines run with the step trace
+  (`pdserve.engine_step_trace`), which times the Decode call's way in apart (the prefill engine's
+  step to the decode worker's front end, `planner.validation_joins.hop_in_s`): that is kept as
+  `handoff_s`, and the rest of the handoff as `idle_join_s`, what a decode engine woken from idle
+  takes beyond the pull and the step the simulator charges (`serving_fit.split_lone_handoff`).
 - CPU, from two steady Poisson runs at the same request rate, one with short and one with long
   outputs, and a third with prompts of half the context (`serving_fit.long_prompt_tokens`) and
   short outputs. The CPU seconds each group of processes took (from /proc) over each run solve
@@ -60,16 +64,19 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
 from planner.profile import DecodeSample
 from planner.profiler.serving_fit import (LONG_OUTPUT, SHORT_OUTPUT, CpuRun, LoneLatencies, ServingPlan, cpu_terms,
-                                          long_prompt_requests, serving_plan, steady_rate)
+                                          long_prompt_requests, serving_plan, split_lone_handoff, steady_rate)
 from planner.profiler.spread import spread_of
 from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, BatchRun, NoCommonWindow,
                                          ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
@@ -119,16 +126,35 @@ async def lone_runs(stream, plan: ServingPlan, vocab_size: int, advance,
 
 
 async def lone_request_latencies(target: str, model: PerfModel, kv_bytes_per_token: int, block_size: int,
-                                 transport: str, plan: ServingPlan, vocab_size: int, advance) -> LoneLatencies:
+                                 transport: str, plan: ServingPlan, vocab_size: int, advance,
+                                 way_in_s: Callable[[float, float], float | None] = lambda start_s, end_s: None
+                                 ) -> LoneLatencies:
+    """The lone requests' latencies; `way_in_s(start_s, end_s)` reads the Decode calls' way in of
+    the requests sent in that window (monotonic seconds) from the engines' trace."""
     from pdserve.client import AsyncClient
 
+    start_s = time.perf_counter()
     async with AsyncClient(target) as client:
         runs = await lone_runs(lambda ids, k: token_times(client, ids, k), plan, vocab_size, advance)
     first = [marks[0] - started - model.prefill_s(n, n) for n, started, marks in runs]
     handoff = [marks[1] - marks[0] - model.transfer_s(-(-n // block_size) * block_size * kv_bytes_per_token, transport)
                - model.decode_step_s(1, n + 1) for n, _, marks in runs]
     return LoneLatencies(max(0.0, statistics.median(first)), max(0.0, statistics.median(handoff)),
-                         spread_of(by_length([n for n, _, _ in runs], first)))
+                         spread_of(by_length([n for n, _, _ in runs], first)), way_in_s(start_s, time.perf_counter()))
+
+
+def traced_way_in_s(trace_dir: Path, prefill_id: str, decode_id: str, start_s: float, end_s: float) -> float | None:
+    """The median way in of the Decode calls the decode worker's front end took in [start_s,
+    end_s), from the two workers' join traces under `trace_dir`; None when none matched (a trace
+    not written: an engine that could not load the trace)."""
+    from pdserve.engine_step_trace import read_joins, trace_files
+    from planner.validation_joins import hop_in_s, in_window
+
+    def joins(worker_id: str):
+        return [join for path in trace_files(trace_dir, worker_id, "joins") for join in read_joins(path)]
+
+    ways = hop_in_s(joins(prefill_id), in_window(joins(decode_id), start_s, end_s))
+    return float(statistics.median(ways)) if len(ways) else None
 
 
 def by_length(lengths: list[int], values: list[float]) -> list[list[float]]:
@@ -366,13 +392,15 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
 
     plan = serving_plan(engine.max_model_len, engine.max_num_seqs, quick)
     spec = ClusterSpec(engine=engine, transport=transport, cpu_cores={"prefill": cores[0], "decode": cores[1]})
-    with LocalCluster(spec) as cluster:
+    with tempfile.TemporaryDirectory(prefix="pdserve-profile-trace-") as trace_dir, \
+            traced_engines(Path(trace_dir)), LocalCluster(spec) as cluster:
         with Client(cluster.grpc_target) as client:  # the cluster is up: its router routes to both workers
             info = client.model_info()
         advance("serving: cluster up")
+        ids = cluster.worker_ids("prefill")[0], cluster.worker_ids("decode")[0]
         lone = asyncio.run(lone_request_latencies(
             cluster.grpc_target, model, kv_bytes_per_token, engine.block_size, transport, plan, info.vocab_size,
-            advance))
+            advance, lambda start_s, end_s: traced_way_in_s(Path(trace_dir), *ids, start_s, end_s)))
         pids = {"router": cluster.router.pid,
                 **{role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}}
         cpu, idle = measure_cpu(cluster.grpc_target, pids, model, plan, advance)
@@ -387,7 +415,25 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                      decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
                      served_step_extra_s=steps.extra_by_batch)
     # the lone handoff held the request's first decode step alone: what serving adds to it is charged there
+    handoff_s, idle_join_s = split_lone_handoff(
+        lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt) - served.decode_serving_s(1, by_batch=False),
+        lone.way_in_s)
     return replace(served, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt)),
-                   handoff_s=max(0.0, lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt)
-                                 - served.decode_serving_s(1, by_batch=False)),
-                   first_token_spread_s=lone.first_token_spread_s)
+                   handoff_s=handoff_s, idle_join_s=idle_join_s, first_token_spread_s=lone.first_token_spread_s)
+
+
+@contextmanager
+def traced_engines(trace_dir: Path):
+    """The workers started inside it trace their engines' steps and joins into `trace_dir` (they
+    inherit the variable as they start: `pdserve.engine_step_trace`); the variable as it was after."""
+    from pdserve.engine_step_trace import STEP_TRACE_ENV
+
+    before = os.environ.get(STEP_TRACE_ENV)
+    os.environ[STEP_TRACE_ENV] = str(trace_dir)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(STEP_TRACE_ENV, None)
+        else:
+            os.environ[STEP_TRACE_ENV] = before

@@ -42,7 +42,8 @@ def print_summary(console: Console, profile: Profile, fit: FitReport) -> None:
         console.print("  " + note, markup=False)
     serving = profile.serving
     if serving != ServingCosts():
-        console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms,"
+        console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms"
+                      f" (+{serving.idle_join_s * 1e3:.2f} ms to an idle decode engine),"
                       f" decode step +{serving.decode_step_s * 1e3:.2f} ms;"
                       f" decode worker CPU {serving.decode_cpu_s_per_token * 1e6:.0f} us/token"
                       f" + {serving.decode_cpu_s_per_request * 1e3:.2f} ms/request, prefill worker CPU"

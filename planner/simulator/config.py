@@ -18,6 +18,7 @@ from router.scheduler import SloTargets
 
 DecodePick = Literal["handoff", "arrival"]
 SERVED_STEP_FORMS = ("line", "table")  # `SimSettings.served_step`
+HOP_MODELS = ("stretched", "queued")  # `SimSettings.hops`
 _LABEL = re.compile(r"(?:(?P<colocated>\d+)C(?:x(?P<width>\d+))?"
                     r"|(?P<prefill>\d+)P\+(?P<decode>\d+)(?P<kind>[DH])(?:/(?P<cap>\d+))?)"
                     r"(?:@(?P<budget>\d+))?")
@@ -214,6 +215,12 @@ class SimSettings:
     - `served_step`: what serving adds to a decode step: "line" (the profile's fitted line) or
       "table" (its measured extra by batch, interpolated, where the profile has it;
       `ServingCosts.decode_serving_s`);
+    - `hops`: what a prefilled request's two hops (`ServingCosts.first_token_s`, `handoff_s`) take
+      under load: "stretched", the stretch of a prefill step starting as its prompt finishes (the
+      router's cores' share taken, `planner.simulator.host`); or "queued", the profile's latencies
+      unstretched plus the waits behind the decode side's latest outputs in the processes on their
+      way: the router's (both hops) and the decode worker's API process (the Decode call;
+      `planner.simulator.host.router_outputs_wait_s`, `decode_call_wait_s`);
     - `router_core_max_stolen`: the largest share of a step on the router's cores the host's load
       may take (`planner.simulator.host.stretch_for_loads`): the default `MAX_STOLEN` (0.9), or 0.5,
       a fair scheduler keeping a stepping engine at least half its core against the router
@@ -234,6 +241,7 @@ class SimSettings:
     router_cpu_charge: str = "window"
     served_step: str = "line"
     router_core_max_stolen: float = MAX_STOLEN
+    hops: str = "stretched"
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -245,6 +253,8 @@ class SimSettings:
                                   f"got {self.router_cpu_charge!r}")
         if self.served_step not in SERVED_STEP_FORMS:
             raise SimulationError(f"SimSettings.served_step must be one of {SERVED_STEP_FORMS}, got {self.served_step!r}")
+        if self.hops not in HOP_MODELS:
+            raise SimulationError(f"SimSettings.hops must be one of {HOP_MODELS}, got {self.hops!r}")
         if not self.host_window_s > 0:
             raise SimulationError(f"SimSettings.host_window_s must be > 0, got {self.host_window_s!r}")
         if not 0 < self.router_core_max_stolen <= MAX_STOLEN:

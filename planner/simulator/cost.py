@@ -46,7 +46,7 @@ def cost_model_from(model: PerfModel, settings: SimSettings, mean_prompt_tokens:
         fixed_s=p.step_s + serving.first_token_s + serving.prefill_cpu_s_per_request,
         per_token_s=p.per_token_s + serving.prefill_cpu_s_per_prompt_token, per_token2_s=p.per_token2_s,
         step_fixed_s=d.step_s + serving.decode_step_s, step_per_seq_s=step_per_seq_s,
-        transfer_fixed_s=transfer.latency_s + serving.handoff_s,
+        transfer_fixed_s=transfer.latency_s + serving.handoff_s + serving.idle_join_s,   # a lone handoff's whole
         transfer_per_token_s=settings.kv_bytes_per_token / transfer.bytes_per_s,
         local_interference_per_decode=chunks * step_per_seq_s / model.prefill_s(prompt_tokens, settings.token_budget),
         chunk_tokens=settings.token_budget, per_chunk_s=p.step_s, per_prior_unit_s=p.per_prior_unit_s)

@@ -10,7 +10,7 @@ its admission may refuse a request at arrival: that request is over at once, no 
 
 Events at the same instant are all applied before any idle instance plans its next step, so two
 requests arriving together share a step; at one instant arrivals come first, then handoffs, then
-transfer completions, then step ends.
+Decode calls reaching their instances, then transfer completions, then step ends.
 
 Serving costs (`SimSettings.serving`, measured through a real cluster): a prefilled request reaches
 its decode instance `handoff_s` after its first token; the workers' per-request and per-token CPU
@@ -19,6 +19,10 @@ the prefill instances' cores where there are any, the client's where there is ro
 steps that share a core with it; `first_token_s` is added to what the client sees (TTFT and
 end-to-end latency, not TPOT). A prefilled request's two hops (`first_token_s`, `handoff_s`) take
 the stretch of a prefill step starting as its prompt finishes: their CPU is on the router's cores.
+With `SimSettings.hops` "queued" the hops are the profile's latencies unstretched, each plus the
+router's wait behind the decode side's running steps' outputs, and the Decode call then waits in
+the decode worker's API process behind its engine's last outputs before the instance has it
+(`planner.simulator.host.router_outputs_wait_s`, `decode_call_wait_s`).
 A step that starts while another instance steps takes the measured co-run stretch too
 (`corun_stretches`: engines on different cores slowing each other). Where the profile measured
 their spread, each decode step and each first token also takes a seeded draw of it
@@ -38,7 +42,7 @@ from planner.perf_model import PerfModel
 from planner.serving_costs import ServingCosts
 from planner.simulator.cost import cost_model_from
 from planner.simulator.config import SimSettings, SimulationError, Topology
-from planner.simulator.host import HostCpu
+from planner.simulator.host import HostCpu, decode_call_wait_s, router_outputs_wait_s
 from planner.simulator.hybrid import HybridInstance
 from planner.simulator.instances import ColocatedInstance, DecodeInstance, PrefillInstance, StepDone
 from planner.simulator.result import SimResult
@@ -47,7 +51,7 @@ from planner.simulator.spread import ServiceSpread
 from planner.simulator.state import ItlLog, SimRequest
 from router.policies.placement import CostModel, Local
 
-ARRIVAL, HANDOFF, TRANSFER_DONE, STEP_END = 0, 1, 2, 3
+ARRIVAL, HANDOFF, DECODE_CALL, TRANSFER_DONE, STEP_END = 0, 1, 2, 3, 4
 DecodeSide = DecodeInstance | HybridInstance | ColocatedInstance
 Instance = PrefillInstance | DecodeSide
 
@@ -144,6 +148,8 @@ class _Cluster:
                 self.router.arrive(payload)
             elif kind == HANDOFF:
                 self._hand_off(payload, now)
+            elif kind == DECODE_CALL:
+                self._reach_decode(payload, now)
             elif kind == TRANSFER_DONE:
                 instance, request = payload
                 instance.transfer_done(request)
@@ -158,7 +164,8 @@ class _Cluster:
                 "decode": [] if self.topology.is_colocated else [i.busy_s for i in self.decode],
                 "colocated": [i.busy_s for i in self.decode] if self.topology.is_colocated else []}
         hops = np.array([request.hop_stretch for request in requests])
-        delivery_s = np.maximum(0.0, self.settings.serving.first_token_s * hops
+        waits = np.array([request.hop_wait_s for request in requests])
+        delivery_s = np.maximum(0.0, self.settings.serving.first_token_s * hops + waits
                                 + self.spread.first_token_extra_s(len(requests)))
         return SimResult.from_requests(requests, self.topology, self.itl, busy, delivery_s=delivery_s)
 
@@ -209,8 +216,13 @@ class _Cluster:
             if isinstance(instance, PrefillInstance):
                 # its hops' CPU (the router's, the prefill worker's) is on the router's cores,
                 # shared as a prefill step starting now would be
-                request.hop_stretch = self._host_stretch(now, prefill=True)
-                hop_s = self.settings.serving.handoff_s * request.hop_stretch
+                if self.settings.hops == "queued":
+                    request.hop_wait_s = router_outputs_wait_s(
+                        sum(d.step_tokens for d in self.decode if id(d) in self._stepping),
+                        self.settings.serving.router_cpu_s_per_token)
+                else:
+                    request.hop_stretch = self._host_stretch(now, prefill=True)
+                hop_s = self.settings.serving.handoff_s * request.hop_stretch + request.hop_wait_s
                 self._push(now + hop_s + self.host.router_delay_s(now, hop_s), HANDOFF, request)
             else:  # a Local prompt: the first token streams from the decode instance
                 self.router.prefilled(request)
@@ -234,6 +246,20 @@ class _Cluster:
         if self.settings.decode_pick == "handoff":
             self.router.place_decode_again(request)
         self.router.decode_started(request)
+        wait_s = self._decode_call_wait_s(self.decode[request.decode_instance])
+        if wait_s > 0:
+            self._push(now + wait_s, DECODE_CALL, request)
+        else:
+            self._reach_decode(request, now)
+
+    def _decode_call_wait_s(self, decode: DecodeSide) -> float:
+        if self.settings.hops != "queued":
+            return 0.0
+        return decode_call_wait_s(decode.step_tokens, self.settings.serving.decode_cpu_s_per_token,
+                                  id(decode) in self._stepping)
+
+    def _reach_decode(self, request: SimRequest, now: float) -> None:
+        """The Decode call is in the decode worker's engine: the request queues for its KV pull."""
         request.handed_off_s = now
         decode = self.decode[request.decode_instance]
         self._push_transfers(decode, decode.receive(request, now))

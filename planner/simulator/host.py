@@ -210,6 +210,23 @@ def _stretch(stolen: float, most: float = MAX_STOLEN) -> float:
     return 1.0 / (1.0 - min(most, stolen))
 
 
+def decode_call_wait_s(step_tokens: int, cpu_s_per_token: float, engine_stepping: bool) -> float:
+    """How long a Decode call waits in its decode worker's API process behind the outputs of the
+    step the engine last emitted, while the engine steps: that process takes a step's
+    `step_tokens` outputs in one go (vLLM's output handler, then each stream's message:
+    `cpu_s_per_token` each, the profile's `decode_cpu_s_per_token`) before its event loop reads
+    the call, at half the core it shares with the stepping engine core (processor sharing with one
+    busy thread). An idle engine's last outputs were handled as it went idle: no wait."""
+    return step_tokens * cpu_s_per_token * 2.0 if engine_stepping else 0.0
+
+
+def router_outputs_wait_s(stepping_tokens: int, cpu_s_per_token: float) -> float:
+    """How long a message through the router (a first token, a Decode call) waits behind the
+    streams' tokens of the decode side's running steps: the router relays each (`cpu_s_per_token`,
+    the profile's `router_cpu_s_per_token`) as its step's outputs come, in the same event loop."""
+    return stepping_tokens * cpu_s_per_token
+
+
 def stretch_for_load(load_cores: float, host_cores: float, busy_cores: float) -> float:
     """The stretch when all of the unbound load floats (`stretch_for_loads` with no bound router):
     it takes idle cores first, then shares the `busy_cores` stepping ones."""

@@ -32,9 +32,12 @@ class HybridInstance(ColocatedInstance):
 
     def receive(self, request: SimRequest, now: float) -> list[SimRequest]:
         """Queue a request prefilled elsewhere; returns the requests whose transfer starts now (none
-        while a step runs: the engine sees it at the step's end, `engine_sees_at_step_end`)."""
+        while a step runs: the engine sees it at the step's end, `engine_sees_at_step_end`; to an
+        idle engine, `ServingCosts.idle_join_s` from now)."""
         self.pulls_waiting.append(request)
-        return [] if engine_sees_at_step_end(self._step_start_s) else self._admit_pulls(now)
+        if engine_sees_at_step_end(self._step_start_s):
+            return []
+        return self._admit_pulls(now + (self._settings.serving.idle_join_s if self.admitted() == 0 else 0.0))
 
     def _admit_pulls(self, now: float) -> list[SimRequest]:
         s, started = self._settings, []

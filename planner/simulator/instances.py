@@ -149,7 +149,7 @@ class DecodeInstance:
     As vLLM's engine core with a KV connector (`kv_transfer.connector`) does: a request handed over
     while a step runs is seen when that step ends, its pull is scheduled then and runs beside the
     next step, and it computes in the step after the one its pull finished in; handed to an idle
-    engine, its pull starts at once. So under a running batch the first decode token comes one
+    engine, its pull starts once the engine core is awake (`ServingCosts.idle_join_s`). So under a running batch the first decode token comes one
     step later than the pull alone would put it (`engine_sees_at_step_end`)."""
 
     def __init__(self, index: int, settings: SimSettings, model: PerfModel, itl: ItlLog) -> None:
@@ -170,9 +170,11 @@ class DecodeInstance:
 
     def receive(self, request: SimRequest, now: float) -> list[SimRequest]:
         """Queue a prefilled request; returns the requests whose transfer starts now (none while a
-        step runs: `finish_step` admits them)."""
+        step runs: `finish_step` admits them; to an idle engine, `idle_join_s` from now)."""
         self.waiting.append(request)
-        return [] if engine_sees_at_step_end(self._step_start_s) else self._admit(now)
+        if engine_sees_at_step_end(self._step_start_s):
+            return []
+        return self._admit(now + (self._settings.serving.idle_join_s if self.admitted == 0 else 0.0))
 
     def _admit(self, now: float) -> list[SimRequest]:
         s, started = self._settings, []

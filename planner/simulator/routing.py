@@ -213,7 +213,7 @@ class SimRouter:
 
     def _calibrate(self, expected: Prediction, request: SimRequest) -> None:
         """`Scheduler._calibrate` on the simulated request's TTFT and E2EL as the client sees them."""
-        delivery_s = self._delivery_s * request.hop_stretch
+        delivery_s = self._delivery_s * request.hop_stretch + request.hop_wait_s
         observe_served(self.calibration, expected, request.first_token_s + delivery_s - request.arrival_s,
                        request.finish_s + delivery_s - request.arrival_s, request.output_tokens, self._slo_s,
                        self.placement.calibrate_ttft, self.now_s)

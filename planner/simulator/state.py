@@ -20,7 +20,7 @@ class SimRequest:
     __slots__ = ("index", "arrival_s", "prompt_tokens", "output_tokens", "prefilled_tokens", "blocks",
                  "prefill_start_s", "first_token_s", "handed_off_s", "transfer_start_s", "transfer_end_s",
                  "first_decode_token_s", "finish_s", "prefill_instance", "decode_instance", "join_step",
-                 "join_context", "refused", "hop_stretch")
+                 "join_context", "refused", "hop_stretch", "hop_wait_s")
 
     def __init__(self, index: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:
         self.index = index
@@ -41,6 +41,7 @@ class SimRequest:
         self.join_step = 0
         self.join_context = 0
         self.hop_stretch = 1.0  # the host's stretch of its first token's hops (`planner.simulator.host`)
+        self.hop_wait_s = 0.0  # and what each waits in the router behind outputs (`SimSettings.hops` "queued")
         self.refused = False  # the router's admission refused it at arrival: it never ran, every time stays None
 
 

@@ -214,3 +214,35 @@ def test_served_steps_of_one_batch_size_are_its_step_alone_and_said_so():
     assert any("only batch 1 decoded together (batches [4, 16] never did" in label for label, _ in notes)
     assert sum(step for _, step in notes) == 3
 
+
+
+def test_a_lone_handoff_splits_into_the_traced_way_in_and_what_the_idle_engine_added():
+    from planner.profiler.serving_fit import split_lone_handoff
+
+    # 9 ms of handoff beyond the simulator's pull and step, 6 ms of it the Decode call's way in
+    assert split_lone_handoff(0.009, 0.006) == pytest.approx((0.006, 0.003))
+    # untraced: all of it is the hop, as in a profile measured before
+    assert split_lone_handoff(0.009, None) == (0.009, 0.0)
+    # a way in longer than the whole (the netting's noise): no negative idle join
+    assert split_lone_handoff(0.004, 0.006) == pytest.approx((0.006, 0.0))
+    assert split_lone_handoff(-0.001, None) == (0.0, 0.0)
+
+
+def test_the_traced_way_in_is_the_median_over_the_window_of_the_decode_workers_front_end(tmp_path):
+    from pdserve.engine_step_trace import JOIN_COLUMNS
+    from planner.profiler.serving_probe import traced_way_in_s
+
+    def write(name: str, rows: list[tuple]) -> None:
+        lines = [",".join(JOIN_COLUMNS)] + [",".join(str(v) for v in row) for row in rows]
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+
+    # prefill-0 computed a, b and c (their first tokens at 1.000, 2.000, 3.000); decode-1 pulled them,
+    # its front end taking each 5, 7 and 30 ms later; c came after the window
+    write("joins-prefill-0-11.csv", [(f"{r}-0a1b2c3d", 100, t - 0.1, t - 0.09, "nan", t - 0.05, t)
+                                     for r, t in (("a", 1.0), ("b", 2.0), ("c", 3.0))])
+    write("joins-decode-1-12.csv", [(f"{r}-9f8e7d6c", 100, t + way, t + way + 0.001, t + way + 0.004,
+                                     t + way + 0.005, t + way + 0.009)
+                                    for r, t, way in (("a", 1.0, 0.005), ("b", 2.0, 0.007), ("c", 3.0, 0.030))])
+    assert traced_way_in_s(tmp_path, "prefill-0", "decode-1", 0.5, 2.5) == pytest.approx(0.006)
+    assert traced_way_in_s(tmp_path, "prefill-0", "decode-1", 5.0, 6.0) is None    # none in the window
+    assert traced_way_in_s(tmp_path / "none", "prefill-0", "decode-1", 0.5, 2.5) is None   # no trace written
