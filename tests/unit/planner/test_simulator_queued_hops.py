@@ -28,7 +28,7 @@ def run(hops: str):
     an idle decode engine, and a third at 0.5 (its prompt done at 0.6525) handed over while those two
     decode, with the host unmodelled (every stretch 1)."""
     costs = ServingCosts(first_token_s=0.004, handoff_s=0.003, decode_cpu_s_per_token=0.002,
-                         router_cpu_s_per_token=0.001)
+                         router_cpu_s_per_token=0.001, host_cpu_s_per_token=0.001)
     requests = [spec(0.0, 50, 40), spec(0.0, 50, 40), spec(0.5, 50, 4)]
     return simulate(requests, Topology.disaggregated(1, 1), round_settings(serving=costs, hops=hops), ROUND_MODEL)
 
@@ -55,7 +55,7 @@ def test_an_unknown_hop_model_is_refused():
 def test_a_pull_to_an_idle_decode_engine_starts_once_the_engine_is_awake():
     costs = ServingCosts(handoff_s=0.003, idle_join_s=0.05)
     requests = [spec(0.0, 50, 40), spec(0.5, 50, 4)]
-    for topology in (Topology.disaggregated(1, 1), Topology.hybrid(1, 1)):
+    for topology in (Topology.disaggregated(1, 1), Topology.hybrid(1, 1, local_prefill_max_tokens=1)):  # none local
         t = simulate(requests, topology, round_settings(serving=costs), ROUND_MODEL).timeline
         # the first finds the engine idle: 50 ms before its pull; the second comes while the first
         # decodes (steps of about 21 ms) and pulls when the step running ends
