@@ -284,7 +284,9 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             if (local := measured_local_share(result.records)) is not None:
                 measured_summary["local_prefill_share"] = local
             if args.step_trace:
-                measured_summary["engine_steps"] = step_report(system.cluster, trace_dir, result, first, console)
+                measured_summary["engine_steps"] = step_report(
+                    system.cluster, trace_dir, result, first, console,
+                    setup.topology.token_budget or first.engine.max_num_batched_tokens)
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
                           f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
                           f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "
@@ -300,10 +302,11 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
     return runs
 
 
-def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console) -> dict:
+def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console, token_budget: int) -> dict:
     """The workers' traced steps over the run's window against `profile` (printed, and a dict for
-    validation.json; `planner.validation_steps`): each decode worker's cycle and each prefill
-    worker's prompt steps."""
+    validation.json; `planner.validation_steps`): each decode worker's cycle and handoffs (the way
+    in over prompts of one step: at most `token_budget` tokens) and each prefill worker's prompt
+    steps."""
     model = fit_perf_model(profile).model
     served = lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)  # noqa: E731  the simulator's own
     ok = [r for r in result.records if r.ok]
@@ -330,7 +333,8 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
                       f"{summary['cycle_ms']} ms = step {summary['step_ms']} (model {summary['model_ms']}) + between "
                       f"{summary['between_ms']}; the simulator charges model + {summary['served_extra_ms']} ms; "
                       f"engine busy {summary['busy_share']}")
-        handoff = summary["handoff"] = handoff_summary(joined(worker_id), steps, *window, first_gap_s, prefill_joins)
+        handoff = summary["handoff"] = handoff_summary(joined(worker_id), steps, *window, first_gap_s, prefill_joins,
+                                                               token_budget)
         if handoff["requests"]:
             console.print(f"  handoff, {handoff['requests']} pulled requests (ms): clients' first gap "
                           f"{handoff.get('client_first_gap_ms')} = hops outside {handoff.get('hops_ms')} (the profile's "

@@ -82,15 +82,46 @@ def external_id(engine_request_id: str) -> str:
     return head if dash and len(tail) == 8 else engine_request_id
 
 
-def hop_in_s(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin]) -> np.ndarray:
+def prefilled_at(prefill_joins: Sequence[TracedJoin], max_prompt_tokens: int | None = None) -> dict[str, float]:
+    """Router request id -> when the prefill worker's join step of its prompt ended, over the
+    prompts it computed (not pulled) of at most `max_prompt_tokens` (the engine's token budget: a
+    longer prompt is computed in chunks and joined at its first, so its way in would hold the
+    chunks after it; one within the budget may still share a step and be chunked: rare below the
+    knee, and a median resists it)."""
+    return {external_id(j.request_id): j.end_s for j in prefill_joins
+            if not j.pulled and (max_prompt_tokens is None or j.prompt_tokens <= max_prompt_tokens)}
+
+
+def hop_in_s(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],
+             max_prompt_tokens: int | None = None) -> np.ndarray:
     """Per request in both, pulled by the decode worker and prefilled (not pulled) by the prefill
-    worker, seconds from its prefill join step's end to the decode worker's front end accepting
-    it, in `decode_joins`' order. A prompt in chunks joined at its first chunk, so its value holds
-    the chunks after it too: take a median where chunked prompts are few."""
-    prefilled = {external_id(j.request_id): j.end_s for j in prefill_joins if not j.pulled}
+    worker in one step (`prefilled_at`), seconds from its prefill join step's end to the decode
+    worker's front end accepting it, in `decode_joins`' order."""
+    prefilled = prefilled_at(prefill_joins, max_prompt_tokens)
     return np.array([j.accepted_s - prefilled[key] for j in decode_joins
                      if j.pulled and np.isfinite(j.accepted_s) and (key := external_id(j.request_id)) in prefilled],
                     dtype=float)
+
+
+def way_in_by_batch(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],
+                    decode_steps: Sequence[TracedStep], max_prompt_tokens: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Per pulled request matched in both (as `hop_in_s`): the batch the decode engine was running
+    when the request's prefill join step ended (0: it was between steps or idle) and the Decode
+    call's way in, seconds."""
+    ordered = sorted(decode_steps, key=lambda s: s.start_s)
+    starts = np.array([s.start_s for s in ordered])
+    prefilled = prefilled_at(prefill_joins, max_prompt_tokens)
+    batches, ways = [], []
+    for j in decode_joins:
+        key = external_id(j.request_id)
+        if not j.pulled or not np.isfinite(j.accepted_s) or key not in prefilled:
+            continue
+        first_s = prefilled[key]
+        i = int(np.searchsorted(starts, first_s, side="right")) - 1
+        batches.append(ordered[i].decoding if i >= 0 and ordered[i].end_s > first_s else 0)
+        ways.append(j.accepted_s - first_s)
+    return np.array(batches, dtype=int), np.array(ways, dtype=float)
 
 
 def in_window(joins: Sequence[TracedJoin], start_s: float, end_s: float) -> list[TracedJoin]:
@@ -100,12 +131,12 @@ def in_window(joins: Sequence[TracedJoin], start_s: float, end_s: float) -> list
 
 def handoff_summary(joins: Sequence[TracedJoin], steps: Sequence[TracedStep], start_s: float, end_s: float,
                     client_first_gap_s: float = float("nan"),
-                    prefill_joins: Sequence[TracedJoin] = ()) -> dict:
+                    prefill_joins: Sequence[TracedJoin] = (), max_prompt_tokens: int | None = None) -> dict:
     """A decode worker's pulled requests accepted in [start_s, end_s), for a report and
     validation.json: the count, each phase's mean in ms, the share of requests by `pull_steps`
     (0, 1, 2, 3 or more), given the clients' mean first gap, the hops outside (first gap -
-    inside) in ms, and given the prefill workers' joins, the way in's median (`hop_in_ms`) and
-    the count it is over (`hop_in_requests`)."""
+    inside) in ms, and given the prefill workers' joins, the way in's median (`hop_in_ms`) over
+    the prompts of at most `max_prompt_tokens` and their count (`hop_in_requests`)."""
     chosen = in_window(joins, start_s, end_s)
     phases = pull_phases(chosen, steps)
     n = len(phases["inside"])
@@ -120,7 +151,7 @@ def handoff_summary(joins: Sequence[TracedJoin], steps: Sequence[TracedStep], st
     if np.isfinite(client_first_gap_s):
         summary["client_first_gap_ms"] = round(client_first_gap_s * 1e3, 4)
         summary["hops_ms"] = round((client_first_gap_s - float(phases["inside"].mean())) * 1e3, 4)
-    hops_in = hop_in_s(prefill_joins, chosen)
+    hops_in = hop_in_s(prefill_joins, chosen, max_prompt_tokens)
     if len(hops_in):
         summary["hop_in_requests"] = len(hops_in)
         summary["hop_in_ms"] = round(float(np.median(hops_in)) * 1e3, 4)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench_scripts import bench_functions, bench_help
+from bench_scripts import REPO, bench_functions, bench_help
 
 
 def test_the_handoff_split_explains_itself():
@@ -49,3 +49,33 @@ def test_a_run_without_traced_handoffs_is_refused(tmp_path):
     (tmp_path / "validation.json").write_text(json.dumps(untraced))
     with pytest.raises(SystemExit, match="no traced handoffs"):
         main(["--run", f"A={tmp_path}"])
+
+
+def test_the_way_in_by_batch_explains_itself():
+    assert "--profile" in bench_help("way_in_by_batch.py") and "--step-trace" in bench_help("way_in_by_batch.py")
+
+
+def test_the_way_in_by_batch_from_a_runs_traces(tmp_path, capsys):
+    from pdserve.engine_step_trace import JOIN_COLUMNS, STEP_COLUMNS
+
+    steps_dir = tmp_path / "1P+1D" / "short-long" / "logs" / "steps"
+    steps_dir.mkdir(parents=True)
+
+    def write(name: str, columns, rows) -> None:
+        (steps_dir / name).write_text("\n".join([",".join(columns)] + [",".join(str(v) for v in r) for r in rows]) + "\n")
+
+    # the decode engine runs batch 10 from 1.0 to 2.0 (steps of 10 ms); a's prompt finishes at 0.5
+    # (idle engine: batch 0), b's and c's at 1.2 and 1.5 (batch 10); their ways in 5, 9 and 11 ms
+    write("steps-decode-1-5.csv", STEP_COLUMNS, [(1.0 + 0.01 * k, 1.01 + 0.01 * k, 0, 10, 10, 10, 1000)
+                                                 for k in range(100)])
+    firsts = {"a": (0.5, 0.005), "b": (1.2, 0.009), "c": (1.5, 0.011)}
+    write("joins-prefill-0-6.csv", JOIN_COLUMNS, [(f"{r}-0a1b2c3d", 100, t - 0.1, t - 0.09, "nan", t - 0.05, t)
+                                                  for r, (t, _) in firsts.items()])
+    write("joins-decode-1-5.csv", JOIN_COLUMNS, [(f"{r}-9f8e7d6c", 100, t + w, t + w, t + w + 0.004, t + w + 0.005,
+                                                  t + w + 0.009) for r, (t, w) in firsts.items()])
+    profile = REPO / "planner" / "profiles" / "tiny_2cpu_served.json"
+    main = bench_functions("way_in_by_batch.py")["main"]
+    assert main(["--run", str(steps_dir.parent.parent), "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "3 pulled requests" in out
+    assert "| 0-0 | 1 | 5.0 | 5.0 |" in out and "| 8-15 | 2 | 10.0 | 10.0 |" in out

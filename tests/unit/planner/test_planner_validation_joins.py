@@ -91,6 +91,10 @@ def test_the_way_in_from_the_prefill_join_to_the_decode_front_end():
     summary = handoff_summary(decoded, STEPS, 1.0, 2.0, client_first_gap_s=0.045, prefill_joins=PREFILLED)
     assert summary["hop_in_requests"] == 2 and summary["hop_in_ms"] == pytest.approx(4.0)   # the median
     assert "hop_in_ms" not in handoff_summary(decoded, STEPS, 1.0, 2.0)
+    # a prompt over the engine's token budget ran in chunks and joined at its first: left out
+    assert hop_in_s(PREFILLED, decoded, max_prompt_tokens=1500) == pytest.approx([0.006])
+    assert handoff_summary(decoded, STEPS, 1.0, 2.0, prefill_joins=PREFILLED, max_prompt_tokens=1500)[
+        "hop_in_requests"] == 1
 
 
 def test_a_prompts_front_end_queue_and_first_step():
@@ -126,3 +130,16 @@ def test_stamps_of_requests_that_never_ran_are_bounded():
         stamps.arrived(f"r{k}", None, 1, float(k))
     assert stamps.take("r0") is None                          # the oldest half went
     assert stamps.take(f"r{Stamps.MAX}") is not None
+
+
+def test_the_way_in_beside_the_batch_the_decode_engine_ran_as_the_prompt_finished():
+    from planner.validation_joins import way_in_by_batch
+
+    decoded = [TracedJoin(j.request_id + "-99aa88bb", j.prompt_tokens, j.accepted_s, j.arrived_s, j.pulled_s,
+                          j.start_s, j.end_s) for j in (A, B, PROMPT)]
+    # a's first token at 0.998: before the first traced step (batch 0); b's at 1.0475, within the step
+    # of 1.040-1.049, which ran 2 continuing requests
+    batches, ways = way_in_by_batch(PREFILLED, decoded, STEPS)
+    assert list(batches) == [0, 2] and ways == pytest.approx([0.006, 0.002])
+    batches, ways = way_in_by_batch(PREFILLED, decoded, STEPS, max_prompt_tokens=1500)   # b's 2,000 tokens: chunked
+    assert list(batches) == [0] and ways == pytest.approx([0.006])

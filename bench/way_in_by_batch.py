@@ -1,0 +1,89 @@
+"""The Decode call's way in against the decode engine's batch: per pulled request, the time from
+its prefill engine's step to the decode worker's front end taking the call, grouped by the batch
+the decode engine was running as that prefill step ended, beside what the simulator charges for
+it (the profile's `handoff_s`, and with `--hops queued` the waits behind that batch's outputs in the
+router and the decode worker's API process: `planner.simulator.host`).
+
+    .venv/bin/python bench/way_in_by_batch.py --run DIR [--run DIR ...] --profile PROFILE.json [--out table.md]
+
+Each DIR is a `bench/validate_planner.py --step-trace` output directory of one shape and topology
+(its engines' traces under logs/steps/, which a run keeps on the machine that ran it); prompts
+longer than the engine's token budget are left out (their prefill join is their first chunk's).
+Prints one
+markdown table per run (milliseconds; medians over the requests in each batch group, the mean
+beside them) and writes them to --out when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pdserve.engine_step_trace import read_joins, read_steps
+from planner.profile import load_profile
+from planner.serving_costs import ServingCosts
+from planner.simulator.host import decode_call_wait_s, router_outputs_wait_s
+from planner.validation_joins import way_in_by_batch
+
+BATCH_EDGES = (0, 1, 4, 8, 16, 32, 48, 64, 96, 129, 257)
+
+
+def trace(run: Path, kind: str, role: str) -> list:
+    read = read_steps if kind == "steps" else read_joins
+    return [item for path in sorted((run / "logs" / "steps").glob(f"{kind}-{role}-*.csv")) for item in read(path)]
+
+
+def charged_ms(serving: ServingCosts, batch: float) -> tuple[float, float]:
+    """(stretched unloaded, queued) way in the simulator charges at `batch`, ms: the profile's hop, and
+    that plus the waits behind the batch's outputs (a stepping engine)."""
+    queued = serving.handoff_s + router_outputs_wait_s(round(batch), serving.router_cpu_s_per_token) \
+        + decode_call_wait_s(round(batch), serving.decode_cpu_s_per_token, engine_stepping=batch > 0)
+    return serving.handoff_s * 1e3, queued * 1e3
+
+
+def table(run: Path, serving: ServingCosts, token_budget: int) -> str:
+    batches, ways = way_in_by_batch(trace(run, "joins", "prefill"), trace(run, "joins", "decode"),
+                                    trace(run, "steps", "decode"), token_budget)
+    if not len(ways):
+        raise SystemExit(f"{run}: no pulled request matched in both workers' join traces "
+                         "(validate_planner --step-trace writes them under logs/steps/)")
+    lines = [f"{run.parent.name} {run.name}: {len(ways)} pulled requests", "",
+             "| batch | requests | way in median | mean | handoff_s | queued at the median batch |",
+             "|---|---|---|---|---|---|"]
+    for lo, hi in zip(BATCH_EDGES, BATCH_EDGES[1:]):
+        chosen = (batches >= lo) & (batches < hi)
+        if not chosen.any():
+            continue
+        plain, queued = charged_ms(serving, float(np.median(batches[chosen])))
+        lines.append(f"| {lo}-{hi - 1} | {int(chosen.sum())} | {np.median(ways[chosen]) * 1e3:.1f} | "
+                     f"{ways[chosen].mean() * 1e3:.1f} | {plain:.1f} | {queued:.1f} |")
+    slope, intercept = np.polyfit(batches, ways, 1)
+    lines += ["", f"least squares: way in = {intercept * 1e3:.2f} ms + {slope * 1e3:.3f} ms x batch; the queued "
+              f"model's slope {(2 * serving.decode_cpu_s_per_token + serving.router_cpu_s_per_token) * 1e3:.3f} ms", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", action="append", required=True, type=Path,
+                        help="a validate_planner --step-trace output directory of one shape and topology")
+    parser.add_argument("--profile", required=True, type=Path, help="the profile whose serving costs to set beside")
+    parser.add_argument("--token-budget", type=int,
+                        help="prompts longer than this were computed in chunks and are left out (default: the "
+                             "profile's engine's max_num_batched_tokens, what validate_planner runs)")
+    parser.add_argument("--out", type=Path, help="also write the tables here")
+    args = parser.parse_args(argv)
+    profile = load_profile(args.profile)
+    budget = args.token_budget or profile.engine.max_num_batched_tokens
+    text = "\n".join(table(run, profile.serving, budget) for run in args.run)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
