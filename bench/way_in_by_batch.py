@@ -48,21 +48,27 @@ def table(run: Path, serving: ServingCosts, token_budget: int) -> str:
     batches, ways = way_in_by_batch(trace(run, "joins", "prefill"), trace(run, "joins", "decode"),
                                     trace(run, "steps", "decode"), token_budget)
     if not len(ways):
-        raise SystemExit(f"{run}: no pulled request matched in both workers' join traces "
-                         "(validate_planner --step-trace writes them under logs/steps/)")
+        return (f"{run.parent.name} {run.name}: no pulled request of at most {token_budget} prompt tokens in both "
+                "workers' join traces (validate_planner --step-trace writes them under logs/steps/)\n")
     lines = [f"{run.parent.name} {run.name}: {len(ways)} pulled requests", "",
              "| batch | requests | way in median | mean | handoff_s | queued at the median batch |",
              "|---|---|---|---|---|---|"]
+    centers, medians, counts = [], [], []
     for lo, hi in zip(BATCH_EDGES, BATCH_EDGES[1:]):
         chosen = (batches >= lo) & (batches < hi)
         if not chosen.any():
             continue
-        plain, queued = charged_ms(serving, float(np.median(batches[chosen])))
-        lines.append(f"| {lo}-{hi - 1} | {int(chosen.sum())} | {np.median(ways[chosen]) * 1e3:.1f} | "
+        centers.append(float(np.median(batches[chosen])))
+        medians.append(float(np.median(ways[chosen])))
+        counts.append(int(chosen.sum()))
+        plain, queued = charged_ms(serving, centers[-1])
+        lines.append(f"| {lo}-{hi - 1} | {counts[-1]} | {medians[-1] * 1e3:.1f} | "
                      f"{ways[chosen].mean() * 1e3:.1f} | {plain:.1f} | {queued:.1f} |")
-    slope, intercept = np.polyfit(batches, ways, 1)
-    lines += ["", f"least squares: way in = {intercept * 1e3:.2f} ms + {slope * 1e3:.3f} ms x batch; the queued "
-              f"model's slope {(2 * serving.decode_cpu_s_per_token + serving.router_cpu_s_per_token) * 1e3:.3f} ms", ""]
+    if len(centers) > 1:   # through the groups' medians, each weighted by its requests: a chunked
+        slope, intercept = np.polyfit(centers, medians, 1, w=np.sqrt(counts))   # prompt's outlier moves none
+        lines += ["", f"through the groups' medians: way in = {intercept * 1e3:.2f} ms + {slope * 1e3:.3f} ms x batch; "
+                  f"the queued model's slope {(2 * serving.decode_cpu_s_per_token + serving.router_cpu_s_per_token) * 1e3:.3f} ms"]
+    lines.append("")
     return "\n".join(lines)
 
 

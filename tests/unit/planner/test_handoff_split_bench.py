@@ -79,3 +79,6 @@ def test_the_way_in_by_batch_from_a_runs_traces(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "3 pulled requests" in out
     assert "| 0-0 | 1 | 5.0 | 5.0 |" in out and "| 8-15 | 2 | 10.0 | 10.0 |" in out
+    # every prompt over the budget: nothing to set against the batch, said so
+    assert main(["--run", str(steps_dir.parent.parent), "--profile", str(profile), "--token-budget", "50"]) == 0
+    assert "no pulled request of at most 50 prompt tokens" in capsys.readouterr().out
