@@ -62,7 +62,7 @@ from planner.perf_model import fit_perf_model
 from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
 from planner.simulator.config import HOP_MODELS, SERVED_STEP_FORMS
-from planner.simulator.host import ROUTER_CHARGES
+from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, handoff_table, phase_table,
                                plot_verdicts, verdict, verdict_table, verdicts_to_json)
@@ -123,6 +123,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a what-if for the simulated side: the largest share of a step on the router's core the "
                         "host's load may take (default %(default)s, the simulator's own; 0.5: a fair scheduler keeps "
                         "the stepping engine half its core)")
+    p.add_argument("--client-placement", default=SimSettings.client_placement, choices=CLIENT_PLACEMENTS,
+                   help="a what-if for the simulated side: the client's CPU beside the bound router takes the "
+                        "room the router leaves on its cores first (router-room, the simulator's own) or shares "
+                        "every stepping core alike while the router's step too (balanced)")
     p.add_argument("--hops", default=SimSettings.hops, choices=HOP_MODELS,
                    help="a what-if for the simulated side: a first token's hops under load, stretched as a step on "
                         "the router's cores (stretched, the simulator's own) or unstretched plus the waits behind "
@@ -208,7 +212,7 @@ def what_if(args: argparse.Namespace) -> dict:
     """The simulator settings the command line changes from the simulator's own."""
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
                "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
-               "hops": args.hops}
+               "hops": args.hops, "client_placement": args.client_placement}
     return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
 
 

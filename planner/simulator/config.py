@@ -12,7 +12,7 @@ from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
 from planner.profile import Profile
 from planner.serving_costs import ServingCosts
-from planner.simulator.host import MAX_STOLEN, ROUTER_CHARGES
+from planner.simulator.host import CLIENT_PLACEMENTS, MAX_STOLEN, ROUTER_CHARGES
 from router.policies.placement import CostModel, PlacementConfig
 from router.scheduler import SloTargets
 
@@ -215,6 +215,9 @@ class SimSettings:
     - `served_step`: what serving adds to a decode step: "line" (the profile's fitted line) or
       "table" (its measured extra by batch, interpolated, where the profile has it;
       `ServingCosts.decode_serving_s`);
+    - `client_placement`: where the client's CPU goes beside a router bound to the prefill
+      instances' cores: "router-room", the room the router leaves there first, or "balanced", every
+      stepping core alike while the router's cores step too (`planner.simulator.host.stretch_for_loads`);
     - `hops`: what a prefilled request's two hops (`ServingCosts.first_token_s`, `handoff_s`) take
       under load: "stretched", the stretch of a prefill step starting as its prompt finishes (the
       router's cores' share taken, `planner.simulator.host`); or "queued", the profile's latencies
@@ -242,6 +245,7 @@ class SimSettings:
     served_step: str = "line"
     router_core_max_stolen: float = MAX_STOLEN
     hops: str = "stretched"
+    client_placement: str = "router-room"
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -253,6 +257,9 @@ class SimSettings:
                                   f"got {self.router_cpu_charge!r}")
         if self.served_step not in SERVED_STEP_FORMS:
             raise SimulationError(f"SimSettings.served_step must be one of {SERVED_STEP_FORMS}, got {self.served_step!r}")
+        if self.client_placement not in CLIENT_PLACEMENTS:
+            raise SimulationError(f"SimSettings.client_placement must be one of {CLIENT_PLACEMENTS}, "
+                                  f"got {self.client_placement!r}")
         if self.hops not in HOP_MODELS:
             raise SimulationError(f"SimSettings.hops must be one of {HOP_MODELS}, got {self.hops!r}")
         if not self.host_window_s > 0:

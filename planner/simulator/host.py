@@ -37,6 +37,7 @@ from planner.serving_costs import ServingCosts
 MAX_STOLEN = 0.9  # the share of a busy core the host's load may take (keeps the model finite)
 REQUEST_MOMENTS = 3  # arrival, handoff, end: a request's CPU in the router and the client is spread over them
 ROUTER_CHARGES = ("window", "backlog")  # where a bound router's per-request CPU goes (`HostCpu`)
+CLIENT_PLACEMENTS = ("router-room", "balanced")  # where the client's CPU goes beside a bound router (`HostCpu`)
 
 
 class _Window:
@@ -63,7 +64,8 @@ class HostCpu:
     bound to (the prefill instances' cores), 0 when it floats."""
 
     def __init__(self, costs: ServingCosts, window_s: float = 0.5, router_cores: float = 0.0,
-                 router_charge: str = "window", router_core_max_stolen: float = MAX_STOLEN) -> None:
+                 router_charge: str = "window", router_core_max_stolen: float = MAX_STOLEN,
+                 client_placement: str = "router-room") -> None:
         if window_s <= 0:
             raise ValueError(f"window_s must be > 0, got {window_s}")
         if router_cores < 0:
@@ -72,7 +74,10 @@ class HostCpu:
             raise ValueError(f"router_charge must be one of {ROUTER_CHARGES}, got {router_charge!r}")
         if not 0 < router_core_max_stolen <= MAX_STOLEN:
             raise ValueError(f"router_core_max_stolen must be in (0, {MAX_STOLEN}], got {router_core_max_stolen}")
+        if client_placement not in CLIENT_PLACEMENTS:
+            raise ValueError(f"client_placement must be one of {CLIENT_PLACEMENTS}, got {client_placement!r}")
         self.costs, self.window_s = costs, window_s
+        self.client_placement = client_placement
         self.router_core_max_stolen = router_core_max_stolen
         measured_apart = (costs.router_cpu_s_per_token or costs.router_cpu_s_per_request
                           or costs.router_cpu_s_per_prompt_token or costs.router_cpu_s_per_step)
@@ -116,7 +121,7 @@ class HostCpu:
             return 1.0
         return stretch_for_loads(self._rest.load_cores(now), self._router.load_cores(now), self.costs.host_cores,
                                  busy_cores, self.router_cores, busy_router_cores, on_router_cores, team_cores,
-                                 self.router_core_max_stolen)
+                                 self.router_core_max_stolen, self.client_placement == "balanced")
 
     def router_delay_s(self, now: float, engine_s: float) -> float:
         """How much longer a step (or a hop) of `engine_s` starting now on the router's cores takes
@@ -174,7 +179,8 @@ class RouterBacklog:
 
 def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: float, busy_cores: float,
                       router_cores: float = 0.0, busy_router_cores: float = 0.0, on_router_cores: bool = False,
-                      team_cores: float = 1.0, router_core_max_stolen: float = MAX_STOLEN) -> float:
+                      team_cores: float = 1.0, router_core_max_stolen: float = MAX_STOLEN,
+                      balanced: bool = False) -> float:
     """The processor-sharing stretch of a step starting on one of `busy_cores` stepping cores
     (`on_router_cores`: on one of the router's, of which `busy_router_cores` step).
 
@@ -191,7 +197,11 @@ def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: f
 
     A step on the router's cores loses at most `router_core_max_stolen` of its time there (every
     other step at most `MAX_STOLEN`): 0.5 says Linux's fair scheduler keeps a stepping engine at
-    least half its core against the router (`SimSettings.router_core_max_stolen`, a what-if)."""
+    least half its core against the router (`SimSettings.router_core_max_stolen`, a what-if).
+
+    `balanced` (`SimSettings.client_placement` "balanced", a what-if): while every one of the
+    router's cores also steps an engine, they have no room the client takes first; the rest left
+    shares every stepping core alike, as a scheduler balancing its run queues would spread it."""
     if busy_cores <= 0 or host_cores <= 0:
         return 1.0
     team = max(1.0, team_cores)
@@ -200,7 +210,10 @@ def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: f
         return _stretch(spill / busy_cores * team)
     busy_elsewhere = max(0.0, busy_cores - busy_router_cores)
     rest_left = max(0.0, rest_cores - max(0.0, host_cores - router_cores - busy_elsewhere))
-    on_router = rest_left if busy_elsewhere <= 0 else min(rest_left, max(0.0, router_cores - router_load_cores))
+    if balanced and busy_elsewhere > 0 and busy_router_cores >= router_cores:
+        on_router = rest_left * router_cores / (router_cores + busy_elsewhere)
+    else:
+        on_router = rest_left if busy_elsewhere <= 0 else min(rest_left, max(0.0, router_cores - router_load_cores))
     if on_router_cores:
         return _stretch((router_load_cores + on_router) / router_cores * min(team, router_cores), router_core_max_stolen)
     return _stretch((rest_left - on_router) / busy_elsewhere * min(team, busy_elsewhere)) if busy_elsewhere > 0 else 1.0

@@ -268,3 +268,22 @@ def test_a_first_token_under_a_heavy_router_takes_at_most_twice_its_time_where_t
         return simulate([spec(0.0, 50, 3)], Topology.disaggregated(1, 1), settings, ROUND_MODEL).timeline["first_token_s"][0]
     assert first_token_s() == pytest.approx(0.1525 / (1 - 0.9), **EXACT)
     assert first_token_s(router_core_max_stolen=0.5) == pytest.approx(0.1525 * 2, **EXACT)
+
+
+def test_a_balanced_client_shares_every_stepping_core_while_the_routers_steps_too():
+    # 0.4 cores of client beside a router taking 0.3 of its one core; both cores step
+    both = dict(busy_cores=2, router_cores=1, busy_router_cores=1)
+    # the router's room first (today's): all of it on the router's core, none on the decode core
+    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=False) == 1.0
+    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=True) == pytest.approx(1 / (1 - 0.7), **EXACT)
+    # balanced: half of it on each stepping core
+    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=False, balanced=True) == \
+        pytest.approx(1 / (1 - 0.2), **EXACT)
+    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=True, balanced=True) == \
+        pytest.approx(1 / (1 - 0.5), **EXACT)
+    # the router's core idle: its room is the client's first either way
+    idle_router = dict(busy_cores=1, router_cores=1, busy_router_cores=0)
+    assert stretch_for_loads(0.4, 0.3, 2, **idle_router, balanced=True) == \
+        stretch_for_loads(0.4, 0.3, 2, **idle_router) == 1.0
+    with pytest.raises(SimulationError, match="client_placement"):
+        round_settings(client_placement="anywhere")
