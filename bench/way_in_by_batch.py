@@ -1,8 +1,10 @@
-"""The Decode call's way in against the decode engine's batch: per pulled request, the time from
-its prefill engine's step to the decode worker's front end taking the call, grouped by the batch
-the decode engine was running as that prefill step ended, beside what the simulator charges for
-it (the profile's `handoff_s`, and with `--hops queued` the waits behind that batch's outputs in the
-router and the decode worker's API process: `planner.simulator.host`).
+"""The Decode call's way in against the decode engine's batch and the prefill engine's steps: per
+pulled request, the time from its prefill engine's step to the decode worker's front end taking the
+call, grouped by the batch the decode engine was running as that prefill step ended, beside what
+the simulator charges for it (the profile's `handoff_s`, and with `--hops queued` the waits behind
+that batch's outputs in the router and the decode worker's API process: `planner.simulator.host`);
+and grouped by the share of it the prefill engine spent stepping (the prefill worker's API process
+and the router, which the call goes through, share that engine's core).
 
     .venv/bin/python bench/way_in_by_batch.py --run DIR [--run DIR ...] --profile PROFILE.json [--out table.md]
 
@@ -26,9 +28,10 @@ from pdserve.engine_step_trace import read_joins, read_steps
 from planner.profile import load_profile
 from planner.serving_costs import ServingCosts
 from planner.simulator.host import decode_call_wait_s, router_outputs_wait_s
-from planner.validation_joins import way_in_by_batch
+from planner.validation_joins import way_in_by_batch, way_in_by_prefill_share
 
 BATCH_EDGES = (0, 1, 4, 8, 16, 32, 48, 64, 96, 129, 257)
+SHARE_GROUPS = ((0.0, 0.01, "none"), (0.01, 0.5, "under half"), (0.5, 0.99, "half or more"), (0.99, 1.01, "all"))
 
 
 def trace(run: Path, kind: str, role: str) -> list:
@@ -68,6 +71,14 @@ def table(run: Path, serving: ServingCosts, token_budget: int) -> str:
         slope, intercept = np.polyfit(centers, medians, 1, w=np.sqrt(counts))   # prompt's outlier moves none
         lines += ["", f"through the groups' medians: way in = {intercept * 1e3:.2f} ms + {slope * 1e3:.3f} ms x batch; "
                   f"the queued model's slope {(2 * serving.decode_cpu_s_per_token + serving.router_cpu_s_per_token) * 1e3:.3f} ms"]
+    shares, by_share = way_in_by_prefill_share(trace(run, "joins", "prefill"), trace(run, "joins", "decode"),
+                                               trace(run, "steps", "prefill"), token_budget)
+    lines += ["", "| the prefill engine stepped through | requests | way in median | mean |", "|---|---|---|---|"]
+    for lo, hi, name in SHARE_GROUPS:
+        chosen = (shares >= lo) & (shares < hi)
+        if chosen.any():
+            lines.append(f"| {name} of it | {int(chosen.sum())} | {np.median(by_share[chosen]) * 1e3:.1f} | "
+                         f"{by_share[chosen].mean() * 1e3:.1f} |")
     lines.append("")
     return "\n".join(lines)
 

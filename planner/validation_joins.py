@@ -124,6 +124,38 @@ def way_in_by_batch(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[
     return np.array(batches, dtype=int), np.array(ways, dtype=float)
 
 
+def busy_share(steps: Sequence[TracedStep], starts: np.ndarray, start_s: float, end_s: float) -> float:
+    """The share of [start_s, end_s) an engine spent stepping (`steps` in start order, `starts` their
+    start times); 0 for an empty span."""
+    if end_s <= start_s:
+        return 0.0
+    i, busy_s = max(0, int(np.searchsorted(starts, start_s, side="right")) - 1), 0.0
+    for step in steps[i:]:
+        if step.start_s >= end_s:
+            break
+        busy_s += max(0.0, min(end_s, step.end_s) - max(start_s, step.start_s))
+    return busy_s / (end_s - start_s)
+
+
+def way_in_by_prefill_share(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],
+                            prefill_steps: Sequence[TracedStep], max_prompt_tokens: int | None = None
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """Per pulled request matched in both (as `hop_in_s`): the share of its way in the prefill
+    engine spent stepping (its core holds the prefill worker's API process and the router the call
+    goes through) and the way in, seconds."""
+    ordered = sorted(prefill_steps, key=lambda s: s.start_s)
+    starts = np.array([s.start_s for s in ordered])
+    prefilled = prefilled_at(prefill_joins, max_prompt_tokens)
+    shares, ways = [], []
+    for j in decode_joins:
+        key = external_id(j.request_id)
+        if not j.pulled or not np.isfinite(j.accepted_s) or key not in prefilled:
+            continue
+        shares.append(busy_share(ordered, starts, prefilled[key], j.accepted_s))
+        ways.append(j.accepted_s - prefilled[key])
+    return np.array(shares, dtype=float), np.array(ways, dtype=float)
+
+
 def in_window(joins: Sequence[TracedJoin], start_s: float, end_s: float) -> list[TracedJoin]:
     """The joins whose request reached the worker's front end within [start_s, end_s)."""
     return [j for j in joins if start_s <= j.accepted_s < end_s]

@@ -69,6 +69,7 @@ def test_the_way_in_by_batch_from_a_runs_traces(tmp_path, capsys):
     write("steps-decode-1-5.csv", STEP_COLUMNS, [(1.0 + 0.01 * k, 1.01 + 0.01 * k, 0, 10, 10, 10, 1000)
                                                  for k in range(100)])
     firsts = {"a": (0.5, 0.005), "b": (1.2, 0.009), "c": (1.5, 0.011)}
+    write("steps-prefill-0-6.csv", STEP_COLUMNS, [(t - 0.05, t, 1, 0, 100, 0, 100) for t, _ in firsts.values()])
     write("joins-prefill-0-6.csv", JOIN_COLUMNS, [(f"{r}-0a1b2c3d", 100, t - 0.1, t - 0.09, "nan", t - 0.05, t)
                                                   for r, (t, _) in firsts.items()])
     write("joins-decode-1-5.csv", JOIN_COLUMNS, [(f"{r}-9f8e7d6c", 100, t + w, t + w, t + w + 0.004, t + w + 0.005,
@@ -79,6 +80,8 @@ def test_the_way_in_by_batch_from_a_runs_traces(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "3 pulled requests" in out
     assert "| 0-0 | 1 | 5.0 | 5.0 |" in out and "| 8-15 | 2 | 10.0 | 10.0 |" in out
+    # the prefill engine's steps (its join steps end as each prompt's way in starts): none stepped after
+    assert "| none of it | 3 | 9.0 | 8.3 |" in out
     # every prompt over the budget: nothing to set against the batch, said so
     assert main(["--run", str(steps_dir.parent.parent), "--profile", str(profile), "--token-budget", "50"]) == 0
     assert "no pulled request of at most 50 prompt tokens" in capsys.readouterr().out

@@ -143,3 +143,25 @@ def test_the_way_in_beside_the_batch_the_decode_engine_ran_as_the_prompt_finishe
     assert list(batches) == [0, 2] and ways == pytest.approx([0.006, 0.002])
     batches, ways = way_in_by_batch(PREFILLED, decoded, STEPS, max_prompt_tokens=1500)   # b's 2,000 tokens: chunked
     assert list(batches) == [0] and ways == pytest.approx([0.006])
+
+
+def test_the_share_of_a_span_an_engine_stepped():
+    from planner.validation_joins import busy_share
+
+    starts = np.array([s.start_s for s in STEPS])
+    assert busy_share(STEPS, starts, 1.000, 1.010) == pytest.approx(0.9)     # a 9 ms step in 10 ms
+    assert busy_share(STEPS, starts, 1.0045, 1.0145) == pytest.approx(0.9)   # across a step's end
+    assert busy_share(STEPS, starts, 1.0092, 1.0098) == 0.0                  # between two steps
+    assert busy_share(STEPS, starts, 5.0, 6.0) == 0.0 and busy_share(STEPS, starts, 1.0, 1.0) == 0.0
+
+
+def test_the_way_in_beside_the_share_of_it_the_prefill_engine_stepped():
+    from planner.validation_joins import way_in_by_prefill_share
+
+    decoded = [TracedJoin(j.request_id + "-99aa88bb", j.prompt_tokens, j.accepted_s, j.arrived_s, j.pulled_s,
+                          j.start_s, j.end_s) for j in (A, B, PROMPT)]
+    # the prefill engine steps 1.0460-1.0520: b's way in (1.0475-1.0495) is all inside it, a's
+    # (0.998-1.004) sees none of it
+    prefill_steps = [TracedStep(1.046, 1.052, 1, 0, 300, 0, 300)]
+    shares, ways = way_in_by_prefill_share(PREFILLED, decoded, prefill_steps)
+    assert shares == pytest.approx([0.0, 1.0]) and ways == pytest.approx([0.006, 0.002])
