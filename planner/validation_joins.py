@@ -92,35 +92,40 @@ def prefilled_at(prefill_joins: Sequence[TracedJoin], max_prompt_tokens: int | N
             if not j.pulled and (max_prompt_tokens is None or j.prompt_tokens <= max_prompt_tokens)}
 
 
+def matched_ways_in(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],
+                    max_prompt_tokens: int | None = None) -> list[tuple[float, float]]:
+    """Per request in both, pulled by the decode worker and prefilled (not pulled) by the prefill
+    worker in one step (`prefilled_at`), in `decode_joins`' order: (its prefill join step's end,
+    the decode worker's front end accepting it), monotonic seconds: its way in's ends."""
+    prefilled = prefilled_at(prefill_joins, max_prompt_tokens)
+    return [(prefilled[key], j.accepted_s) for j in decode_joins
+            if j.pulled and np.isfinite(j.accepted_s) and (key := external_id(j.request_id)) in prefilled]
+
+
 def hop_in_s(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],
              max_prompt_tokens: int | None = None) -> np.ndarray:
-    """Per request in both, pulled by the decode worker and prefilled (not pulled) by the prefill
-    worker in one step (`prefilled_at`), seconds from its prefill join step's end to the decode
-    worker's front end accepting it, in `decode_joins`' order."""
-    prefilled = prefilled_at(prefill_joins, max_prompt_tokens)
-    return np.array([j.accepted_s - prefilled[key] for j in decode_joins
-                     if j.pulled and np.isfinite(j.accepted_s) and (key := external_id(j.request_id)) in prefilled],
-                    dtype=float)
+    """Each matched request's way in (`matched_ways_in`), seconds, in `decode_joins`' order."""
+    return np.array([accepted_s - first_s for first_s, accepted_s
+                     in matched_ways_in(prefill_joins, decode_joins, max_prompt_tokens)], dtype=float)
+
+
+def _in_start_order(steps: Sequence[TracedStep]) -> tuple[list[TracedStep], np.ndarray]:
+    ordered = sorted(steps, key=lambda s: s.start_s)
+    return ordered, np.array([s.start_s for s in ordered])
 
 
 def way_in_by_batch(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],
                     decode_steps: Sequence[TracedStep], max_prompt_tokens: int | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Per pulled request matched in both (as `hop_in_s`): the batch the decode engine was running
-    when the request's prefill join step ended (0: it was between steps or idle) and the Decode
-    call's way in, seconds."""
-    ordered = sorted(decode_steps, key=lambda s: s.start_s)
-    starts = np.array([s.start_s for s in ordered])
-    prefilled = prefilled_at(prefill_joins, max_prompt_tokens)
+    """Per matched request (`matched_ways_in`): the batch the decode engine was running when the
+    request's prefill join step ended (0: it was between steps or idle) and the Decode call's way
+    in, seconds."""
+    ordered, starts = _in_start_order(decode_steps)
     batches, ways = [], []
-    for j in decode_joins:
-        key = external_id(j.request_id)
-        if not j.pulled or not np.isfinite(j.accepted_s) or key not in prefilled:
-            continue
-        first_s = prefilled[key]
+    for first_s, accepted_s in matched_ways_in(prefill_joins, decode_joins, max_prompt_tokens):
         i = int(np.searchsorted(starts, first_s, side="right")) - 1
         batches.append(ordered[i].decoding if i >= 0 and ordered[i].end_s > first_s else 0)
-        ways.append(j.accepted_s - first_s)
+        ways.append(accepted_s - first_s)
     return np.array(batches, dtype=int), np.array(ways, dtype=float)
 
 
@@ -140,20 +145,13 @@ def busy_share(steps: Sequence[TracedStep], starts: np.ndarray, start_s: float, 
 def way_in_by_prefill_share(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],
                             prefill_steps: Sequence[TracedStep], max_prompt_tokens: int | None = None
                             ) -> tuple[np.ndarray, np.ndarray]:
-    """Per pulled request matched in both (as `hop_in_s`): the share of its way in the prefill
-    engine spent stepping (its core holds the prefill worker's API process and the router the call
-    goes through) and the way in, seconds."""
-    ordered = sorted(prefill_steps, key=lambda s: s.start_s)
-    starts = np.array([s.start_s for s in ordered])
-    prefilled = prefilled_at(prefill_joins, max_prompt_tokens)
-    shares, ways = [], []
-    for j in decode_joins:
-        key = external_id(j.request_id)
-        if not j.pulled or not np.isfinite(j.accepted_s) or key not in prefilled:
-            continue
-        shares.append(busy_share(ordered, starts, prefilled[key], j.accepted_s))
-        ways.append(j.accepted_s - prefilled[key])
-    return np.array(shares, dtype=float), np.array(ways, dtype=float)
+    """Per matched request (`matched_ways_in`): the share of its way in the prefill engine spent
+    stepping (its core holds the prefill worker's API process and the router the call goes
+    through) and the way in, seconds."""
+    ordered, starts = _in_start_order(prefill_steps)
+    pairs = matched_ways_in(prefill_joins, decode_joins, max_prompt_tokens)
+    return (np.array([busy_share(ordered, starts, first_s, accepted_s) for first_s, accepted_s in pairs], dtype=float),
+            np.array([accepted_s - first_s for first_s, accepted_s in pairs], dtype=float))
 
 
 def in_window(joins: Sequence[TracedJoin], start_s: float, end_s: float) -> list[TracedJoin]:
