@@ -158,7 +158,7 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     """Each run against each profile's simulation of its very requests through `topology`, whose
     router places as `router` (the real router's settings); `what_if`: `SimSettings` fields the
     simulation takes instead of its own (`host_window_s`, `router_cpu_charge`, `served_step`,
-    `router_core_max_stolen`, `hops`, `client_placement`); a profile's model
+    `router_core_max_stolen`, `hops`, `client_placement`, `step_spread`); a profile's model
     is named by its file's stem."""
     models = {}
     for path in profile_paths:

@@ -18,7 +18,8 @@ from router.scheduler import SloTargets
 
 DecodePick = Literal["handoff", "arrival"]
 SERVED_STEP_FORMS = ("line", "table")  # `SimSettings.served_step`
-HOP_MODELS = ("stretched", "queued")  # `SimSettings.hops`
+HOP_MODELS = ("stretched", "queued", "prefill-core")  # `SimSettings.hops`
+STEP_SPREADS = ("carried", "cut")  # `SimSettings.step_spread`
 _LABEL = re.compile(r"(?:(?P<colocated>\d+)C(?:x(?P<width>\d+))?"
                     r"|(?P<prefill>\d+)P\+(?P<decode>\d+)(?P<kind>[DH])(?:/(?P<cap>\d+))?)"
                     r"(?:@(?P<budget>\d+))?")
@@ -223,7 +224,14 @@ class SimSettings:
       router's cores' share taken, `planner.simulator.host`); or "queued", the profile's latencies
       unstretched plus the waits behind the decode side's latest outputs in the processes on their
       way: the router's (both hops) and the decode worker's API process (the Decode call;
-      `planner.simulator.host.router_outputs_wait_s`, `decode_call_wait_s`);
+      `planner.simulator.host.router_outputs_wait_s`, `decode_call_wait_s`); or "prefill-core",
+      those waits after the hop's CPU (`handoff_s`) runs on its prefill instance's core beside
+      that instance's steps, at half the core while one runs (`planner.simulator.core_share`),
+      its first token's delivery taking the same stretch;
+    - `step_spread`: what a decode step's drawn spread (`serving.decode_step_spread_s`) could not
+      take from a short step (the floor: `planner.simulator.spread.MIN_STEP_SHARE`): "carried" to
+      the instance's next step, as a bunched client's next gap takes it, so the draws keep their
+      measured mean; or "cut", dropped (the simulator before: it raises a short step's mean);
     - `router_core_max_stolen`: the largest share of a step on the router's cores the host's load
       may take (`planner.simulator.host.stretch_for_loads`): the default `MAX_STOLEN` (0.9), or 0.5,
       a fair scheduler keeping a stepping engine at least half its core against the router
@@ -246,6 +254,7 @@ class SimSettings:
     router_core_max_stolen: float = MAX_STOLEN
     hops: str = "stretched"
     client_placement: str = "router-room"
+    step_spread: str = "carried"
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -260,6 +269,8 @@ class SimSettings:
         if self.client_placement not in CLIENT_PLACEMENTS:
             raise SimulationError(f"SimSettings.client_placement must be one of {CLIENT_PLACEMENTS}, "
                                   f"got {self.client_placement!r}")
+        if self.step_spread not in STEP_SPREADS:
+            raise SimulationError(f"SimSettings.step_spread must be one of {STEP_SPREADS}, got {self.step_spread!r}")
         if self.hops not in HOP_MODELS:
             raise SimulationError(f"SimSettings.hops must be one of {HOP_MODELS}, got {self.hops!r}")
         if not self.host_window_s > 0:

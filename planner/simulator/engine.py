@@ -22,7 +22,9 @@ the stretch of a prefill step starting as its prompt finishes: their CPU is on t
 With `SimSettings.hops` "queued" the hops are the profile's latencies unstretched, each plus the
 router's wait behind the decode side's running steps' outputs, and the Decode call then waits in
 the decode worker's API process behind its engine's last outputs before the instance has it
-(`planner.simulator.host.router_outputs_wait_s`, `decode_call_wait_s`).
+(`planner.simulator.host.router_outputs_wait_s`, `decode_call_wait_s`). With "prefill-core" the
+hop's CPU runs beside its prefill instance's steps instead, at half that core while one runs
+(`planner.simulator.core_share`; a HOPS_DONE event when the next completes), then takes those waits.
 A step that starts while another instance steps takes the measured co-run stretch too
 (`corun_stretches`: engines on different cores slowing each other). Where the profile measured
 their spread, each decode step and each first token also takes a seeded draw of it
@@ -42,6 +44,7 @@ from planner.perf_model import PerfModel
 from planner.serving_costs import ServingCosts
 from planner.simulator.cost import cost_model_from
 from planner.simulator.config import SimSettings, SimulationError, Topology
+from planner.simulator.core_share import HOP_SHARE_WHILE_STEPPING, WorkBesideSteps
 from planner.simulator.host import HostCpu, decode_call_wait_s, router_outputs_wait_s
 from planner.simulator.hybrid import HybridInstance
 from planner.simulator.instances import ColocatedInstance, DecodeInstance, PrefillInstance, StepDone
@@ -51,7 +54,7 @@ from planner.simulator.spread import ServiceSpread
 from planner.simulator.state import ItlLog, SimRequest
 from router.policies.placement import CostModel, Local
 
-ARRIVAL, HANDOFF, DECODE_CALL, TRANSFER_DONE, STEP_END = 0, 1, 2, 3, 4
+ARRIVAL, HANDOFF, DECODE_CALL, TRANSFER_DONE, STEP_END, HOPS_DONE = 0, 1, 2, 3, 4, 5
 DecodeSide = DecodeInstance | HybridInstance | ColocatedInstance
 Instance = PrefillInstance | DecodeSide
 
@@ -132,6 +135,10 @@ class _Cluster:
         self.spread = ServiceSpread(settings.serving, settings.spread_seed)
         self._stepping: set[int] = set()  # ids of the instances with a step running
         self._stepping_prefill: set[int] = set()  # of those, the prefill instances (the router's cores)
+        # `hops` "prefill-core": each prefill instance's core serves its prefilled requests' hops beside its steps
+        self._hops = {id(p): WorkBesideSteps(HOP_SHARE_WHILE_STEPPING) for p in self.prefill} \
+            if settings.hops == "prefill-core" else {}
+        self._hops_due: dict[int, int] = {}  # id of a prefill instance -> the version its HOPS_DONE was pushed at
 
     def _push(self, at_s: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (at_s, kind, self._seq, payload))
@@ -151,6 +158,8 @@ class _Cluster:
                 self._hand_off(payload, now)
             elif kind == DECODE_CALL:
                 self._reach_decode(payload, now)
+            elif kind == HOPS_DONE:
+                self._hops_done(*payload, now)
             elif kind == TRANSFER_DONE:
                 instance, request = payload
                 instance.transfer_done(request)
@@ -160,6 +169,7 @@ class _Cluster:
             self._dispatch()
             if not heap or heap[0][0] > now:
                 self._start_steps(now)
+                self._push_hops_due(now)
         self._check_finished(requests)
         busy = {"prefill": [i.busy_s for i in self.prefill],
                 "decode": [] if self.topology.is_colocated else [i.busy_s for i in self.decode],
@@ -197,6 +207,8 @@ class _Cluster:
                 self._stepping.add(id(instance))
                 if prefill:
                     self._stepping_prefill.add(id(instance))
+                    if self._hops:
+                        self._hops[id(instance)].step_started(now, end_s)
                 self._push(end_s, STEP_END, instance)
         self._dirty.clear()
 
@@ -213,10 +225,15 @@ class _Cluster:
         self._stepping.discard(id(instance))
         self._stepping_prefill.discard(id(instance))
         done: StepDone = instance.finish_step(now)
+        if self._hops and isinstance(instance, PrefillInstance):
+            self._hops[id(instance)].step_ended(now)
         for request in done.prefilled:
             if isinstance(instance, PrefillInstance):
                 # its hops' CPU (the router's, the prefill worker's) is on the router's cores,
                 # shared as a prefill step starting now would be
+                if self._hops:  # or beside the steps of its prefill instance, which that core runs
+                    self._hops[id(instance)].add(now, request, self.settings.serving.handoff_s)
+                    continue
                 if self.settings.hops == "queued":
                     request.hop_wait_s = router_outputs_wait_s(
                         sum(d.step_tokens for d in self.decode if id(d) in self._stepping),
@@ -233,6 +250,29 @@ class _Cluster:
             self.host.request_moved(now, request.prompt_tokens)
         self._push_transfers(instance, done.transfers)
         self.host.tokens_emitted(now, instance.step_tokens)
+
+    def _push_hops_due(self, now: float) -> None:
+        """`hops` "prefill-core": after the steps that start now, when the next hop on each prefill
+        core completes (a HOPS_DONE event, stale once that core's state moves again)."""
+        for key, work in self._hops.items():
+            if len(work) and self._hops_due.get(key) != work.version:
+                done_s = work.next_done_s(now)
+                if done_s is not None:
+                    self._push(done_s, HOPS_DONE, (key, work.version))
+                    self._hops_due[key] = work.version
+
+    def _hops_done(self, key: int, version: int, now: float) -> None:
+        """The hops complete now on a prefill core: each one's stretch is its time over the
+        profile's `handoff_s` (its first token's delivery takes it too), and the router has it."""
+        work = self._hops[key]
+        if version != work.version:
+            return
+        handoff_s = self.settings.serving.handoff_s
+        for request, added_s in work.done(now):
+            request.hop_stretch = (now - added_s) / handoff_s if handoff_s > 0 else 1.0
+            request.hop_wait_s = router_outputs_wait_s(sum(d.step_tokens for d in self.decode if id(d) in self._stepping),
+                                                       self.settings.serving.router_cpu_s_per_token)
+            self._push(now + request.hop_wait_s, HANDOFF, request)
 
     def _hand_off(self, request: SimRequest, now: float) -> None:
         """Prefill is done and the first token is out (`handoff_s` ago): the router has it and
@@ -254,7 +294,7 @@ class _Cluster:
             self._reach_decode(request, now)
 
     def _decode_call_wait_s(self, decode: DecodeSide) -> float:
-        if self.settings.hops != "queued":
+        if self.settings.hops not in ("queued", "prefill-core"):
             return 0.0
         return decode_call_wait_s(decode.step_tokens, self.settings.serving.decode_cpu_s_per_token,
                                   id(decode) in self._stepping)

@@ -164,6 +164,7 @@ class DecodeInstance:
         self._ready: list[SimRequest] = []
         self._first_step: list[SimRequest] = []
         self._step_start_s: float | None = None
+        self._owed_s = 0.0  # what the drawn spread could not take from the last step (`jittered`)
 
     def kv_blocks_free(self) -> int:
         return self._settings.num_kv_blocks - self.used_blocks
@@ -205,10 +206,11 @@ class DecodeInstance:
         if self.batch.size == 0:
             return None
         size, serving = self.batch.size, self._settings.serving
-        duration = jittered(stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
-                                       + serving.decode_serving_s(size, self._settings.served_step == "table")
-                                       + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step)),
-                           extra_s)
+        duration, owed_s = jittered(stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
+                                                 + serving.decode_serving_s(size, self._settings.served_step == "table")
+                                                 + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step)),
+                                    extra_s, self._owed_s)
+        self._owed_s = owed_s if self._settings.step_spread == "carried" else 0.0
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
         return now + duration
 
@@ -242,6 +244,7 @@ class ColocatedInstance:
         self._first_step: list[SimRequest] = []
         self._plan: list[Chunk] = []
         self._step_start_s: float | None = None
+        self._owed_s = 0.0  # what the drawn spread could not take from the last step (`jittered`)
 
     def kv_blocks_free(self) -> int:
         return self._settings.num_kv_blocks - self.used_blocks
@@ -287,7 +290,8 @@ class ColocatedInstance:
             + s.serving.decode_serving_s(self.batch.size, s.served_step == "table")
             + sum(s.serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step))
         if self.batch.size:
-            duration = jittered(duration, extra_s)
+            duration, owed_s = jittered(duration, extra_s, self._owed_s)
+            self._owed_s = owed_s if s.step_spread == "carried" else 0.0
         self._step_start_s, self.busy_s = now, self.busy_s + duration
         return now + duration
 

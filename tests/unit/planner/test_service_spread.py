@@ -101,8 +101,37 @@ def test_draws_are_seeded_and_widen_the_tail_more_than_the_middle():
     assert tpot_mean == pytest.approx(np.mean(costs.decode_step_spread_s), abs=0.002)   # a mean over ~1,400 draws
 
 
-def test_a_draw_never_shortens_a_step_below_its_floor():
-    assert jittered(0.010, -0.004) == pytest.approx(0.006, **EXACT)
-    assert jittered(0.010, -0.050) == pytest.approx(MIN_STEP_SHARE * 0.010, **EXACT)
+def test_a_draw_never_shortens_a_step_below_its_floor_and_owes_the_rest_to_the_next():
+    assert jittered(0.010, -0.004) == pytest.approx((0.006, 0.0), **EXACT)
+    floor = MIN_STEP_SHARE * 0.010
+    assert jittered(0.010, -0.050) == pytest.approx((floor, 0.010 - 0.050 - floor), **EXACT)   # 42.5 ms owed
+    assert jittered(0.010, 0.002, owed_s=-0.005) == pytest.approx((0.007, 0.0), **EXACT)  # paid from this one
+    assert jittered(0.010, 0.020, owed_s=0.003) == pytest.approx((0.030, 0.0), **EXACT)   # nothing is owed above 0
     assert ServiceSpread(ServingCosts()).step_extra_s() == 0.0
     assert ServiceSpread(ServingCosts()).first_token_extra_s(3).tolist() == [0.0, 0.0, 0.0]
+
+
+
+def test_a_short_step_owes_what_its_draw_could_not_take_to_the_next_when_carried():
+    """One request decoding alone (steps of about 20 ms: floor 5 ms), drawn -30 then +30 ms: the
+    first step stops at its floor, 15 ms short of its draw; carried, the second pays them, so the
+    two keep the draws' sum (0); cut, they are lost and the pair runs 15 ms long."""
+    from planner.simulator.instances import DecodeInstance
+    from planner.simulator.state import ItlLog, SimRequest
+
+    def two_steps(step_spread: str) -> tuple[float, float, float]:
+        decode = DecodeInstance(0, round_settings(step_spread=step_spread), ROUND_MODEL, ItlLog())
+        request = SimRequest(0, 0.0, 50, 10)
+        assert decode.receive(request, 0.0) == [request]
+        decode.transfer_done(request)
+        first_end = decode.start_step(1.0, extra_s=-0.030)
+        decode.finish_step(first_end)
+        second_end = decode.start_step(first_end, extra_s=0.030)
+        return first_end - 1.0, second_end - first_end, ROUND_MODEL.decode_step_s(1, 51) + ROUND_MODEL.decode_step_s(1, 52)
+
+    first, second, modelled = two_steps("carried")
+    assert first == pytest.approx(MIN_STEP_SHARE * ROUND_MODEL.decode_step_s(1, 51), **EXACT)
+    assert first + second == pytest.approx(modelled, **EXACT)
+    first, second, modelled = two_steps("cut")
+    assert first + second == pytest.approx(modelled + 0.030 - (1 - MIN_STEP_SHARE) * ROUND_MODEL.decode_step_s(1, 51),
+                                           **EXACT)
