@@ -6,7 +6,9 @@ idle batched runs. This reads the decode engines' step traces of real runs (`ben
 fits the extra each traced step took over the profile's model of it, a + b x batch (+ c x context),
 on every decode step no request joined (`planner.validation_steps.fit_step_extra`); then prints,
 per trace file, its mean step, the fit's mean miss, and what the profile's own line misses
-(both signed: positive, the step took longer than charged).
+(both signed: positive, the step took longer than charged); and, where the prefill engine's trace
+is beside it, the decode steps it ran beside against those it left alone, by batch
+(`planner.validation_steps.corun_by_batch`), set against the profile's co-run stretch.
 
     python bench/decode_step_fit.py --profile planner/profiles/tiny_2cpu_amx167_served.json \\
         --traces bench/results/x/1P+1D --out out/decode_step_fit
@@ -27,7 +29,7 @@ import numpy as np
 from pdserve.engine_step_trace import read_steps
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile
-from planner.validation_steps import BATCH_BUCKETS, bucket_label, fit_step_extra, steady_decode_steps
+from planner.validation_steps import BATCH_BUCKETS, bucket_label, corun_by_batch, fit_step_extra, steady_decode_steps
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -90,12 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile(args.profile)
     model = fit_perf_model(profile).model
     profile_line = lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)  # noqa: E731
-    traces = {}
+    traces, folders = {}, {}
     for root in args.traces:
         for path in sorted(root.rglob("steps-decode-*.csv")):
             steps = read_steps(path)
             if steady_decode_steps(steps):
-                traces[str(path.relative_to(root.parent))] = steps
+                name = str(path.relative_to(root.parent))
+                traces[name], folders[name] = steps, path.parent
     if not traces:
         raise SystemExit(f"no decode step traces (steps-decode-*.csv) under {[str(t) for t in args.traces]}")
     every = [s for steps in traces.values() for s in steps]
@@ -112,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['file']}: {row['steps']} steps, mean {row['mean_step_ms']:.2f} ms; measured - charged: "
               f"{row['fit_miss_ms']:+.3f} ms by the fit (mean |miss| {row['fit_abs_miss']:.1%}), "
               f"{row['profile_line_miss_ms']:+.3f} ms by the profile's line")
+    print(f"decode steps beside the prefill engine's / alone (median ms, by batch; the profile's co-run stretch "
+          f"{profile.serving.corun_decode_stretch:.3f}):")
+    for row in rows:
+        prefill = [s for path in sorted(folders[row["file"]].glob("steps-prefill-*.csv")) for s in read_steps(path)]
+        row["corun"] = [vars(c) | {"ratio": round(c.ratio, 4)} for c in corun_by_batch(traces[row["file"]], prefill)]
+        if row["corun"]:
+            print(f"  {row['file']}: " + "; ".join(f"b{c['batch']} {c['beside_s'] * 1e3:.2f} / {c['alone_s'] * 1e3:.2f} "
+                                                   f"= x{c['ratio']:.2f}" for c in row["corun"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_step_fit.json").write_text(json.dumps(
         {"profile": str(args.profile), "traces": [str(t) for t in args.traces],

@@ -61,12 +61,12 @@ from pdserve.engine_step_trace import STEP_TRACE_ENV, read_joins, read_steps, tr
 from planner.perf_model import fit_perf_model
 from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
-from planner.simulator.config import HOP_MODELS, SERVED_STEP_FORMS
+from planner.simulator.config import HOP_MODELS, SERVED_STEP_FORMS, STEP_SPREADS
 from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, handoff_table, phase_table,
                                plot_verdicts, verdict, verdict_table, verdicts_to_json)
-from planner.validation_joins import client_first_gap_s, handoff_summary, prompt_summary
+from planner.validation_joins import client_first_gap_s, handoff_summary, one_step_prompts, prompt_summary
 from planner.validation_phases import measured_local_share, measured_phases
 from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
@@ -130,7 +130,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hops", default=SimSettings.hops, choices=HOP_MODELS,
                    help="a what-if for the simulated side: a first token's hops under load, stretched as a step on "
                         "the router's cores (stretched, the simulator's own) or unstretched plus the waits behind "
-                        "the decode side's outputs in the router and the decode worker (queued)")
+                        "the decode side's outputs in the router and the decode worker (queued), or those waits "
+                        "after the hop's CPU runs beside the prefill engine's steps on its core, at half of it while "
+                        "the engine steps (prefill-core)")
+    p.add_argument("--step-spread", default=SimSettings.step_spread, choices=STEP_SPREADS,
+                   help="a what-if for the simulated side: what a decode step's drawn spread cannot take from a "
+                        "short step goes to the next (carried, the simulator's own) or is dropped (cut, the "
+                        "simulator before: it raises short steps' mean)")
     p.add_argument("--step-trace", action="store_true",
                    help="trace the engines' steps and print, at each rate, what the decode worker's gap was made "
                         "of (the engine's step against the profile's model, the time between steps, the clients' gap)")
@@ -212,7 +218,7 @@ def what_if(args: argparse.Namespace) -> dict:
     """The simulator settings the command line changes from the simulator's own."""
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
                "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
-               "hops": args.hops, "client_placement": args.client_placement}
+               "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread}
     return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
 
 
@@ -329,7 +335,9 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
     # the handed-over requests' first gaps only: a hybrid's Local one has no hop and no pull
     first_gap_s = client_first_gap_s([r.chunk_times_s for r in ok
                                       if r.phases is None or r.phases.disaggregated])
-    prefill_joins = [join for worker_id in cluster.worker_ids("prefill") for join in joined(worker_id)]
+    # the prompts each prefill worker computed in one step (a cut one's join stamps its first chunk)
+    prefill_joins = [join for worker_id in cluster.worker_ids("prefill")
+                     for join in one_step_prompts(joined(worker_id), traced(worker_id))]
     for worker_id in cluster.worker_ids("decode"):
         steps = traced(worker_id)
         summary = report["workers"][worker_id] = decode_worker_summary(steps, *window, model.decode_step_s, served)

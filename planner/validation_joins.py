@@ -86,10 +86,23 @@ def prefilled_at(prefill_joins: Sequence[TracedJoin], max_prompt_tokens: int | N
     """Router request id -> when the prefill worker's join step of its prompt ended, over the
     prompts it computed (not pulled) of at most `max_prompt_tokens` (the engine's token budget: a
     longer prompt is computed in chunks and joined at its first, so its way in would hold the
-    chunks after it; one within the budget may still share a step and be chunked: rare below the
-    knee, and a median resists it)."""
+    chunks after it; one within the budget may still share a step and be cut: pass the joins
+    through `one_step_prompts` with the prefill worker's steps to leave those out too, as every
+    reading here from a validation does: a third of the tiny model's long-short prompts were cut)."""
     return {external_id(j.request_id): j.end_s for j in prefill_joins
             if not j.pulled and (max_prompt_tokens is None or j.prompt_tokens <= max_prompt_tokens)}
+
+
+def one_step_prompts(prefill_joins: Sequence[TracedJoin], prefill_steps: Sequence[TracedStep]) -> list[TracedJoin]:
+    """The joins of a prefill worker whose prompt its first step may have completed: left out, each
+    that started in a step the next of which continued a chunk (a prefill worker's request that
+    continues is a chunked prompt; which of that step's prompts it is the trace does not say, so
+    all go), since a join stamps a prompt's first step and a chunked prompt's way in would hold
+    its later chunks. A prompt over the token budget always goes; one within it goes when it
+    shared a step and was cut."""
+    ordered = sorted(prefill_steps, key=lambda step: step.start_s)
+    cut_starts = {step.start_s for step, after in zip(ordered, ordered[1:]) if after.continuing > 0}
+    return [j for j in prefill_joins if j.start_s not in cut_starts]
 
 
 def matched_ways_in(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],
@@ -140,6 +153,34 @@ def busy_share(steps: Sequence[TracedStep], starts: np.ndarray, start_s: float, 
             break
         busy_s += max(0.0, min(end_s, step.end_s) - max(start_s, step.start_s))
     return busy_s / (end_s - start_s)
+
+
+def served_by_s(steps: Sequence[TracedStep], starts: np.ndarray, start_s: float, cpu_s: float,
+                share_while_stepping: float) -> float:
+    """When `cpu_s` of CPU work that starts at `start_s` on an engine's core is done, if it runs at
+    the whole core while the engine is idle and at `share_while_stepping` of it while the engine
+    steps (`steps` in start order, `starts` their start times): 1 is work the engine does not slow,
+    0.5 processor sharing with one busy thread, 0 work that waits for the engine's gaps."""
+    if cpu_s <= 0:
+        return start_s
+    if not 0 <= share_while_stepping <= 1:
+        raise ValueError(f"share_while_stepping must be in [0, 1], got {share_while_stepping}")
+    t, left = start_s, cpu_s
+    i = max(0, int(np.searchsorted(starts, start_s, side="right")) - 1)
+    while True:
+        while i < len(steps) and steps[i].end_s <= t:
+            i += 1
+        if i < len(steps) and steps[i].start_s <= t:  # a step runs: the work gets its share until it ends
+            if share_while_stepping > 0 and left <= (steps[i].end_s - t) * share_while_stepping:
+                return t + left / share_while_stepping
+            left -= (steps[i].end_s - t) * share_while_stepping
+            t = steps[i].end_s
+            continue
+        gap_end_s = steps[i].start_s if i < len(steps) else float("inf")
+        if left <= gap_end_s - t:
+            return t + left
+        left -= gap_end_s - t
+        t = gap_end_s
 
 
 def way_in_by_prefill_share(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJoin],

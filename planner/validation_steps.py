@@ -13,7 +13,8 @@ the client) holds tokens back. The engine's cycle splits into:
   where the next step continues a request of this one (the engine had work: not idleness);
 - `served`: what the simulator adds to the engine's step (`ServingCosts.decode_serving_s`, the
   line from the profile's idle runs) for comparison with step + between - model.
-`fit_step_extra` fits what the steps add over the model, a + b x batch (+ c x context).
+`fit_step_extra` fits what the steps add over the model, a + b x batch (+ c x context), and
+`corun_by_batch` sets the steps the prefill engine ran beside against those it left alone.
 
 A prefill worker's steps (`prefill_worker_summary`) are set against the model's prompt step the
 same way: their stretch is what the host's load on the prefill core (the router bound there, a
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pdserve.engine_step_trace import TracedStep
+from planner.validation_joins import busy_share
 
 BATCH_BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 1 << 20))
 
@@ -234,3 +236,43 @@ def prefill_worker_summary(steps: Sequence[TracedStep], start_s: float, end_s: f
             "model_ms": round(float(model.mean()) * 1e3, 4),
             "median_stretch": round(float(np.median(measured / model)), 4),
             "several_prompts": sum(1 for s in chosen if s.joined > 1), "busy_share": busy}
+
+
+MIN_CORUN_STEPS = 20  # steps on each side of a batch bucket before `corun_by_batch` sets them side by side
+
+
+@dataclass(frozen=True)
+class CorunRow:
+    """One batch bucket's decode steps (no join): the median of those the prefill engine stepped
+    beside throughout (`beside_s`) and of those it was idle through (`alone_s`), and how many."""
+    batch: str
+    beside_s: float
+    alone_s: float
+    beside_steps: int
+    alone_steps: int
+
+    @property
+    def ratio(self) -> float:
+        return self.beside_s / self.alone_s
+
+
+def corun_by_batch(decode: Sequence[TracedStep], prefill: Sequence[TracedStep],
+                   min_steps: int = MIN_CORUN_STEPS) -> list[CorunRow]:
+    """Per batch bucket with at least `min_steps` steps on each side, the co-run stretch a loaded
+    cluster showed: its decode engine's steps (`steady_decode_steps`) that a prefill engine's steps
+    covered throughout against those it stepped none of. The profile's `corun_decode_stretch` is
+    one batch at one context, measured by two engines alone (`planner.profiler.corun_probe`); here
+    the prefill core also holds the router, so its load is in the ratio too."""
+    ordered = sorted(prefill, key=lambda step: step.start_s)
+    starts = np.array([step.start_s for step in ordered])
+    steady = steady_decode_steps(decode)
+    shares = {id(step): busy_share(ordered, starts, step.start_s, step.end_s) for step in steady}
+    rows = []
+    for low, high in BATCH_BUCKETS:
+        chosen = [step for step in steady if low <= step.batch <= high]
+        beside = [step.duration_s for step in chosen if shares[id(step)] >= 0.99]
+        alone = [step.duration_s for step in chosen if shares[id(step)] <= 0.01]
+        if len(beside) >= min_steps and len(alone) >= min_steps:
+            rows.append(CorunRow(bucket_label(low, high), float(np.median(beside)), float(np.median(alone)),
+                                 len(beside), len(alone)))
+    return rows

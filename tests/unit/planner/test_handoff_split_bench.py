@@ -82,6 +82,15 @@ def test_the_way_in_by_batch_from_a_runs_traces(tmp_path, capsys):
     assert "| 0-0 | 1 | 5.0 | 5.0 |" in out and "| 8-15 | 2 | 10.0 | 10.0 |" in out
     # the prefill engine's steps (its join steps end as each prompt's way in starts): none stepped after
     assert "| none of it | 3 | 9.0 | 8.3 |" in out
+    # and beside the hop models: the measured, and each model's charge (no prefill step after any
+    # prompt: prefill-core is queued here; a finds no batch, b and c wait behind 10 streams' outputs)
+    from planner.profile import load_profile
+    serving = load_profile(profile).serving
+    hop, wait = serving.handoff_s * 1e3, 10 * (serving.router_cpu_s_per_token + 2 * serving.decode_cpu_s_per_token) * 1e3
+    assert "| measured | 9.0 | 8.3 | 10.6 |" in out
+    assert f"| hops stretched (unloaded) | {hop:.1f} | {hop:.1f} | {hop:.1f} |" in out
+    for name in ("queued", "prefill-core"):
+        assert f"| hops {name} | {hop + wait:.1f} | {hop + 2 * wait / 3:.1f} | {hop + wait:.1f} |" in out
     # every prompt over the budget: nothing to set against the batch, said so
     assert main(["--run", str(steps_dir.parent.parent), "--profile", str(profile), "--token-budget", "50"]) == 0
     assert "no pulled request of at most 50 prompt tokens" in capsys.readouterr().out

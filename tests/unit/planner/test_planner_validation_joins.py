@@ -165,3 +165,38 @@ def test_the_way_in_beside_the_share_of_it_the_prefill_engine_stepped():
     prefill_steps = [TracedStep(1.046, 1.052, 1, 0, 300, 0, 300)]
     shares, ways = way_in_by_prefill_share(PREFILLED, decoded, prefill_steps)
     assert shares == pytest.approx([0.0, 1.0]) and ways == pytest.approx([0.006, 0.002])
+
+
+def test_when_cpu_work_on_a_stepping_engines_core_is_done():
+    from planner.validation_joins import served_by_s
+
+    starts = np.array([s.start_s for s in STEPS])   # steps of 9 ms every 10 ms from 1.000
+    # 2 ms of work from 1.0090 (the gap 1.009-1.010): 1 ms in the gap, then the step 1.010-1.019 ...
+    assert served_by_s(STEPS, starts, 1.009, 0.002, 1.0) == pytest.approx(1.011)    # ... does not slow it
+    assert served_by_s(STEPS, starts, 1.009, 0.002, 0.5) == pytest.approx(1.012)    # halves it
+    assert served_by_s(STEPS, starts, 1.009, 0.002, 0.0) == pytest.approx(1.020)    # holds it to the next gap
+    # started inside a step (1.0145, 4.5 ms left of it): a tenth of the core there, then the gap
+    assert served_by_s(STEPS, starts, 1.0145, 0.001, 0.1) == pytest.approx(1.01955)  # 0.45 ms there, 0.55 after
+    assert served_by_s(STEPS, starts, 1.0145, 0.0004, 0.1) == pytest.approx(1.0185)  # done within it
+    # several steps' gaps at 0: 3 ms of work takes the three gaps after 1.0005
+    assert served_by_s(STEPS, starts, 1.0005, 0.003, 0.0) == pytest.approx(1.030)
+    # after the last step and before the first, the whole core; no work, no time
+    assert served_by_s(STEPS, starts, 3.0, 0.004, 0.0) == pytest.approx(3.004)
+    assert served_by_s(STEPS, starts, 0.5, 0.004, 0.0) == pytest.approx(0.504)
+    assert served_by_s(STEPS, starts, 1.005, 0.0, 0.0) == 1.005
+    with pytest.raises(ValueError, match="share_while_stepping"):
+        served_by_s(STEPS, starts, 1.0, 0.001, 1.5)
+
+
+def test_prompts_a_prefill_engine_cut_into_chunks_are_left_out():
+    from planner.validation_joins import one_step_prompts
+
+    # three steps: p and q joined at 1.00 (q cut: the step at 1.05 continues it), r alone at 1.10
+    steps = [TracedStep(1.00, 1.05, 2, 0, 2048, 0, 0), TracedStep(1.05, 1.08, 0, 1, 500, 0, 0),
+             TracedStep(1.10, 1.14, 1, 0, 900, 0, 0)]
+    p = TracedJoin("p", 1500, 0.99, 0.995, NAN, 1.00, 1.05)
+    q = TracedJoin("q", 1048, 0.99, 0.995, NAN, 1.00, 1.05)
+    r = TracedJoin("r", 900, 1.09, 1.095, NAN, 1.10, 1.14)
+    assert one_step_prompts([p, q, r], steps) == [r]               # which of p, q was cut the trace does not say
+    assert one_step_prompts([p, q, r], steps[2:]) == [p, q, r]     # no step continued a chunk
+    assert one_step_prompts([r], []) == [r]

@@ -133,3 +133,20 @@ def test_a_prefill_workers_prompt_steps_are_set_against_the_models_prompt_step()
     assert summary["median_stretch"] == pytest.approx((0.012 / 0.01025 + 0.040 / 0.027) / 2, rel=1e-3)
     assert summary["busy_share"] == pytest.approx(0.055 / 0.25)
     assert prefill_worker_summary(steps, 5.0, 6.0, prompt_model) == {"steps": 0, "busy_share": 0.0}
+
+
+def test_decode_steps_beside_the_prefill_engines_against_those_alone():
+    from planner.validation_steps import corun_by_batch
+
+    # batch 1: ten steps of 6 ms while the prefill engine steps (0-0.06), ten of 4 ms from 0.2 while
+    # it idles; batch 2: ten steps, all alone (no pair); a step a request joined is left out
+    beside = [step(0.006 * k, 0.006, 0, 1) for k in range(10)]
+    alone = [step(0.2 + 0.004 * k, 0.004, 0, 1) for k in range(10)]
+    pairs = [step(0.5 + 0.004 * k, 0.004, 0, 2) for k in range(10)]
+    prefill = [TracedStep(0.0, 0.03, 1, 0, 500, 0, 500), TracedStep(0.03, 0.06, 1, 0, 500, 0, 500)]
+    joined = step(0.061, 0.05, 1, 0)
+    rows = corun_by_batch(beside + alone + pairs + [joined], prefill, min_steps=5)
+    assert [(r.batch, r.beside_steps, r.alone_steps) for r in rows] == [("1", 10, 10)]
+    assert rows[0].beside_s == pytest.approx(0.006) and rows[0].alone_s == pytest.approx(0.004)
+    assert rows[0].ratio == pytest.approx(1.5)
+    assert corun_by_batch(beside + alone, prefill, min_steps=11) == []     # too few on a side
