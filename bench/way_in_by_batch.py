@@ -33,8 +33,8 @@ from planner.profile import load_profile
 from planner.serving_costs import ServingCosts
 from planner.simulator.core_share import HOP_SHARE_WHILE_STEPPING
 from planner.simulator.host import decode_call_wait_s, router_outputs_wait_s
-from planner.validation_joins import (matched_ways_in, one_step_prompts, served_by_s, way_in_by_batch,
-                                      way_in_by_prefill_share)
+from planner.validation_joins import (in_start_order, matched_ways_in, one_step_prompts, served_by_s,
+                                      way_in_by_batch, way_in_by_prefill_share)
 
 BATCH_EDGES = (0, 1, 4, 8, 16, 32, 48, 64, 96, 129, 257)
 SHARE_GROUPS = ((0.0, 0.01, "none"), (0.01, 0.5, "under half"), (0.5, 0.99, "half or more"), (0.99, 1.01, "all"))
@@ -61,8 +61,7 @@ def modelled_ways_in_s(firsts_s: np.ndarray, batches: np.ndarray, prefill_steps:
     it is not in a trace), "queued" (plus the waits
     behind the batch's outputs), "prefill-core" (the hop beside the prefill engine's steps, at
     `HOP_SHARE_WHILE_STEPPING` of its core while one runs, then those waits)."""
-    ordered = sorted(prefill_steps, key=lambda step: step.start_s)
-    starts = np.array([step.start_s for step in ordered])
+    ordered, starts = in_start_order(prefill_steps)
     waits = np.array([router_outputs_wait_s(int(b), serving.router_cpu_s_per_token)
                       + decode_call_wait_s(int(b), serving.decode_cpu_s_per_token, engine_stepping=b > 0) for b in batches])
     beside = np.array([served_by_s(ordered, starts, first_s, serving.handoff_s, HOP_SHARE_WHILE_STEPPING) - first_s

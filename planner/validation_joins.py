@@ -122,7 +122,8 @@ def hop_in_s(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[TracedJ
                      in matched_ways_in(prefill_joins, decode_joins, max_prompt_tokens)], dtype=float)
 
 
-def _in_start_order(steps: Sequence[TracedStep]) -> tuple[list[TracedStep], np.ndarray]:
+def in_start_order(steps: Sequence[TracedStep]) -> tuple[list[TracedStep], np.ndarray]:
+    """`steps` in start order and their start times (what `busy_share` and `served_by_s` read)."""
     ordered = sorted(steps, key=lambda s: s.start_s)
     return ordered, np.array([s.start_s for s in ordered])
 
@@ -133,7 +134,7 @@ def way_in_by_batch(prefill_joins: Sequence[TracedJoin], decode_joins: Sequence[
     """Per matched request (`matched_ways_in`): the batch the decode engine was running when the
     request's prefill join step ended (0: it was between steps or idle) and the Decode call's way
     in, seconds."""
-    ordered, starts = _in_start_order(decode_steps)
+    ordered, starts = in_start_order(decode_steps)
     batches, ways = [], []
     for first_s, accepted_s in matched_ways_in(prefill_joins, decode_joins, max_prompt_tokens):
         i = int(np.searchsorted(starts, first_s, side="right")) - 1
@@ -189,7 +190,7 @@ def way_in_by_prefill_share(prefill_joins: Sequence[TracedJoin], decode_joins: S
     """Per matched request (`matched_ways_in`): the share of its way in the prefill engine spent
     stepping (its core holds the prefill worker's API process and the router the call goes
     through) and the way in, seconds."""
-    ordered, starts = _in_start_order(prefill_steps)
+    ordered, starts = in_start_order(prefill_steps)
     pairs = matched_ways_in(prefill_joins, decode_joins, max_prompt_tokens)
     return (np.array([busy_share(ordered, starts, first_s, accepted_s) for first_s, accepted_s in pairs], dtype=float),
             np.array([accepted_s - first_s for first_s, accepted_s in pairs], dtype=float))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pdserve.engine_step_trace import TracedStep
-from planner.validation_joins import busy_share
+from planner.validation_joins import busy_share, in_start_order
 
 BATCH_BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 1 << 20))
 
@@ -263,8 +263,7 @@ def corun_by_batch(decode: Sequence[TracedStep], prefill: Sequence[TracedStep],
     covered throughout against those it stepped none of. The profile's `corun_decode_stretch` is
     one batch at one context, measured by two engines alone (`planner.profiler.corun_probe`); here
     the prefill core also holds the router, so its load is in the ratio too."""
-    ordered = sorted(prefill, key=lambda step: step.start_s)
-    starts = np.array([step.start_s for step in ordered])
+    ordered, starts = in_start_order(prefill)
     steady = steady_decode_steps(decode)
     shares = {id(step): busy_share(ordered, starts, step.start_s, step.end_s) for step in steady}
     rows = []

@@ -235,9 +235,7 @@ class _Cluster:
                     self._hops[id(instance)].add(now, request, self.settings.serving.handoff_s)
                     continue
                 if self.settings.hops == "queued":
-                    request.hop_wait_s = router_outputs_wait_s(
-                        sum(d.step_tokens for d in self.decode if id(d) in self._stepping),
-                        self.settings.serving.router_cpu_s_per_token)
+                    request.hop_wait_s = self._router_outputs_wait_s()
                 else:
                     request.hop_stretch = self._host_stretch(now, prefill=True)
                 hop_s = self.settings.serving.handoff_s * request.hop_stretch + request.hop_wait_s
@@ -270,9 +268,14 @@ class _Cluster:
         handoff_s = self.settings.serving.handoff_s
         for request, added_s in work.done(now):
             request.hop_stretch = (now - added_s) / handoff_s if handoff_s > 0 else 1.0
-            request.hop_wait_s = router_outputs_wait_s(sum(d.step_tokens for d in self.decode if id(d) in self._stepping),
-                                                       self.settings.serving.router_cpu_s_per_token)
+            request.hop_wait_s = self._router_outputs_wait_s()
             self._push(now + request.hop_wait_s, HANDOFF, request)
+
+    def _router_outputs_wait_s(self) -> float:
+        """What a hop waits in the router behind the running decode steps' outputs (`hops` "queued",
+        "prefill-core")."""
+        return router_outputs_wait_s(sum(d.step_tokens for d in self.decode if id(d) in self._stepping),
+                                     self.settings.serving.router_cpu_s_per_token)
 
     def _hand_off(self, request: SimRequest, now: float) -> None:
         """Prefill is done and the first token is out (`handoff_s` ago): the router has it and

@@ -206,11 +206,10 @@ class DecodeInstance:
         if self.batch.size == 0:
             return None
         size, serving = self.batch.size, self._settings.serving
-        duration, owed_s = jittered(stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
-                                                 + serving.decode_serving_s(size, self._settings.served_step == "table")
-                                                 + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step)),
-                                    extra_s, self._owed_s)
-        self._owed_s = owed_s if self._settings.step_spread == "carried" else 0.0
+        modelled_s = stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
+                                           + serving.decode_serving_s(size, self._settings.served_step == "table")
+                                           + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step))
+        duration, self._owed_s = jittered(modelled_s, extra_s, self._owed_s, self._settings.step_spread == "carried")
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
         return now + duration
 
@@ -290,8 +289,7 @@ class ColocatedInstance:
             + s.serving.decode_serving_s(self.batch.size, s.served_step == "table")
             + sum(s.serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step))
         if self.batch.size:
-            duration, owed_s = jittered(duration, extra_s, self._owed_s)
-            self._owed_s = owed_s if s.step_spread == "carried" else 0.0
+            duration, self._owed_s = jittered(duration, extra_s, self._owed_s, s.step_spread == "carried")
         self._step_start_s, self.busy_s = now, self.busy_s + duration
         return now + duration
 

@@ -39,10 +39,11 @@ class ServiceSpread:
         return np.array([self._first_rng.choice(self._first) for _ in range(count)], dtype=float)
 
 
-def jittered(duration_s: float, extra_s: float, owed_s: float = 0.0) -> tuple[float, float]:
+def jittered(duration_s: float, extra_s: float, owed_s: float = 0.0, carry: bool = True) -> tuple[float, float]:
     """`duration_s` moved by a drawn `extra_s` and by what earlier steps' draws could not take
     (`owed_s` <= 0), kept at >= MIN_STEP_SHARE of itself; returns the step's duration and what this
-    one could not take (<= 0), for the next step's draw (`SimSettings.step_spread` "carried").
+    one could not take (<= 0), for the next step's draw, or 0 when not `carry`
+    (`SimSettings.step_spread` "carried" or "cut").
 
     The spread is of the clients' gaps, and gaps bunch: a token late by 8 ms makes a gap 8 ms long
     and the next 8 ms short. Cut at the floor and dropped ("cut"), the short half of a wide
@@ -51,4 +52,4 @@ def jittered(duration_s: float, extra_s: float, owed_s: float = 0.0) -> tuple[fl
     spread, carried"); carried, the next step takes it, as the next gap does."""
     wanted_s = duration_s + extra_s + min(0.0, owed_s)
     floor_s = MIN_STEP_SHARE * duration_s
-    return max(floor_s, wanted_s), min(0.0, wanted_s - floor_s)
+    return max(floor_s, wanted_s), (min(0.0, wanted_s - floor_s) if carry else 0.0)

@@ -107,6 +107,7 @@ def test_a_draw_never_shortens_a_step_below_its_floor_and_owes_the_rest_to_the_n
     assert jittered(0.010, -0.050) == pytest.approx((floor, 0.010 - 0.050 - floor), **EXACT)   # 42.5 ms owed
     assert jittered(0.010, 0.002, owed_s=-0.005) == pytest.approx((0.007, 0.0), **EXACT)  # paid from this one
     assert jittered(0.010, 0.020, owed_s=0.003) == pytest.approx((0.030, 0.0), **EXACT)   # nothing is owed above 0
+    assert jittered(0.010, -0.050, carry=False) == pytest.approx((floor, 0.0), **EXACT)      # cut: dropped
     assert ServiceSpread(ServingCosts()).step_extra_s() == 0.0
     assert ServiceSpread(ServingCosts()).first_token_extra_s(3).tolist() == [0.0, 0.0, 0.0]
 
