@@ -1,16 +1,20 @@
-"""Do engines on different cores slow each other? A prompt computed on one core alone and while
-another engine decodes on the other core, and that decode alone and beside prompts:
+"""Do engines on different cores slow each other? A decode step at several batches beside another
+engine computing prompts, and a prompt beside a batch decoding, against each alone:
 
-    python bench/corun.py --rounds 3 --out bench/results/corun
+    python bench/corun.py --model models/tiny --repeat 3 --out bench/results/corun
 
 The measurement is `pdserve profile --through cluster`'s co-run pass (`planner.profiler.corun_probe`,
 which says how): two colocated engines of `--model`, one per core (`--prefill-core`,
-`--decode-core`), each in a process of its own bound to its core, alone and together alternating
-within each round (alone, together, alone again; a round the host's speed moved in does not count). The
-profile keeps the medians of together / alone as
-`serving.corun_prefill_stretch` and `corun_decode_stretch`, which the simulator charges a step that
-starts while another instance steps; this command prints every round, to see the spread. Writes
-corun.json and corun.md. About 5 minutes on a 2-vCPU Xeon, 1,000-token prompts.
+`--decode-core`), each in a process of its own bound to its core and tracing its steps. In each
+phase one engine works throughout while the other alternates windows of work and idle; every cycle
+sets its steps beside the other engine against its steps alone, and the phase's stretch is the
+median over the cycles (`planner.profiler.corun_fit`). The profile keeps the prompt's as
+`serving.corun_prefill_stretch` and the median over the decode batches as `corun_decode_stretch`,
+which the simulator charges a step that starts while another instance steps. This command prints
+every phase's cycles, to see the spread, and with `--repeat N` runs the whole probe N times (the
+engines started again each time) to see how far one profile's figure moves from the next. Writes
+corun.json, corun.md and corun.png (each cycle's ratio, by phase and repeat). About a minute a
+repeat on the tiny model; several on `models/bench`.
 """
 
 from __future__ import annotations
@@ -25,33 +29,71 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def summary_table(rounds, prompt_tokens: int, batch: int, prefill_core: str, decode_core: str) -> str:
-    """The rounds (`CorunRound`s) as a markdown table, one row per side: each round's time alone
-    before and after, together, and together over the alones' mean; a round the host's drift
-    voided (`steady_round`) is marked *."""
-    from planner.profiler.corun_fit import steady_round
+def summary_table(repeats) -> str:
+    """The phases of each repeat (lists of `CorunMeasure`) as a markdown table, one row per phase
+    and repeat: its cycles' ratios, their median and 10th-90th percentile, and the steps counted;
+    then the profile's two figures per repeat."""
+    from planner.profiler.corun_fit import corun_stretches
 
-    lines = ["| what | where | alone before / after (s) | together (s) | together / alone |", "|---|---|---|---|---|"]
-    mark = ["" if steady_round(r) else "*" for r in rounds]
-    for name, where, key, ratio in (("prompt", f"{prompt_tokens} tokens on core {prefill_core}", "prompt", "prompt_ratio"),
-                                    ("decode step", f"batch {batch} on core {decode_core}", "step", "step_ratio")):
-        lines.append(f"| {name} | {where} | "
-                     + " ; ".join(f"{getattr(r, key + '_alone_s'):.4f} / {getattr(r, key + '_alone_after_s'):.4f}"
-                                  for r in rounds) + " | "
-                     + " / ".join(f"{getattr(r, key + '_together_s'):.4f}" for r in rounds) + " | "
-                     + " / ".join(f"{getattr(r, ratio):.3f}{m}" for r, m in zip(rounds, mark)) + " |")
-    return "\n".join(lines)
+    lines = ["| repeat | phase | cycles' beside / alone | median | p10-p90 | steps beside / alone |",
+             "|---|---|---|---|---|---|"]
+    for n, measures in enumerate(repeats, 1):
+        for m in measures:
+            what = f"decode step, batch {m.batch}" if m.what == "decode" else f"prompt, beside a batch of {m.batch}"
+            low, high = m.spread
+            lines.append(f"| {n} | {what} | {' '.join(f'{r:.3f}' for r in m.cycle_ratios)} | {m.ratio:.3f} | "
+                         f"{low:.3f}-{high:.3f} | {m.beside_steps} / {m.alone_steps} |")
+    lines.append("")
+    for n, measures in enumerate(repeats, 1):
+        prompt, step = corun_stretches(measures)
+        lines.append(f"repeat {n}: the profile would keep a prompt {_x(prompt)}, a decode step {_x(step)}")
+    return "\n".join(lines) + "\n"
+
+
+def _x(ratio: float | None) -> str:
+    return "not measured" if ratio is None else f"{ratio:.3f}x"
+
+
+def plot(repeats, path: Path) -> None:
+    """Each phase's cycle ratios (dots) and median (bar), repeats side by side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases = sorted({(m.what, m.batch) for measures in repeats for m in measures}, key=lambda p: (p[0] != "decode", p[1]))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(1, len(repeats))
+    for n, measures in enumerate(repeats):
+        by_phase = {(m.what, m.batch): m for m in measures}
+        for i, phase in enumerate(phases):
+            if phase not in by_phase:
+                continue
+            x = i - 0.4 + width * (n + 0.5)
+            m = by_phase[phase]
+            ax.scatter([x] * len(m.cycle_ratios), m.cycle_ratios, s=10, color=f"C{n}", alpha=0.6)
+            ax.hlines(m.ratio, x - width / 2, x + width / 2, color=f"C{n}", label=f"repeat {n + 1}" if i == 0 else None)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(phases)))
+    ax.set_xticklabels([f"decode step\nbatch {b}" if w == "decode" else f"prompt\nbeside {b}" for w, b in phases])
+    ax.set_ylabel("beside the other engine / alone")
+    ax.set_title("co-run stretch: each cycle (dots), its phase's median (bar)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prefill-core", default="0", help="the core computing the prompts (default 0)")
     parser.add_argument("--decode-core", default="1", help="the core decoding (default 1)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="steady rounds of alone / together / alone wanted (default 3); a round the host's speed "
-                             "moved in does not count, and up to twice as many run")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="how many times to run the whole probe, engines started again each time (default 1)")
+    parser.add_argument("--cycles", type=int, default=8, help="windows of work and idle a phase (default 8)")
     parser.add_argument("--prompt-tokens", type=int, default=1024, help="the prompt's length (default 1024)")
-    parser.add_argument("--batch", type=int, default=16, help="requests decoding together (default 16)")
+    parser.add_argument("--batches", default="1,4,16",
+                        help="the decode batches measured beside prompts, comma-separated (default 1,4,16)")
     parser.add_argument("--model", default="models/bench", help="model directory (default models/bench)")
     parser.add_argument("--kv-cache-mb", type=int, default=512, help="each engine's KV cache (default 512)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/corun"), help="output directory")
@@ -64,7 +106,7 @@ def main(argv=None) -> int:
 
     from pdserve.dtype_probe import resolve_auto_dtype
     from pdserve.engine import EngineSettings
-    from planner.profiler.corun_fit import corun_plan, corun_stretches, steady_round
+    from planner.profiler.corun_fit import corun_plan
     from planner.profiler.corun_probe import measure_corun
     from planner.profiler.host import model_info
 
@@ -75,17 +117,18 @@ def main(argv=None) -> int:
                               max_num_seqs=64, enable_prefix_caching=False)
     kv_tokens = settings.kv_cache_bytes // model_info(args.model, dtype, settings.block_size).kv_bytes_per_token
     plan = replace(corun_plan(settings.max_model_len, settings.max_num_seqs, kv_tokens, quick=False),
-                   prompt_tokens=args.prompt_tokens, batch=args.batch, rounds=args.rounds, max_rounds=2 * args.rounds)
-    measured = measure_corun(settings, (args.prefill_core, args.decode_core), plan,
-                             lambda label: print(label, flush=True))
-    prompt, step = corun_stretches(measured)
-    rounds = [asdict(r) for r in measured]
-    table = summary_table(measured, plan.prompt_tokens, plan.batch, args.prefill_core, args.decode_core)
-    steady = sum(map(steady_round, measured))
-    summary = (f"{table}\n\nmedians over {steady} steady rounds of {len(measured)}: prompt {prompt:.3f}x, "
-               f"decode step {step:.3f}x (dtype {dtype})\n")
-    (args.out / "corun.json").write_text(json.dumps({"plan": asdict(plan), "dtype": dtype, "rounds": rounds}, indent=1))
+                   prompt_tokens=args.prompt_tokens, cycles=args.cycles,
+                   decode_batches=tuple(int(b) for b in args.batches.split(",")))
+    repeats = []
+    for n in range(args.repeat):
+        print(f"repeat {n + 1} of {args.repeat}", flush=True)
+        repeats.append(measure_corun(settings, (args.prefill_core, args.decode_core), plan,
+                                     lambda label: print(label, flush=True)))
+    summary = summary_table(repeats) + f"\n(dtype {dtype}, {args.model}, cores {args.prefill_core} and {args.decode_core})\n"
+    (args.out / "corun.json").write_text(json.dumps({"plan": asdict(plan), "dtype": dtype,
+                                                      "repeats": [[asdict(m) for m in ms] for ms in repeats]}, indent=1))
     (args.out / "corun.md").write_text(summary)
+    plot(repeats, args.out / "corun.png")
     print(summary)
     return 0
 

@@ -7,26 +7,27 @@ or one physical core (SMT siblings sold as two vCPUs). On an AVX-512 EPYC a 2,00
 1.04-1.07x its time alone beside the other core's decode (`bench/corun.py`); on a Xeon, none.
 
 `measure_corun` starts two processes, each bound to one worker's cores with one colocated engine
-of the profile's settings (prefix caching off), as a 1P+1D cluster binds its workers: the "prompt"
-side computes prompts of `CorunPlan.prompt_tokens`, the "decode" side decodes `batch` requests of
-`context_tokens`. Per round, in this order:
-  1. the prompt alone (the other engine idle): median of `repeats` prefills;
-  2. the decode alone: one run's step (`EngineProbe.decode`);
-  3. the decode side keeps a batch decoding; once it is past its prefill, the prompt is measured again;
-  4. the prompt side computes prompts back to back; after the first, the decode is measured again;
-  5. the prompt alone and the decode alone once more.
-How each round is judged and turned into the profile's two ratios is `planner.profiler.corun_fit`'s
-(pure).
+of the profile's settings (prefix caching off), as a 1P+1D cluster binds its workers, each engine
+core tracing its steps (`pdserve.engine_step_trace`): the "prompt" side computes prompts of
+`CorunPlan.prompt_tokens`, the "decode" side holds a batch decoding. The prompt's time alone sizes
+the windows (`corun_fit.window_s`); then a phase per decode batch (the decode side holds the batch
+throughout, the prompt side alternates a window of prompts back to back and a window idle) and one
+for the prompt (the prompt side throughout, the decode side alternating a held batch and idle).
+Which steps ran beside the other engine and which alone, and the ratios, are read off the two
+traces by `planner.profiler.corun_fit` (pure).
 
 The two processes take commands over a Unix socket (one JSON object per line; vLLM owns their
-stdout): {"do": "measure"} -> {"seconds": s}; {"do": "loop"} -> {"looping": true} after the first
-iteration, then iterations until {"do": "stop"} -> {"stopped": n}; {"do": "exit"}.
+stdout): {"do": "measure"} -> {"seconds": s}, the prompt alone; {"do": "loop", "batch": n} ->
+{"looping": true} once under way; {"do": "alternate", "batch": n, "window_s": w} -> {"start_s": t},
+the first window's start; either then until {"do": "stop"} -> {"stopped": true} once the side's
+trace is flushed; {"do": "exit"}.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import select
 import signal
@@ -40,7 +41,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pdserve.engine import EngineSettings, engine_start_env
-from planner.profiler.corun_fit import CorunPlan, CorunRound, more_rounds_needed, steady_round
+from planner.profiler.corun_fit import CorunMeasure, CorunPlan, decode_corun, phase_cycles, prompt_corun, window_s
 
 ROLES = ("prompt", "decode")
 START_TIMEOUT_S = 600.0   # an engine start on the slowest host kind takes ~1 min; a hang is not that
@@ -81,10 +82,14 @@ class _Peer:
         return self.recv()
 
 
-def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunPlan, advance) -> list[CorunRound]:
-    """The rounds of the module's doc: `settings` (any `cpu_cores` replaced) bound to `cores[0]`
-    for the prompt side and `cores[1]` for the decode side. `advance(label)` after each step."""
+def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunPlan, advance) -> list[CorunMeasure]:
+    """The phases of the module's doc: `settings` (any `cpu_cores` replaced) bound to `cores[0]`
+    for the prompt side and `cores[1]` for the decode side, each engine core tracing its steps.
+    `advance(label)` after each step of `CorunPlan.steps`. A phase with no cycle of steps both
+    beside and alone (`corun_fit`) is said so and left out."""
     from dataclasses import replace
+
+    from pdserve.engine_step_trace import STEP_TRACE_ENV
 
     with tempfile.TemporaryDirectory(prefix="pdserve-corun-") as tmp:
         address = str(Path(tmp) / "probe.sock")
@@ -94,29 +99,50 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
         server.settimeout(0.5)
         processes: dict[str, subprocess.Popen] = {}
         peers: dict[str, _Peer] = {}
+        traces = {role: Path(tmp) / role for role in ROLES}
         try:
             for role, core in zip(ROLES, cores):
                 side = replace(settings, cpu_cores=core, enable_prefix_caching=False)
+                traces[role].mkdir()
                 processes[role] = subprocess.Popen(
                     [sys.executable, "-m", "planner.profiler.corun_probe", "--role", role, "--address", address,
                      "--settings", json.dumps(asdict(side)), "--plan", json.dumps(asdict(plan))],
                     stdout=subprocess.DEVNULL, start_new_session=True,   # its group holds vLLM's engine core too
                     # the environment its engine's processes need (its own core's binding in place of the
                     # one this process's engines left, which libgomp, preloaded, would refuse): its
-                    # engine core then forks, as a worker's does, instead of importing vLLM again
-                    env=engine_start_env(side, os.environ))
+                    # engine core then forks, as a worker's does, instead of importing vLLM again; and
+                    # the step trace, which its engine core writes
+                    env=engine_start_env(side, os.environ) | {STEP_TRACE_ENV: str(traces[role])})
             peers = _accept(server, processes)
             for peer in peers.values():
                 peer.recv()   # {"ready": dtype}: its engine is up and warmed
-            advance(f"co-run: two engines up on cores {cores[0]} and {cores[1]}")
-            rounds: list[CorunRound] = []
-            while not rounds or more_rounds_needed(rounds, plan.rounds, plan.max_rounds):
-                rounds.append(_round(peers, len(rounds), plan.rounds, advance))
+            prompt_alone_s = peers["prompt"].ask({"do": "measure"})["seconds"]
+            window = window_s(prompt_alone_s)
+            cycles = phase_cycles(plan, window)
+            advance(f"co-run: two engines up on cores {cores[0]} and {cores[1]}; a {plan.prompt_tokens}-token "
+                    f"prompt alone {prompt_alone_s * 1e3:.0f} ms, so {cycles} cycles of {window:.2f} s on, "
+                    f"{window:.2f} s off a phase")
+            measures = []
+            for what, batch in plan.phases:
+                start_s = _phase(peers, what, batch, window, cycles)
+                steps = {role: _read_trace(traces[role]) for role in ROLES}
+                try:
+                    if what == "decode":
+                        measure = decode_corun(steps["decode"], steps["prompt"], start_s, 2 * window, cycles, batch)
+                        label = f"a decode step of {batch} beside prompts"
+                    else:
+                        measure = prompt_corun(steps["prompt"], steps["decode"], start_s, 2 * window, cycles, batch)
+                        label = f"a {plan.prompt_tokens}-token prompt beside a batch of {batch} decoding"
+                except ValueError as error:   # said, and the other phases still count
+                    advance(f"co-run: not measured: {error}")
+                    continue
+                advance(f"co-run: {label} {measure.shown()}")
+                measures.append(measure)
             for peer in peers.values():
                 peer.send({"do": "exit"})
             for process in processes.values():
                 process.wait(timeout=120)
-            return rounds
+            return measures
         finally:
             server.close()
             for process in processes.values():
@@ -125,6 +151,29 @@ def measure_corun(settings: EngineSettings, cores: tuple[str, str], plan: CorunP
                 except ProcessLookupError:
                     pass
                 process.wait()
+
+
+def _phase(peers: dict[str, _Peer], what: str, batch: int, window: float, cycles: int) -> float:
+    """One phase: the side measured (`what`) works throughout, the other alternates `window` of work
+    and `window` idle for `cycles` cycles; returns when the cycles started (monotonic seconds, the
+    clock both traces keep). Each side's trace is flushed when it stops."""
+    busy, alternating = (peers["decode"], peers["prompt"]) if what == "decode" else (peers["prompt"], peers["decode"])
+    busy.ask({"do": "loop", "batch": batch})
+    started = False
+    try:
+        start_s = alternating.ask({"do": "alternate", "window_s": window, "batch": batch})["start_s"]
+        started = True
+        time.sleep(max(0.0, start_s + 2 * window * cycles - time.monotonic()))
+    finally:
+        for peer in ((alternating, busy) if started else (busy,)):
+            peer.ask({"do": "stop"})
+    return start_s
+
+
+def _read_trace(directory: Path) -> list:
+    from pdserve.engine_step_trace import read_steps
+
+    return [step for path in sorted(directory.glob("steps-*.csv")) for step in read_steps(path)]
 
 
 def _accept(server: socket.socket, processes: dict[str, subprocess.Popen]) -> dict[str, _Peer]:
@@ -153,43 +202,6 @@ def _processes_alive(processes: dict[str, subprocess.Popen]) -> Callable[[], int
     return lambda: next((p.returncode for p in processes.values() if p.poll() is not None), None)
 
 
-def _round(peers: dict[str, _Peer], n: int, rounds: int, advance) -> CorunRound:
-    prompt, decode = peers["prompt"], peers["decode"]
-    label = f"co-run round {n + 1}/{rounds}" if n < rounds else f"co-run round {n + 1} (one more: a round drifted)"
-    prompt_alone = prompt.ask({"do": "measure"})["seconds"]
-    advance(f"{label}: prompt alone {prompt_alone * 1e3:.0f} ms")
-    step_alone = decode.ask({"do": "measure"})["seconds"]
-    advance(f"{label}: decode step alone {step_alone * 1e3:.1f} ms")
-    prompt_together, tokens = _beside(prompt, decode)
-    advance(f"{label}: prompt beside decode {prompt_together * 1e3:.0f} ms "
-            f"({prompt_together / prompt_alone:.3f}x)")
-    step_together, prompts = _beside(decode, prompt)
-    advance(f"{label}: decode step beside prompts {step_together * 1e3:.1f} ms "
-            f"({step_together / step_alone:.3f}x)")
-    prompt_after = prompt.ask({"do": "measure"})["seconds"]
-    advance(f"{label}: prompt alone again {prompt_after * 1e3:.0f} ms")
-    step_after = decode.ask({"do": "measure"})["seconds"]
-    measured = CorunRound(prompt_alone, prompt_together, step_alone, step_together, tokens, prompts,
-                          prompt_after, step_after)
-    advance(f"{label}: decode step alone again {step_after * 1e3:.1f} ms"
-            + ("" if steady_round(measured) else " (the host's speed moved within the round: not counted)"))
-    return measured
-
-
-def _beside(measured: _Peer, busy: _Peer) -> tuple[float, int]:
-    """`measured`'s measurement while `busy` loops its own work, and what `busy` got done meanwhile."""
-    busy.ask({"do": "loop"})
-    stopped = False
-    try:
-        seconds = measured.ask({"do": "measure"})["seconds"]
-        iterations = busy.ask({"do": "stop"})["stopped"]
-        stopped = True
-        return seconds, iterations
-    finally:
-        if not stopped:
-            busy.send({"do": "stop"})
-
-
 async def _serve(role: str, settings: EngineSettings, plan: CorunPlan, address: str) -> None:
     """One side: its engine, then the orchestrator's commands until "exit"."""
     import gc
@@ -205,22 +217,21 @@ async def _serve(role: str, settings: EngineSettings, plan: CorunPlan, address: 
     try:
         probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()), seed=ROLES.index(role))
         await probe.warm_up()
-
-        async def measure() -> float:
-            if role == "prompt":
-                return await probe.prefill_s(plan.prompt_tokens, plan.repeats)
-            return (await probe.decode(plan.batch, plan.context_tokens, plan.decode_steps)).step_s
-
-        await measure()   # the measured shapes warmed too
+        if role == "prompt":
+            await probe.prefill_s(plan.prompt_tokens, 1)   # the measured shape warmed too
+        else:
+            await probe.decode(plan.prompt_batch, plan.hold_context_tokens, 8)
         peer.send({"ready": settings.dtype})
         while True:
-            command = peer.recv(timeout_s=float("inf"))["do"]
-            if command == "measure":
-                peer.send({"seconds": await measure()})
-            elif command == "loop":
-                done = await _loop(role, probe, plan, peer)
+            command = peer.recv(timeout_s=float("inf"))
+            if command["do"] == "measure":
+                peer.send({"seconds": await probe.prefill_s(plan.prompt_tokens, plan.repeats)})
+            elif command["do"] in ("loop", "alternate"):
+                await (_loop(role, probe, plan, peer, command["batch"]) if command["do"] == "loop" else
+                       _alternate(role, probe, plan, peer, command["batch"], command["window_s"]))
                 peer.recv()   # {"do": "stop"}
-                peer.send({"stopped": done})
+                await probe.prefill_s(8, 1)   # a step with nothing after it: the trace is flushed
+                peer.send({"stopped": True})
             else:
                 break
     finally:
@@ -236,42 +247,68 @@ async def _until_readable(conn: socket.socket, work) -> None:
     task = asyncio.ensure_future(work)
     try:
         while not select.select([conn], [], [], 0)[0]:
+            if task.done():
+                task.result()   # it failed: say so rather than wait for "stop"
             await asyncio.sleep(0.02)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def _loop(role: str, probe, plan: CorunPlan, peer: _Peer) -> int:
-    """The side's own work until "stop": prompts back to back, or a batch held decoding. Answers
-    {"looping": true} once it is under way (a prompt computed, the batch past its prefill); returns
-    what it finished after that answer: prompts computed, or tokens the batch's slowest request
-    decoded (a prompt cut off by "stop" is not counted)."""
+async def _work(role: str, probe, plan: CorunPlan, batch: int, until_s: float = math.inf) -> None:
+    """The side's own work until `until_s` (monotonic) or cancelled: prompts back to back (none
+    started after `until_s`), or `batch` requests held decoding."""
     if role == "prompt":
-        computed = 0
+        while time.monotonic() < until_s:
+            await probe.prefill_s(plan.prompt_tokens, 1)
+        return
+    hold = asyncio.ensure_future(probe.hold_decoding(batch, plan.hold_context_tokens, plan.hold_tokens,
+                                                     asyncio.Event(), [0]))
+    try:
+        await asyncio.wait_for(asyncio.shield(hold), None if until_s == math.inf else max(0.0, until_s - time.monotonic()))
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        hold.cancel()
+        await asyncio.gather(hold, return_exceptions=True)
 
-        async def prompts() -> None:
-            nonlocal computed
-            while True:
-                await probe.prefill_s(plan.prompt_tokens, 1)
-                computed += 1
 
+async def _loop(role: str, probe, plan: CorunPlan, peer: _Peer, batch: int) -> None:
+    """The side's own work throughout, until "stop": answers {"looping": true} once it is under way
+    (a prompt computed, or the batch past its prefill)."""
+    if role == "prompt":
         await probe.prefill_s(plan.prompt_tokens, 1)
         peer.send({"looping": True})
-        await _until_readable(peer.conn, prompts())
-        return computed
-    decoding, tokens = asyncio.Event(), [0]
-    hold = asyncio.ensure_future(probe.hold_decoding(plan.batch, plan.hold_context_tokens, plan.hold_tokens,
-                                                     decoding, tokens))
+        await _until_readable(peer.conn, _work(role, probe, plan, batch))
+        return
+    decoding = asyncio.Event()
+    hold = asyncio.ensure_future(probe.hold_decoding(batch, plan.hold_context_tokens, plan.hold_tokens,
+                                                     decoding, [0]))
     waiting = asyncio.ensure_future(decoding.wait())
     await asyncio.wait([hold, waiting], return_when=asyncio.FIRST_COMPLETED)
     if hold.done():   # it failed before the batch decoded
         waiting.cancel()
         hold.result()
     peer.send({"looping": True})
-    decoded_before = tokens[0]
     await _until_readable(peer.conn, hold)
-    return tokens[0] - decoded_before
+
+
+async def _alternate(role: str, probe, plan: CorunPlan, peer: _Peer, batch: int, window: float) -> None:
+    """`window` seconds of the side's own work, then `window` idle, from a start it answers at once
+    ({"start_s": monotonic seconds}) until "stop": every window starts on schedule, whatever the
+    one before overran."""
+    start_s = time.monotonic() + 0.05
+    peer.send({"start_s": start_s})
+
+    async def cycles() -> None:
+        k = 0
+        while True:
+            on_s = start_s + 2 * window * k
+            await asyncio.sleep(max(0.0, on_s - time.monotonic()))
+            await _work(role, probe, plan, batch, until_s=on_s + window)
+            k += 1
+
+    await _until_readable(peer.conn, cycles())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     data = json.loads(args.settings)
     settings = EngineSettings(**(data | {"preload": tuple(data.get("preload", ()))}))
     bind_this_process(settings.cpu_cores)   # as a worker binds itself, before vLLM starts its processes
-    asyncio.run(_serve(args.role, settings, CorunPlan(**json.loads(args.plan)), args.address))
+    plan = json.loads(args.plan)
+    plan["decode_batches"] = tuple(plan["decode_batches"])
+    asyncio.run(_serve(args.role, settings, CorunPlan(**plan), args.address))
     return 0
 
 

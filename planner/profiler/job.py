@@ -262,24 +262,31 @@ def _measure_serving(engine: WorkerEngineSettings, job: ProfileJob, model: Model
 
 def _measure_corun(serving: ServingCosts, engine: WorkerEngineSettings, job: ProfileJob, plan,
                    advance) -> ServingCosts:
-    """`serving` with the co-run stretches of two engines on the cluster's two workers' cores."""
-    from planner.profiler.corun_fit import chargeable_stretch, corun_stretches, steady_round
+    """`serving` with the co-run stretches of two engines on the cluster's two workers' cores (a
+    kind no phase measured is kept at 1, said so)."""
+    from planner.profiler.corun_fit import chargeable_stretch, corun_stretches
     from planner.profiler.corun_probe import measure_corun
 
-    rounds = measure_corun(engine, job.cluster_cores, plan, advance)
-    prompt, step = corun_stretches(rounds)
-    kept = chargeable_stretch(prompt), chargeable_stretch(step)
+    measures = measure_corun(engine, job.cluster_cores, plan, advance)
+    prompt, step = corun_stretches(measures)
 
-    def shown(measured: float, charged: float) -> str:
-        return f"{measured:.3f}x" if round(measured, 4) == charged else f"{measured:.3f}x (kept as {charged:g}x)"
+    def shown(measured: float | None) -> str:
+        if measured is None:
+            return "1x (not measured)"
+        kept = chargeable_stretch(measured)
+        return f"{measured:.3f}x" if round(measured, 4) == kept else f"{measured:.3f}x (kept as {kept:g}x)"
 
-    advance(f"co-run: a {plan.prompt_tokens}-token prompt {shown(prompt, kept[0])} its time alone (beside "
-            f"{min(r.tokens_beside for r in rounds)}+ decoded tokens), a decode step of {plan.batch} "
-            f"{shown(step, kept[1])} (beside {min(r.prompts_beside for r in rounds)}+ prompts); the median of "
-            f"{sum(map(steady_round, rounds)) or len(rounds)} rounds of {len(rounds)}"
-            + ("" if any(map(steady_round, rounds)) else ", none of them steady (the host's speed moved in each)"),
-            step=False)
-    return replace(serving, corun_prefill_stretch=kept[0], corun_decode_stretch=kept[1])
+    def spread(what: str) -> str:
+        return ", ".join(f"{m.batch}: {m.ratio:.3f}x ({m.spread[0]:.2f}-{m.spread[1]:.2f})"
+                         for m in measures if m.what == what) or "none measured"
+
+    advance(f"co-run: a {plan.prompt_tokens}-token prompt {shown(prompt)} its time alone beside a decoding batch "
+            f"(beside a batch of {spread('prompt')}), a decode step {shown(step)} beside prompts (the median over "
+            f"batches {spread('decode')}); each the median over cycles (their 10th-90th percentile in brackets) "
+            f"of {min((m.beside_steps for m in measures), default=0)}+ steps beside the other engine and "
+            f"{min((m.alone_steps for m in measures), default=0)}+ alone", step=False)
+    return replace(serving, corun_prefill_stretch=1.0 if prompt is None else chargeable_stretch(prompt),
+                   corun_decode_stretch=1.0 if step is None else chargeable_stretch(step))
 
 
 def _measure_vllm_server(engine: WorkerEngineSettings, job: ProfileJob, model: ModelInfo, prefill, decode,

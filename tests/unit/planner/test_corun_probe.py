@@ -1,4 +1,5 @@
-"""The co-run probe's pure parts: its plan within the engine's limits, and the stretches from rounds."""
+"""The co-run probe's pure parts: its plan within the engine's limits, and the stretches read off two
+engines' traced steps, cycle by cycle."""
 
 from __future__ import annotations
 
@@ -6,43 +7,109 @@ from dataclasses import replace
 
 import pytest
 
+from pdserve.engine_step_trace import TracedStep
 from planner.profile import load_profile, profile_from_dict, profile_to_dict, save_profile
-from planner.profiler.corun_fit import (CorunRound, chargeable_stretch, corun_plan, corun_stretches,
-                                       more_rounds_needed, steady_round)
+from planner.profiler.corun_fit import (CorunMeasure, chargeable_stretch, corun_plan, corun_stretches, decode_corun,
+                                       decode_runs, phase_cycles, prompt_corun, window_s)
 from planner.profiles.example import build_example_profile
 
 
-def test_the_stretches_are_the_median_over_rounds_of_together_over_alone():
-    rounds = [CorunRound(1.0, 1.10, 0.020, 0.021), CorunRound(2.0, 2.04, 0.020, 0.030),
-              CorunRound(1.0, 1.06, 0.010, 0.0105)]
-    prompt, step = corun_stretches(rounds)
-    assert prompt == pytest.approx(1.06) and step == pytest.approx(1.05)
+def decode_step(start_s: float, seconds: float, batch: int = 4, joined: int = 0) -> TracedStep:
+    return TracedStep(start_s, start_s + seconds, joined, batch - joined, batch, batch - joined, batch * 100)
 
 
-def test_a_round_compares_together_with_the_mean_of_the_alones_around_it():
-    # prompt alone 1.0 s before and 1.1 after, 1.26 together; decode 20 ms, 22 ms, 21 ms together
-    r = CorunRound(1.0, 1.26, 0.020, 0.021, prompt_alone_after_s=1.1, step_alone_after_s=0.022)
-    assert r.prompt_ratio == pytest.approx(1.2) and r.step_ratio == pytest.approx(1.0)
-    assert steady_round(r)   # each kind's alones within 15% of each other
-    older = CorunRound(1.0, 1.26, 0.020, 0.021)   # no second alones (an older probe's round): the first alone
-    assert older.prompt_ratio == pytest.approx(1.26) and steady_round(older)
+def prompt_step(start_s: float, seconds: float, tokens: int = 1024) -> TracedStep:
+    return TracedStep(start_s, start_s + seconds, 1, 0, tokens, 0, tokens)
 
 
-def test_a_round_the_hosts_speed_moved_in_does_not_count_and_more_are_measured():
-    steady = CorunRound(1.0, 1.02, 0.020, 0.0205, prompt_alone_after_s=1.01, step_alone_after_s=0.0198)
-    # the VM slowed during the together measurements and stayed slow: the prompt's alones 1.0 then 1.5
-    drifted = CorunRound(1.0, 1.6, 0.020, 0.021, prompt_alone_after_s=1.5, step_alone_after_s=0.020)
-    slow_step = CorunRound(1.0, 1.0, 0.020, 0.030, prompt_alone_after_s=1.0, step_alone_after_s=0.0235)
-    assert not steady_round(drifted) and not steady_round(slow_step)   # 50% and 17.5% apart
-    assert steady_round(drifted, tolerance=0.6)
-    # the kept stretch is the steady rounds': the drifted round's 1.28x (1.6 over 1.25) is left out
-    prompt, step = corun_stretches([drifted, steady, drifted, steady, steady])
-    assert prompt == pytest.approx(1.02 / 1.005) and step == pytest.approx(0.0205 / 0.0199)
-    # no round steady: all of them, rather than nothing
-    assert corun_stretches([drifted, drifted])[0] == pytest.approx(1.6 / 1.25)
-    assert more_rounds_needed([steady, drifted, steady], wanted=3, most=6)
-    assert not more_rounds_needed([steady, drifted, steady, steady], wanted=3, most=6)
-    assert not more_rounds_needed([drifted] * 6, wanted=3, most=6)   # the cap holds
+def alternating_prompts(start_s: float, cycles: int, window: float, prompt_s: float) -> list[TracedStep]:
+    """Prompts back to back (1 ms apart) through the first `window` of each cycle of 2 x `window`."""
+    steps = []
+    for k in range(cycles):
+        t = start_s + 2 * window * k
+        while t + prompt_s <= start_s + 2 * window * k + window:
+            steps.append(prompt_step(t, prompt_s))
+            t += prompt_s + 0.001
+    return steps
+
+
+def test_a_decode_step_is_beside_when_the_prompt_engine_stepped_throughout_and_alone_when_through_none():
+    # windows of 0.5 s: prompts of 0.1 s in the first half of each 1 s cycle; decode steps of 10 ms
+    # alone and 12 ms beside, every 15 ms, so some straddle a prompt's edge and count for neither
+    prompts = alternating_prompts(100.0, cycles=4, window=0.5, prompt_s=0.1)
+    decode = []
+    t = 100.0
+    while t < 104.0:
+        covered = any(p.start_s <= t and t + 0.012 <= p.end_s for p in prompts)
+        decode.append(decode_step(t, 0.012 if covered else 0.010))
+        t += 0.015
+    decode.append(decode_step(100.2, 0.5, batch=4, joined=4))   # a batch starting again: a join, never counted
+    decode.append(decode_step(100.7, 0.5, batch=2))               # another batch than the phase's: not counted
+    measure = decode_corun(decode, prompts, start_s=100.0, cycle_s=1.0, cycles=4, batch=4)
+    assert measure.what == "decode" and measure.batch == 4
+    assert measure.ratio == pytest.approx(1.2) and measure.spread == pytest.approx((1.2, 1.2))
+    assert len(measure.cycle_ratios) == 4 and measure.beside_steps > 80 and measure.alone_steps > 100
+    # steps before the first cycle or after the last are the phase's edges: left out
+    assert decode_corun(decode, prompts, 100.0, 1.0, cycles=2, batch=4).alone_steps < measure.alone_steps
+
+
+def test_each_cycle_is_its_own_ratio_so_a_host_slowing_between_cycles_moves_both_sides():
+    # cycle 1 at full speed (10 ms alone, 11 beside), cycles 2-4 on a host 1.5x slower (15 and 16.5):
+    # one ratio of all the steps' medians would say 16.5 / 10 or 15 / 11 depending on the mix; each cycle says 1.1
+    prompts = alternating_prompts(0.0, cycles=4, window=0.5, prompt_s=0.5)
+    decode = []
+    for k in range(4):
+        slow = 1.0 if k == 0 else 1.5
+        decode += [decode_step(k + 0.05 + 0.02 * i, 0.011 * slow) for i in range(20)]        # beside
+        decode += [decode_step(k + 0.55 + 0.02 * i, 0.010 * slow) for i in range(20)]        # alone
+    measure = decode_corun(decode, prompts, 0.0, 1.0, 4, batch=4)
+    assert measure.cycle_ratios == pytest.approx((1.1,) * 4) and measure.ratio == pytest.approx(1.1)
+
+
+def test_a_cycle_without_steps_of_both_kinds_does_not_count_and_a_phase_without_any_is_an_error():
+    prompts = alternating_prompts(0.0, cycles=2, window=0.5, prompt_s=0.5)
+    decode = ([decode_step(0.05 + 0.02 * i, 0.012) for i in range(20)] + [decode_step(0.55 + 0.02 * i, 0.010) for i in range(20)]
+              + [decode_step(1.05 + 0.02 * i, 0.012) for i in range(20)])   # cycle 2 has no step alone
+    measure = decode_corun(decode, prompts, 0.0, 1.0, 2, batch=4)
+    assert measure.cycle_ratios == pytest.approx((1.2,)) and (measure.beside_steps, measure.alone_steps) == (20, 20)
+    with pytest.raises(ValueError, match="decode phase \\(batch 16\\) had no cycle with 3\\+ steps both beside"):
+        decode_corun(decode, prompts, 0.0, 1.0, 2, batch=16)
+
+
+def test_a_prompt_is_beside_within_one_run_of_decode_steps_and_alone_where_none_overlaps():
+    # the decode engine steps 8 ms with 2 ms between (its own work: still decoding) through the first
+    # 0.6 s of each 1.2 s cycle; prompts of 0.1 s back to back, 0.12 s beside, 0.1 alone
+    decode = [decode_step(k * 1.2 + 0.01 * i, 0.008, batch=16) for k in range(3) for i in range(60)]
+    runs = decode_runs(decode)
+    assert len(runs) == 3 and runs[0] == pytest.approx((0.0, 0.598))
+    prompts = []
+    for k in range(3):
+        t = k * 1.2
+        while t < k * 1.2 + 1.2:
+            within = t < k * 1.2 + 0.598   # the last of these runs past the decoding: neither
+            prompts.append(prompt_step(t, 0.12 if within else 0.1))
+            t = prompts[-1].end_s + 0.001
+    prompts.append(TracedStep(0.2, 0.3, 0, 1, 512, 0, 1024))   # a chunk continuing a prompt: not a prompt's first step
+    measure = prompt_corun(prompts, decode, 0.0, 1.2, 3, batch=16)
+    assert measure.what == "prompt" and measure.ratio == pytest.approx(1.2)
+    assert len(measure.cycle_ratios) == 3 and measure.beside_steps == 12 and measure.alone_steps >= 12
+    # a gap longer than a run allows ends the run: a prompt across it is neither beside nor alone
+    assert len(decode_runs(decode, max_gap_s=0.0)) == len(decode)
+
+
+def test_the_windows_hold_a_few_prompts_and_never_less_than_the_floor():
+    assert window_s(0.02) == 0.3 and window_s(0.5) == pytest.approx(1.5)
+
+
+def test_the_profile_keeps_the_prompt_phases_ratio_and_the_median_over_the_decode_batches():
+    measures = [CorunMeasure("decode", 1, (1.10, 1.12, 1.30), 50, 50), CorunMeasure("decode", 4, (1.0, 1.05), 50, 50),
+                CorunMeasure("decode", 16, (0.95,), 50, 50), CorunMeasure("prompt", 16, (1.02, 1.04, 1.03), 9, 9)]
+    prompt, step = corun_stretches(measures)
+    assert prompt == pytest.approx(1.03) and step == pytest.approx(1.025)   # batches: 1.12, 1.025, 0.95
+    # a kind no phase measured is None (the profile keeps 1 and says so), not a made-up ratio
+    assert corun_stretches(measures[:3]) == (None, pytest.approx(1.025))
+    assert corun_stretches([]) == (None, None)
+    assert measures[0].spread[0] == pytest.approx(1.104) and "3 of them" in measures[0].shown()
 
 
 def test_a_stretch_outside_what_two_engines_can_do_is_kept_at_the_bound():
@@ -54,24 +121,20 @@ def test_a_stretch_outside_what_two_engines_can_do_is_kept_at_the_bound():
         replace(example.serving, corun_prefill_stretch=chargeable_stretch(measured))
 
 
-def test_no_rounds_is_an_error_not_a_ratio_of_one():
-    with pytest.raises(ValueError, match="no co-run rounds"):
-        corun_stretches([])
-
-
 def test_the_plan_keeps_within_the_context_the_batch_cap_and_the_kv_cache():
     full = corun_plan(4096, 64, kv_tokens=100_000, quick=False)
-    assert (full.prompt_tokens, full.batch, full.rounds, full.repeats, full.max_rounds) == (1024, 16, 3, 3, 6)
+    assert (full.prompt_tokens, full.decode_batches, full.prompt_batch, full.cycles, full.phase_s) == (1024, (1, 4, 16), 16, 8, 15.0)
+    assert phase_cycles(full, window=0.3) == 25 and phase_cycles(full, window=2.0) == 8   # 15 s, or 8 cycles
     assert (full.hold_context_tokens, full.hold_tokens) == (64, 512)
-    assert full.steps == 1 + 6 * 3
+    assert full.phases == (("decode", 1), ("decode", 4), ("decode", 16), ("prompt", 16)) and full.steps == 5
     quick = corun_plan(4096, 64, kv_tokens=100_000, quick=True)
-    assert (quick.prompt_tokens, quick.rounds, quick.repeats) == (256, 3, 3)
+    assert (quick.prompt_tokens, quick.decode_batches, quick.cycles, quick.steps) == (256, (16,), 4, 3)
     short = corun_plan(512, 4, kv_tokens=100_000, quick=False)
-    assert short.prompt_tokens == 511 and short.batch == 4
+    assert short.prompt_tokens == 511 and short.decode_batches == (1, 4) and short.prompt_batch == 4
     assert short.hold_context_tokens + short.hold_tokens < 512
     # a KV cache of 4,096 tokens holds 16 held requests of 64 + 191 tokens, no more: none is preempted
     small = corun_plan(4096, 64, kv_tokens=4096, quick=False)
-    assert small.batch * (small.hold_context_tokens + small.hold_tokens + 1) <= 4096
+    assert small.prompt_batch * (small.hold_context_tokens + small.hold_tokens + 1) <= 4096
 
 
 def test_the_stretches_round_trip_and_an_older_profile_reads_as_engines_that_do_not_slow_each_other(tmp_path):
