@@ -66,11 +66,12 @@ from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, handoff_table, phase_table,
                                plot_verdicts, verdict, verdict_table, verdicts_to_json)
+from planner.validation_cpu import check_line, traffic_of, unbound_cpu_check
 from planner.validation_joins import client_first_gap_s, handoff_summary, one_step_prompts, prompt_summary
 from planner.validation_phases import measured_local_share, measured_phases
 from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
-                                     cluster_cpu_s, compare, load_earlier, machine_against_profile, planned_router,
+                                     compare, cpu_by_process_s, load_earlier, machine_against_profile, planned_router,
                                      requests_at, router_flags_for, write_validation)
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 
@@ -286,10 +287,13 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             vocab = model_config(args.model)["vocab_size"]
             prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, vocab))
             machine = machine_now(first)
-            cpu_before, wall_before = cluster_cpu_s(system.cluster), time.perf_counter()
+            cpu_before, wall_before = cpu_by_process_s(system.cluster), time.perf_counter()
             result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
                                                    f"{topology.label} {shape.name} {rate:g} req/s"))
-            cpu_cores = (cluster_cpu_s(system.cluster) - cpu_before) / (time.perf_counter() - wall_before)
+            wall_s = time.perf_counter() - wall_before
+            by_process = {group: round((used - cpu_before.get(group, 0.0)) / wall_s, 4)
+                          for group, used in cpu_by_process_s(system.cluster).items()}
+            cpu_cores = sum(by_process.values())
             measured_summary = summarize(result.records, result.duration_s, slo)
             if (local := measured_local_share(result.records)) is not None:
                 measured_summary["local_prefill_share"] = local
@@ -297,6 +301,8 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                 measured_summary["engine_steps"] = step_report(
                     system.cluster, trace_dir, result, first, console,
                     setup.topology.token_budget or first.engine.max_num_batched_tokens)
+            traffic = traffic_of(result.records, wall_s, measured_summary.get("engine_steps"))
+            console.print(check_line(rate, unbound_cpu_check(by_process, first.serving, traffic)), markup=False)
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
                           f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
                           f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "
@@ -306,7 +312,7 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                 console.print(f"[red]{measured_summary['failed']} requests failed at {rate:g} req/s: "
                               f"{measured_summary['errors_by_kind']}[/red]")
             runs.append(RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores,
-                                measured_phases(result.records, len(specs)), machine))
+                                measured_phases(result.records, len(specs)), machine, by_process))
     finally:
         system.stop()
     return runs

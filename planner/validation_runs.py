@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,6 @@ from loadgen.workload import RequestSpec
 from planner.evaluate import make_attainment_fn
 from planner.perf_model import fit_perf_model
 from planner.profile import HardwareInfo, Profile, load_profile
-from planner.profiler.serving_probe import host_cpu_seconds
 from planner import router_config
 from planner.router_config import router_files, write_router_config
 from planner.rate_search import SearchSettings, max_rate
@@ -48,6 +48,8 @@ class RateRun:
     # the machine just before the rate ran (`loadgen.host_probe`; None: not checked): ms per product
     # in the engines' dtype, and the cross-core wake-up round trip in us
     machine: dict[str, float] | None = None
+    # each process group's CPU over the rate, in cores (`cpu_by_process_s`; None: not measured)
+    cpu_cores_by_process: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,13 +145,22 @@ def as_sent(specs: list[RequestSpec], records) -> list[RequestSpec]:
     return [replace(spec, arrival_s=sent.get(index, spec.arrival_s)) for index, spec in enumerate(specs)]
 
 
+def cpu_by_process_s(cluster) -> dict[str, float]:
+    """CPU seconds used so far by each group of `cluster`'s processes (a `launch.local.LocalCluster`;
+    `validation_cpu.PROCESS_GROUPS`): the router's tree, this process (the client), and each kind of
+    worker's trees (vLLM's engine cores and model runners, their polling included: what the OS sees)."""
+    groups = {"router": cpu_seconds(process_tree(cluster.router.pid)), "client": time.process_time()}
+    for name, worker in cluster.workers.items():
+        kind = name.split("-")[0]
+        groups[kind] = groups.get(kind, 0.0) + cpu_seconds(process_tree(worker.pid))
+    return groups
+
+
 def cluster_cpu_s(cluster) -> float:
-    """CPU seconds used so far by every process of `cluster` (a `launch.local.LocalCluster`: router,
-    workers, vLLM's engine cores and model runners, their polling included: what the OS sees) and
-    by this process (the client). Where it nears the host's cores the cluster is CPU-bound and the
-    simulator's host model, which counts measured work and not polling, is past what it was built on."""
-    workers = [pid for worker in cluster.workers.values() for pid in process_tree(worker.pid)]
-    return host_cpu_seconds(cluster.router.pid) + cpu_seconds(workers)
+    """CPU seconds used so far by every process of `cluster` and by this process (the client). Where
+    it nears the host's cores the cluster is CPU-bound and the simulator's host model, which counts
+    measured work and not polling, is past what it was built on."""
+    return sum(cpu_by_process_s(cluster).values())
 
 
 def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: str, slo: SLO,
@@ -197,9 +208,11 @@ def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, l
     measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
     cpu_cores, phases = earlier.get("cluster_cpu_cores", {}), earlier.get("measured_phases", {})
     machine, engine_steps = earlier.get("machine", {}), earlier.get("engine_steps", {})
+    by_process = earlier.get("cpu_cores_by_process", {})
     runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows],
                     measured[float(rate)] | ({"engine_steps": engine_steps[rate]} if rate in engine_steps else {}),
-                    cpu_cores.get(rate), _phases_from_json(phases.get(rate)), machine.get(rate))
+                    cpu_cores.get(rate), _phases_from_json(phases.get(rate)), machine.get(rate),
+                    by_process.get(rate))
             for rate, rows in earlier["requests"].items()]
     return setup, runs
 
@@ -233,6 +246,8 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
          **to_json(comparisons),
          "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},
          "machine": {str(run.rate_rps): run.machine for run in runs if run.machine},
+         "cpu_cores_by_process": {str(run.rate_rps): run.cpu_cores_by_process for run in runs
+                                  if run.cpu_cores_by_process},
          "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
                                           for r in run.requests] for run in runs},
          "measured_phases": {str(run.rate_rps): _phases_to_json(run.phases) for run in runs if run.phases},

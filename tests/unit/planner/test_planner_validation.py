@@ -110,19 +110,21 @@ def test_the_validation_needs_a_model_or_an_earlier_run():
 
 
 def test_the_cluster_cpu_counts_the_router_the_client_and_every_worker_with_its_children(monkeypatch):
-    """What the validation reports as the cluster's CPU: the router's tree and this process (the
-    host's processes, as the profiler counts them) and each worker's whole tree (its vLLM processes)."""
+    """What the validation reports as the cluster's CPU, by group: the router's tree, this process
+    (the client), and each kind of worker's whole trees (its vLLM processes)."""
     from types import SimpleNamespace
 
-    trees = {10: [10, 11, 12], 20: [20, 21]}  # worker pid -> its tree
-    cpu = {10: 1.0, 11: 2.0, 12: 4.0, 20: 8.0, 21: 16.0}
+    trees = {5: [5, 6], 10: [10, 11, 12], 20: [20, 21], 30: [30]}  # pid -> its tree
+    cpu = {5: 64.0, 6: 128.0, 10: 1.0, 11: 2.0, 12: 4.0, 20: 8.0, 21: 16.0, 30: 32.0}
     monkeypatch.setattr(validation_runs, "process_tree", lambda pid: trees[pid])
     monkeypatch.setattr(validation_runs, "cpu_seconds", lambda pids: sum(cpu[pid] for pid in pids))
-    monkeypatch.setattr(validation_runs, "host_cpu_seconds", lambda router_pid: 100.0 * router_pid)
+    monkeypatch.setattr(validation_runs.time, "process_time", lambda: 256.0)
     cluster = SimpleNamespace(router=SimpleNamespace(pid=5),
-                              workers={"prefill-0": SimpleNamespace(pid=10),
-                                       "decode-1": SimpleNamespace(pid=20)})
-    assert validation_runs.cluster_cpu_s(cluster) == 500.0 + 31.0
+                              workers={"prefill-0": SimpleNamespace(pid=10), "decode-1": SimpleNamespace(pid=20),
+                                       "decode-2": SimpleNamespace(pid=30)})
+    assert validation_runs.cpu_by_process_s(cluster) == {"router": 192.0, "client": 256.0, "prefill": 7.0,
+                                                         "decode": 56.0}
+    assert validation_runs.cluster_cpu_s(cluster) == 192.0 + 256.0 + 7.0 + 56.0
 
 
 CURVE = [  # measured attainment 1.0, 0.95, 0.7, 0.95 (passes again past the knee: ignored); simulated 1, 1, 0.9, 0.5
