@@ -90,7 +90,8 @@ def parse_args(argv=None):
     parser.add_argument("--decode-core", default="1", help="the core decoding (default 1)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="how many times to run the whole probe, engines started again each time (default 1)")
-    parser.add_argument("--cycles", type=int, default=8, help="windows of work and idle a phase (default 8)")
+    parser.add_argument("--cycles", type=int, default=12,
+                        help="windows of work and idle a phase, at least (default 12; as many as fill 15 s)")
     parser.add_argument("--prompt-tokens", type=int, default=1024, help="the prompt's length (default 1024)")
     parser.add_argument("--batches", default="1,4,16",
                         help="the decode batches measured beside prompts, comma-separated (default 1,4,16)")

@@ -8,7 +8,7 @@ its own work, then `window_s` idle, `CorunPlan.cycles` times. Both engine cores 
 engine or alone, a few hundred milliseconds from steps of the other kind. Each cycle's ratio is
 the median of its steps beside over the median of its steps alone, and the phase's stretch is the
 median over its cycles (`CorunMeasure.ratio`): a host whose speed drifts over seconds moves both sides of
-every cycle's ratio, and a cycle it stalled is one ratio of eight. The cycles' 10th-90th percentile
+every cycle's ratio, and a cycle it stalled is one ratio of a dozen or more. The cycles' 10th-90th percentile
 is the measurement's spread, printed beside it.
 
 The probe this replaced timed alone, together, alone again, one measurement each, and left out a
@@ -39,7 +39,7 @@ from planner.validation_joins import busy_share, in_start_order
 from planner.validation_steps import prompt_steps, steady_decode_steps
 
 MIN_WINDOW_S = 0.3       # the alternating side's shortest window of work (and of idling)
-PROMPTS_PER_WINDOW = 3   # ... and at least this many prompts' time alone
+PROMPTS_PER_WINDOW = 2   # ... and at least this many prompts' time alone
 RUN_GAP_S = 0.1          # a longer gap between two decode steps ends a run of decoding
 MIN_DECODE_STEPS = 3     # decode steps of each kind a cycle needs to count
 MIN_PROMPTS = 1          # prompts of each kind a cycle needs to count
@@ -52,7 +52,7 @@ class CorunPlan:
     prompt_batch: int = 16          # the held batch beside which prompts are measured
     hold_context_tokens: int = 64   # per request of a held batch
     hold_tokens: int = 512          # ... and each request's length before the batch starts again
-    cycles: int = 8                 # windows of work and idle per phase, at least ...
+    cycles: int = 12                # windows of work and idle per phase, at least ...
     phase_s: float = 15.0           # ... and as many as fill this long (`phase_cycles`)
     repeats: int = 3                # prefills timing the prompt alone, which sizes the windows
 
@@ -71,15 +71,16 @@ class CorunPlan:
 def corun_plan(max_model_len: int, max_num_seqs: int, kv_tokens: int, quick: bool) -> CorunPlan:
     """The profile's plan: a prompt of 1,024 tokens (the trace's typical length; 256 `quick`) within
     the context, decode batches of 1, 4 and 16 (at most `max_num_seqs`; `quick` 16 only), prompts
-    beside a batch of 16, phases of 15 s and at least 8 cycles (`quick` 3 s and 4). A held batch's requests start from 64-token
-    prompts and decode up to 512 tokens each, within the context and the `kv_tokens` the KV cache
-    holds (nothing is preempted), then start again: its prefills are a small part of its time."""
+    beside a batch of 16, phases of 15 s and at least 12 cycles (`quick` 3 s and 4). A held
+    batch's requests start from 64-token prompts and decode up to 512 tokens each, within the
+    context and the `kv_tokens` the KV cache holds (nothing is preempted), then start again: its
+    prefills are a small part of its time."""
     prompt = min(256 if quick else 1024, max_model_len - 1)
     batch = max(1, min(16, max_num_seqs))
     batches = (batch,) if quick else tuple(sorted({max(1, min(b, max_num_seqs)) for b in (1, 4, 16)}))
     hold_context = max(1, min(64, max_model_len // 4))
     hold = max(2, min(512, max_model_len - hold_context - 1, kv_tokens // batch - hold_context - 1))
-    return CorunPlan(prompt, batches, batch, hold_context, hold, cycles=4 if quick else 8,
+    return CorunPlan(prompt, batches, batch, hold_context, hold, cycles=4 if quick else 12,
                      phase_s=3.0 if quick else 15.0)
 
 
