@@ -387,7 +387,8 @@ def write_summary(out_dir: Path, verdicts, rates_by_run: dict, console: Console)
              + " | goodput real / sim req/s | goodput err |", "|---" * (6 + len(LATENCY_KEYS)) + "|"]
     for v in verdicts:
         rates = rates_by_run[(v.shape, v.topology)]
-        errors = " | ".join(error_and_noise(v.errors_to_knee[k], v.noise_to_knee.get(k)) for k in LATENCY_KEYS)
+        errors = " | ".join(error_and_noise(v.errors_to_knee[k], v.noise_to_knee.get(k), v.bias_to_knee.get(k))
+                            for k in LATENCY_KEYS)
         error = "-" if v.goodput_error is None else f"{v.goodput_error:+.0%}"
         lines.append(f"| {v.shape} | {v.topology} | {v.model} | {','.join(f'{r:g}' for r in v.rates_to_knee)} | "
                      f"{errors} | {format_goodput(v.measured_goodput, rates)} / "

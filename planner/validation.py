@@ -75,6 +75,9 @@ class Verdict:
     measured_goodput: tuple[float, bool]  # (req/s, bracketed by the grid), `goodput_on_grid`
     simulated_goodput: tuple[float, bool]
     noise_to_knee: dict[str, float | None] = field(default_factory=dict)  # latency key -> mean sampling noise
+    # latency key -> mean signed relative error over the same rates: + the simulator slower than the
+    # cluster (pessimistic), - faster (optimistic); a mean |error| alone hides which
+    bias_to_knee: dict[str, float] = field(default_factory=dict)
 
     @property
     def goodput_error(self) -> float | None:
@@ -104,7 +107,8 @@ def verdict(comparisons: Sequence[Comparison], shape: str, topology: str, model:
     return Verdict(shape, topology, model, tuple(c.rate_rps for c in to_knee), errors,
                    goodput_on_grid([(c.rate_rps, c.measured["slo_attainment"]) for c in rows], target),
                    goodput_on_grid([(c.rate_rps, c.simulated["slo_attainment"]) for c in rows], target),
-                   {key: _mean_known(c.noise.get(key) for c in to_knee) for key in LATENCY_KEYS})
+                   {key: _mean_known(c.noise.get(key) for c in to_knee) for key in LATENCY_KEYS},
+                   {key: sum(c.error(key) for c in to_knee) / len(to_knee) for key in LATENCY_KEYS})
 
 
 def _mean_known(values) -> float | None:
@@ -112,15 +116,18 @@ def _mean_known(values) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def error_and_noise(error: float, noise: float | None) -> str:
-    """A mean |error| with the measured percentile's sampling noise beside it: "15% (n 3%)"."""
-    return f"{error:.0%}" + ("" if noise is None else f" (n {noise:.0%})")
+def error_and_noise(error: float, noise: float | None, bias: float | None = None) -> str:
+    """A mean |error| with, where known, the mean signed error and the measured percentile's
+    sampling noise beside it: "15% (-12%, n 3%)"."""
+    details = ([] if bias is None else [f"{bias:+.0%}"]) + ([] if noise is None else [f"n {noise:.0%}"])
+    return f"{error:.0%}" + (f" ({', '.join(details)})" if details else "")
 
 
 def verdict_table(verdicts: Sequence[Verdict], rates_by_run: dict[tuple[str, str], Sequence[float]]) -> Table:
     """Shape x topology rows: the mean |error| of each latency up to the knee, the goodputs and their error."""
-    table = Table(title="per shape and topology: mean |error| up to the measured knee (n: the measured percentile's "
-                        "sampling noise), goodput measured vs simulated")
+    table = Table(title="per shape and topology: mean |error| up to the measured knee (signed: the mean error, + "
+                        "the simulator pessimistic; n: the measured percentile's sampling noise), goodput measured vs "
+                        "simulated")
     for name in ("shape", "topology", "model", "rates to knee"):
         table.add_column(name)
     for key, label in METRICS:
@@ -132,14 +139,16 @@ def verdict_table(verdicts: Sequence[Verdict], rates_by_run: dict[tuple[str, str
         rates = rates_by_run.get((v.shape, v.topology), ())
         error = "-" if v.goodput_error is None else f"{v.goodput_error:+.0%}"
         table.add_row(v.shape, v.topology, v.model, ",".join(f"{r:g}" for r in v.rates_to_knee),
-                      *(error_and_noise(v.errors_to_knee[key], v.noise_to_knee.get(key)) for key in LATENCY_KEYS),
+                      *(error_and_noise(v.errors_to_knee[key], v.noise_to_knee.get(key), v.bias_to_knee.get(key))
+                        for key in LATENCY_KEYS),
                       f"{format_goodput(v.measured_goodput, rates)} / {format_goodput(v.simulated_goodput, rates)}", error)
     return table
 
 
 def verdicts_to_json(verdicts: Sequence[Verdict]) -> list[dict[str, Any]]:
     return [{"shape": v.shape, "topology": v.topology, "model": v.model, "rates_to_knee": list(v.rates_to_knee),
-             "mean_abs_error_to_knee": v.errors_to_knee, "mean_noise_to_knee": v.noise_to_knee,
+             "mean_abs_error_to_knee": v.errors_to_knee, "mean_error_to_knee": v.bias_to_knee,
+             "mean_noise_to_knee": v.noise_to_knee,
              "goodput_rps": {"measured": v.measured_goodput[0], "measured_bracketed": v.measured_goodput[1],
                              "simulated": v.simulated_goodput[0], "simulated_bracketed": v.simulated_goodput[1]},
              "goodput_error": v.goodput_error} for v in verdicts]

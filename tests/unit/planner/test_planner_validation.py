@@ -141,6 +141,8 @@ def test_a_verdict_averages_latency_errors_up_to_the_measured_knee_and_compares_
     assert v.errors_to_knee["median_ttft_ms"] == pytest.approx((0.1 + 0.3) / 2)
     assert v.errors_to_knee["p90_ttft_ms"] == pytest.approx(0.05)
     assert v.errors_to_knee["median_tpot_ms"] == pytest.approx(0.1)
+    # signed: p90 TTFT 10% under then exactly right: -5%; p50 TTFT over at both rates: as the |error|
+    assert v.bias_to_knee["p90_ttft_ms"] == pytest.approx(-0.05) and v.bias_to_knee["median_ttft_ms"] == pytest.approx(0.2)
     # measured: 0.95 at 2, 0.70 at 3 -> crosses 0.9 at 2.2; simulated: 0.9 at 3 passes, 0.5 at 4 -> 3.0
     assert v.measured_goodput == (pytest.approx(2.2), True) and v.simulated_goodput == (pytest.approx(3.0), True)
     assert v.goodput_error == pytest.approx(0.8 / 2.2)

@@ -66,6 +66,8 @@ def test_a_verdict_carries_the_mean_noise_up_to_the_knee_beside_the_error():
     assert v.noise_to_knee["median_tpot_ms"] is None
     assert verdicts_to_json([v])[0]["mean_noise_to_knee"]["p90_tpot_ms"] == pytest.approx(0.02)
     assert error_and_noise(0.2, 0.03) == "20% (n 3%)" and error_and_noise(0.2, None) == "20%"
+    assert error_and_noise(0.2, 0.03, -0.15) == "20% (-15%, n 3%)" and error_and_noise(0.2, None, 0.2) == "20% (+20%)"
     console = Console(record=True, width=250)
     console.print(verdict_table([v], {("trace", "1P+1D"): (1.0, 2.0, 3.0)}))
-    assert "20% (n 3%)" in console.export_text()   # TTFT p50: (10% + 30%) / 2 beside (2% + 4%) / 2
+    # TTFT p50: (10% + 30%) / 2, both over: +20%, beside (2% + 4%) / 2
+    assert "20% (+20%, n 3%)" in console.export_text()
