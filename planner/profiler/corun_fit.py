@@ -7,9 +7,9 @@ its own work, then `window_s` idle, `CorunPlan.cycles` times. Both engine cores 
 (`pdserve.engine_step_trace`), and every step of the busy side is then either beside the other
 engine or alone, a few hundred milliseconds from steps of the other kind. Each cycle's ratio is
 the median of its steps beside over the median of its steps alone, and the phase's stretch is the
-median over its cycles (`CorunMeasure.ratio`): a host whose speed drifts over seconds moves both sides of
-every cycle's ratio, and a cycle it stalled is one ratio of a dozen or more. The cycles' 10th-90th percentile
-is the measurement's spread, printed beside it.
+median over its cycles (`CorunMeasure.ratio`): a host whose speed drifts over seconds moves both
+sides of every cycle's ratio, and a cycle it stalled is one ratio of a dozen or more. The cycles'
+10th-90th percentile is the measurement's spread, printed beside it.
 
 The probe this replaced timed alone, together, alone again, one measurement each, and left out a
 round whose two alones differed by 15%. On a 2-vCPU Zen 4 EPYC two profiles 50 minutes apart kept a
@@ -184,7 +184,7 @@ def _by_cycle(what: str, batch: int, samples: Sequence[tuple[float, float, bool]
     alone: list[list[float]] = [[] for _ in range(cycles)]
     for at_s, seconds, is_beside in samples:
         k = int((at_s - start_s) // cycle_s)
-        if 0 <= k < cycles and at_s >= start_s:
+        if 0 <= k < cycles:
             (beside if is_beside else alone)[k].append(seconds)
     kept = [(b, a) for b, a in zip(beside, alone) if len(b) >= min_each and len(a) >= min_each]
     if not kept:
