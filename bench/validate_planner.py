@@ -57,6 +57,7 @@ from loadgen.metrics import SLO, summarize
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.host_probe import speed_check_ms, wake_check_us
+from loadgen.proc_cpu import core_busy_s
 from pdserve.engine_step_trace import STEP_TRACE_ENV, read_joins, read_steps, trace_files
 from planner.perf_model import fit_perf_model
 from planner.profile import Profile, load_profile
@@ -66,13 +67,13 @@ from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
 from loadgen.comparison.goodput import format_goodput
 from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, handoff_table, phase_table,
                                plot_verdicts, verdict, verdict_table, verdicts_to_json)
-from planner.validation_cpu import check_line, traffic_of, unbound_cpu_check
+from planner.validation_cpu import check_line, core_line, core_loads, traffic_of, unbound_cpu_check
 from planner.validation_joins import client_first_gap_s, handoff_summary, one_step_prompts, prompt_summary
 from planner.validation_phases import measured_local_share, measured_phases
 from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
-                                     compare, cpu_by_process_s, load_earlier, machine_against_profile, planned_router,
-                                     requests_at, router_flags_for, write_validation)
+                                     compare, cpu_by_process_s, cpu_by_worker_s, load_earlier, machine_against_profile,
+                                     planned_router, requests_at, router_flags_for, worker_cores, write_validation)
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,8 +127,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "the stepping engine half its core)")
     p.add_argument("--client-placement", default=SimSettings.client_placement, choices=CLIENT_PLACEMENTS,
                    help="a what-if for the simulated side: the client's CPU beside the bound router takes the "
-                        "room the router leaves on its cores first (router-room, the simulator's own) or shares "
-                        "every stepping core alike while the router's step too (balanced)")
+                        "room the router leaves on its cores first (router-room), shares every stepping core alike "
+                        "while the router's step too (balanced), or goes where Linux wakes it: the router's cores "
+                        "while idle, else either core alike (wake). Default: the profile's, which its served step "
+                        "was netted with (wake since it was kept; router-room before); another nets the profile's "
+                        "kept batched runs again for it")
     p.add_argument("--hops", default=SimSettings.hops, choices=HOP_MODELS,
                    help="a what-if for the simulated side: a first token's hops under load, stretched as a step on "
                         "the router's cores (stretched, the simulator's own) or unstretched plus the waits behind "
@@ -288,12 +292,15 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, vocab))
             machine = machine_now(first)
             cpu_before, wall_before = cpu_by_process_s(system.cluster), time.perf_counter()
+            workers_before, cores_before = cpu_by_worker_s(system.cluster), core_busy_s()
             result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
                                                    f"{topology.label} {shape.name} {rate:g} req/s"))
             wall_s = time.perf_counter() - wall_before
-            by_process = {group: round((used - cpu_before.get(group, 0.0)) / wall_s, 4)
-                          for group, used in cpu_by_process_s(system.cluster).items()}
+            by_process = {group: round(cores, 4)
+                          for group, cores in cores_since(cpu_before, cpu_by_process_s(system.cluster), wall_s).items()}
             cpu_cores = sum(by_process.values())
+            loads = core_loads(cores_since(cores_before, core_busy_s(), wall_s), worker_cores(system.cluster),
+                               cores_since(workers_before, cpu_by_worker_s(system.cluster), wall_s))
             measured_summary = summarize(result.records, result.duration_s, slo)
             if (local := measured_local_share(result.records)) is not None:
                 measured_summary["local_prefill_share"] = local
@@ -303,6 +310,8 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                     setup.topology.token_budget or first.engine.max_num_batched_tokens)
             traffic = traffic_of(result.records, wall_s, measured_summary.get("engine_steps"))
             console.print(check_line(rate, unbound_cpu_check(by_process, first.serving, traffic)), markup=False)
+            if loads:
+                console.print(core_line(rate, loads), markup=False)
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
                           f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
                           f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "
@@ -312,10 +321,17 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                 console.print(f"[red]{measured_summary['failed']} requests failed at {rate:g} req/s: "
                               f"{measured_summary['errors_by_kind']}[/red]")
             runs.append(RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores,
-                                measured_phases(result.records, len(specs)), machine, by_process))
+                                measured_phases(result.records, len(specs)), machine, by_process,
+                                [dataclasses.asdict(row) | {"others": round(row.others, 4)} for row in loads] or None))
     finally:
         system.stop()
     return runs
+
+
+def cores_since(before: dict, after: dict, wall_s: float) -> dict:
+    """Each key's CPU seconds from `before` to `after` over `wall_s`, in cores (a key new in `after`
+    counts from 0)."""
+    return {key: (used - before.get(key, 0.0)) / wall_s for key, used in after.items()}
 
 
 def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console, token_budget: int) -> dict:

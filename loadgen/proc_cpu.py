@@ -39,6 +39,24 @@ def machine_busy_ticks(proc_stat_text: str) -> int:
     return user + nice + system + irq + softirq + steal
 
 
+def core_busy_ticks(proc_stat_text: str) -> dict[int, int]:
+    """Busy ticks of each core (user+nice+system+irq+softirq: what the guest's own processes and
+    kernel ran; neither idle, iowait nor steal, the hypervisor's) from /proc/stat's text, by core
+    number."""
+    busy = {}
+    for line in proc_stat_text.splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in values[:7])
+            busy[int(name[3:])] = user + nice + system + irq + softirq
+    return busy
+
+
+def core_busy_s() -> dict[int, float]:
+    """CPU seconds each of this machine's cores has been busy since boot (`core_busy_ticks`)."""
+    return {core: ticks / TICKS_PER_S for core, ticks in core_busy_ticks((_PROC / "stat").read_text()).items()}
+
+
 def process_tree(pid: int) -> list[int]:
     """`pid` and its live descendants, `pid` first (Linux)."""
     children: list[int] = []

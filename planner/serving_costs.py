@@ -82,6 +82,12 @@ class ServingCosts:
     measuring again (`stream_fit.kept_batch_runs`; () in a profile measured before it was kept):
     - `served_batch_runs`: each batched run as (batch, served step s, context tokens, tokens the
       client received per s), in run order.
+    Where the host model put the client's CPU when the served step was netted of the host's stretch
+    (`stream_fit.fit_served_steps`), and so where the simulator puts it by default (the two must
+    agree, or the same CPU is counted twice or not at all; `stream_fit.renetted` fits a profile's
+    kept runs again for another):
+    - `client_placement`: `planner.simulator.host.CLIENT_PLACEMENTS`; "router-room" in a profile
+      measured before it was kept (what it was netted with), "wake" since.
     """
 
     first_token_s: float = 0.0
@@ -108,6 +114,7 @@ class ServingCosts:
     router_cpu_s_per_step: float = 0.0
     served_batch_runs: tuple[tuple[float, float, float, float], ...] = ()
     served_step_extra_s: tuple[tuple[float, float], ...] = ()
+    client_placement: str = "router-room"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -117,6 +124,10 @@ class ServingCosts:
                 continue
             if f.name == "served_step_extra_s":
                 object.__setattr__(self, f.name, _extra_table(value))
+                continue
+            if f.name == "client_placement":
+                require(value in CLIENT_PLACEMENTS, f"serving.client_placement must be one of {CLIENT_PLACEMENTS}, "
+                        f"got {value!r}")
                 continue
             if f.name in SPREAD_FIELDS:
                 object.__setattr__(self, f.name, _spread(f.name, value))
@@ -161,6 +172,10 @@ class ServingCosts:
         return self.router_cpu_s_per_request + self.router_cpu_s_per_prompt_token * prompt_tokens
 
 
+# where the host model puts the client's CPU beside a bound router (`planner.simulator.host.stretch_for_loads`)
+CLIENT_PLACEMENTS = ("router-room", "balanced", "wake")
+# the placement a profile measured now nets its served step with (BENCHMARKS, "The client's share of the decode core")
+MEASURED_CLIENT_PLACEMENT = "wake"
 SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
 CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch")
 # What a co-run stretch may be: below 0.5 or above 4 is a broken measurement, not two engines on

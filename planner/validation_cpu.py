@@ -8,7 +8,9 @@ bound router shares, fills up early: on a Zen 4 EPYC the tiny model's short-long
 had its simulated prompt steps 5.2x their engine time where the traced ones took 1.5x. Each rate
 of `bench/validate_planner.py` reads every process's CPU (`validation_runs.cpu_by_process_s`) and
 sets the router's and the client's against the profile's charge for the traffic the rate carried
-(`charged_unbound_cores`). Pure: plain values in and out.
+(`charged_unbound_cores`), and each worker's cores' busy load against its own processes' (`core_loads`):
+the rest there is the others' (the router, the client), where the host model says whether they
+ran. Pure: plain values in and out.
 """
 
 from __future__ import annotations
@@ -81,3 +83,46 @@ def check_line(rate_rps: float, check: Mapping[str, Mapping[str, float]]) -> str
         parts.append(f"{group} {row['measured_cores']:.2f} cores (the profile charges {row['charged_cores']:.2f}, "
                      f"{ratio:.2f}x{per_token})")
     return f"{rate_rps:g} req/s, unbound CPU: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class CoreLoad:
+    """One worker's cores over a rate, in cores: how busy they were (`busy`: everything the guest
+    ran there) and how much of it was the worker's own processes (`own`: its API process, its
+    engine core, their threads, bound to those cores); the rest is the others' (the router, a
+    client, a worker that floats), which the simulator's host model places (`planner.simulator.host`)."""
+
+    worker: str
+    cores: tuple[int, ...]
+    busy: float
+    own: float
+
+    @property
+    def others(self) -> float:
+        """The others' load on these cores; never below 0 (the two readings are a tick apart)."""
+        return max(0.0, self.busy - self.own)
+
+
+def core_loads(busy_by_core: Mapping[int, float], worker_cores: Mapping[str, Sequence[int]],
+               own_by_worker: Mapping[str, float]) -> list[CoreLoad]:
+    """Each worker's `CoreLoad` from each core's busy load (cores, `loadgen.proc_cpu.core_busy_s`
+    over the rate), the cores it is bound to, and its own processes' load (cores); a worker bound to
+    a core another worker shares, or to none measured, is left out: its cores' load is not its own."""
+    counts: dict[int, int] = {}
+    for cores in worker_cores.values():
+        for core in cores:
+            counts[core] = counts.get(core, 0) + 1
+    rows = []
+    for worker, cores in sorted(worker_cores.items()):
+        chosen = tuple(sorted(cores))
+        if not chosen or worker not in own_by_worker or any(counts[c] > 1 or c not in busy_by_core for c in chosen):
+            continue
+        rows.append(CoreLoad(worker, chosen, sum(busy_by_core[c] for c in chosen), own_by_worker[worker]))
+    return rows
+
+
+def core_line(rate_rps: float, loads: Sequence[CoreLoad]) -> str:
+    """One printed line: each worker's cores, busy, its own and the others' load."""
+    parts = [f"{row.worker}'s core{'s' if len(row.cores) > 1 else ''} {','.join(map(str, row.cores))} "
+             f"{row.busy:.2f} busy: its own {row.own:.2f}, others {row.others:.2f}" for row in loads]
+    return f"{rate_rps:g} req/s, the workers' cores: " + "; ".join(parts)

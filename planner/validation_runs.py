@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from loadgen.workload import RequestSpec
 from planner.evaluate import make_attainment_fn
 from planner.perf_model import fit_perf_model
 from planner.profile import HardwareInfo, Profile, load_profile
+from planner.profiler.stream_fit import renetted
 from planner import router_config
 from planner.router_config import router_files, write_router_config
 from planner.rate_search import SearchSettings, max_rate
@@ -50,6 +52,8 @@ class RateRun:
     machine: dict[str, float] | None = None
     # each process group's CPU over the rate, in cores (`cpu_by_process_s`; None: not measured)
     cpu_cores_by_process: dict[str, float] | None = None
+    # each worker's cores over the rate (`validation_cpu.core_loads`, as dicts; None: not measured)
+    core_loads: list[dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,23 @@ def cpu_by_process_s(cluster) -> dict[str, float]:
     return groups
 
 
+def cpu_by_worker_s(cluster) -> dict[str, float]:
+    """CPU seconds used so far by each of `cluster`'s workers' process trees, by worker name."""
+    return {name: cpu_seconds(process_tree(worker.pid)) for name, worker in cluster.workers.items()}
+
+
+def worker_cores(cluster) -> dict[str, tuple[int, ...]]:
+    """The cores each of `cluster`'s workers is bound to (its process's affinity; Linux), by name;
+    a worker that has exited is left out."""
+    cores = {}
+    for name, worker in cluster.workers.items():
+        try:
+            cores[name] = tuple(sorted(os.sched_getaffinity(worker.pid)))
+        except ProcessLookupError:
+            continue
+    return cores
+
+
 def cluster_cpu_s(cluster) -> float:
     """CPU seconds used so far by every process of `cluster` and by this process (the client). Where
     it nears the host's cores the cluster is CPU-bound and the simulator's host model, which counts
@@ -165,16 +186,22 @@ def cluster_cpu_s(cluster) -> float:
 
 def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: str, slo: SLO,
             topology: Topology = Topology.disaggregated(1, 1), router: RouterSettings | None = None,
-            what_if: Mapping[str, object] | None = None) -> list[Comparison]:
+            what_if: Mapping[str, object] | None = None, note: Callable[[str], None] = print) -> list[Comparison]:
     """Each run against each profile's simulation of its very requests through `topology`, whose
     router places as `router` (the real router's settings); `what_if`: `SimSettings` fields the
     simulation takes instead of its own (`host_window_s`, `router_cpu_charge`, `served_step`,
     `router_core_max_stolen`, `hops`, `client_placement`, `step_spread`); a profile's model
-    is named by its file's stem."""
+    is named by its file's stem. A `client_placement` other than a profile's nets its served step
+    again for it (`with_client_placement`); where it cannot, the profile's own is kept and `note`
+    says so."""
     models = {}
     for path in profile_paths:
-        profile = load_profile(path)
-        models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport, **(what_if or {})), router),
+        profile, overrides = load_profile(path), dict(what_if or {})
+        profile, why = with_client_placement(profile, overrides.get("client_placement"))
+        if why:
+            note(f"{path.stem}: {why}")
+            overrides["client_placement"] = None
+        models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport, **overrides), router),
                              fit_perf_model(profile).model)
     comparisons = []
     for run in runs:   # the measured side's noise is the run's alone: once, whatever the profiles
@@ -182,6 +209,19 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
         comparisons += [_comparison(run, name, simulate(run.requests, topology, settings, model), slo, noise)
                         for name, (settings, model) in models.items()]
     return comparisons
+
+
+def with_client_placement(profile: Profile, placement: str | None) -> tuple[Profile, str]:
+    """`profile` with its served step netted again with the client placed as `placement` says
+    (`stream_fit.renetted`) where that differs from the profile's (`ServingCosts.client_placement`),
+    and ""; where it cannot be (no batched runs kept), `profile` as it is and why."""
+    if placement is None or placement == profile.serving.client_placement:
+        return profile, ""
+    try:
+        serving = renetted(profile.serving, fit_perf_model(profile).model, placement, profile.decode)
+    except ValueError as why:
+        return profile, f"{why}: its own placement is kept"
+    return replace(profile, serving=serving), ""
 
 
 def _comparison(run: RateRun, model: str, result: SimResult, slo: SLO, noise: dict) -> Comparison:
@@ -208,11 +248,11 @@ def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, l
     measured = {run["rate_rps"]: run["measured"] for run in earlier["runs"]}
     cpu_cores, phases = earlier.get("cluster_cpu_cores", {}), earlier.get("measured_phases", {})
     machine, engine_steps = earlier.get("machine", {}), earlier.get("engine_steps", {})
-    by_process = earlier.get("cpu_cores_by_process", {})
+    by_process, by_core = earlier.get("cpu_cores_by_process", {}), earlier.get("core_loads", {})
     runs = [RateRun(float(rate), [RequestSpec(*row) for row in rows],
                     measured[float(rate)] | ({"engine_steps": engine_steps[rate]} if rate in engine_steps else {}),
                     cpu_cores.get(rate), _phases_from_json(phases.get(rate)), machine.get(rate),
-                    by_process.get(rate))
+                    by_process.get(rate), by_core.get(rate))
             for rate, rows in earlier["requests"].items()]
     return setup, runs
 
@@ -248,6 +288,7 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
          "machine": {str(run.rate_rps): run.machine for run in runs if run.machine},
          "cpu_cores_by_process": {str(run.rate_rps): run.cpu_cores_by_process for run in runs
                                   if run.cpu_cores_by_process},
+         "core_loads": {str(run.rate_rps): run.core_loads for run in runs if run.core_loads},
          "requests": {str(run.rate_rps): [[round(r.arrival_s, 6), r.prompt_tokens, r.output_tokens]
                                           for r in run.requests] for run in runs},
          "measured_phases": {str(run.rate_rps): _phases_to_json(run.phases) for run in runs if run.phases},

@@ -82,7 +82,7 @@ from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKEN
                                          ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
                                          fit_served_steps, kept_row, served_extra_by_batch,
                                          served_residuals_s, stream_cpu_terms)
-from planner.serving_costs import ServingCosts
+from planner.serving_costs import MEASURED_CLIENT_PLACEMENT, ServingCosts
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
 
@@ -374,8 +374,9 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
     idle_cores = idle_cores or {}
     stream = stream_cpu_terms(runs, idle_cores.get("host", 0.0), idle_cores.get("router", 0.0), router_cpu_s_per_request)
     step_s, per_token_s, host_per_token_s = fit_served_steps(runs, model, host, router_cpu_s_per_request, engine_rows,
-                                                             stream, engine_cores)
-    residuals_s = served_residuals_s(runs, model, host.host_cores, stream, engine_rows, engine_cores)
+                                                             stream, engine_cores, host.client_placement)
+    residuals_s = served_residuals_s(runs, model, host.host_cores, stream, engine_rows, engine_cores,
+                                     host.client_placement)
     return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs),
                        stream.router_per_token_s, stream.host_per_step_s, stream.router_per_step_s,
                        tuple(kept_row(run) for run in runs),
@@ -404,6 +405,7 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
         pids = {"router": cluster.router.pid,
                 **{role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}}
         cpu, idle = measure_cpu(cluster.grpc_target, pids, model, plan, advance)
+        cpu = replace(cpu, client_placement=MEASURED_CLIENT_PLACEMENT)   # what the served step is netted with
         steps = measure_served_steps(cluster.grpc_target, UnboundCpu.of_router(pids["router"]), model, engine_rows, cpu,
                                      cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance,
                                      idle_cores=idle)

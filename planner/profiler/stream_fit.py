@@ -76,19 +76,21 @@ class StreamCpu:
         host = self.host_per_step_s * steps_per_s + self.host_per_token_s * tokens_per_s
         return host - router, router
 
-    def decode_stretch(self, tokens_per_s: float, batch: float, host_cores: float, engine_cores: float = 1.0) -> float:
+    def decode_stretch(self, tokens_per_s: float, batch: float, host_cores: float, engine_cores: float = 1.0,
+                       client_placement: str = "router-room") -> float:
         """How much longer than its engine time a decode step takes while `batch` streams get
         `tokens_per_s` and nothing else steps: the simulator's host model (`planner.simulator.host`)
         for the one stepping engine, over `engine_cores` of the host's cores. Where it leaves a core
         (a cluster's decode worker), the router is bound to the idle prefill core where it is
         measured apart; an engine over every core (vLLM's server) leaves none, and its front end
-        floats and holds the whole step (the team stretch), as the simulator charges it."""
+        floats and holds the whole step (the team stretch), as the simulator charges it; the client
+        placed beside the bound router by `client_placement` (`ServingCosts.client_placement`)."""
         from planner.simulator.host import stretch_for_loads
 
         client, router = self.host_load_cores(tokens_per_s, batch)
         bound = (self.router_per_token_s > 0 or self.router_per_step_s > 0) and engine_cores < host_cores
         return stretch_for_loads(client, router, host_cores, busy_cores=engine_cores, router_cores=1 if bound else 0,
-                                 team_cores=engine_cores)
+                                 team_cores=engine_cores, client_placement=client_placement)
 
     @classmethod
     def of(cls, costs: ServingCosts) -> StreamCpu:
@@ -204,7 +206,8 @@ def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured:
 
 def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
                      router_cpu_s_per_request: float = 0.0, engine_rows: Sequence[DecodeSample] = (),
-                     stream: StreamCpu | None = None, engine_cores: float = 1.0) -> tuple[float, float, float]:
+                     stream: StreamCpu | None = None, engine_cores: float = 1.0,
+                     client_placement: str = "router-room") -> tuple[float, float, float]:
     """(decode_step_s, decode_cpu_s_per_token, host_cpu_s_per_token) from batched runs: served
     step / the host's stretch - engine step = a + b * batch, least squares, a and b >= 0 (runs of
     one batch size: b = 0, a their mean). The engine step is `engine_step_s` on `engine_rows` (the
@@ -216,12 +219,13 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
     The stretch is the simulator's (`planner.simulator.host`) for one stepping engine over
     `engine_cores` (the decode worker's one: the prefill worker's core, where the router is bound,
     idles; vLLM's server's: every core, `StreamCpu.decode_stretch`) and the host's load at each
-    run's token rate, so the fitted terms and the simulator's host model do not both count the same
-    CPU."""
+    run's token rate, the client placed as `client_placement` says (`ServingCosts.client_placement`,
+    which the simulator then charges), so the fitted terms and the simulator's host model do not
+    both count the same CPU."""
     import numpy as np
 
     stream = stream or stream_cpu_terms(runs, router_cpu_s_per_request=router_cpu_s_per_request)
-    residuals = served_residuals_s(runs, model, host.host_cores, stream, engine_rows, engine_cores)
+    residuals = served_residuals_s(runs, model, host.host_cores, stream, engine_rows, engine_cores, client_placement)
     batches = np.array([run.batch for run in runs], dtype=float)
     if len(set(batches)) < 2:   # one batch size measured: no slope to fit, all of it per step
         return max(0.0, float(np.mean(residuals))), 0.0, stream.host_per_token_s
@@ -232,11 +236,12 @@ def fit_served_steps(runs: list[BatchRun], model: PerfModel, host: ServingCosts,
 
 
 def served_residuals_s(runs: Sequence[BatchRun], model: PerfModel, host_cores: int, stream: StreamCpu,
-                       engine_rows: Sequence[DecodeSample] = (), engine_cores: float = 1.0) -> list[float]:
+                       engine_rows: Sequence[DecodeSample] = (), engine_cores: float = 1.0,
+                       client_placement: str = "router-room") -> list[float]:
     """What serving added to each run's engine step: its served step over the host's stretch (as
     `fit_served_steps` says) minus `engine_step_s`, in seconds (negative where the engine's own
     step measured slower than served: noise)."""
-    return [run.step_s / stream.decode_stretch(run.tokens_per_s, run.batch, host_cores, engine_cores)
+    return [run.step_s / stream.decode_stretch(run.tokens_per_s, run.batch, host_cores, engine_cores, client_placement)
             - engine_step_s(run.batch, run.context_tokens, model, engine_rows) for run in runs]
 
 
@@ -259,7 +264,8 @@ def served_step_error(runs: Sequence[BatchRun], model: PerfModel, costs: Serving
     stream = StreamCpu.of(costs)
     errors = [abs((engine_step_s(run.batch, run.context_tokens, model, engine_rows)
                    + costs.decode_serving_s(run.batch, by_batch))
-                  * stream.decode_stretch(run.tokens_per_s, run.batch, costs.host_cores, engine_cores) / run.step_s - 1)
+                  * stream.decode_stretch(run.tokens_per_s, run.batch, costs.host_cores, engine_cores,
+                                          costs.client_placement) / run.step_s - 1)
               for run in runs]
     return statistics.mean(errors) if errors else 0.0
 
@@ -321,5 +327,28 @@ def with_served_table(costs: ServingCosts, model: PerfModel, engine_rows: Sequen
     if not costs.served_batch_runs:
         return costs
     runs = kept_batch_runs(costs)
-    residuals = served_residuals_s(runs, model, costs.host_cores, StreamCpu.of(costs), engine_rows, engine_cores)
+    residuals = served_residuals_s(runs, model, costs.host_cores, StreamCpu.of(costs), engine_rows, engine_cores,
+                                   costs.client_placement)
     return replace(costs, served_step_extra_s=served_extra_by_batch([run.batch for run in runs], residuals))
+
+
+def renetted(costs: ServingCosts, model: PerfModel, client_placement: str, engine_rows: Sequence[DecodeSample] = (),
+             engine_cores: float = 1.0) -> ServingCosts:
+    """`costs` with the served step (the line and, where kept, the table) fitted again from the
+    batched runs it kept, netted of the host's stretch with the client placed as `client_placement`
+    says, and that placement kept (`ServingCosts.client_placement`): what the simulator must charge
+    with another placement so that the client's CPU is counted once. Every other term as it was.
+    ValueError where the profile kept no runs (it cannot be netted again). Pure."""
+    if costs.client_placement == client_placement:
+        return costs
+    if not costs.served_batch_runs:
+        raise ValueError(f"the served step was netted with the client placed {costs.client_placement!r} and no "
+                         f"batched runs were kept to net it again for {client_placement!r}")
+    runs = kept_batch_runs(costs)
+    stream = StreamCpu.of(costs)
+    step_s, per_token_s, _ = fit_served_steps(runs, model, costs, engine_rows=engine_rows, stream=stream,
+                                              engine_cores=engine_cores, client_placement=client_placement)
+    table = served_extra_by_batch([run.batch for run in runs], served_residuals_s(
+        runs, model, costs.host_cores, stream, engine_rows, engine_cores, client_placement))
+    return replace(costs, decode_step_s=step_s, decode_cpu_s_per_token=per_token_s, client_placement=client_placement,
+                   served_step_extra_s=table if costs.served_step_extra_s else ())

@@ -217,8 +217,12 @@ class SimSettings:
       "table" (its measured extra by batch, interpolated, where the profile has it;
       `ServingCosts.decode_serving_s`);
     - `client_placement`: where the client's CPU goes beside a router bound to the prefill
-      instances' cores: "router-room", the room the router leaves there first, or "balanced", every
-      stepping core alike while the router's cores step too (`planner.simulator.host.stretch_for_loads`);
+      instances' cores: "router-room", the room the router leaves there first; "balanced", every
+      stepping core alike while the router's cores step too; or "wake", where Linux wakes it (the
+      router's cores while they idle, else either core alike: `planner.simulator.host.wake_share_on_router`);
+      None (the default): the profile's, `ServingCosts.client_placement`, which its served step was
+      netted with (another counts the client's CPU twice or not at all unless the served step is
+      netted again for it: `planner.profiler.stream_fit.renetted`);
     - `hops`: what a prefilled request's two hops (`ServingCosts.first_token_s`, `handoff_s`) take
       under load: "stretched", the stretch of a prefill step starting as its prompt finishes (the
       router's cores' share taken, `planner.simulator.host`); or "queued", the profile's latencies
@@ -253,7 +257,7 @@ class SimSettings:
     served_step: str = "line"
     router_core_max_stolen: float = MAX_STOLEN
     hops: str = "stretched"
-    client_placement: str = "router-room"
+    client_placement: str | None = None
     step_spread: str = "carried"
 
     def __post_init__(self) -> None:
@@ -266,7 +270,7 @@ class SimSettings:
                                   f"got {self.router_cpu_charge!r}")
         if self.served_step not in SERVED_STEP_FORMS:
             raise SimulationError(f"SimSettings.served_step must be one of {SERVED_STEP_FORMS}, got {self.served_step!r}")
-        if self.client_placement not in CLIENT_PLACEMENTS:
+        if self.client_placement is not None and self.client_placement not in CLIENT_PLACEMENTS:
             raise SimulationError(f"SimSettings.client_placement must be one of {CLIENT_PLACEMENTS}, "
                                   f"got {self.client_placement!r}")
         if self.step_spread not in STEP_SPREADS:

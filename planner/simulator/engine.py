@@ -131,7 +131,7 @@ class _Cluster:
         self.host = HostCpu(settings.serving, settings.host_window_s, router_cores=topology.num_prefill * self._cores_per_instance,
                             router_charge=settings.router_cpu_charge,
                             router_core_max_stolen=settings.router_core_max_stolen,
-                            client_placement=settings.client_placement)
+                            client_placement=settings.client_placement or settings.serving.client_placement)
         self.spread = ServiceSpread(settings.serving, settings.spread_seed)
         self._stepping: set[int] = set()  # ids of the instances with a step running
         self._stepping_prefill: set[int] = set()  # of those, the prefill instances (the router's cores)

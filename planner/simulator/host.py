@@ -32,12 +32,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from planner.serving_costs import ServingCosts
+from planner.serving_costs import CLIENT_PLACEMENTS, ServingCosts  # noqa: F401  (re-exported)
 
 MAX_STOLEN = 0.9  # the share of a busy core the host's load may take (keeps the model finite)
 REQUEST_MOMENTS = 3  # arrival, handoff, end: a request's CPU in the router and the client is spread over them
 ROUTER_CHARGES = ("window", "backlog")  # where a bound router's per-request CPU goes (`HostCpu`)
-CLIENT_PLACEMENTS = ("router-room", "balanced")  # where the client's CPU goes beside a bound router (`HostCpu`)
 
 
 class _Window:
@@ -121,7 +120,7 @@ class HostCpu:
             return 1.0
         return stretch_for_loads(self._rest.load_cores(now), self._router.load_cores(now), self.costs.host_cores,
                                  busy_cores, self.router_cores, busy_router_cores, on_router_cores, team_cores,
-                                 self.router_core_max_stolen, self.client_placement == "balanced")
+                                 self.router_core_max_stolen, self.client_placement)
 
     def router_delay_s(self, now: float, engine_s: float) -> float:
         """How much longer a step (or a hop) of `engine_s` starting now on the router's cores takes
@@ -180,7 +179,7 @@ class RouterBacklog:
 def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: float, busy_cores: float,
                       router_cores: float = 0.0, busy_router_cores: float = 0.0, on_router_cores: bool = False,
                       team_cores: float = 1.0, router_core_max_stolen: float = MAX_STOLEN,
-                      balanced: bool = False) -> float:
+                      client_placement: str = "router-room") -> float:
     """The processor-sharing stretch of a step starting on one of `busy_cores` stepping cores
     (`on_router_cores`: on one of the router's, of which `busy_router_cores` step).
 
@@ -199,9 +198,11 @@ def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: f
     other step at most `MAX_STOLEN`): 0.5 says Linux's fair scheduler keeps a stepping engine at
     least half its core against the router (`SimSettings.router_core_max_stolen`, a what-if).
 
-    `balanced` (`SimSettings.client_placement` "balanced", a what-if): while every one of the
-    router's cores also steps an engine, they have no room the client takes first; the rest left
-    shares every stepping core alike, as a scheduler balancing its run queues would spread it."""
+    `client_placement` (`SimSettings.client_placement`) says where the rest left goes while other
+    cores step: "router-room", the room the router leaves on its cores first; "balanced", the same
+    except while every one of the router's cores also steps an engine, when it shares every
+    stepping core alike, as a scheduler balancing its run queues would spread it; "wake", as Linux
+    places a woken thread (`wake_share_on_router`)."""
     if busy_cores <= 0 or host_cores <= 0:
         return 1.0
     team = max(1.0, team_cores)
@@ -210,13 +211,39 @@ def stretch_for_loads(rest_cores: float, router_load_cores: float, host_cores: f
         return _stretch(spill / busy_cores * team)
     busy_elsewhere = max(0.0, busy_cores - busy_router_cores)
     rest_left = max(0.0, rest_cores - max(0.0, host_cores - router_cores - busy_elsewhere))
-    if balanced and busy_elsewhere > 0 and busy_router_cores >= router_cores:
+    if client_placement == "wake" and busy_elsewhere > 0:
+        on_router = wake_share_on_router(rest_left, router_load_cores, busy_router_cores, router_cores)
+    elif client_placement == "balanced" and busy_elsewhere > 0 and busy_router_cores >= router_cores:
         on_router = rest_left * router_cores / (router_cores + busy_elsewhere)
     else:
         on_router = rest_left if busy_elsewhere <= 0 else min(rest_left, max(0.0, router_cores - router_load_cores))
     if on_router_cores:
         return _stretch((router_load_cores + on_router) / router_cores * min(team, router_cores), router_core_max_stolen)
     return _stretch((rest_left - on_router) / busy_elsewhere * min(team, busy_elsewhere)) if busy_elsewhere > 0 else 1.0
+
+
+def wake_share_on_router(rest_cores: float, router_load_cores: float, busy_router_cores: float,
+                         router_cores: float) -> float:
+    """The part of the client's load `rest_cores` (what the idle cores did not take) that runs on
+    the router's `router_cores` while every other core steps an engine, placed as Linux places a
+    woken thread: on an idle core where there is one (here only the router's can be), and otherwise
+    beside its waker or where it last ran, either alike. With u the router's cores' utilization, the
+    client's own part there included, a share 1 - u / 2 of it lands there:
+    x = C (1 - min(1, (L + b + x) / R) / 2), for the router's load L and the `busy_router_cores` b
+    stepping there; once those cores are full (u = 1) half of it.
+
+    Measured on an AMX Xeon (BENCHMARKS, "The client's share of the decode core"): the tiny
+    model's short-long shape at 3.75-15 req/s put 0.01, 0.03, 0.16 and 0.20 cores of it on the
+    stepping decode core where this gives 0.02, 0.05, 0.14 and 0.19 (with the measured router and
+    client loads), and left the router's core 20% idle at the highest rate, where the "router-room"
+    placement fills it first and puts none on the decode core."""
+    if rest_cores <= 0 or router_cores <= 0:
+        return 0.0
+    base = (router_load_cores + busy_router_cores) / router_cores
+    if base >= 1:
+        return rest_cores / 2
+    share = rest_cores * (1 - base / 2) / (1 + rest_cores / (2 * router_cores))
+    return share if base + share / router_cores <= 1 else rest_cores / 2
 
 
 def _stretch(stolen: float, most: float = MAX_STOLEN) -> float:

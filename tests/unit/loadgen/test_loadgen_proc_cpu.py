@@ -5,8 +5,8 @@ import os
 import subprocess
 import time
 
-from loadgen.proc_cpu import (TICKS_PER_S, cpu_seconds, machine_busy_ticks, other_load_cores, process_tree,
-                              stat_cpu_ticks, stat_tree_ticks, tree_ticks)
+from loadgen.proc_cpu import (TICKS_PER_S, core_busy_ticks, cpu_seconds, machine_busy_ticks, other_load_cores,
+                              process_tree, stat_cpu_ticks, stat_tree_ticks, tree_ticks)
 
 
 def test_a_stat_line_gives_the_parent_and_user_plus_system_ticks_even_with_parentheses_in_the_name():
@@ -28,6 +28,17 @@ def test_a_child_that_ran_and_finished_between_two_readings_counts_as_ours():
 
 def test_the_machine_is_busy_for_every_tick_but_idle_and_iowait():
     assert machine_busy_ticks("cpu  100 5 30 9000 40 2 3 1 0 0\ncpu0 1 2 3 4 5 6 7 8\n") == 141
+
+
+def test_each_cores_busy_ticks_leave_out_idle_iowait_and_the_hypervisors_steal():
+    text = "cpu  200 0 60 9000 0 0 0 0 0 0\ncpu0 100 5 30 4000 40 2 3 500 0 0\ncpu1 90 0 20 5000 0 0 1 7 0 0\nintr 5 1\n"
+    assert core_busy_ticks(text) == {0: 140, 1: 111}
+
+
+def test_this_machines_cores_each_have_a_busy_count():
+    from loadgen.proc_cpu import core_busy_s
+    busy = core_busy_s()
+    assert len(busy) == os.cpu_count() and all(seconds >= 0 for seconds in busy.values())
 
 
 def test_other_load_is_the_machines_busy_ticks_less_ours_per_second_never_below_zero():

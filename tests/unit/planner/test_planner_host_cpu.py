@@ -13,7 +13,7 @@ from planner_testkit import ROUND_MODEL, round_settings, spec
 from planner.profile import ProfileError
 from planner.serving_costs import ServingCosts
 from planner.simulator import SimulationError, Topology, simulate
-from planner.simulator.host import HostCpu, RouterBacklog, stretch_for_load, stretch_for_loads
+from planner.simulator.host import HostCpu, RouterBacklog, stretch_for_load, stretch_for_loads, wake_share_on_router
 
 EXACT = dict(abs=1e-12)
 
@@ -277,13 +277,46 @@ def test_a_balanced_client_shares_every_stepping_core_while_the_routers_steps_to
     assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=False) == 1.0
     assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=True) == pytest.approx(1 / (1 - 0.7), **EXACT)
     # balanced: half of it on each stepping core
-    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=False, balanced=True) == \
+    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=False, client_placement="balanced") == \
         pytest.approx(1 / (1 - 0.2), **EXACT)
-    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=True, balanced=True) == \
+    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=True, client_placement="balanced") == \
         pytest.approx(1 / (1 - 0.5), **EXACT)
     # the router's core idle: its room is the client's first either way
     idle_router = dict(busy_cores=1, router_cores=1, busy_router_cores=0)
-    assert stretch_for_loads(0.4, 0.3, 2, **idle_router, balanced=True) == \
+    assert stretch_for_loads(0.4, 0.3, 2, **idle_router, client_placement="balanced") == \
         stretch_for_loads(0.4, 0.3, 2, **idle_router) == 1.0
     with pytest.raises(SimulationError, match="client_placement"):
         round_settings(client_placement="anywhere")
+
+
+def test_a_woken_client_takes_the_routers_core_as_often_as_it_is_idle_and_half_of_it_otherwise():
+    # x = C (1 - (L + b + x) / (2R)): C 0.4, router 0.3, its core idle of engines: x = 0.4 * 0.85 / 1.2
+    assert wake_share_on_router(0.4, 0.3, 0, 1) == pytest.approx(0.4 * 0.85 / 1.2, **EXACT)
+    x = wake_share_on_router(0.4, 0.3, 0, 1)
+    assert x == pytest.approx(0.4 * (1 - (0.3 + x) / 2), **EXACT)   # it is its own fixed point
+    # an engine stepping there fills the core: half of it either way
+    assert wake_share_on_router(0.4, 0.3, 1, 1) == pytest.approx(0.2, **EXACT)
+    # a router past its core alone, or a client that would fill what is left: the core is full, half
+    assert wake_share_on_router(0.4, 1.2, 0, 1) == pytest.approx(0.2, **EXACT)
+    assert wake_share_on_router(1.6, 0.6, 0, 1) == pytest.approx(0.8, **EXACT)   # 0.6 + 0.8 > 1
+    # two router cores: the same over their sum
+    assert wake_share_on_router(0.8, 0.6, 0, 2) == pytest.approx(0.8 * 0.85 / 1.2, **EXACT)
+    assert wake_share_on_router(0.0, 0.3, 0, 1) == wake_share_on_router(0.4, 0.3, 0, 0) == 0.0
+
+
+def test_the_wake_placement_puts_the_rest_of_the_client_on_the_stepping_decode_core():
+    # the decode core steps, the router's does not: 0.4 of client, the router 0.3
+    decode_stepping = dict(busy_cores=1, router_cores=1, busy_router_cores=0)
+    on_router = 0.4 * 0.85 / 1.2
+    assert stretch_for_loads(0.4, 0.3, 2, **decode_stepping, client_placement="wake") == \
+        pytest.approx(1 / (1 - (0.4 - on_router)), **EXACT)
+    assert stretch_for_loads(0.4, 0.3, 2, **decode_stepping) == 1.0   # router-room: none there
+    # both step: half the client on each core; the prefill step also loses the router's 0.3
+    both = dict(busy_cores=2, router_cores=1, busy_router_cores=1)
+    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=False, client_placement="wake") == \
+        pytest.approx(1 / (1 - 0.2), **EXACT)
+    assert stretch_for_loads(0.4, 0.3, 2, **both, on_router_cores=True, client_placement="wake") == \
+        pytest.approx(1 / (1 - 0.5), **EXACT)
+    # an idle decode core takes the client first, whatever the placement
+    assert stretch_for_loads(0.4, 0.3, 2, busy_cores=1, router_cores=1, busy_router_cores=1,
+                             on_router_cores=True, client_placement="wake") == pytest.approx(1 / (1 - 0.3), **EXACT)

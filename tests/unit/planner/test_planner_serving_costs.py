@@ -85,6 +85,27 @@ def test_a_corun_stretch_outside_its_range_is_refused_naming_the_field(value):
         ServingCosts(corun_decode_stretch=value)
 
 
+def test_the_client_placement_a_served_step_was_netted_with_is_kept_and_charged_by_default():
+    """A profile says where its served step put the client (`ServingCosts.client_placement`; an older
+    one, "router-room"); the simulator charges that placement unless told another."""
+    assert ServingCosts().client_placement == "router-room"
+    with pytest.raises(ProfileError, match="client_placement"):
+        ServingCosts(client_placement="anywhere")
+    # streams whose tokens cost the router and the client CPU, the router bound to the prefill core:
+    # "router-room" puts the client there (the decode steps keep their core), "wake" part of it on
+    # the stepping decode core
+    costs = ServingCosts(host_cores=2, host_cpu_s_per_token=0.003, router_cpu_s_per_token=0.001,
+                         client_placement="wake")
+    requests = [spec(0.01 * i, 20, 40) for i in range(4)]
+
+    def last_finish_s(**what_if) -> float:
+        result = simulate(requests, Topology.disaggregated(1, 1), round_settings(serving=costs, **what_if), ROUND_MODEL)
+        return max(result.timeline["finish_s"])
+
+    assert last_finish_s() == last_finish_s(client_placement="wake")   # the profile's placement by default
+    assert last_finish_s() > last_finish_s(client_placement="router-room")
+
+
 def test_a_mixed_step_takes_the_prompts_stretch_with_a_chunk_and_the_decode_steps_without():
     from planner.simulator.instances import ColocatedInstance
     from planner.simulator.state import ItlLog, SimRequest

@@ -304,3 +304,35 @@ def test_a_profile_measured_with_a_line_is_refitted_to_a_table_and_nothing_else_
     assert new.decode_serving_s(1, by_batch=False) == old.decode_serving_s(1, by_batch=False)   # the line as it was
     assert replace(new, served_step_extra_s=()) == old   # and every other term
     assert with_served_table(host, ROUND_MODEL) is host   # nothing kept, nothing to refit
+
+
+def test_a_served_step_netted_for_the_woken_client_loses_the_clients_share_of_the_decode_core():
+    """The router bound to the idle prefill core, the client's 0.3 cores placed as Linux wakes it
+    (`wake_share_on_router`): part of it on the decode core, whose steps it stretched. Netted with
+    that placement the fit takes the stretch out; with "router-room" (all of it on the prefill core)
+    it reads that share as serving cost. `renetted` fits a profile's kept runs again for another
+    placement and keeps which; without kept runs it cannot."""
+    from planner.profiler.stream_fit import renetted
+    from planner.simulator.host import wake_share_on_router
+
+    stream = StreamCpu(host_per_token_s=0.0005, router_per_token_s=0.0002)   # at 1000 tokens/s: router 0.2, client 0.3
+    on_decode = 0.3 - wake_share_on_router(0.3, 0.2, 0, 1)
+    runs = [BatchRun(b, (ROUND_MODEL.decode_step_s(b, b * 40) + 0.001 + 0.0001 * b) / (1 - on_decode), b * 40, 1000.0,
+                     0.0, 2000) for b in (1, 4, 16)]
+    host = ServingCosts(host_cores=2, host_cpu_s_per_token=0.0005, router_cpu_s_per_token=0.0002)
+    step_s, per_token_s, _ = fit_served_steps(runs, ROUND_MODEL, host, stream=stream, client_placement="wake")
+    assert (step_s, per_token_s) == pytest.approx((0.001, 0.0001), abs=1e-9)
+    room_step_s, room_per_token_s, _ = fit_served_steps(runs, ROUND_MODEL, host, stream=stream)
+    assert room_step_s + 4 * room_per_token_s > 0.001 + 4 * 0.0001 + 1e-4   # the stretch read as serving
+
+    kept = replace(host, decode_step_s=room_step_s, decode_cpu_s_per_token=room_per_token_s, served_step_extra_s=(
+        (1.0, 0.0), (4.0, 0.0), (16.0, 0.0)), served_batch_runs=tuple((float(r.batch), r.step_s, r.context_tokens,
+                                                                         r.tokens_per_s) for r in runs))
+    woken = renetted(kept, ROUND_MODEL, "wake")
+    assert woken.client_placement == "wake" and woken.host_cpu_s_per_token == kept.host_cpu_s_per_token
+    assert (woken.decode_step_s, woken.decode_cpu_s_per_token) == pytest.approx((0.001, 0.0001), abs=1e-9)
+    assert [extra for _, extra in woken.served_step_extra_s] == pytest.approx([0.0011, 0.0014, 0.0026], abs=1e-9)
+    assert renetted(woken, ROUND_MODEL, "wake") is woken
+    assert renetted(woken, ROUND_MODEL, "router-room").decode_step_s == pytest.approx(room_step_s, abs=1e-12)
+    with pytest.raises(ValueError, match="no batched runs were kept"):
+        renetted(replace(kept, served_batch_runs=()), ROUND_MODEL, "wake")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -125,6 +126,23 @@ def test_the_cluster_cpu_counts_the_router_the_client_and_every_worker_with_its_
     assert validation_runs.cpu_by_process_s(cluster) == {"router": 192.0, "client": 256.0, "prefill": 7.0,
                                                          "decode": 56.0}
     assert validation_runs.cluster_cpu_s(cluster) == 192.0 + 256.0 + 7.0 + 56.0
+    assert validation_runs.cpu_by_worker_s(cluster) == {"prefill-0": 7.0, "decode-1": 24.0, "decode-2": 32.0}
+
+
+def test_a_workers_cores_are_its_process_affinity_and_a_worker_gone_is_left_out():
+    from types import SimpleNamespace
+
+    # bound before its exec, which Popen waits for: the affinity is set when it returns
+    alive = subprocess.Popen(["sleep", "30"], preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        cluster = SimpleNamespace(workers={"prefill-0": SimpleNamespace(pid=alive.pid),
+                                           "decode-1": SimpleNamespace(pid=gone.pid)})
+        assert validation_runs.worker_cores(cluster) == {"prefill-0": (0,)}
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 CURVE = [  # measured attainment 1.0, 0.95, 0.7, 0.95 (passes again past the knee: ignored); simulated 1, 1, 0.9, 0.5
@@ -175,13 +193,16 @@ def test_a_validation_keeps_its_topology_and_router_so_a_resimulation_places_as_
     setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "long-short"}, "tcp",
                                             topology, router)
     steps = {"client_steady_gap_ms": 4.3, "workers": {"decode-1": {"cycle_ms": 4.35}}}   # --step-trace's report
-    runs = [validation_runs.RateRun(1.0, sample, summary(20, 30, 4, 5, 1.0) | {"engine_steps": steps}, None),
+    loads = [{"worker": "decode-1", "cores": [1], "busy": 0.99, "own": 0.85, "others": 0.14}]
+    runs = [validation_runs.RateRun(1.0, sample, summary(20, 30, 4, 5, 1.0) | {"engine_steps": steps}, None,
+                                    core_loads=loads),
             validation_runs.RateRun(2.0, sample, summary(20, 30, 4, 5, 1.0), None)]
     comparisons = validation_runs.compare(runs, [profile_path], "tcp", setup.slo, topology, router)
     validation_runs.write_validation(tmp_path, setup, [profile_path], runs, comparisons)
 
     assert json.loads((tmp_path / "validation.json").read_text())["engine_steps"] == {"1.0": steps}
-    again, _ = validation_runs.load_earlier(tmp_path / "validation.json", default_transport="torch")
+    again, runs_again = validation_runs.load_earlier(tmp_path / "validation.json", default_transport="torch")
+    assert [run.core_loads for run in runs_again] == [loads, None]
     assert again.topology == topology and again.router == router and again.workload == {"shape": "long-short"}
     flags = validation_runs.router_flags_for(router, tmp_path / "router")
     assert flags[0] == "--cost-model" and flags[2] == "--placement-config" and "--slo-ttft-ms" not in flags
@@ -204,3 +225,20 @@ def test_rates_whose_runs_would_outlast_an_hour_are_refused():
     with pytest.raises(NoRateMeetsSlos, match="255 min of arrivals"):
         rates_within_budget([0.004, 0.008, 0.013, 0.017], 30, 30, "1P+1D")
     assert rates_within_budget([0.025, 0.05], 30, 30, "1P+1D") == [0.025, 0.05]   # 30 minutes: run
+
+
+def test_a_what_if_placement_nets_the_profiles_served_step_again_or_says_why_it_cannot():
+    from dataclasses import replace
+
+    from planner.profile import load_profile
+
+    kept = REPO / "bench" / "results" / "client_share_amx167" / "tiny_2cpu_amx167_served.json"
+    profile = load_profile(kept)   # netted with "router-room", its batched runs kept
+    assert validation_runs.with_client_placement(profile, None) == (profile, "")
+    assert validation_runs.with_client_placement(profile, "router-room") == (profile, "")
+    woken, why = validation_runs.with_client_placement(profile, "wake")
+    assert why == "" and woken.serving.client_placement == "wake"
+    assert woken.serving.decode_cpu_s_per_token < profile.serving.decode_cpu_s_per_token   # the client's share out
+    bare = replace(profile, serving=replace(profile.serving, served_batch_runs=()))
+    same, why = validation_runs.with_client_placement(bare, "wake")
+    assert same is bare and "no batched runs were kept" in why and "its own placement is kept" in why
