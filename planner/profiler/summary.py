@@ -77,8 +77,9 @@ def _row(table: Table, phase: str, point: str, measured_s: float, fitted_s: floa
 
 def served_step_line(serving: ServingCosts, model: PerfModel, engine_rows: Sequence[DecodeSample],
                      engine_cores: float = 1.0) -> str:
-    """What serving adds to the decode step at each batch measured, and how far each form charges
-    the runs it was measured on (`stream_fit.served_step_error`), or "" where no table was kept."""
+    """What serving adds to the decode step at each batch measured, how far each form charges the
+    runs it was measured on (`stream_fit.served_step_error`), and where the host model placed the
+    client when it netted them (`ServingCosts.client_placement`), or "" where no table was kept."""
     if not (serving.served_step_extra_s and serving.served_batch_runs):
         return ""
     runs = kept_batch_runs(serving)
@@ -87,7 +88,9 @@ def served_step_line(serving: ServingCosts, model: PerfModel, engine_rows: Seque
     points = ", ".join(f"b{batch:g} +{extra_s * 1e3:.2f}" for batch, extra_s in serving.served_step_extra_s)
     return (f"served decode step over the engine's, by batch (ms): {points}; the line {serving.decode_step_s * 1e3:.2f}"
             f" ms + {serving.decode_cpu_s_per_token * 1e6:.0f} us x batch misses these runs by {line:.1%} on average,"
-            f" the table interpolated by {table:.1%} (the simulator charges the line; `--served-step table` the table)")
+            f" the table interpolated by {table:.1%} (the simulator charges the line; `--served-step table` the table);"
+            f" netted of the host's stretch with the client placed {serving.client_placement!r}, as the simulator"
+            f" places it")
 
 
 def serving_prompt_cpu_line(serving: ServingCosts, per_tokens: int = 1000) -> str:

@@ -336,3 +336,14 @@ def test_a_served_step_netted_for_the_woken_client_loses_the_clients_share_of_th
     assert renetted(woken, ROUND_MODEL, "router-room").decode_step_s == pytest.approx(room_step_s, abs=1e-12)
     with pytest.raises(ValueError, match="no batched runs were kept"):
         renetted(replace(kept, served_batch_runs=()), ROUND_MODEL, "wake")
+
+
+def test_the_profiles_served_step_line_says_where_the_client_was_placed_when_it_was_netted():
+    from planner.profiler.summary import served_step_line
+
+    runs = ((1.0, 0.0035, 40.0, 280.0), (8.0, 0.0110, 320.0, 720.0))
+    costs = ServingCosts(decode_step_s=0.001, decode_cpu_s_per_token=0.0001, served_batch_runs=runs,
+                         served_step_extra_s=((1.0, 0.0011), (8.0, 0.0018)), client_placement="wake")
+    line = served_step_line(costs, ROUND_MODEL, ())
+    assert "b1 +1.10, b8 +1.80" in line and "client placed 'wake'" in line
+    assert served_step_line(replace(costs, served_batch_runs=()), ROUND_MODEL, ()) == ""
