@@ -62,6 +62,8 @@ KEPT = (
     Kept("amx167-cores-1", "client_share_amx167/run1", "client_share_amx167/tiny_2cpu_amx167_served.json", "shm"),
     Kept("amx167-cores-2", "client_share_amx167/run2", "client_share_amx167/tiny_2cpu_amx167_served.json", "shm"),
     Kept("amx167-cores-3", "client_share_amx167/run3", "client_share_amx167/tiny_2cpu_amx167_wake.json", "shm"),
+    Kept("amx167-cores-bench", "client_share_amx167/bench_run", "client_share_amx167/bench_2cpu_amx167_wake.json",
+         "shm"),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 
