@@ -291,16 +291,17 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             vocab = model_config(args.model)["vocab_size"]
             prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, vocab))
             machine = machine_now(first)
-            cpu_before, wall_before = cpu_by_process_s(system.cluster), time.perf_counter()
             workers_before, cores_before = cpu_by_worker_s(system.cluster), core_busy_s()
+            cpu_before, wall_before = cpu_by_process_s(system.cluster, workers_before), time.perf_counter()
             result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
                                                    f"{topology.label} {shape.name} {rate:g} req/s"))
             wall_s = time.perf_counter() - wall_before
-            by_process = {group: round(cores, 4)
-                          for group, cores in cores_since(cpu_before, cpu_by_process_s(system.cluster), wall_s).items()}
+            workers_after = cpu_by_worker_s(system.cluster)
+            by_process = {group: round(cores, 4) for group, cores in cores_since(
+                cpu_before, cpu_by_process_s(system.cluster, workers_after), wall_s).items()}
             cpu_cores = sum(by_process.values())
             loads = core_loads(cores_since(cores_before, core_busy_s(), wall_s), worker_cores(system.cluster),
-                               cores_since(workers_before, cpu_by_worker_s(system.cluster), wall_s))
+                               cores_since(workers_before, workers_after, wall_s))
             measured_summary = summarize(result.records, result.duration_s, slo)
             if (local := measured_local_share(result.records)) is not None:
                 measured_summary["local_prefill_share"] = local

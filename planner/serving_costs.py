@@ -174,7 +174,7 @@ class ServingCosts:
 
 # where the host model puts the client's CPU beside a bound router (`planner.simulator.host.stretch_for_loads`)
 CLIENT_PLACEMENTS = ("router-room", "balanced", "wake")
-# the placement a profile measured now nets its served step with (BENCHMARKS, "The client's share of the decode core")
+# the placement a profile measured now nets its served step with (BENCHMARKS, "Where the client runs")
 MEASURED_CLIENT_PLACEMENT = "wake"
 SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
 CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch")

@@ -149,14 +149,15 @@ def as_sent(specs: list[RequestSpec], records) -> list[RequestSpec]:
     return [replace(spec, arrival_s=sent.get(index, spec.arrival_s)) for index, spec in enumerate(specs)]
 
 
-def cpu_by_process_s(cluster) -> dict[str, float]:
+def cpu_by_process_s(cluster, workers_s: Mapping[str, float] | None = None) -> dict[str, float]:
     """CPU seconds used so far by each group of `cluster`'s processes (a `launch.local.LocalCluster`;
     `validation_cpu.PROCESS_GROUPS`): the router's tree, this process (the client), and each kind of
-    worker's trees (vLLM's engine cores and model runners, their polling included: what the OS sees)."""
+    worker's trees (vLLM's engine cores and model runners, their polling included: what the OS sees),
+    summed from `workers_s` (`cpu_by_worker_s`, read now where not given: one walk of the trees)."""
     groups = {"router": cpu_seconds(process_tree(cluster.router.pid)), "client": time.process_time()}
-    for name, worker in cluster.workers.items():
+    for name, seconds in (cpu_by_worker_s(cluster) if workers_s is None else workers_s).items():
         kind = name.split("-")[0]
-        groups[kind] = groups.get(kind, 0.0) + cpu_seconds(process_tree(worker.pid))
+        groups[kind] = groups.get(kind, 0.0) + seconds
     return groups
 
 

@@ -232,9 +232,9 @@ def wake_share_on_router(rest_cores: float, router_load_cores: float, busy_route
     x = C (1 - min(1, (L + b + x) / R) / 2), for the router's load L and the `busy_router_cores` b
     stepping there; once those cores are full (u = 1) half of it.
 
-    Measured on an AMX Xeon (BENCHMARKS, "The client's share of the decode core"): the tiny
-    model's short-long shape at 3.75-15 req/s put 0.01, 0.03, 0.16 and 0.20 cores of it on the
-    stepping decode core where this gives 0.02, 0.05, 0.14 and 0.19 (with the measured router and
+    Measured on an AMX Xeon (BENCHMARKS, "Where the client runs"): the tiny model's short-long
+    shape at 3.75-15 req/s put 0.01, 0.03, 0.16 and 0.20 cores of it on the stepping decode core
+    where this gives 0.02, 0.05, 0.16 and 0.18 (with the measured router and
     client loads), and left the router's core 20% idle at the highest rate, where the "router-room"
     placement fills it first and puts none on the decode core."""
     if rest_cores <= 0 or router_cores <= 0:

@@ -127,6 +127,9 @@ def test_the_cluster_cpu_counts_the_router_the_client_and_every_worker_with_its_
                                                          "decode": 56.0}
     assert validation_runs.cluster_cpu_s(cluster) == 192.0 + 256.0 + 7.0 + 56.0
     assert validation_runs.cpu_by_worker_s(cluster) == {"prefill-0": 7.0, "decode-1": 24.0, "decode-2": 32.0}
+    # the workers' reading given (the validation reads it once for both): grouped, not read again
+    assert validation_runs.cpu_by_process_s(cluster, {"prefill-0": 1.0, "decode-1": 2.0}) == {
+        "router": 192.0, "client": 256.0, "prefill": 1.0, "decode": 2.0}
 
 
 def test_a_workers_cores_are_its_process_affinity_and_a_worker_gone_is_left_out():
