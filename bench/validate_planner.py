@@ -37,6 +37,13 @@ or of several as written above):
 
     python bench/validate_planner.py --resimulate bench/results/validate_shapes_amx \\
         --profile planner/profiles/tiny_2cpu_amx_served.json --out-dir out/resimulated
+
+One run cannot tell a model's error from the host's drift (a shared VM moved one shape's knee by a
+third within an hour). --repeats N runs every shape N times in turn and writes
+<out-dir>/repeats.{json,md,png} (`planner.validation_repeats`): per shape and topology each run's
+goodput, their spread, the simulator's error against their mean and what one run would have said;
+each latency percentile's error against the runs' mean beside the runs' own spread. Several
+--resimulate DIRs (each a pass) are taken together the same way.
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ from planner.validation_steps import client_steady_gap_s, decode_worker_summary,
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
                                      compare, cpu_by_process_s, cpu_by_worker_s, load_earlier, machine_against_profile,
                                      planned_router, requests_at, router_flags_for, worker_cores, write_validation)
+from planner.validation_repeats import plot_repeats, repeats, repeats_markdown, repeats_table, repeats_to_json
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,9 +92,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="checkpoint the cluster serves (the profiles' model); "
                    "required unless --resimulate")
-    p.add_argument("--resimulate", type=Path, metavar="DIR",
+    p.add_argument("--resimulate", type=Path, metavar="DIR", action="append",
                    help="no cluster: simulate the requests of an earlier run (DIR/validation.json, or every "
-                        "DIR/<topology>/<shape>/validation.json) with --profile and compare with what it measured")
+                        "DIR/<topology>/<shape>/validation.json) with --profile and compare with what it measured; "
+                        "repeat for the passes of one validation (or repeated ones) to take them together as --repeats does")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="run every shape and topology N times, in turn (A B C D, A B C D: a drift of the host lands "
+                        "on every shape alike), each pass under <out-dir>/run<k>/; then <out-dir>/repeats.{json,md,png} "
+                        "set the simulator's error against the runs' own spread (default 1)")
     p.add_argument("--profile", type=Path, action="append", required=True,
                    help="profile to simulate with; repeat to compare several (e.g. --through engine and cluster)")
     p.add_argument("--shape", action="append", choices=SHAPE_NAMES,
@@ -150,6 +163,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.model is None and args.resimulate is None:
         p.error("give --model (run the cluster) or --resimulate DIR (re-simulate an earlier run)")
+    if args.repeats < 1 or (args.resimulate and args.repeats > 1):
+        p.error("--repeats: 1 or more passes of the cluster; with --resimulate give one DIR a pass instead")
     args.shape = args.shape or ["uniform"]
     args.topology = args.topology or [Topology.disaggregated(1, 1)]
     return args
@@ -167,9 +182,31 @@ def topology_arg(text: str) -> Topology:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
-    runs = resimulated(args, console) if args.resimulate else measured(args, console)
-    verdicts, rates_by_run = [], {}
+    console = Console() if sys.stdout.isatty() else Console(width=240)  # a log has no width: keep tables whole
+    several = args.repeats > 1 or len(args.resimulate or ()) > 1
+    if args.resimulate:
+        passes = [(root, args.out_dir / f"run{k}" if several else args.out_dir)
+                  for k, root in enumerate(args.resimulate, 1)]
+    else:
+        passes = [(None, args.out_dir / f"run{k}" if several else args.out_dir) for k in range(1, args.repeats + 1)]
+    by_pass = []
+    for k, (root, out_root) in enumerate(passes, 1):
+        if several:
+            console.rule(f"pass {k} of {len(passes)}" + (f": {root}" if root else ""))
+        runs = resimulated(args, root, out_root, console) if root else measured(args, out_root, console)
+        by_pass.append(validate(args, runs, out_root, root, console))
+    if several:
+        write_repeats(args.out_dir, by_pass, [path.stem for path in args.profile], args.resimulate, console)
+    return 0
+
+
+def validate(args: argparse.Namespace, runs, out_root: Path, source: Path | None,
+             console: Console) -> dict[tuple[str, str], list]:
+    """Compares each (setup, runs, out_dir) of one pass with the simulator, prints and writes it
+    (and, for several shapes or topologies, the pass's summary under `out_root`; `source`: the
+    earlier run's directory it resimulates, None for one measured now); returns the comparisons
+    by (shape, topology)."""
+    verdicts, rates_by_run, compared = [], {}, {}
     for setup, shape_runs, out_dir in runs:
         comparisons = compare(shape_runs, args.profile, setup.transport, setup.slo, setup.topology, setup.router,
                               what_if(args))
@@ -184,18 +221,40 @@ def main(argv: list[str] | None = None) -> int:
                                  f"the handoff, {setup.topology.label}, {shape}: outside the decode worker and inside it")
         if handoffs is not None:
             console.print(handoffs)
-        json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons, args.resimulate,
-                                          what_if(args))
+        json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons,
+                                          source, what_if(args))
         console.print(f"wrote {json_path} and {png}")
         rates_by_run[(shape, setup.topology.label)] = [run.rate_rps for run in shape_runs]
+        compared[(shape, setup.topology.label)] = comparisons
         verdicts += [verdict(comparisons, shape, setup.topology.label, path.stem) for path in args.profile]
     if len(rates_by_run) > 1:
         console.print(verdict_table(verdicts, rates_by_run))
-        write_summary(args.out_dir, verdicts, rates_by_run, console)
-    return 0
+        write_summary(out_root, verdicts, rates_by_run, console)
+    return compared
 
 
-def measured(args: argparse.Namespace, console: Console):
+def write_repeats(out_dir: Path, by_pass: list[dict], models: list[str], sources: list[Path] | None,
+                  console: Console) -> None:
+    """repeats.{json,md,png} under `out_dir`: every shape and topology that all passes ran, each
+    model's runs taken together (`planner.validation_repeats`)."""
+    keys = [key for key in by_pass[0] if all(key in compared for compared in by_pass)]
+    for key in dict.fromkeys(k for compared in by_pass for k in compared):
+        if key not in keys:
+            console.print(f"{key[0]} on {key[1]} did not run in every pass: left out of the repeats")
+    if not keys:
+        return
+    rows = [repeats([compared[key] for compared in by_pass], *key, model) for key in keys for model in models]
+    console.print(repeats_table(rows))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "repeats.json").write_text(json.dumps(
+        {"passes": len(by_pass), "sources": [str(s) for s in sources] if sources else None,
+         "repeats": repeats_to_json(rows)}, indent=1))
+    (out_dir / "repeats.md").write_text(repeats_markdown(rows))
+    png = plot_repeats(rows, out_dir / "repeats.png", f"the same validation run {len(by_pass)} times")
+    console.print(f"wrote {out_dir / 'repeats.json'}, {out_dir / 'repeats.md'} and {png}")
+
+
+def measured(args: argparse.Namespace, out_root: Path, console: Console):
     """Runs the real cluster for each topology and shape; yields (setup, runs, out_dir) as each finishes."""
     first = load_profile(args.profile[0])
     slo = SLO(ttft_s=args.ttft_slo_ms / 1e3, tpot_s=args.tpot_slo_ms / 1e3)
@@ -206,7 +265,7 @@ def measured(args: argparse.Namespace, console: Console):
     for topology in args.topology:
         for name in args.shape:
             shape = shapes[name]
-            out_dir = args.out_dir / topology.label.replace("/", "_") / name if several else args.out_dir
+            out_dir = out_root / topology.label.replace("/", "_") / name if several else out_root
             router = planned_router(first, args.transport, topology,
                                     shape.workload.build(rate_rps=1.0, num_requests=ROUTER_SAMPLE_REQUESTS))
             setup = ValidationSetup(args.model.name, slo, workload_record(shape), args.transport, topology, router)
@@ -227,15 +286,15 @@ def what_if(args: argparse.Namespace) -> dict:
     return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
 
 
-def resimulated(args: argparse.Namespace, console: Console):
-    """The runs of an earlier validation (one directory, or one per topology and shape below it)."""
-    root = args.resimulate
+def resimulated(args: argparse.Namespace, root: Path, out_root: Path, console: Console):
+    """The runs of an earlier validation under `root` (one directory, or one per topology and shape
+    below it)."""
     files = [root / "validation.json"] if (root / "validation.json").exists() else sorted(root.glob("*/*/validation.json"))
     if not files:
         raise SystemExit(f"no validation.json in {root} or in {root}/<topology>/<shape>/")
     for path in files:
         setup, runs = load_earlier(path, args.transport)
-        out_dir = args.out_dir / path.parent.relative_to(root)
+        out_dir = out_root / path.parent.relative_to(root)
         console.print(f"re-simulating {path}")
         yield setup, runs, out_dir
 

@@ -97,18 +97,20 @@ def verdict(comparisons: Sequence[Comparison], shape: str, topology: str, model:
     rows = sorted((c for c in comparisons if c.model == model), key=lambda c: c.rate_rps)
     if not rows:
         raise ValueError(f"no comparison for model {model!r}")
-    to_knee = []
-    for c in rows:
-        if c.measured["slo_attainment"] < target:
-            break
-        to_knee.append(c)
-    to_knee = to_knee or rows[:1]
+    to_knee = rows[:rates_to_knee([c.measured["slo_attainment"] for c in rows], target)]
     errors = {key: sum(abs(c.error(key)) for c in to_knee) / len(to_knee) for key in LATENCY_KEYS}
     return Verdict(shape, topology, model, tuple(c.rate_rps for c in to_knee), errors,
                    goodput_on_grid([(c.rate_rps, c.measured["slo_attainment"]) for c in rows], target),
                    goodput_on_grid([(c.rate_rps, c.simulated["slo_attainment"]) for c in rows], target),
                    {key: _mean_known(c.noise.get(key) for c in to_knee) for key in LATENCY_KEYS},
                    {key: sum(c.error(key) for c in to_knee) / len(to_knee) for key in LATENCY_KEYS})
+
+
+def rates_to_knee(attainments: Sequence[float], target: float = 0.9) -> int:
+    """How many of the rates, lowest first, are up to the knee: those before the first whose
+    attainment missed `target` (at least one: the lowest alone when it missed)."""
+    met = next((i for i, attainment in enumerate(attainments) if attainment < target), len(attainments))
+    return max(1, met)
 
 
 def _mean_known(values) -> float | None:
@@ -305,7 +307,7 @@ def plot_validation(comparisons: Sequence[Comparison], path: Path, title: str) -
         ax.set_ylabel("share of requests" if key == "slo_attainment" else "ms")
         ax.set_title(label)
     axes[0].legend(fontsize=8)
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
 def plot_verdicts(verdicts: Sequence[Verdict], path: Path, title: str) -> Path:
@@ -340,10 +342,10 @@ def plot_verdicts(verdicts: Sequence[Verdict], path: Path, title: str) -> Path:
     for ax in (left, right):
         ax.set_xticks(x, names, fontsize=8)
         ax.legend(fontsize=8)
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
-def _save(fig, path: Path, title: str) -> Path:
+def save_figure(fig, path: Path, title: str) -> Path:
     """Titles, lays out, writes and closes a figure; returns `path`."""
     import matplotlib.pyplot as plt
 
