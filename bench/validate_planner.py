@@ -95,7 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resimulate", type=Path, metavar="DIR", action="append",
                    help="no cluster: simulate the requests of an earlier run (DIR/validation.json, or every "
                         "DIR/<topology>/<shape>/validation.json) with --profile and compare with what it measured; "
-                        "repeat for the passes of one validation (or repeated ones) to take them together as --repeats does")
+                        "repeat for the passes of one validation (or repeated ones) to take them together as --repeats does "
+                        "(a --repeats run: give each of its run<k> directories)")
     p.add_argument("--repeats", type=int, default=1, metavar="N",
                    help="run every shape and topology N times, in turn (A B C D, A B C D: a drift of the host lands "
                         "on every shape alike), each pass under <out-dir>/run<k>/; then <out-dir>/repeats.{json,md,png} "

@@ -19,8 +19,9 @@ shows:
   spread (as above), averaged over the rates up to the knee of the runs' mean attainment, beside
   the simulator's mean |error| against the runs' mean over the same rates.
 
-Spreads of two or three runs are rough (a range of two draws understates a normal spread by a
-fifth on average); they say whether an error is of the size of the noise, not its decimal.
+Spreads of two or three runs are rough (the mean distance from their own mean understates a normal
+spread by about 30% for two runs and a fifth for three); they say whether an error is of the size
+of the noise, not its decimal.
 """
 
 from __future__ import annotations
@@ -74,9 +75,11 @@ class Repeats:
 
     @property
     def goodput_spread(self) -> float | None:
-        """The runs' mean |goodput - their mean| / their mean; None unless every run's is bracketed
-        and positive."""
-        return spread([rps for rps, _ in self.measured_goodputs]) if self.bracketed else None
+        """The runs' mean |goodput - their mean| / their mean; None unless every run's measured
+        goodput is bracketed and their mean positive."""
+        if not all(bracketed for _, bracketed in self.measured_goodputs):
+            return None
+        return spread([rps for rps, _ in self.measured_goodputs])
 
     @property
     def goodput_error(self) -> float | None:
@@ -127,7 +130,8 @@ def repeats(runs: Sequence[Sequence[Comparison]], shape: str, topology: str, mod
     grids = tuple(tuple(c.rate_rps for c in run) for run in rows)
     if len(set(grids)) != 1:
         unknown = dict.fromkeys(LATENCY_KEYS)
-        return Repeats(shape, topology, model, measured, simulated, (), (), unknown, unknown, dict(unknown), grids)
+        return Repeats(shape, topology, model, measured, simulated, (), (), dict(unknown), dict(unknown), dict(unknown),
+                       grids)
     by_rate = list(zip(*rows))  # each rate's comparisons, one a run
     knee = rates_to_knee([_mean([c.measured["slo_attainment"] for c in at]) for at in by_rate], target)
     spreads, errors, biases = {}, {}, {}
@@ -147,9 +151,16 @@ def _percent(value: float | None, signed: bool = False) -> str:
     return "-" if value is None else (f"{value:+.0%}" if signed else f"{value:.0%}")
 
 
-def _goodputs(r: Repeats) -> str:
-    return " / ".join(format_goodput(g, grid) for g, grid in zip(r.measured_goodputs, r.grids_rps or
-                                                                   [r.grid_rps] * r.runs))
+def _goodputs(r: Repeats, goodputs: tuple[Goodput, ...]) -> str:
+    """Each run's goodput, a bound as a bound (`format_goodput`)."""
+    return " / ".join(format_goodput(g, grid) for g, grid in zip(goodputs, r.grids_rps or [r.grid_rps] * r.runs))
+
+
+def _simulated(r: Repeats) -> str:
+    """The simulated goodputs' mean, or each run's where any is a bound."""
+    if all(bracketed for _, bracketed in r.simulated_goodputs):
+        return f"{r.simulated_mean_rps:.2f}"
+    return _goodputs(r, r.simulated_goodputs)
 
 
 def _latency(r: Repeats, key: str) -> str:
@@ -167,8 +178,8 @@ HEADERS = ("shape", "topology", "model", "runs", "goodput each run req/s", "runs
 
 def _cells(r: Repeats) -> tuple[str, ...]:
     within = "-" if r.simulated_within_runs is None else ("yes" if r.simulated_within_runs else "no")
-    return (r.shape, r.topology, r.model, str(r.runs), _goodputs(r), _percent(r.goodput_spread),
-            f"{r.simulated_mean_rps:.2f}", _percent(r.goodput_error, signed=True), _percent(r.one_run_goodput_error),
+    return (r.shape, r.topology, r.model, str(r.runs), _goodputs(r, r.measured_goodputs), _percent(r.goodput_spread),
+            _simulated(r), _percent(r.goodput_error, signed=True), _percent(r.one_run_goodput_error),
             within, *(_latency(r, key) for key in LATENCY_KEYS))
 
 
@@ -222,8 +233,10 @@ def plot_repeats(rows: Sequence[Repeats], path: Path, title: str) -> Path:
         left.vlines(i, min(measured), max(measured), color="gray", linewidth=6, alpha=0.5,
                     label="the runs' range" if i == 0 else None)
         left.scatter([i] * len(measured), measured, color="black", zorder=3, label="each run" if i == 0 else None)
-        left.scatter([i + 0.15], [r.simulated_mean_rps], marker="D", color="tab:blue", zorder=3,
-                     label=f"simulated: {first}" if i == 0 else None)
+        bound = not all(bracketed for _, bracketed in r.simulated_goodputs)   # hollow: a bound
+        left.scatter([i + 0.15], [r.simulated_mean_rps], marker="D", zorder=3, edgecolors="tab:blue",
+                     facecolors="none" if bound else "tab:blue",
+                     label=f"simulated: {first} (hollow: a bound)" if i == 0 else None)
     left.set_ylabel("goodput (req/s at 90% attainment)")
     left.set_title("goodput, each run against the simulator")
     width = 0.8 / len(LATENCY_KEYS)

@@ -78,10 +78,10 @@ from planner.profile import DecodeSample
 from planner.profiler.serving_fit import (LONG_OUTPUT, SHORT_OUTPUT, CpuRun, LoneLatencies, ServingPlan, cpu_terms,
                                           long_prompt_requests, serving_plan, split_lone_handoff, steady_rate)
 from planner.profiler.spread import spread_of
-from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, BatchRun, NoCommonWindow,
-                                         ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
-                                         fit_served_steps, kept_row, served_extra_by_batch,
-                                         served_residuals_s, stream_cpu_terms)
+from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, SECOND_LOOK_SPREAD, BatchRun,
+                                         NoCommonWindow, ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
+                                         batches_to_measure_again, fit_served_steps, kept_row, median_runs,
+                                         served_extra_by_batch, served_residuals_s, stream_cpu_terms)
 from planner.serving_costs import MEASURED_CLIENT_PLACEMENT, ServingCosts
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
@@ -331,7 +331,9 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
                          host: ServingCosts, router_cpu_s_per_request: float, vocab_size: int, plan: ServingPlan,
                          advance, run_batch=None, label: str = "serving",
                          idle_cores: dict[str, float] | None = None, engine_cores: float = 1.0) -> ServedSteps:
-    """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches` (`run_batch`:
+    """Runs `fit_served_steps` on one batched run per entry of `plan.decode_batches` and, for a
+    batch whose two runs' steps differ by more than `SECOND_LOOK_SPREAD`, one more (a note, not a
+    step of the plan's progress), the run of the median step of the three fitted and kept (`run_batch`:
     `batched_decode_run`'s signature; tests and `vllm_server_probe` give their own; `unbound`
     None: no host CPU read; `label` heads the progress notes). A run whose
     requests never decoded together (on a slow or busy host the first can finish before the last
@@ -346,23 +348,35 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
     served engine spans (`fit_served_steps`)."""
     run_batch = run_batch or batched_decode_run
     host_cpu, router_cpu = (unbound.host, unbound.router) if unbound is not None else (None, None)
-    runs, skipped = [], []
-    for index, batch in enumerate(plan.decode_batches):
-        run = None
+
+    def measured(batch: int, seed: int):
         for output_tokens in batch_output_attempts(plan.max_output_tokens):
             try:
-                run = asyncio.run(run_batch(target, batch, vocab_size, host_cpu, seed=100 + index,
-                                            output_tokens=output_tokens, router_cpu=router_cpu))
-                break
+                return asyncio.run(run_batch(target, batch, vocab_size, host_cpu, seed=seed,
+                                             output_tokens=output_tokens, router_cpu=router_cpu))
             except NoCommonWindow as why:
                 advance(f"{label}: batch {batch}: {why}; again with {output_tokens * 2} output tokens", step=False)
             except BROKEN_CONNECTION as why:
                 advance(f"{label}: batch {batch}: the connection broke ({type(why).__name__}: {why}); again", step=False)
+        return None
+
+    runs, skipped = [], []
+    for index, batch in enumerate(plan.decode_batches):
+        run = measured(batch, seed=100 + index)
         if run is None:
             skipped.append(batch)
         else:
             runs.append(run)
         advance(f"{label}: decode steps at batch {batch}")
+    looked_again = batches_to_measure_again(runs)
+    for index, batch in enumerate(looked_again):
+        steps = ", ".join(f"{run.step_s * 1e3:.1f}" for run in runs if run.batch == batch)
+        advance(f"{label}: batch {batch}: its runs took {steps} ms a step, more than "
+                f"{SECOND_LOOK_SPREAD:.0%} apart; once more, the median kept", step=False)
+        if (run := measured(batch, seed=200 + index)) is not None:
+            runs.append(run)
+    spread_s = spread_of(run.gaps_s for run in runs)
+    runs = median_runs(runs, looked_again)
     if not runs:
         raise RuntimeError(f"served decode steps: the requests of batches {skipped} never decoded together even "
                            "with longer outputs (is max_num_seqs below the batch, or the host too busy?)")
@@ -377,7 +391,7 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
                                                              stream, engine_cores, host.client_placement)
     residuals_s = served_residuals_s(runs, model, host.host_cores, stream, engine_rows, engine_cores,
                                      host.client_placement)
-    return ServedSteps(step_s, per_token_s, host_per_token_s, spread_of(run.gaps_s for run in runs),
+    return ServedSteps(step_s, per_token_s, host_per_token_s, spread_s,
                        stream.router_per_token_s, stream.host_per_step_s, stream.router_per_step_s,
                        tuple(kept_row(run) for run in runs),
                        served_extra_by_batch([run.batch for run in runs], residuals_s))

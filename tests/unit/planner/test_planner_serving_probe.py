@@ -191,6 +191,47 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
         measure_served_steps("t", None, ROUND_MODEL, (), host, 0.0, 1000, plan, lambda *a, **k: None, run_batch=never)
 
 
+def test_a_batch_whose_two_runs_disagree_is_measured_once_more_and_its_median_kept():
+    from planner.profiler.serving_fit import ServingPlan
+    from planner.profiler.serving_probe import measure_served_steps
+    from planner.profiler.stream_fit import batches_to_measure_again, median_runs
+
+    def run(batch: int, step_ms: float) -> BatchRun:
+        return BatchRun(batch, step_ms / 1e3, batch * 40, batch / (step_ms / 1e3), 0.0, batch * 256)
+
+    # 64: 16.0 against 10.6 ms (51% apart); 4: 5% apart; 1: measured once; 8: already three runs
+    runs = [run(1, 3.0), run(4, 4.0), run(4, 4.2), run(64, 16.0), run(64, 10.6), run(8, 5.0), run(8, 9.0),
+            run(8, 5.1)]
+    assert batches_to_measure_again(runs) == [64]
+    assert batches_to_measure_again(runs, spread=0.6) == []
+    # a batch measured again keeps its run of the median step; one whose extra run failed keeps both
+    third = run(64, 14.5)
+    assert [r.step_s * 1e3 for r in median_runs(runs + [third], [64]) if r.batch == 64] == pytest.approx([14.5])
+    assert median_runs(runs, [64]) == runs and len(median_runs(runs, [8])) == len(runs) - 2
+
+    engine_64_s = ROUND_MODEL.decode_step_s(64, 64 * 40)
+    steps_64_s = iter([engine_64_s + 0.200, engine_64_s + 0.010, engine_64_s + 0.080])   # 32% apart, then between
+    tried, notes = [], []
+
+    async def run_batch(target, batch, vocab_size, host_cpu, seed, output_tokens, router_cpu=None):
+        tried.append((batch, seed))
+        step_s = next(steps_64_s) if batch == 64 else ROUND_MODEL.decode_step_s(batch, batch * 40)
+        return BatchRun(batch, step_s, batch * 40, batch / step_s, 0.0, batch * output_tokens, (step_s,) * 4)
+
+    plan = ServingPlan((32,), 1, 32, 10, (1, 64, 1, 64), max_output_tokens=2032)
+    steps = measure_served_steps("t", None, ROUND_MODEL, (), ServingCosts(host_cores=2), 0.0, 1000, plan,
+                                 lambda label, step=True: notes.append((label, step)), run_batch=run_batch)
+    assert tried == [(1, 100), (64, 101), (1, 102), (64, 103), (64, 200)]
+    # batch 64's run of the median step fitted and kept alone; the spread still pools every run's gaps
+    assert [row[0] for row in steps.batch_runs] == [1.0, 1.0, 64.0]
+    assert steps.batch_runs[-1][1] == pytest.approx(engine_64_s + 0.080)
+    assert dict(steps.extra_by_batch)[64.0] == pytest.approx(0.080)
+    assert steps.decode_cpu_s_per_token == pytest.approx(0.080 / 63, rel=1e-6)   # the line through 0 at 1, 80 ms at 64
+    assert any(label.startswith("serving: batch 64: its runs took") and "once more, the median kept" in label
+               and not step for label, step in notes)
+    assert sum(step for _, step in notes) == 4   # the extra run is no step of the plan's
+
+
 def test_served_steps_of_one_batch_size_are_its_step_alone_and_said_so():
     """A server whose batched streams arrive in bursts (vLLM's, auto-bound on two vCPUs) leaves only
     the lone batch measurable: the profile gets its step, no per-token term, and a note, not a

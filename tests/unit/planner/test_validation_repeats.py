@@ -74,6 +74,11 @@ def test_a_bound_leaves_the_goodput_figures_unknown_and_says_which_side():
     misses = run([1.0, 1.0, 0.8], [100, 100, 300], [1.0, 1.0, 0.5], [100, 100, 300])
     r = repeats([never_misses, misses], "s", "1P+1D", "p")
     assert not r.bracketed and r.goodput_spread is None and r.goodput_error is None
+    # the simulator's bound leaves the runs' own spread known
+    simulated_never_misses = run([1.0, 1.0, 0.8], [100, 100, 300], [1.0, 1.0, 1.0], [100, 100, 100])
+    both = repeats([misses, simulated_never_misses], "s", "1P+1D", "p")
+    assert both.goodput_spread == 0.0 and both.goodput_error is None
+    assert "| 5.00 / 5.00 | 0% | 4.40 / >= 6 |" in repeats_markdown([both])
     assert r.simulated_within_runs is None and r.one_run_goodput_error is None
     console = Console(record=True, width=400)
     console.print(repeats_table([r]))
