@@ -12,7 +12,9 @@ uniform, short-long, long-short, trace, bursty), a real cluster serves the shape
 very same request list (arrivals as sent, lengths) is simulated through the same topology with each
 profile's fitted model, the simulated router placing with the real router's cost model and policy.
 Without --rates, the rates are 30/60/90/120% of the first profile's simulated goodput for that
-shape and topology. Writes <out-dir>/<topology>/<shape>/validation.{json,png} (just <out-dir>/ for
+shape and topology; then (--refine, default 2) a rate halfway between the last whose measured
+attainment met 90% and the first that missed, twice: the goodput each side puts on that grid is
+known to a quarter of the bracket, not anywhere in it. Writes <out-dir>/<topology>/<shape>/validation.{json,png} (just <out-dir>/ for
 one shape on one topology) and, for several, <out-dir>/summary.{json,md,png}: per shape and
 topology the mean |error| of each latency percentile up to the measured knee and the goodput each
 side puts where attainment crosses 90% on the same grid.
@@ -61,6 +63,7 @@ from rich.console import Console
 
 from loadgen.harness import run_with_progress
 from loadgen.metrics import SLO, summarize
+from loadgen.sweep import knee_midpoint
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.host_probe import speed_check_ms, wake_check_us
@@ -110,6 +113,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "one core per worker; repeat for several (default: 1P+1D)")
     p.add_argument("--rates", help="comma-separated offered rates, req/s, for every shape and topology "
                                    "(default: from the first profile, per shape and topology)")
+    p.add_argument("--refine", type=int, default=2, metavar="N",
+                   help="after the rates, up to N more, each halving the bracket between the last rate whose "
+                        "attainment met 90%% and the first that missed, where the goodput is interpolated (a grid "
+                        "30%% apart across a cliff in attainment leaves it anywhere in the bracket); 0: the rates "
+                        "alone (default 2)")
     p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals per rate (default 60)")
     p.add_argument("--min-requests", type=int, default=40, help="at least this many requests per rate (default 40)")
     p.add_argument("--input-len", type=int, default=128, help="uniform shape: mean prompt tokens (default 128)")
@@ -164,6 +172,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.model is None and args.resimulate is None:
         p.error("give --model (run the cluster) or --resimulate DIR (re-simulate an earlier run)")
+    if args.refine < 0:
+        p.error("--refine: 0 or more rates")
     if args.repeats < 1 or (args.resimulate and args.repeats > 1):
         p.error("--repeats: 1 or more passes of the cluster; with --resimulate give one DIR a pass instead")
     args.shape = args.shape or ["uniform"]
@@ -335,8 +345,9 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                              topology, setup.router))
     console.print(f"rates {rates} req/s ({arrival_minutes(rates, args.duration_s, args.min_requests):.1f} min of "
                   f"arrivals); SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
-                  f"profiles {[p.stem for p in args.profile]}")
-    runs = []
+                  f"profiles {[p.stem for p in args.profile]}" + (f"; then up to {args.refine} more between the "
+                                                                   "last rate met and the first missed"
+                                                                   if args.refine else ""))
     trace_dir = out_dir / "logs" / "steps"
     if args.step_trace:   # the workers and their engine cores inherit it as they start
         os.environ[STEP_TRACE_ENV] = str(trace_dir)
@@ -345,7 +356,7 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
     finally:
         os.environ.pop(STEP_TRACE_ENV, None)
     try:
-        for index, rate in enumerate(rates):
+        def at(index: int, rate: float) -> RateRun:
             count = requests_at(rate, args.duration_s, args.min_requests)
             specs = shape.workload.build(rate_rps=rate, num_requests=count)
             vocab = model_config(args.model)["vocab_size"]
@@ -381,12 +392,21 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             if measured_summary["failed"]:
                 console.print(f"[red]{measured_summary['failed']} requests failed at {rate:g} req/s: "
                               f"{measured_summary['errors_by_kind']}[/red]")
-            runs.append(RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores,
-                                measured_phases(result.records, len(specs)), machine, by_process,
-                                [dataclasses.asdict(row) | {"others": round(row.others, 4)} for row in loads] or None))
+            return RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores,
+                           measured_phases(result.records, len(specs)), machine, by_process,
+                           [dataclasses.asdict(row) | {"others": round(row.others, 4)} for row in loads] or None)
+
+        runs = [at(index, rate) for index, rate in enumerate(rates)]
+        for _ in range(args.refine):   # halve the bracket the goodput is interpolated across
+            curve = [(run.rate_rps, run.measured["slo_attainment"]) for run in runs]
+            if (rate := knee_midpoint(curve)) is None:
+                break
+            console.print(f"refining the knee: {rate:g} req/s, between the last rate that met the SLOs and the first "
+                          "that did not")
+            runs.append(at(len(runs), rate))
     finally:
         system.stop()
-    return runs
+    return sorted(runs, key=lambda run: run.rate_rps)
 
 
 def cores_since(before: dict, after: dict, wall_s: float) -> dict:

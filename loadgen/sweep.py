@@ -118,6 +118,25 @@ def goodput_on_grid(curve: Sequence[tuple[float, float]], target: float = 0.9) -
     return points[-1][0], False
 
 
+def knee_midpoint(curve: Sequence[tuple[float, float]], target: float = 0.9,
+                  min_gap: float = 0.05) -> float | None:
+    """The rate to measure next to find the goodput of a curve measured on a grid
+    (`[(rate_rps, attainment)]`): the midpoint of the bracket `goodput_on_grid` interpolates across
+    (the last passing rate below the first failing one), rounded to 3 decimals; None when the grid
+    does not bracket the target (the lowest rate fails, or none does) or the bracket is already
+    narrower than `min_gap` of its failing rate. A grid 30% apart across a cliff in attainment
+    interpolates a goodput anywhere in the bracket; each midpoint halves it."""
+    if not curve:
+        raise ValueError("the curve is empty: measure at least one rate")
+    points = sorted(curve)
+    if points[0][1] < target:
+        return None
+    for (lo_rps, _), (hi_rps, hi_att) in zip(points, points[1:]):
+        if hi_att < target:
+            return None if hi_rps - lo_rps <= min_gap * hi_rps else round((lo_rps + hi_rps) / 2, 3)
+    return None
+
+
 def stopped_search(curve: Sequence[tuple[float, float]], target: float = 0.9) -> SearchResult:
     """What a search that stopped early (a failed probe, an interrupt) still says, from the
     `[(rate_rps, attainment)]` measured in order: the highest passing rate below every failing

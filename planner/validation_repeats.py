@@ -15,9 +15,10 @@ shows:
   average, were the runs' mean the truth); the simulator's error against the runs' mean, against
   each run (the mean |error| a one-run validation would have reported) and whether it falls
   between the lowest and the highest run;
-- latency percentiles, where the runs share their grid of rates: at each rate the runs' mean and
-  spread (as above), averaged over the rates up to the knee of the runs' mean attainment, beside
-  the simulator's mean |error| against the runs' mean over the same rates.
+- latency percentiles, at the rates every run measured (the grid; each run's refinement of its
+  knee is its own): at each rate the runs' mean and spread (as above), averaged over the rates up
+  to the knee of the runs' mean attainment, beside the simulator's mean |error| against the runs'
+  mean over the same rates.
 
 Spreads of two or three runs are rough (the mean distance from their own mean understates a normal
 spread by about 30% for two runs and a fifth for three); they say whether an error is of the size
@@ -49,8 +50,8 @@ class Repeats:
     model: str
     measured_goodputs: tuple[Goodput, ...]  # each run's
     simulated_goodputs: tuple[Goodput, ...]  # the simulator's on each run's requests and grid
-    grid_rps: tuple[float, ...]  # the grid the runs share; () when they do not
-    rates_to_knee: tuple[float, ...]  # of that grid, up to the knee of the runs' mean attainment
+    grid_rps: tuple[float, ...]  # the rates every run measured; () when none
+    rates_to_knee: tuple[float, ...]  # of those, up to the knee of the runs' mean attainment
     spread_to_knee: dict[str, float | None]  # latency key -> the runs' mean spread over those rates
     error_to_knee: dict[str, float | None]  # latency key -> mean |simulated - the runs' mean| / the runs' mean
     bias_to_knee: dict[str, float | None]  # latency key -> the same, signed (+ the simulator pessimistic)
@@ -128,11 +129,13 @@ def repeats(runs: Sequence[Sequence[Comparison]], shape: str, topology: str, mod
     simulated = tuple(goodput_on_grid([(c.rate_rps, c.simulated["slo_attainment"]) for c in run], target)
                       for run in rows)
     grids = tuple(tuple(c.rate_rps for c in run) for run in rows)
-    if len(set(grids)) != 1:
+    shared = sorted(set.intersection(*(set(grid) for grid in grids)))
+    if not shared:
         unknown = dict.fromkeys(LATENCY_KEYS)
         return Repeats(shape, topology, model, measured, simulated, (), (), dict(unknown), dict(unknown), dict(unknown),
                        grids)
-    by_rate = list(zip(*rows))  # each rate's comparisons, one a run
+    # each shared rate's comparisons, one a run
+    by_rate = [[next(c for c in run if c.rate_rps == rate) for run in rows] for rate in shared]
     knee = rates_to_knee([_mean([c.measured["slo_attainment"] for c in at]) for at in by_rate], target)
     spreads, errors, biases = {}, {}, {}
     for key in LATENCY_KEYS:
@@ -143,8 +146,8 @@ def repeats(runs: Sequence[Sequence[Comparison]], shape: str, topology: str, mod
         spreads[key] = _mean(known) if known else None
         errors[key] = _mean([abs(e) for e in signed]) if signed else None
         biases[key] = _mean(signed) if signed else None
-    return Repeats(shape, topology, model, measured, simulated, grids[0], grids[0][:knee], spreads, errors, biases,
-                   grids)
+    return Repeats(shape, topology, model, measured, simulated, tuple(shared), tuple(shared[:knee]), spreads, errors,
+                   biases, grids)
 
 
 def _percent(value: float | None, signed: bool = False) -> str:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from loadgen.sweep import SearchConfig, find_goodput, goodput_on_grid, stopped_search
+from loadgen.sweep import SearchConfig, find_goodput, goodput_on_grid, knee_midpoint, stopped_search
 
 
 def step(threshold_rps):
@@ -60,6 +60,22 @@ def test_grid_goodput_outside_the_grid_is_flagged():
     assert goodput_on_grid([(0.5, 1.0), (1.0, 0.9)]) == (1.0, False)  # exactly the target passes
     with pytest.raises(ValueError, match="empty"):
         goodput_on_grid([])
+
+
+def test_the_next_rate_halves_the_bracket_the_grid_goodput_interpolates_across():
+    grid = [(5.4, 1.0), (10.8, 1.0), (16.2, 0.35), (21.6, 0.07)]
+    assert knee_midpoint(grid) == pytest.approx(13.5)
+    # measured there and passing: the bracket is now 13.5-16.2
+    assert knee_midpoint(grid + [(13.5, 0.95)]) == pytest.approx(14.85)
+    # the first crossing decides, as for goodput_on_grid: a pass above a failure is not a bracket
+    assert knee_midpoint([(1.0, 1.0), (2.0, 0.5), (3.0, 0.95)]) == pytest.approx(1.5)
+    # nothing to refine: no rate fails, the lowest fails, or the bracket is within 5% of its top
+    assert knee_midpoint([(1.0, 1.0), (2.0, 0.95)]) is None
+    assert knee_midpoint([(1.0, 0.5), (2.0, 0.2)]) is None
+    assert knee_midpoint([(10.0, 1.0), (10.4, 0.5)]) is None
+    assert knee_midpoint([(10.0, 1.0), (10.4, 0.5)], min_gap=0.01) == pytest.approx(10.2)
+    with pytest.raises(ValueError, match="empty"):
+        knee_midpoint([])
 
 
 def test_a_stopped_search_answers_from_the_probes_it_measured():

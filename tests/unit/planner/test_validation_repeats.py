@@ -63,10 +63,25 @@ def test_latencies_against_the_runs_mean_up_to_the_knee_of_their_mean_attainment
 
 def test_runs_on_different_grids_keep_goodput_but_not_the_percentiles():
     first = run([1.0, 1.0, 0.8], [100, 100, 300], [1.0, 1.0, 0.5], [100, 100, 300])
-    second = run([1.0, 1.0, 0.8], [100, 100, 300], [1.0, 1.0, 0.5], [100, 100, 300], rates=(3.0, 6.0, 9.0))
+    second = run([1.0, 1.0, 0.8], [100, 100, 300], [1.0, 1.0, 0.5], [100, 100, 300], rates=(3.0, 5.0, 9.0))
     r = repeats([first, second], "s", "1P+1D", "p")
     assert r.grid_rps == () and r.error_to_knee["median_ttft_ms"] is None
-    assert [g for g, _ in r.measured_goodputs] == pytest.approx([5.0, 7.5])
+    assert [g for g, _ in r.measured_goodputs] == pytest.approx([5.0, 7.0])
+
+
+def test_each_runs_own_refinement_of_its_knee_counts_for_its_goodput_and_the_shared_rates_for_percentiles():
+    # the grid 2, 4, 6; the first run refined at 5 (passed), the second at 3 (missed)
+    first = run([1.0, 1.0, 0.95, 0.8], [100, 100, 150, 300], [1.0, 1.0, 1.0, 0.5], [100, 100, 100, 300],
+                rates=(2.0, 4.0, 5.0, 6.0))
+    second = run([1.0, 0.5, 1.0, 0.3], [100, 120, 200, 400], [1.0, 1.0, 1.0, 0.5], [100, 100, 100, 300],
+                 rates=(2.0, 3.0, 4.0, 6.0))
+    r = repeats([first, second], "s", "1P+1D", "p")
+    assert r.grid_rps == (2.0, 4.0, 6.0)
+    # 5 + (0.95 - 0.9) / (0.95 - 0.8) = 5.33; 2 + (1.0 - 0.9) / (1.0 - 0.5) = 2.2
+    assert [g for g, _ in r.measured_goodputs] == pytest.approx([5 + 1 / 3, 2.2])
+    # mean attainment at 2, 4, 6: 1.0, 1.0, 0.55: the knee takes 2 and 4; at 4 the runs read 100 and 200
+    assert r.rates_to_knee == (2.0, 4.0)
+    assert r.spread_to_knee["median_ttft_ms"] == pytest.approx((0 + 1 / 3) / 2)
 
 
 def test_a_bound_leaves_the_goodput_figures_unknown_and_says_which_side():
