@@ -64,6 +64,8 @@ KEPT = (
     Kept("amx167-cores-3", "client_share_amx167/run3", "client_share_amx167/tiny_2cpu_amx167_wake.json", "shm"),
     Kept("amx167-cores-bench", "client_share_amx167/bench_run", "client_share_amx167/bench_2cpu_amx167_wake.json",
          "shm"),
+    *(Kept(f"amx167-refined-{k}", f"repeats_amx167/refined/run{k}", "repeats_amx167/tiny_amx167_s62b.json", "shm")
+      for k in (1, 2, 3)),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 
