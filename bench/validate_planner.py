@@ -74,17 +74,16 @@ from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
 from planner.simulator.config import HOP_MODELS, SERVED_STEP_FORMS, STEP_SPREADS
 from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
-from loadgen.comparison.goodput import format_goodput
-from planner.validation import (LATENCY_KEYS, METRICS, error_and_noise, error_table, handoff_table, phase_table,
-                               plot_verdicts, verdict, verdict_table, verdicts_to_json)
+from planner.validation import (error_table, handoff_table, phase_table, verdict, verdict_table, write_summary)
 from planner.validation_cpu import check_line, core_line, core_loads, traffic_of, unbound_cpu_check
 from planner.validation_joins import client_first_gap_s, handoff_summary, one_step_prompts, prompt_summary
 from planner.validation_phases import measured_local_share, measured_phases
 from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
 from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
                                      compare, cpu_by_process_s, cpu_by_worker_s, load_earlier, machine_against_profile,
-                                     planned_router, requests_at, router_flags_for, worker_cores, write_validation)
-from planner.validation_repeats import plot_repeats, repeats, repeats_markdown, repeats_table, repeats_to_json
+                                     planned_router, recorded_path, requests_at, router_flags_for, worker_cores,
+                                     write_validation)
+from planner.validation_repeats import repeats, repeats_table, write_repeats_files
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -194,12 +193,9 @@ def topology_arg(text: str) -> Topology:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console() if sys.stdout.isatty() else Console(width=240)  # a log has no width: keep tables whole
-    several = args.repeats > 1 or len(args.resimulate or ()) > 1
-    if args.resimulate:
-        passes = [(root, args.out_dir / f"run{k}" if several else args.out_dir)
-                  for k, root in enumerate(args.resimulate, 1)]
-    else:
-        passes = [(None, args.out_dir / f"run{k}" if several else args.out_dir) for k in range(1, args.repeats + 1)]
+    roots = args.resimulate or [None] * args.repeats   # an earlier run's directory a pass, or None: measure now
+    several = len(roots) > 1
+    passes = [(root, args.out_dir / f"run{k}" if several else args.out_dir) for k, root in enumerate(roots, 1)]
     by_pass = []
     for k, (root, out_root) in enumerate(passes, 1):
         if several:
@@ -240,7 +236,7 @@ def validate(args: argparse.Namespace, runs, out_root: Path, source: Path | None
         verdicts += [verdict(comparisons, shape, setup.topology.label, path.stem) for path in args.profile]
     if len(rates_by_run) > 1:
         console.print(verdict_table(verdicts, rates_by_run))
-        write_summary(out_root, verdicts, rates_by_run, console)
+        console.print(f"wrote {', '.join(str(path) for path in write_summary(out_root, verdicts, rates_by_run))}")
     return compared
 
 
@@ -256,13 +252,8 @@ def write_repeats(out_dir: Path, by_pass: list[dict], models: list[str], sources
         return
     rows = [repeats([compared[key] for compared in by_pass], *key, model) for key in keys for model in models]
     console.print(repeats_table(rows))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "repeats.json").write_text(json.dumps(
-        {"passes": len(by_pass), "sources": [str(s) for s in sources] if sources else None,
-         "repeats": repeats_to_json(rows)}, indent=1))
-    (out_dir / "repeats.md").write_text(repeats_markdown(rows))
-    png = plot_repeats(rows, out_dir / "repeats.png", f"the same validation run {len(by_pass)} times")
-    console.print(f"wrote {out_dir / 'repeats.json'}, {out_dir / 'repeats.md'} and {png}")
+    paths = write_repeats_files(out_dir, rows, len(by_pass), [recorded_path(s) for s in sources or ()])
+    console.print(f"wrote {', '.join(str(path) for path in paths)}")
 
 
 def measured(args: argparse.Namespace, out_root: Path, console: Console):
@@ -474,25 +465,6 @@ def machine_now(profile: Profile) -> dict[str, float]:
     cores = sorted(os.sched_getaffinity(0))
     return {"ms_per_product": speed_check_ms(cores, product=profile.hardware.machine_product),
             "wake_us": wake_check_us(cores)}
-
-
-def write_summary(out_dir: Path, verdicts, rates_by_run: dict, console: Console) -> None:
-    """summary.json (every verdict), summary.md (the table as markdown) and summary.png."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").write_text(json.dumps(verdicts_to_json(verdicts), indent=1))
-    lines = ["| shape | topology | model | rates to knee | " + " | ".join(dict(METRICS)[k] for k in LATENCY_KEYS)
-             + " | goodput real / sim req/s | goodput err |", "|---" * (6 + len(LATENCY_KEYS)) + "|"]
-    for v in verdicts:
-        rates = rates_by_run[(v.shape, v.topology)]
-        errors = " | ".join(error_and_noise(v.errors_to_knee[k], v.noise_to_knee.get(k), v.bias_to_knee.get(k))
-                            for k in LATENCY_KEYS)
-        error = "-" if v.goodput_error is None else f"{v.goodput_error:+.0%}"
-        lines.append(f"| {v.shape} | {v.topology} | {v.model} | {','.join(f'{r:g}' for r in v.rates_to_knee)} | "
-                     f"{errors} | {format_goodput(v.measured_goodput, rates)} / "
-                     f"{format_goodput(v.simulated_goodput, rates)} | {error} |")
-    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
-    png = plot_verdicts(verdicts, out_dir / "summary.png", "measured vs simulated, per shape and topology")
-    console.print(f"wrote {out_dir / 'summary.json'}, {out_dir / 'summary.md'} and {png}")
 
 
 def model_config(model: Path) -> dict:

@@ -17,6 +17,7 @@ crosses the target on the same grid of rates.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,27 @@ def verdicts_to_json(verdicts: Sequence[Verdict]) -> list[dict[str, Any]]:
              "goodput_rps": {"measured": v.measured_goodput[0], "measured_bracketed": v.measured_goodput[1],
                              "simulated": v.simulated_goodput[0], "simulated_bracketed": v.simulated_goodput[1]},
              "goodput_error": v.goodput_error} for v in verdicts]
+
+
+def write_summary(out_dir: Path, verdicts: Sequence[Verdict],
+                  rates_by_run: dict[tuple[str, str], Sequence[float]]) -> list[Path]:
+    """summary.json (every verdict), summary.md (`verdict_table` as markdown) and summary.png under
+    `out_dir`; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(verdicts_to_json(verdicts), indent=1))
+    lines = ["| shape | topology | model | rates to knee | " + " | ".join(dict(METRICS)[k] for k in LATENCY_KEYS)
+             + " | goodput real / sim req/s | goodput err |", "|---" * (6 + len(LATENCY_KEYS)) + "|"]
+    for v in verdicts:
+        rates = rates_by_run[(v.shape, v.topology)]
+        errors = " | ".join(error_and_noise(v.errors_to_knee[k], v.noise_to_knee.get(k), v.bias_to_knee.get(k))
+                            for k in LATENCY_KEYS)
+        error = "-" if v.goodput_error is None else f"{v.goodput_error:+.0%}"
+        lines.append(f"| {v.shape} | {v.topology} | {v.model} | {','.join(f'{r:g}' for r in v.rates_to_knee)} | "
+                     f"{errors} | {format_goodput(v.measured_goodput, rates)} / "
+                     f"{format_goodput(v.simulated_goodput, rates)} | {error} |")
+    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    png = plot_verdicts(verdicts, out_dir / "summary.png", "measured vs simulated, per shape and topology")
+    return [out_dir / "summary.json", out_dir / "summary.md", png]
 
 
 def error_table(comparisons: Sequence[Comparison], title: str) -> Table:

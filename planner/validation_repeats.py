@@ -27,6 +27,7 @@ of the noise, not its decimal.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,6 +216,17 @@ def repeats_to_json(rows: Sequence[Repeats]) -> list[dict[str, Any]]:
              "grid_rps": list(r.grid_rps), "rates_to_knee": list(r.rates_to_knee),
              "spread_to_knee": r.spread_to_knee, "error_to_knee": r.error_to_knee, "bias_to_knee": r.bias_to_knee}
             for r in rows]
+
+
+def write_repeats_files(out_dir: Path, rows: Sequence[Repeats], passes: int, sources: Sequence[str] = ()) -> list[Path]:
+    """repeats.json (`repeats_to_json`, with the number of passes and the earlier runs' directories
+    they resimulated, if any), repeats.md and repeats.png under `out_dir`; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "repeats.json").write_text(json.dumps(
+        {"passes": passes, "sources": list(sources) or None, "repeats": repeats_to_json(rows)}, indent=1))
+    (out_dir / "repeats.md").write_text(repeats_markdown(rows))
+    png = plot_repeats(rows, out_dir / "repeats.png", f"the same validation run {passes} times")
+    return [out_dir / "repeats.json", out_dir / "repeats.md", png]
 
 
 def plot_repeats(rows: Sequence[Repeats], path: Path, title: str) -> Path:

@@ -269,6 +269,18 @@ def _phases_from_json(data: dict | None) -> dict[str, list[float]] | None:
     return {phase: [math.nan if v is None else float(v) for v in values] for phase, values in data.items()}
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def recorded_path(path: Path) -> str:
+    """`path` as a kept result records it: relative to the repository where it lies inside it (a
+    clone elsewhere reads the same file), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Sequence[Path], runs: Sequence[RateRun],
                      comparisons: Sequence[Comparison], resimulated: Path | None = None,
                      what_if: Mapping[str, object] | None = None) -> tuple[Path, Path]:
@@ -279,10 +291,10 @@ def write_validation(out_dir: Path, setup: ValidationSetup, profile_paths: Seque
     slo = setup.slo
     json_path = out_dir / "validation.json"
     json_path.write_text(json.dumps(
-        {"model": setup.model_name, "profiles": [str(p) for p in profile_paths], "slo_ms": slo.as_ms(),
+        {"model": setup.model_name, "profiles": [recorded_path(p) for p in profile_paths], "slo_ms": slo.as_ms(),
          "workload": setup.workload, "transport": setup.transport, "topology": setup.topology.label,
          **({"router": router_files(setup.router.placement, setup.router.cost)} if setup.router else {}),
-         **({"resimulated": str(resimulated)} if resimulated else {}),
+         **({"resimulated": recorded_path(resimulated)} if resimulated else {}),
          **({"sim_what_if": dict(what_if)} if what_if else {}),
          **to_json(comparisons),
          "cluster_cpu_cores": {str(run.rate_rps): run.cluster_cpu_cores for run in runs},

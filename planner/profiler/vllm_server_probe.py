@@ -46,8 +46,8 @@ from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
 from planner.profile import DecodeSample
 from planner.profiler.serving_fit import ServingPlan, serving_plan
-from planner.profiler.serving_probe import (StreamWindowReader, UnboundCpu, by_length, lone_runs, measure_served_steps,
-                                            steady_cpu)
+from planner.profiler.batched_runs import StreamWindowReader, UnboundCpu, measure_served_steps
+from planner.profiler.serving_probe import by_length, lone_runs, steady_cpu
 from planner.profiler.spread import spread_of
 from planner.profiler.stream_fit import BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, batch_run_of
 from planner.serving_costs import ServingCosts
@@ -91,7 +91,7 @@ async def lone_first_token(url: str, model: PerfModel, plan: ServingPlan, vocab_
 
 async def batched_run(url: str, batch: int, vocab_size: int, host_cpu, seed: int,
                       output_tokens: int = BATCH_OUTPUT_TOKENS, router_cpu=None):
-    """`serving_probe.batched_decode_run` against vLLM's server: `batch` short prompts at once;
+    """`batched_runs.batched_decode_run` against vLLM's server: `batch` short prompts at once;
     `host_cpu` and `router_cpu` (None: not read) read the front end's and this client's CPU, and the
     front end's alone (`front_end_cpu`). Raises `NoCommonWindow` when they never decoded together."""
     import numpy as np

@@ -13,7 +13,7 @@ from launch.commands import ClusterSpec
 from launch.local import LocalCluster
 from pdserve.client import Client
 from pdserve.engine import EngineSettings
-from planner.profiler.serving_probe import batched_decode_run
+from planner.profiler.batched_runs import batched_decode_run
 
 def main():
     engine = EngineSettings(model=str(REPO / "models" / "tiny"), max_model_len=2048, kv_cache_bytes=256 << 20,

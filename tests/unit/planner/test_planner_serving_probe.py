@@ -136,7 +136,7 @@ def test_a_batched_run_whose_connection_broke_is_measured_again_not_the_profile_
     import httpx
 
     from planner.profiler.serving_fit import ServingPlan
-    from planner.profiler.serving_probe import measure_served_steps
+    from planner.profiler.batched_runs import measure_served_steps
 
     tried, notes = [], []
 
@@ -158,7 +158,7 @@ def test_a_batched_run_whose_connection_broke_is_measured_again_not_the_profile_
 def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_it_never_does():
     from planner.profiler.serving_fit import ServingPlan
     from planner.profiler.stream_fit import NoCommonWindow
-    from planner.profiler.serving_probe import measure_served_steps
+    from planner.profiler.batched_runs import measure_served_steps
 
     tried, notes = [], []
 
@@ -193,7 +193,7 @@ def test_served_steps_retry_a_batch_that_never_decoded_together_and_skip_it_if_i
 
 def test_a_batch_whose_two_runs_disagree_is_measured_once_more_and_its_median_kept():
     from planner.profiler.serving_fit import ServingPlan
-    from planner.profiler.serving_probe import measure_served_steps
+    from planner.profiler.batched_runs import measure_served_steps
     from planner.profiler.stream_fit import batches_to_measure_again, median_runs
 
     def run(batch: int, step_ms: float) -> BatchRun:
@@ -238,7 +238,7 @@ def test_served_steps_of_one_batch_size_are_its_step_alone_and_said_so():
     failed run."""
     from planner.profiler.serving_fit import ServingPlan
     from planner.profiler.stream_fit import NoCommonWindow
-    from planner.profiler.serving_probe import measure_served_steps
+    from planner.profiler.batched_runs import measure_served_steps
 
     notes = []
 

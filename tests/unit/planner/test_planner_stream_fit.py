@@ -75,7 +75,7 @@ def test_runs_without_a_window_fall_back_to_the_largest_batchs_cost_per_token():
 
 
 def test_the_window_reader_opens_at_the_last_second_token_and_closes_at_the_first_end():
-    from planner.profiler.serving_probe import StreamWindowReader
+    from planner.profiler.batched_runs import StreamWindowReader
 
     cpu = {"host": 0.0}
     reader = StreamWindowReader(2, host_cpu=lambda: cpu["host"], router_cpu=lambda: cpu["host"] / 2)
