@@ -106,16 +106,25 @@ def goodput_on_grid(curve: Sequence[tuple[float, float]], target: float = 0.9) -
     highest rate (both bracketed=False: the true value lies outside the grid). A rate passing again
     above the first failure is ignored: the answer is where service first breaks.
     """
-    if not curve:
-        raise ValueError("the curve is empty: measure at least one rate")
-    points = sorted(curve)
+    points = _sorted_curve(curve)
     if points[0][1] < target:
         return 0.0, False
-    for (lo_rps, lo_att), (hi_rps, hi_att) in zip(points, points[1:]):
-        if hi_att < target:
-            share = (lo_att - target) / (lo_att - hi_att)
-            return lo_rps + share * (hi_rps - lo_rps), True
-    return points[-1][0], False
+    if (bracket := _first_crossing(points, target)) is None:
+        return points[-1][0], False
+    (lo_rps, lo_att), (hi_rps, hi_att) = bracket
+    return lo_rps + (lo_att - target) / (lo_att - hi_att) * (hi_rps - lo_rps), True
+
+
+def _sorted_curve(curve: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    if not curve:
+        raise ValueError("the curve is empty: measure at least one rate")
+    return sorted(curve)
+
+
+def _first_crossing(points: Sequence[tuple[float, float]], target: float):
+    """The last passing point and the first failing one after it, walking up the sorted `points`
+    (the lowest passing); None when none fails."""
+    return next(((lo, hi) for lo, hi in zip(points, points[1:]) if hi[1] < target), None)
 
 
 def knee_midpoint(curve: Sequence[tuple[float, float]], target: float = 0.9,
@@ -126,15 +135,11 @@ def knee_midpoint(curve: Sequence[tuple[float, float]], target: float = 0.9,
     does not bracket the target (the lowest rate fails, or none does) or the bracket is already
     narrower than `min_gap` of its failing rate. A grid 30% apart across a cliff in attainment
     interpolates a goodput anywhere in the bracket; each midpoint halves it."""
-    if not curve:
-        raise ValueError("the curve is empty: measure at least one rate")
-    points = sorted(curve)
-    if points[0][1] < target:
+    points = _sorted_curve(curve)
+    if points[0][1] < target or (bracket := _first_crossing(points, target)) is None:
         return None
-    for (lo_rps, _), (hi_rps, hi_att) in zip(points, points[1:]):
-        if hi_att < target:
-            return None if hi_rps - lo_rps <= min_gap * hi_rps else round((lo_rps + hi_rps) / 2, 3)
-    return None
+    (lo_rps, _), (hi_rps, _) = bracket
+    return None if hi_rps - lo_rps <= min_gap * hi_rps else round((lo_rps + hi_rps) / 2, 3)
 
 
 def stopped_search(curve: Sequence[tuple[float, float]], target: float = 0.9) -> SearchResult:
