@@ -43,6 +43,7 @@ from kv_transfer.layout import KVCompat, KVLayout
 from kv_transfer.lease_board import lease_checksum
 from kv_transfer.sealed_socket import seal, send_after_proof
 from kv_transfer.sockets import DEFAULT_CONGESTION, connect
+from kv_transfer.threads import NOTICE_THREAD_NAME, name_this_thread
 from kv_transfer.transports.base import DataChannel, byte_ranges, get_transport
 from kv_transfer.wire import (DONE, IncompatiblePeer, PeerClosed, TransferError, encode, expect, recv_message,
                               require_field, send_message)
@@ -262,6 +263,7 @@ class PullClient:
         self._notices.put((connection, notice))
 
     def _send_notices(self) -> None:
+        name_this_thread(NOTICE_THREAD_NAME)
         while (item := self._notices.get()) is not None:
             connection, notice = item
             with connection.lock:

@@ -1,7 +1,7 @@
 """Native thread names, so that a KV server's threads can be told apart in /proc, `top -H` and
 `py-spy` (Python 3.11 names only its own `threading.Thread` objects; the kernel sees the
 process's name on every thread). `loadgen.proc_cpu.named_threads_cpu_s` measures the CPU a
-producer spends serving transfers by these names."""
+producer spends serving transfers, and a consumer pulling, by these names."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import ctypes
 import ctypes.util
 
 PR_SET_NAME = 15
+# the consumer's threads in the decode engine's process: its pulls (copy, checksums, the exchange
+# with the producer) and the notices it sends after them
+PULL_THREAD_NAME, NOTICE_THREAD_NAME = "pdserve-kv-pull", "pdserve-kv-note"
 MAX_NAME_BYTES = 15  # the kernel keeps 16 bytes, the terminating NUL included
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)

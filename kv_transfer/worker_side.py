@@ -40,6 +40,7 @@ from kv_transfer.metadata import PDConnectorMetadata, PDWorkerMeta
 from kv_transfer.records import PullReport, PullSpec, ReleaseSpec
 from kv_transfer.producer import TransferServer
 from kv_transfer.shm_segment import SegmentAllocation, SegmentError
+from kv_transfer.threads import PULL_THREAD_NAME, name_this_thread
 from kv_transfer.transports.base import served
 from kv_transfer.transports.cuda_ipc_cache import CudaCache
 from kv_transfer.transports.shm import SharedCache
@@ -108,7 +109,9 @@ class PDWorker:
         if self.is_consumer:
             self.client = PullClient(layout, compat, self.config.transport, self.config.pull_timeout_s,
                                      self.config.tcp_congestion, credentials, faults=self.config.faults)
-            self._pool = ThreadPoolExecutor(self.config.max_parallel_pulls, thread_name_prefix="pdserve-kv-pull")
+            # named for the kernel too, so the pulls' CPU can be read apart in /proc (`kv_transfer.threads`)
+            self._pool = ThreadPoolExecutor(self.config.max_parallel_pulls, thread_name_prefix="pdserve-kv-pull",
+                                            initializer=name_this_thread, initargs=(PULL_THREAD_NAME,))
 
     def _cuda_cache(self, kv_caches: dict[str, torch.Tensor]) -> CudaCache | None:
         """The CUDA cache exported for one-sided reads (shm, auto), before any consumer connects."""

@@ -45,8 +45,10 @@ class ServingCosts:
       the validations better (same section): the line stays the default.
     CPU on a worker's own cores, which stretches that worker's engine steps:
     - `decode_cpu_s_per_request`: the decode worker's API process per request (its Decode RPC,
-      admission);
-    - `prefill_cpu_s_per_request`: the prefill worker's, per request.
+      admission) and its KV connector's pull threads (the exchange with the producer, the copy,
+      the checksums), which run in its engine's process;
+    - `prefill_cpu_s_per_request`: the prefill worker's, per request, its KV server's threads
+      included (profiles measured before they were counted hold the API processes alone).
     Each `*_cpu_s_per_request` term has a `*_cpu_s_per_prompt_token` beside it: the prompt's token
     ids cross every process (the router's placement and Prefill RPC, the prefill worker's request
     into vLLM, the Decode RPC), so a 1.4k-token prompt costs each several ms more CPU than a

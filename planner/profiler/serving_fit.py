@@ -32,12 +32,12 @@ class ServingPlan:
     load_requests: int               # per CPU run
     decode_batches: tuple[int, ...]  # batch sizes of the served-step runs, in run order (repeats included)
     max_output_tokens: int = 4 * BATCH_OUTPUT_TOKENS  # the longest output a batched run may ask (the context)
-    long_prompt_tokens: int = 0      # the third CPU run's prompts (0: no such run)
+    long_prompt_tokens: int = 0      # the long-prompt CPU run's prompts (0: no such run, nor its reference)
 
     @property
     def steps(self) -> int:
         """Progress steps `measure_serving` reports."""
-        return 3 + bool(self.long_prompt_tokens) + len(self.prompt_tokens) + len(self.decode_batches)
+        return 3 + 2 * bool(self.long_prompt_tokens) + len(self.prompt_tokens) + len(self.decode_batches)
 
 
 def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool,
@@ -86,17 +86,26 @@ def solve_per_request_and_token(short: CpuRun, long: CpuRun, group: str) -> tupl
     return per_request, per_token
 
 
-def solve_per_prompt_token(short: CpuRun, long_prompts: CpuRun, group: str, per_token: float) -> tuple[float, float]:
-    """(a, c) of cpu = a * requests + per_token * tokens + c * prompt tokens through `short` (the
-    run that gave `per_token`) and `long_prompts` (longer prompts, clamped at 0: noise). With c
-    0 the per-request term is the short run's alone, as `solve_per_request_and_token` gives it."""
-    mean_short = short.prompt_tokens / short.requests
-    d_prompt = long_prompts.prompt_tokens / long_prompts.requests - mean_short
+def solve_per_prompt_token(short: CpuRun, long_prompts: CpuRun, group: str, per_token: float,
+                           reference: CpuRun | None = None) -> tuple[float, float]:
+    """(a, c) of cpu = a * requests + per_token * tokens + c * prompt tokens: c through `reference`
+    (short prompts at `long_prompts`' rate and count, None: `short` itself) and `long_prompts`
+    (longer prompts; clamped at 0: noise), a through `short` (the run that gave `per_token`). With
+    c 0 the per-request term is the short run's alone, as `solve_per_request_and_token` gives it.
+
+    The reference matters: a long-prompt run goes at a lower rate than `short`, so what a request
+    costs at that rate apart from its prompt (its wake-ups, and the idle load netted over a longer
+    run) differs too, and read against `short` it can hide the prompt's cost or double it; against
+    short prompts at the same rate and count it cancels."""
+    base = reference if reference is not None else short
+    mean_base = base.prompt_tokens / base.requests
+    d_prompt = long_prompts.prompt_tokens / long_prompts.requests - mean_base
     if d_prompt <= 0:
         raise ValueError("the long-prompt run's prompts must be longer on average than the short run's")
-    short_each, long_each = ((run.cpu_s[group] - per_token * run.tokens) / run.requests for run in (short, long_prompts))
-    per_prompt_token = max(0.0, (long_each - short_each) / d_prompt)
-    return max(0.0, short_each - per_prompt_token * mean_short), per_prompt_token
+    base_each, long_each = ((run.cpu_s[group] - per_token * run.tokens) / run.requests for run in (base, long_prompts))
+    per_prompt_token = max(0.0, (long_each - base_each) / d_prompt)
+    short_each = (short.cpu_s[group] - per_token * short.tokens) / short.requests
+    return max(0.0, short_each - per_prompt_token * short.prompt_tokens / short.requests), per_prompt_token
 
 
 def long_prompt_requests(rate_rps: float, most: int) -> int:
@@ -108,11 +117,13 @@ def long_prompt_requests(rate_rps: float, most: int) -> int:
 LONG_PROMPT_RUN_S, MIN_LONG_PROMPT_REQUESTS = 20.0, 16
 
 
-def cpu_terms(short: CpuRun, long: CpuRun, long_prompts: CpuRun | None, host_cores: int) -> ServingCosts:
+def cpu_terms(short: CpuRun, long: CpuRun, long_prompts: CpuRun | None, host_cores: int,
+              reference: CpuRun | None = None) -> ServingCosts:
     """`ServingCosts`' CPU terms from the steady runs (groups decode, prefill, host, router; a
     group the runs did not read stays 0, as vLLM's server has no workers apart): per request and
     output token from `short` and `long` (same prompts, outputs apart), per prompt token from
-    `long_prompts` against `short` (None: no such run, 0). The prefill worker streams no output, so
+    `long_prompts` against `reference`, short prompts at its rate and count (None: against `short`;
+    no `long_prompts`: 0; `solve_per_prompt_token`). The prefill worker streams no output, so
     its terms come from both short-prompt runs pooled. The router's are at most the host's, of
     which they are part, whatever the noise."""
     terms = {group: (0.0, 0.0) for group in ("decode", "host", "router")}
@@ -120,7 +131,7 @@ def cpu_terms(short: CpuRun, long: CpuRun, long_prompts: CpuRun | None, host_cor
         per_request, per_token = solve_per_request_and_token(short, long, group)
         per_prompt_token = 0.0
         if long_prompts is not None:
-            per_request, per_prompt_token = solve_per_prompt_token(short, long_prompts, group, per_token)
+            per_request, per_prompt_token = solve_per_prompt_token(short, long_prompts, group, per_token, reference)
         terms[group] = (per_request, per_prompt_token)
     prefill = (0.0, 0.0)
     if "prefill" in short.cpu_s:
@@ -128,7 +139,7 @@ def cpu_terms(short: CpuRun, long: CpuRun, long_prompts: CpuRun | None, host_cor
                         {"prefill": short.cpu_s["prefill"] + long.cpu_s["prefill"]},
                         prompt_tokens=short.prompt_tokens + long.prompt_tokens)
         prefill = ((pooled.cpu_s["prefill"] / pooled.requests, 0.0) if long_prompts is None
-                   else solve_per_prompt_token(pooled, long_prompts, "prefill", per_token=0.0))
+                   else solve_per_prompt_token(pooled, long_prompts, "prefill", 0.0, reference))
     router = tuple(min(r, h) for r, h in zip(terms["router"], terms["host"]))
     return ServingCosts(decode_cpu_s_per_request=terms["decode"][0], decode_cpu_s_per_prompt_token=terms["decode"][1],
                         prefill_cpu_s_per_request=prefill[0], prefill_cpu_s_per_prompt_token=prefill[1],

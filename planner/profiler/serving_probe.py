@@ -12,12 +12,15 @@
   `handoff_s`, and the rest of the handoff as `idle_join_s`, what a decode engine woken from idle
   takes beyond the pull and the step the simulator charges (`serving_fit.split_lone_handoff`).
 - CPU, from two steady Poisson runs at the same request rate, one with short and one with long
-  outputs, and a third with prompts of half the context (`serving_fit.long_prompt_tokens`) and
-  short outputs. The CPU seconds each group of processes took (from /proc) over each run solve
-  cpu = a * requests + b * tokens (+ c * prompt tokens, the third run against the first) per
-  group (`serving_fit.cpu_terms`):
+  outputs, and two more at a lower rate with short outputs: prompts of half the context
+  (`serving_fit.long_prompt_tokens`) and, at the same rate and count, the short prompts again (the
+  reference those are read against). The CPU seconds each group of processes took (from /proc)
+  over each run solve cpu = a * requests + b * tokens (+ c * prompt tokens, the long prompts
+  against their reference) per group (`serving_fit.cpu_terms`):
     the decode worker's API process (gRPC, handler)  -> decode_cpu_s_per_request
+      and its KV pulls' threads (`KV_THREADS`)
     the prefill worker's API process                 -> prefill_cpu_s_per_request
+      and its KV server's threads
     the router and this process (the client)         -> host_cpu_s_per_request
     the router alone                                 -> router_cpu_s_per_request (its part of the
                                                         above), netted out of the batches below
@@ -27,6 +30,10 @@
   `bench`, 9 ms on `tiny`, for the same Python). It is measured with no request for a tenth of a
   run's expected length (`MIN_IDLE_S` to `MAX_IDLE_S`), long enough that /proc's 10 ms ticks,
   scaled up to the run, stay small per request.
+  The KV connector's threads run in the engine's process, on its core, and no engine table holds
+  them: on a Zen 4 EPYC a 1.4k-token prompt's pull took 2 ms of CPU in the decode worker's threads
+  and 2 ms in the prefill worker's KV server, beside 4 ms more of the decode worker's API process
+  than a 128-token prompt's (BENCHMARKS, "What a long prompt costs the workers' cores").
   Not counted: vLLM's engine core and model runner. The engine tables were measured through
   vLLM's own AsyncLLM, engine core and model runner, so their work is in the tables already;
   and both poll each other with sched_yield for up to --vllm-spin-ms after each message, CPU time
@@ -71,7 +78,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from loadgen.proc_cpu import cpu_seconds, process_tree
+from loadgen.proc_cpu import cpu_seconds, named_threads_cpu_s, process_tree
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
 from planner.profile import DecodeSample
@@ -83,6 +90,7 @@ from planner.profiler.stream_fit import BATCH_PROMPT_TOKENS
 from planner.serving_costs import MEASURED_CLIENT_PLACEMENT, ServingCosts
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
+KV_THREADS = "pdserve-kv"  # the prefix of the KV connector's threads in an engine's process (`kv_transfer.threads`)
 
 
 LONE_PAUSE_S = 0.2  # between lone requests: past vLLM's polling, so each finds the workers idle as
@@ -198,9 +206,9 @@ def measure_cpu(target: str, pids: dict[str, int], model: PerfModel, plan: Servi
     two runs of `plan.load_prompt_tokens` go at `steady_rate`; the long-prompt run (where the plan
     has one) at the rate that keeps its prompts' engine as busy, `long_prompt_requests` of them.
     Returns the terms and each group's idle load (cores), which the batched runs' windows are net of."""
-    groups = {
-        "decode": lambda: cpu_seconds([pids["decode"]]),  # the API process alone (see the module doc)
-        "prefill": lambda: cpu_seconds([pids["prefill"]]),
+    groups = {  # each worker's API process and its KV connector's threads (see the module doc)
+        "decode": lambda: cpu_seconds([pids["decode"]]) + named_threads_cpu_s(pids["decode"], KV_THREADS),
+        "prefill": lambda: cpu_seconds([pids["prefill"]]) + named_threads_cpu_s(pids["prefill"], KV_THREADS),
         "router": lambda: cpu_seconds(process_tree(pids["router"])),
         "host": lambda: host_cpu_seconds(pids["router"]),
     }
@@ -223,12 +231,14 @@ def steady_cpu(target: str, groups: dict, model: PerfModel, plan: ServingPlan, a
 
     short = steady(rate_rps, plan.load_requests, plan.load_prompt_tokens, SHORT_OUTPUT, seed=11)
     long = steady(rate_rps, plan.load_requests, plan.load_prompt_tokens, LONG_OUTPUT, seed=12)
-    long_prompts = None
+    long_prompts = reference = None
     if plan.long_prompt_tokens:
         long_rate = steady_rate(model, plan.long_prompt_tokens)
-        long_prompts = steady(long_rate, long_prompt_requests(long_rate, plan.load_requests),
-                              plan.long_prompt_tokens, SHORT_OUTPUT, seed=13)
-    return cpu_terms(short, long, long_prompts, host_cores=len(os.sched_getaffinity(0))), idle
+        requests = long_prompt_requests(long_rate, plan.load_requests)
+        # the same rate and count with short prompts, which the long prompts' CPU is read against
+        reference = steady(long_rate, requests, plan.load_prompt_tokens, SHORT_OUTPUT, seed=14)
+        long_prompts = steady(long_rate, requests, plan.long_prompt_tokens, SHORT_OUTPUT, seed=13)
+    return cpu_terms(short, long, long_prompts, host_cores=len(os.sched_getaffinity(0)), reference=reference), idle
 
 
 def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, str], model: PerfModel,

@@ -1,6 +1,7 @@
 """The connector's worker half, both roles, over real sockets: pulls, releases and what vLLM is told."""
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from kv_transfer.layout import KVLayout
 from kv_transfer.leases import Lease, LeaseTable
 from kv_transfer.metadata import PDConnectorMetadata
 from kv_transfer.records import LeaseGrant, PullSpec
+from kv_transfer.threads import PULL_THREAD_NAME
 from kv_transfer.producer import TransferServer
 from kv_transfer.wire import IncompatiblePeer
 from kv_transfer.worker_side import ModelIdentity, PDWorker
@@ -63,6 +65,23 @@ def test_a_consumer_pull_releases_the_producer_lease_without_a_second_connection
     assert _until(lambda: leases.take_released()) == {"prefill-req"}
     assert server.stats.connections == 1  # the release rode on the pull's connection
     worker.shutdown()
+
+
+def _kernel_thread_names() -> set[str]:
+    tasks = Path("/proc/self/task")
+    return {(task / "comm").read_text().strip() for task in tasks.iterdir() if (task / "comm").exists()}
+
+
+def test_a_consumers_pulls_run_on_threads_the_kernel_knows_by_name_so_their_cpu_can_be_read(producer):
+    # the profile reads the KV connector's CPU in an engine's process by these names (`serving_probe.KV_THREADS`)
+    source, leases, server, address = producer
+    leases.grant(Lease("n1", "prefill-req", (4,), 32, time.monotonic() + 30))
+    worker = PDWorker(ConnectorConfig(transport="tcp"), False, True, 32, 32, IDENTITY)
+    worker.register_kv_caches(_caches(1))
+    worker.start_load_kv(PDConnectorMetadata(pulls=[PullSpec("dec-n", "n1", address, (4,), (9,), 32)]))
+    _until(lambda: [r for r in [worker.get_transfer_results()] if r[1]] or None)
+    assert PULL_THREAD_NAME in _kernel_thread_names()
+    assert {name for name in _kernel_thread_names() if name.startswith("pdserve-kv-conn")}   # the producer's side
 
 
 def test_a_failed_pull_is_reported_with_its_blocks_invalid_and_the_lease_released(producer):

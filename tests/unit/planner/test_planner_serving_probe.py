@@ -89,6 +89,34 @@ def test_a_per_prompt_token_cpu_that_noise_makes_negative_is_zero_and_the_reques
         solve_per_prompt_token(short, short, "host", 0.0)
 
 
+def test_the_prompt_cost_is_read_against_short_prompts_at_the_long_runs_rate_where_a_request_costs_more():
+    # 2 ms a request at the main runs' rate, 5 ms at the long-prompt runs' lower one (wake-ups, idle
+    # netted over a longer run); 3 us a prompt token
+    short, long = _run(10, 20, 1280, 0.002, 1e-4, 3e-6), _run(10, 320, 1280, 0.002, 1e-4, 3e-6)
+    long_prompts, reference = _run(16, 32, 16384, 0.005, 1e-4, 3e-6), _run(16, 32, 2048, 0.005, 1e-4, 3e-6)
+    per_token = 1e-4
+    # read against the short run, the slow rate's 3 ms a request pass for 3.4 us a prompt token too
+    assert solve_per_prompt_token(short, long_prompts, "host", per_token)[1] == pytest.approx(3e-6 + 0.003 / 896)
+    # against the same rate and count it cancels; the request term is the main runs' own
+    assert solve_per_prompt_token(short, long_prompts, "host", per_token, reference) == pytest.approx((0.002, 3e-6))
+    costs = cpu_terms(short, long, long_prompts, host_cores=2, reference=reference)
+    assert costs.decode_cpu_s_per_request == pytest.approx(0.002) and costs.decode_cpu_s_per_prompt_token == pytest.approx(3e-6)
+    assert costs.prefill_cpu_s_per_request == pytest.approx(0.002) and costs.prefill_cpu_s_per_prompt_token == pytest.approx(3e-6)
+    # where the low rate costs less a request, the short run would hide the prompt's cost
+    cheap = _run(16, 32, 16384, 0.0005, 1e-4, 1e-6)
+    assert solve_per_prompt_token(short, cheap, "host", per_token)[1] == 0.0
+    assert solve_per_prompt_token(short, cheap, "host", per_token, _run(16, 32, 2048, 0.0005, 1e-4, 1e-6)
+                                  )[1] == pytest.approx(1e-6)
+
+
+def test_the_plan_counts_the_long_prompt_runs_reference_among_its_steps():
+    plan = serving_plan(max_model_len=2048, max_num_seqs=64, quick=True)
+    assert plan.long_prompt_tokens == 1024
+    assert plan.steps == 5 + len(plan.prompt_tokens) + len(plan.decode_batches)
+    short_context = serving_plan(max_model_len=512, max_num_seqs=64, quick=True)   # no long-prompt runs
+    assert short_context.steps == 3 + len(short_context.prompt_tokens) + len(short_context.decode_batches)
+
+
 def test_the_long_prompt_run_takes_half_the_context_when_that_is_far_from_the_other_runs_prompts():
     assert long_prompt_tokens(128, 2048) == 1024
     assert long_prompt_tokens(128, 4096) == 2048
