@@ -66,6 +66,8 @@ KEPT = (
          "shm"),
     *(Kept(f"amx167-refined-{k}", f"repeats_amx167/refined/run{k}", "repeats_amx167/tiny_amx167_s62b.json", "shm")
       for k in (1, 2, 3)),
+    *(Kept(f"zen4-s63-refined-{k}", f"repeats_zen4_s63/refined/run{k}", "repeats_zen4_s63/tiny_zen4_s63b.json", "shm")
+      for k in (1, 2, 3)),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 

@@ -109,12 +109,15 @@ def solve_per_prompt_token(short: CpuRun, long_prompts: CpuRun, group: str, per_
 
 
 def long_prompt_requests(rate_rps: float, most: int) -> int:
-    """Requests of the long-prompt CPU run: LONG_PROMPT_RUN_S of them at `rate_rps`, at least
-    MIN_LONG_PROMPT_REQUESTS, at most `most` (the other runs' count)."""
-    return max(MIN_LONG_PROMPT_REQUESTS, min(most, round(rate_rps * LONG_PROMPT_RUN_S)))
+    """Requests of the long-prompt CPU run (and of its reference): LONG_PROMPT_RUN_S of them at
+    `rate_rps`, at least MIN_LONG_PROMPT_REQUESTS, at most `most` (the other runs' count)."""
+    return min(most, max(MIN_LONG_PROMPT_REQUESTS, round(rate_rps * LONG_PROMPT_RUN_S)))
 
 
-LONG_PROMPT_RUN_S, MIN_LONG_PROMPT_REQUESTS = 20.0, 16
+# /proc counts CPU in 10 ms ticks: a group's difference between two runs is good to about 20 ms,
+# which over 24 requests of 1k prompts is 0.9 us a prompt token, about what a worker's prompt
+# costs it (0.5-1.3 us on a Zen 4 EPYC, `bench/prompt_cpu.py`); over 48, half that
+LONG_PROMPT_RUN_S, MIN_LONG_PROMPT_REQUESTS = 40.0, 30
 
 
 def cpu_terms(short: CpuRun, long: CpuRun, long_prompts: CpuRun | None, host_cores: int,

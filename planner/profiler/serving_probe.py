@@ -31,9 +31,9 @@
   run's expected length (`MIN_IDLE_S` to `MAX_IDLE_S`), long enough that /proc's 10 ms ticks,
   scaled up to the run, stay small per request.
   The KV connector's threads run in the engine's process, on its core, and no engine table holds
-  them: on a Zen 4 EPYC a 1.4k-token prompt's pull took 2 ms of CPU in the decode worker's threads
-  and 2 ms in the prefill worker's KV server, beside 4 ms more of the decode worker's API process
-  than a 128-token prompt's (BENCHMARKS, "What a long prompt costs the workers' cores").
+  them: on a Zen 4 EPYC a 1.4k-token prompt's pull took 1.4 ms of CPU in the decode worker's threads
+  and 1.3 ms in the prefill worker's KV server, against 0.4-0.6 ms for a 128-token prompt's
+  (`bench/prompt_cpu.py`; BENCHMARKS, "What a long prompt costs the workers' cores").
   Not counted: vLLM's engine core and model runner. The engine tables were measured through
   vLLM's own AsyncLLM, engine core and model runner, so their work is in the tables already;
   and both poll each other with sched_yield for up to --vllm-spin-ms after each message, CPU time
