@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -78,22 +77,12 @@ def order(rounds: int, short: int, long: int) -> list[int]:
 
 def thread_cpu_s(pid: int, role: str) -> Counter:
     """CPU seconds so far of every live thread under `pid` (a worker's process or the router), by column."""
-    from loadgen.proc_cpu import TICKS_PER_S, process_tree, stat_cpu_ticks
+    from loadgen.proc_cpu import threads_cpu_s
 
     totals: Counter = Counter()
-    for proc in process_tree(pid):
-        try:
-            tasks = os.listdir(f"/proc/{proc}/task")
-        except FileNotFoundError:
-            continue
-        for task in tasks:
-            try:
-                name = Path(f"/proc/{proc}/task/{task}/comm").read_text().strip()
-                ticks = stat_cpu_ticks(Path(f"/proc/{proc}/task/{task}/stat").read_text())[1]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            main = task == str(proc) and name.startswith("VLLM")   # the engine process's own thread
-            totals[column_of(role, proc == pid, main, name)] += ticks / TICKS_PER_S
+    for proc, task, name, cpu_s in threads_cpu_s(pid):
+        main = task == proc and name.startswith("VLLM")   # the engine process's own thread
+        totals[column_of(role, proc == pid, main, name)] += cpu_s
     return totals
 
 

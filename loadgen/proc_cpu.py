@@ -79,12 +79,11 @@ def cpu_seconds(pids: list[int]) -> float:
     return total_ticks / TICKS_PER_S
 
 
-def named_threads_cpu_s(root_pid: int, name_prefix: str) -> float:
-    """User + system CPU seconds of the threads whose name (/proc's `comm`) starts with
-    `name_prefix`, in `root_pid` and its live descendants. A thread that has exited counts 0, so
-    take the difference of two readings while the threads live (e.g. a KV server's connection
-    threads, which live as long as their connection)."""
-    total_ticks = 0
+def threads_cpu_s(root_pid: int) -> list[tuple[int, int, str, float]]:
+    """(pid, thread id, the thread's name (/proc's `comm`), its user + system CPU seconds) of every
+    live thread of `root_pid` and its live descendants. A thread that has exited is not listed, so
+    take the difference of two readings while the threads live."""
+    threads = []
     for pid in process_tree(root_pid):
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
@@ -93,11 +92,18 @@ def named_threads_cpu_s(root_pid: int, name_prefix: str) -> float:
         for task in tasks:
             try:
                 comm = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
-                if comm.startswith(name_prefix):
-                    total_ticks += stat_cpu_ticks(Path(f"/proc/{pid}/task/{task}/stat").read_text())[1]
+                ticks = stat_cpu_ticks(Path(f"/proc/{pid}/task/{task}/stat").read_text())[1]
             except (FileNotFoundError, ProcessLookupError):
                 continue
-    return total_ticks / TICKS_PER_S
+            threads.append((pid, int(task), comm, ticks / TICKS_PER_S))
+    return threads
+
+
+def named_threads_cpu_s(root_pid: int, name_prefix: str) -> float:
+    """User + system CPU seconds of the threads whose name (/proc's `comm`) starts with
+    `name_prefix`, in `root_pid` and its live descendants (`threads_cpu_s`: a thread that has
+    exited counts 0, e.g. a KV server's connection threads live as long as their connection)."""
+    return sum(cpu_s for _, _, comm, cpu_s in threads_cpu_s(root_pid) if comm.startswith(name_prefix))
 
 
 def per_core_ticks(proc_stat_text: str) -> dict[str, tuple[int, int]]:

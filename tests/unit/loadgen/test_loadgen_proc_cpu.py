@@ -77,7 +77,7 @@ def test_named_threads_cpu_counts_only_the_threads_of_that_name():
     import threading
 
     from kv_transfer.threads import name_this_thread
-    from loadgen.proc_cpu import named_threads_cpu_s
+    from loadgen.proc_cpu import named_threads_cpu_s, threads_cpu_s
 
     done = threading.Event()
 
@@ -99,6 +99,10 @@ def test_named_threads_cpu_counts_only_the_threads_of_that_name():
         counted = named_threads_cpu_s(os.getpid(), "pdserve-kv-") - before
         assert 0.35 <= counted < 0.7  # the named thread's 0.4 s (tick resolution), not the other's
         assert named_threads_cpu_s(os.getpid(), "no-such-thread-") == 0.0
+        # every thread listed with its process, its id and its name: the main thread's id is the pid's
+        listed = {(pid, tid, name) for pid, tid, name, _ in threads_cpu_s(os.getpid())}
+        assert (os.getpid(), busy.native_id, "pdserve-kv-test") in listed
+        assert any(tid == os.getpid() for _, tid, _ in listed)
     finally:
         done.set()
         busy.join(), other.join()
