@@ -14,6 +14,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from kv_transfer.threads import KV_THREAD_PREFIX  # noqa: E402  (the repository on the path first)
+
 DESCRIPTION = """\
 The profile's serving pass charges each worker's core the CPU of its API process and, since they
 are counted, its KV connector's threads (planner.profiler.serving_probe), per request and per
@@ -42,7 +44,6 @@ About 2 minutes a round on the tiny model.
 
 COLUMNS = ("router", "prefill API", "prefill engine", "prefill KV", "prefill other",
            "decode API", "decode engine", "decode KV", "decode other")
-KV_PREFIX = "pdserve-kv"
 
 
 def column_of(role: str, is_worker_process: bool, is_main_thread: bool, thread_name: str) -> str:
@@ -53,7 +54,7 @@ def column_of(role: str, is_worker_process: bool, is_main_thread: bool, thread_n
         return "router"
     if is_worker_process:
         return f"{role} API"
-    if thread_name.startswith(KV_PREFIX):
+    if thread_name.startswith(KV_THREAD_PREFIX):
         return f"{role} KV"
     return f"{role} engine" if is_main_thread else f"{role} other"
 

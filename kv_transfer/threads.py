@@ -12,6 +12,8 @@ PR_SET_NAME = 15
 # the consumer's threads in the decode engine's process: its pulls (copy, checksums, the exchange
 # with the producer) and the notices it sends after them
 PULL_THREAD_NAME, NOTICE_THREAD_NAME = "pdserve-kv-pull", "pdserve-kv-note"
+# what every KV connector thread's name starts with, the producer's ("pdserve-kv-srv", "pdserve-kv-conn") too
+KV_THREAD_PREFIX = "pdserve-kv"
 MAX_NAME_BYTES = 15  # the kernel keeps 16 bytes, the terminating NUL included
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)

@@ -18,7 +18,7 @@
   over each run solve cpu = a * requests + b * tokens (+ c * prompt tokens, the long prompts
   against their reference) per group (`serving_fit.cpu_terms`):
     the decode worker's API process (gRPC, handler)  -> decode_cpu_s_per_request
-      and its KV pulls' threads (`KV_THREADS`)
+      and its KV pulls' threads (`kv_transfer.threads.KV_THREAD_PREFIX`)
     the prefill worker's API process                 -> prefill_cpu_s_per_request
       and its KV server's threads
     the router and this process (the client)         -> host_cpu_s_per_request
@@ -78,6 +78,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from kv_transfer.threads import KV_THREAD_PREFIX
 from loadgen.proc_cpu import cpu_seconds, named_threads_cpu_s, process_tree
 from pdserve.engine import EngineSettings
 from planner.perf_model import PerfModel
@@ -90,7 +91,6 @@ from planner.profiler.stream_fit import BATCH_PROMPT_TOKENS
 from planner.serving_costs import MEASURED_CLIENT_PLACEMENT, ServingCosts
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
-KV_THREADS = "pdserve-kv"  # the prefix of the KV connector's threads in an engine's process (`kv_transfer.threads`)
 
 
 LONE_PAUSE_S = 0.2  # between lone requests: past vLLM's polling, so each finds the workers idle as
@@ -207,8 +207,8 @@ def measure_cpu(target: str, pids: dict[str, int], model: PerfModel, plan: Servi
     has one) at the rate that keeps its prompts' engine as busy, `long_prompt_requests` of them.
     Returns the terms and each group's idle load (cores), which the batched runs' windows are net of."""
     groups = {  # each worker's API process and its KV connector's threads (see the module doc)
-        "decode": lambda: cpu_seconds([pids["decode"]]) + named_threads_cpu_s(pids["decode"], KV_THREADS),
-        "prefill": lambda: cpu_seconds([pids["prefill"]]) + named_threads_cpu_s(pids["prefill"], KV_THREADS),
+        "decode": lambda: cpu_seconds([pids["decode"]]) + named_threads_cpu_s(pids["decode"], KV_THREAD_PREFIX),
+        "prefill": lambda: cpu_seconds([pids["prefill"]]) + named_threads_cpu_s(pids["prefill"], KV_THREAD_PREFIX),
         "router": lambda: cpu_seconds(process_tree(pids["router"])),
         "host": lambda: host_cpu_seconds(pids["router"]),
     }

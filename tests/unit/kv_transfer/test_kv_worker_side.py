@@ -73,7 +73,7 @@ def _kernel_thread_names() -> set[str]:
 
 
 def test_a_consumers_pulls_run_on_threads_the_kernel_knows_by_name_so_their_cpu_can_be_read(producer):
-    # the profile reads the KV connector's CPU in an engine's process by these names (`serving_probe.KV_THREADS`)
+    # the profile reads the KV connector's CPU in an engine's process by these names (`kv_transfer.threads.KV_THREAD_PREFIX`)
     source, leases, server, address = producer
     leases.grant(Lease("n1", "prefill-req", (4,), 32, time.monotonic() + 30))
     worker = PDWorker(ConnectorConfig(transport="tcp"), False, True, 32, 32, IDENTITY)

@@ -1,0 +1,69 @@
+"""A validation run's traced engine steps against the model (`bench/validate_planner.py
+--step-trace`): the adapter that reads each worker's step and join traces once
+(`pdserve.engine_step_trace`), hands them to the pure summaries (`planner.validation_steps`,
+`planner.validation_joins`), prints them and returns the dict validation.json keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from pdserve.engine_step_trace import read_joins, read_steps, trace_files
+from planner.perf_model import fit_perf_model
+from planner.profile import Profile
+from planner.validation_joins import client_first_gap_s, handoff_summary, one_step_prompts, prompt_summary
+from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
+
+
+def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console, token_budget: int) -> dict:
+    """The workers' traced steps over the run's window against `profile` (printed, and a dict for
+    validation.json; `planner.validation_steps`): each decode worker's cycle and handoffs (the way
+    in over prompts of one step: at most `token_budget` tokens) and each prefill worker's prompt
+    steps."""
+    model = fit_perf_model(profile).model
+    served = lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)  # noqa: E731  the simulator's own
+    ok = [r for r in result.records if r.ok]
+    client_ms = client_steady_gap_s([r.chunk_times_s for r in ok], [r.output_tokens for r in ok]) * 1e3
+    window = (result.start_s, result.start_s + result.duration_s)
+    report = {"client_steady_gap_ms": round(client_ms, 4) if client_ms == client_ms else None, "workers": {},
+              "prefill_workers": {}}
+
+    workers = [*cluster.worker_ids("decode"), *cluster.worker_ids("prefill")]
+    traced = {worker_id: sorted((step for path in trace_files(trace_dir, worker_id) for step in read_steps(path)),
+                                key=lambda s: s.start_s) for worker_id in workers}
+    joined = {worker_id: [join for path in trace_files(trace_dir, worker_id, "joins") for join in read_joins(path)]
+              for worker_id in workers}
+
+    # the handed-over requests' first gaps only: a hybrid's Local one has no hop and no pull
+    first_gap_s = client_first_gap_s([r.chunk_times_s for r in ok
+                                      if r.phases is None or r.phases.disaggregated])
+    # the prompts each prefill worker computed in one step (a cut one's join stamps its first chunk)
+    prefill_joins = [join for worker_id in cluster.worker_ids("prefill")
+                     for join in one_step_prompts(joined[worker_id], traced[worker_id])]
+    for worker_id in cluster.worker_ids("decode"):
+        steps = traced[worker_id]
+        summary = report["workers"][worker_id] = decode_worker_summary(steps, *window, model.decode_step_s, served)
+        console.print(f"decode worker {worker_id}: clients' steady gap {client_ms:.2f} ms; engine cycle "
+                      f"{summary['cycle_ms']} ms = step {summary['step_ms']} (model {summary['model_ms']}) + between "
+                      f"{summary['between_ms']}; the simulator charges model + {summary['served_extra_ms']} ms; "
+                      f"engine busy {summary['busy_share']}")
+        handoff = summary["handoff"] = handoff_summary(joined[worker_id], steps, *window, first_gap_s, prefill_joins,
+                                                               token_budget)
+        if handoff["requests"]:
+            console.print(f"  handoff, {handoff['requests']} pulled requests (ms): clients' first gap "
+                          f"{handoff.get('client_first_gap_ms')} = hops outside {handoff.get('hops_ms')} (the profile's "
+                          f"{profile.serving.handoff_s * 1e3:.2f}; the way in's median {handoff.get('hop_in_ms')}) + inside {handoff['inside_ms']}: front end "
+                          f"{handoff['front_ms']} (behind the running step {handoff['behind_step_ms']}), pull "
+                          f"{handoff['pull_ms']} (steps it spanned {handoff['pull_steps_share']}), to its step "
+                          f"{handoff['to_join_ms']}, its step {handoff['join_step_ms']}")
+    for worker_id in cluster.worker_ids("prefill"):
+        summary = report["prefill_workers"][worker_id] = prefill_worker_summary(traced[worker_id], *window,
+                                                                                model.prefill_step_s)
+        prompts = summary["prompts"] = prompt_summary(joined[worker_id], *window)
+        if summary["steps"]:
+            console.print(f"prefill worker {worker_id}: {summary['steps']} prompt steps of {summary['step_ms']} ms "
+                          f"(model {summary['model_ms']}), median stretch {summary['median_stretch']}; engine busy "
+                          f"{summary['busy_share']}; a prompt's front end {prompts.get('front_ms')} ms, queue "
+                          f"{prompts.get('queue_ms')} ms")
+    return report
