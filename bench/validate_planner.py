@@ -20,8 +20,10 @@ topology the mean |error| of each latency percentile up to the measured knee and
 side puts where attainment crosses 90% on the same grid.
 
 Before each rate the machine is checked (`loadgen.host_probe`: a product in the first profile's
-dtype on every core, and a cross-core wake-up round trip) and printed against the profile's own
-checks: a VM that runs slower than it was profiled shows there, not only in the errors.
+dtype on every core, and a cross-core wake-up round trip), and over each rate a fixed Python loop
+is timed every 0.15 s on every core (`InterpreterSampler`: what small decode steps and the
+serving hops run at); each is printed against the profile's own: a VM that runs slower than it
+was profiled shows there, not only in the errors.
 
 With --step-trace every engine core writes its steps (`pdserve.engine_step_trace`) under
 <out-dir>/.../logs/steps, and each rate prints what the decode worker's gap was made of
@@ -66,7 +68,7 @@ from loadgen.metrics import SLO, summarize
 from loadgen.sweep import knee_midpoint
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
-from loadgen.host_probe import speed_check_ms, wake_check_us
+from loadgen.host_probe import InterpreterSampler, speed_check_ms, wake_check_us
 from loadgen.proc_cpu import core_busy_s
 from pdserve.engine_step_trace import STEP_TRACE_ENV
 from planner.profile import Profile, load_profile
@@ -137,6 +139,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--router-cpu-charge", default=SimSettings.router_cpu_charge, choices=ROUTER_CHARGES,
                    help="a what-if for the simulated side: the bound router's CPU as a load over the host "
                         "window (window, the simulator's own) or as work queued on its cores (backlog)")
+    p.add_argument("--at-run-speed", action="store_true",
+                   help="a what-if for the simulated side: each rate at the machine's speed over it, the profile's "
+                        "prompts slower by the rate's compute check over the profile's and its decode steps by the "
+                        "rate's interpreter loop over the profile's (runs and profiles that sampled it)")
     p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
@@ -283,7 +289,8 @@ def what_if(args: argparse.Namespace) -> dict:
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
                "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
                "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread}
-    return {name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
+    return ({name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
+            | ({"at_run_speed": True} if args.at_run_speed else {}))
 
 
 def resimulated(args: argparse.Namespace, root: Path, out_root: Path, console: Console):
@@ -353,8 +360,10 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             machine = machine_now(first)
             workers_before, cores_before = cpu_by_worker_s(system.cluster), core_busy_s()
             cpu_before, wall_before = cpu_by_process_s(system.cluster, workers_before), time.perf_counter()
-            result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
-                                                   f"{topology.label} {shape.name} {rate:g} req/s"))
+            with InterpreterSampler(sorted(os.sched_getaffinity(0))) as interpreter:
+                result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
+                                                       f"{topology.label} {shape.name} {rate:g} req/s"))
+            machine["interp_ms"] = round(interpreter.mean_ms, 4)
             wall_s = time.perf_counter() - wall_before
             workers_after = cpu_by_worker_s(system.cluster)
             by_process = {group: round(cores, 4) for group, cores in cores_since(
@@ -376,7 +385,8 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             console.print(f"{rate:g} req/s: the cluster's processes and this client used "
                           f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
                           f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "
-                          f"and a {machine['wake_us']:.0f} us wake-up round trip "
+                          f"and a {machine['wake_us']:.0f} us wake-up round trip, over it "
+                          f"{machine['interp_ms']:.3f} ms of CPU an interpreter loop "
                           f"({machine_against_profile(machine, first.hardware)})")
             if measured_summary["failed"]:
                 console.print(f"[red]{measured_summary['failed']} requests failed at {rate:g} req/s: "

@@ -202,3 +202,75 @@ def wake_check_us(cores: Sequence[int], rounds: int = WAKE_ROUNDS, idle_s: float
         if echo.is_alive():
             echo.kill()
     return statistics.median(round_trips_us)
+
+
+# The interpreter check: a fixed pure-Python loop, timed in the thread's own CPU time. An engine's
+# small decode steps and every hop of a request are interpreter-bound, and on a Zen 4 EPYC VM this
+# loop took 1.0x or 1.5-1.7x its fastest time from one second to the next, per core, with nothing
+# else running, while the half-precision product held within 1.1x (BENCHMARKS, "The decode step
+# under load"). CPU time, not wall time: on a core a cluster keeps busy, the loop's waits for the
+# core do not count, its speed does.
+INTERPRETER_LOOP = 15_000        # multiply-adds: 0.6-1.1 ms of a Zen 4 core's CPU
+INTERPRETER_PERIOD_S = 0.15      # one loop every 0.15 s: under 1.5% of each core
+
+
+def interpreter_cpu_ms(loop: int = INTERPRETER_LOOP) -> float:
+    """The CPU this thread spends on `loop` multiply-adds of Python ints, in ms."""
+    started, total = time.thread_time(), 0
+    for i in range(loop):
+        total += i * i
+    return (time.thread_time() - started) * 1e3
+
+
+def _sample_interpreter(core: int, period_s: float, stop, queue) -> None:
+    """On `core`: `interpreter_cpu_ms` every `period_s` until `stop` is set; puts (core, [(monotonic s, ms)])."""
+    os.sched_setaffinity(0, {core})
+    interpreter_cpu_ms()
+    samples = []
+    while not stop.wait(period_s):
+        samples.append((time.monotonic(), interpreter_cpu_ms()))
+    queue.put((core, samples))
+
+
+class InterpreterSampler:
+    """While inside (`with InterpreterSampler(cores) as sampler:`), one process bound to each of
+    `cores` times the interpreter loop every `period_s`; after, `samples` holds core -> [(monotonic
+    s, CPU ms)] and `mean_ms` the mean over every sample (what the cores ran at on average over the
+    span, lower is faster; 0.0 with no sample)."""
+
+    def __init__(self, cores: Sequence[int], period_s: float = INTERPRETER_PERIOD_S) -> None:
+        if period_s <= 0 or not cores:
+            raise ValueError(f"need cores and period_s > 0, got cores={list(cores)}, period_s={period_s}")
+        self.cores, self.period_s = list(cores), period_s
+        self.samples: dict[int, list[tuple[float, float]]] = {}
+
+    def __enter__(self) -> "InterpreterSampler":
+        context = multiprocessing.get_context("spawn")
+        self._stop, self._queue = context.Event(), context.Queue()
+        self._probes = [context.Process(target=_sample_interpreter, args=(core, self.period_s, self._stop, self._queue),
+                                        daemon=True) for core in self.cores]
+        for probe in self._probes:
+            probe.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        try:
+            for _ in self._probes:
+                core, samples = self._queue.get(timeout=60)
+                self.samples[core] = samples
+        finally:
+            for probe in self._probes:
+                probe.join(timeout=5)
+                if probe.is_alive():
+                    probe.kill()
+
+    @property
+    def mean_ms(self) -> float:
+        return mean_interpreter_ms(self.samples)
+
+
+def mean_interpreter_ms(samples: dict[int, list[tuple[float, float]]]) -> float:
+    """The mean CPU ms of every sample of every core (`InterpreterSampler.samples`); 0.0 with none."""
+    values = [ms for per_core in samples.values() for _, ms in per_core]
+    return statistics.fmean(values) if values else 0.0

@@ -145,6 +145,21 @@ class PerfModel:
         return PerfModel(prefill=self.prefill.times(factor), decode=self.decode, transfer=self.transfer,
                          wide=tuple((width, model.prompts_slower(factor)) for width, model in self.wide))
 
+    def decodes_slower(self, factor: float) -> PerfModel:
+        """This model with only its decode steps `factor` times slower (here and in each wide
+        engine): what the interpreter check measures. A small model's decode step is the engine's
+        scheduling and its kernels' dispatch, interpreter-bound, not its arithmetic (on a Zen 4 EPYC
+        VM a lone decode step ran 0.97-2.2x the profile's from one quarter second to the next with
+        the compute check unmoved; BENCHMARKS, "The decode step under load")."""
+        if _same_speed(factor):
+            return self
+        d = self.decode
+        return PerfModel(prefill=self.prefill,
+                         decode=DecodeCoeffs(d.step_s * factor, d.per_seq_s * factor, d.per_context_token_s * factor,
+                                             d.per_context_token_past_knee_s * factor, d.context_knee_tokens),
+                         transfer=self.transfer,
+                         wide=tuple((width, model.decodes_slower(factor)) for width, model in self.wide))
+
     @property
     def widths(self) -> tuple[int, ...]:
         """The devices one engine may span: 1 and every wide engine profiled."""

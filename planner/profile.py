@@ -68,6 +68,11 @@ class HardwareInfo:
     # which a compute check does not see
     machine_wake_us_start: float = 0.0
     machine_wake_us_end: float = 0.0
+    # how fast the cores ran Python over the whole profile (`loadgen.host_probe.InterpreterSampler`:
+    # the mean CPU ms of a fixed loop sampled every 0.15 s on every core; 0: not sampled): what an
+    # engine's small decode steps and the serving hops are made of, which a VM can run 1.5x slower
+    # for seconds at a time with the compute check unmoved
+    machine_interp_ms: float = 0.0
 
     @property
     def machine_ms(self) -> float:

@@ -21,7 +21,7 @@ from loadgen.metrics import SLO
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from loadgen.workload import RequestSpec
 from planner.evaluate import make_attainment_fn
-from planner.perf_model import fit_perf_model
+from planner.perf_model import PerfModel, fit_perf_model
 from planner.profile import HardwareInfo, Profile, load_profile
 from planner.profiler.stream_fit import renetted
 from planner import router_config
@@ -47,8 +47,9 @@ class RateRun:
     measured: dict
     cluster_cpu_cores: float | None
     phases: dict[str, list[float]] | None = None  # measured, per request (`planner.validation_phases`)
-    # the machine just before the rate ran (`loadgen.host_probe`; None: not checked): ms per product
-    # in the engines' dtype, and the cross-core wake-up round trip in us
+    # the machine at the rate (`loadgen.host_probe`; None: not checked): just before it, ms per
+    # product in the engines' dtype and the cross-core wake-up round trip in us; over it (runs since
+    # the interpreter check), the interpreter loop's mean CPU ms (`InterpreterSampler`)
     machine: dict[str, float] | None = None
     # each process group's CPU over the rate, in cores (`cpu_by_process_s`; None: not measured)
     cpu_cores_by_process: dict[str, float] | None = None
@@ -191,25 +192,48 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     """Each run against each profile's simulation of its very requests through `topology`, whose
     router places as `router` (the real router's settings); `what_if`: `SimSettings` fields the
     simulation takes instead of its own (`host_window_s`, `router_cpu_charge`, `served_step`,
-    `router_core_max_stolen`, `hops`, `client_placement`, `step_spread`); a profile's model
-    is named by its file's stem. A `client_placement` other than a profile's nets its served step
+    `router_core_max_stolen`, `hops`, `client_placement`, `step_spread`; and `at_run_speed`, not
+    the simulator's: each run simulated at its own machine speed, `at_run_speed`); a profile's
+    model is named by its file's stem. A `client_placement` other than a profile's nets its served step
     again for it (`with_client_placement`); where it cannot, the profile's own is kept and `note`
     says so."""
-    models = {}
+    models, asked = {}, dict(what_if or {})
+    run_speed = bool(asked.pop("at_run_speed", False))
     for path in profile_paths:
-        profile, overrides = load_profile(path), dict(what_if or {})
+        profile, overrides = load_profile(path), dict(asked)
         profile, why = with_client_placement(profile, overrides.get("client_placement"))
         if why:
             note(f"{path.stem}: {why}")
             overrides["client_placement"] = None
         models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport, **overrides), router),
-                             fit_perf_model(profile).model)
+                             fit_perf_model(profile).model, profile.hardware)
     comparisons = []
     for run in runs:   # the measured side's noise is the run's alone: once, whatever the profiles
         noise = {} if run.phases is None else measured_noise(run.phases, [r.output_tokens for r in run.requests])
-        comparisons += [_comparison(run, name, simulate(run.requests, topology, settings, model), slo, noise)
-                        for name, (settings, model) in models.items()]
+        comparisons += [_comparison(run, name, simulate(run.requests, topology, settings,
+                                                        at_run_speed(model, run.machine, hardware) if run_speed else model),
+                                    slo, noise)
+                        for name, (settings, model, hardware) in models.items()]
     return comparisons
+
+
+def run_speed_factors(machine: Mapping[str, float] | None, hardware: HardwareInfo) -> tuple[float, float]:
+    """How much slower than at its profile a rate's machine ran (`RateRun.machine`): its compute
+    check over the profile's (the prompts' factor) and its interpreter's mean over the profile's
+    (the decode steps'); 1.0 for either the run or the profile lacks."""
+    machine = machine or {}
+
+    def factor(key: str, profiled: float) -> float:
+        return machine[key] / profiled if profiled > 0 and machine.get(key, 0) > 0 else 1.0
+
+    return factor("ms_per_product", hardware.machine_ms), factor("interp_ms", hardware.machine_interp_ms)
+
+
+def at_run_speed(model: PerfModel, machine: Mapping[str, float] | None, hardware: HardwareInfo) -> PerfModel:
+    """`model` at a rate's own machine speed (`run_speed_factors`): prompts slower by the compute
+    check's factor, decode steps by the interpreter's."""
+    prompts, decodes = run_speed_factors(machine, hardware)
+    return model.prompts_slower(prompts).decodes_slower(decodes)
 
 
 def with_client_placement(profile: Profile, placement: str | None) -> tuple[Profile, str]:
@@ -320,9 +344,13 @@ def _engine_steps(runs: Sequence[RateRun]) -> dict:
 
 
 def machine_against_profile(machine: dict[str, float], hardware: HardwareInfo) -> str:
-    """How the machine before a rate compares with it at the profile (`HardwareInfo`): each check
-    over the mean of the profile's two, or 'the profile did not check' for one it lacks."""
+    """How the machine at a rate compares with it at the profile (`HardwareInfo`): each check the
+    rate has over the profile's (the compute and wake-up checks before the rate against the mean
+    of the profile's two; the interpreter's mean over the rate against its mean over the profile),
+    or 'the profile did not check' for one the profile lacks."""
     return ", ".join(f"{name} x{machine[key] / profiled:.2f} of the profile's" if profiled
                      else f"{name}: the profile did not check"
                      for key, profiled, name in (("ms_per_product", hardware.machine_ms, "compute"),
-                                                 ("wake_us", hardware.machine_wake_us, "wake-up")))
+                                                 ("wake_us", hardware.machine_wake_us, "wake-up"),
+                                                 ("interp_ms", hardware.machine_interp_ms, "interpreter"))
+                     if key in machine)

@@ -27,7 +27,7 @@ from typing import Literal
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from loadgen.host_probe import product_for_dtype, speed_check_ms, wake_check_us
+from loadgen.host_probe import InterpreterSampler, product_for_dtype, speed_check_ms, wake_check_us
 from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings as WorkerEngineSettings
 from planner.perf_model import FitReport, PerfModel, fit_decode, fit_perf_model, fit_prefill
@@ -114,7 +114,8 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
 
         wide_steps += vllm_server_steps(engine.max_model_len, engine.max_num_seqs, job.quick)
     total = 1 + plan.num_points + len(plan.transfer_blocks) * len(job.transports) + serving_steps + wide_steps
-    with _progress(job.show_progress) as progress:
+    # the interpreter's speed over every table, sampled on every core (BENCHMARKS, "The decode step under load")
+    with InterpreterSampler(every_core) as interpreter, _progress(job.show_progress) as progress:
         task = progress.add_task("profiling", total=total, last="")
 
         def advance(label: str, step: bool = True) -> None:
@@ -138,7 +139,8 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     cores = (engine.cpu_cores or "any") if job.path == "engine" else "/".join(job.cluster_cores)
     hardware = replace(hardware_info(engine.cpu_cores, engine.model, engine.dtype), machine_ms_start=machine_ms_start,
                        machine_ms_end=speed_check_ms(every_core, product=product), machine_product=product,
-                       machine_wake_us_start=wake_us_start, machine_wake_us_end=wake_check_us(every_core))
+                       machine_wake_us_start=wake_us_start, machine_wake_us_end=wake_check_us(every_core),
+                       machine_interp_ms=round(interpreter.mean_ms, 4))
     profile = Profile(
         hardware=hardware, model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,

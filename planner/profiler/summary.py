@@ -40,6 +40,9 @@ def print_summary(console: Console, profile: Profile, fit: FitReport) -> None:
         console.print("  " + note, markup=False)
     if note := wake_note(profile.hardware.machine_wake_us_start, profile.hardware.machine_wake_us_end):
         console.print("  " + note, markup=False)
+    if profile.hardware.machine_interp_ms:
+        console.print(f"  interpreter: {profile.hardware.machine_interp_ms:.3f} ms of CPU a check loop, the mean over "
+                      "the profile on every core (a validation run compares its own with it)", markup=False)
     serving = profile.serving
     if serving != ServingCosts():
         console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms"

@@ -148,3 +148,25 @@ def test_a_profile_says_how_far_the_wake_up_moved_while_it_was_measured():
     assert wake_note(0.0, 70.0) == ""
     assert wake_note(70.0, 75.0) == "wake-up round trip 70 us at the start, 75 at the end (within 1.07x)"
     assert "moved 3.00x while measured: the serving costs hold at neither" in wake_note(200.0, 600.0)
+
+
+def test_the_interpreter_sampler_times_a_python_loop_in_cpu_time_on_every_core_while_inside():
+    import time
+
+    from loadgen.host_probe import InterpreterSampler, interpreter_cpu_ms, mean_interpreter_ms
+
+    assert interpreter_cpu_ms(2_000) > 0
+    cores = sorted(os.sched_getaffinity(0))
+    with InterpreterSampler(cores, period_s=0.05) as sampler:
+        time.sleep(1.0)
+    assert sorted(sampler.samples) == cores
+    for samples in sampler.samples.values():
+        assert len(samples) >= 3                                   # one every 0.05 s of a second (a slow host: fewer)
+        assert all(a[0] < b[0] for a, b in zip(samples, samples[1:]))   # in time order
+        assert all(ms > 0 for _, ms in samples)
+    assert sampler.mean_ms == pytest.approx(mean_interpreter_ms(sampler.samples))
+    assert mean_interpreter_ms({0: [(1.0, 1.0), (2.0, 3.0)], 1: [(1.5, 2.0)]}) == pytest.approx(2.0)
+    assert mean_interpreter_ms({}) == 0.0
+    for bad in ({"cores": []}, {"cores": cores, "period_s": 0.0}):
+        with pytest.raises(ValueError, match="need cores and period_s > 0"):
+            InterpreterSampler(**bad)

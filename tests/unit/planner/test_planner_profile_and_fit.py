@@ -293,6 +293,31 @@ def test_a_slower_machine_multiplies_every_compute_and_transfer_time():
         model.slower(0.0)
 
 
+def test_slower_decodes_multiply_the_decode_step_alone():
+    model = fit_perf_model(profile_from_dict(profile_to_dict(build_example_profile())
+                                             | {"wide": [_wide_tables(1.9, 1.25)]})).model
+    slow = model.decodes_slower(1.5)
+    for batch, context in ((1, 100), (16, 4096), (64, 20000)):
+        assert slow.decode_step_s(batch, context) == pytest.approx(1.5 * model.decode_step_s(batch, context))
+    assert slow.prefill_s(1000, 2048) == model.prefill_s(1000, 2048)
+    assert slow.transfer_s(1 << 20, "tcp") == model.transfer_s(1 << 20, "tcp")
+    assert model.decodes_slower(1.0) is model
+    for width, wide in model.wide:
+        assert slow.on_devices(width).decode_step_s(4, 512) == pytest.approx(1.5 * wide.decode_step_s(4, 512))
+        assert slow.on_devices(width).prefill_s(512, 2048) == wide.prefill_s(512, 2048)
+    with pytest.raises(ValueError, match="finite number > 0"):
+        model.decodes_slower(0.0)
+
+
+def test_a_profile_keeps_the_interpreters_speed_over_it_and_an_older_one_has_none():
+    example = build_example_profile()
+    sampled = replace(example, hardware=replace(example.hardware, machine_interp_ms=0.71))
+    assert profile_from_dict(profile_to_dict(sampled)).hardware.machine_interp_ms == 0.71
+    older = profile_to_dict(example)
+    older["hardware"].pop("machine_interp_ms")
+    assert profile_from_dict(older).hardware.machine_interp_ms == 0.0   # not sampled
+
+
 def test_slower_prompts_multiply_the_prefill_alone():
     model = fit_perf_model(profile_from_dict(profile_to_dict(build_example_profile())
                                              | {"wide": [_wide_tables(1.9, 1.25)]})).model

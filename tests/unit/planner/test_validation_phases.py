@@ -135,6 +135,37 @@ def test_the_machine_before_a_rate_is_said_against_the_profile():
         "compute x2.00 of the profile's, wake-up: the profile did not check"
 
 
+def test_the_interpreter_over_a_rate_is_said_against_the_profiles_mean():
+    from planner.profile import HardwareInfo
+    from planner.validation_runs import machine_against_profile
+
+    profiled = HardwareInfo("cpu", 2, machine_ms_start=3.0, machine_ms_end=3.0, machine_interp_ms=0.8)
+    assert machine_against_profile({"ms_per_product": 3.0, "wake_us": 100.0, "interp_ms": 1.2}, profiled) == \
+        "compute x1.00 of the profile's, wake-up: the profile did not check, interpreter x1.50 of the profile's"
+    unsampled = HardwareInfo("cpu", 2, machine_ms_start=3.0)
+    assert machine_against_profile({"ms_per_product": 3.0, "wake_us": 1.0, "interp_ms": 1.2}, unsampled).endswith(
+        "interpreter: the profile did not check")
+
+
+def test_a_rate_is_simulated_at_its_own_speed_prompts_by_the_compute_check_decodes_by_the_interpreter():
+    from planner.perf_model import fit_perf_model
+    from planner.profile import HardwareInfo
+    from planner.validation_runs import at_run_speed, run_speed_factors
+    from planner.profiles.example import build_example_profile
+
+    profiled = HardwareInfo("cpu", 2, machine_ms_start=2.0, machine_ms_end=2.0, machine_interp_ms=0.8)
+    assert run_speed_factors({"ms_per_product": 2.5, "wake_us": 90.0, "interp_ms": 1.2}, profiled) == \
+        pytest.approx((1.25, 1.5))
+    assert run_speed_factors({"ms_per_product": 2.5, "wake_us": 90.0}, profiled) == pytest.approx((1.25, 1.0))
+    assert run_speed_factors(None, profiled) == (1.0, 1.0)
+    assert run_speed_factors({"interp_ms": 1.2}, HardwareInfo("cpu", 2)) == (1.0, 1.0)   # the profile did not check
+    model = fit_perf_model(build_example_profile()).model
+    at_run = at_run_speed(model, {"ms_per_product": 2.5, "interp_ms": 1.2}, profiled)
+    assert at_run.prefill_s(1000, 2048) == pytest.approx(1.25 * model.prefill_s(1000, 2048))
+    assert at_run.decode_step_s(8, 2000) == pytest.approx(1.5 * model.decode_step_s(8, 2000))
+    assert at_run_speed(model, None, profiled) is model
+
+
 def test_the_measured_local_share_counts_served_requests_the_decode_worker_prefilled_itself():
     from dataclasses import replace
 
