@@ -88,21 +88,12 @@ def thread_cpu_s(pid: int, role: str) -> Counter:
 
 
 async def steady_group(target: str, rate: float, requests: int, prompt: int, output: int, seed: int) -> int:
-    from loadgen.harness import WorkloadConfig, make_target
+    from loadgen.harness import WorkloadConfig, make_target, run_all_ok
     from loadgen.prompts import PromptSynthesizer
-    from loadgen.runner import RunConfig, run
 
     specs = WorkloadConfig(kind="random", arrival="poisson", rate_rps=rate, num_requests=requests,
                            prompt_mean=prompt, output_mean=output, range_ratio=0.0, seed=seed).build()
-    client = make_target("pdserve", target)
-    await client.open()
-    try:
-        result = await run(client, specs, PromptSynthesizer(seed=seed), RunConfig())
-    finally:
-        await client.close()
-    failed = [r for r in result.records if not r.ok]
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(result.records)} requests failed: {failed[0].error}")
+    result = await run_all_ok(make_target("pdserve", target), specs, PromptSynthesizer(seed=seed))
     return len(result.records)
 
 

@@ -68,6 +68,8 @@ KEPT = (
       for k in (1, 2, 3)),
     *(Kept(f"zen4-s63-refined-{k}", f"repeats_zen4_s63/refined/run{k}", "repeats_zen4_s63/tiny_zen4_s63b.json", "shm")
       for k in (1, 2, 3)),
+    *(Kept(f"zen4-s64-refined-{k}", f"repeats_zen4_s64/refined/run{k}", "repeats_zen4_s64/tiny_zen4_s64b.json", "shm")
+      for k in (1, 2)),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 

@@ -132,6 +132,21 @@ async def run_with_progress(target: Target, specs: list[wl.RequestSpec], prompts
             await target.close()
 
 
+async def run_all_ok(target: Target, specs: list[wl.RequestSpec], prompts: PromptSynthesizer,
+                     config: RunConfig | None = None) -> RunResult:
+    """Open the target, run `specs`, close it; RuntimeError naming the first failure when any
+    request was not served (a benchmark reading what a load costs needs all of it served)."""
+    await target.open()
+    try:
+        result = await run(target, specs, prompts, config or RunConfig())
+    finally:
+        await target.close()
+    failed = [r for r in result.records if not r.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(result.records)} requests failed: {failed[0].error}")
+    return result
+
+
 @dataclass(frozen=True)
 class SweepProbe:
     rate_rps: float

@@ -20,6 +20,12 @@ bfloat16 prompts slowed 1.3x between a profile and its runs while the float32 ch
 Each probe runs one thread (OMP/BLAS threads set to 1 for the probes alone), so a core's figure is
 that core's.
 
+- `InterpreterSampler(cores)`: while a span runs (a profile, a validation rate), a fixed pure-Python
+  loop timed in thread CPU time every 0.15 s on every core; its mean is how fast the cores ran
+  the interpreter over the span. A small model's decode step is interpreter-bound (the engine's
+  scheduling, its kernels' dispatch), and on a Zen 4 EPYC VM the loop ran 1.0x or 1.5-1.7x its
+  fastest from one second to the next with the bfloat16 product unmoved. "python" among `CHECKS`
+  times the same loop window by window (`bench/host_speed.py --product python`).
 - `wake_check_us(cores)`: how long a message takes to go from one core to another and back between
   two processes that block on a pipe in between, each message after a short idle: the median round
   trip, microseconds. A compute check never lets a core idle, so it cannot see how slowly a VM's
@@ -44,6 +50,9 @@ PRODUCT_SIZE = 384  # float32 n x n: a few ms per product on a 2020s core, insid
 # prefill's GEMMs (compute-bound: its speed is the matrix unit's); 1-15 ms on one core
 HALF_TOKENS, HALF_IN, HALF_OUT = 256, 768, 3072
 PRODUCTS = ("float32", "bfloat16", "float16")
+# what `run_phase` and `bench/host_speed.py` can time: the products, and "python", the interpreter
+# loop (`interpreter_cpu_ms`'s) that an engine's small steps and the serving hops run at
+CHECKS = (*PRODUCTS, "python")
 _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _BINDING = ("OMP_PLACES", "OMP_PROC_BIND")
 
@@ -58,18 +67,22 @@ def product_for_dtype(dtype: str) -> str:
 def describe_product(product: str) -> str:
     """What `product` times, for a report: 'float32 384x384 (numpy)'."""
     _check_product(product)
+    if product == "python":
+        return f"a pure-Python loop of {INTERPRETER_LOOP:,} multiply-adds (the interpreter)"
     if product == "float32":
         return f"float32 {PRODUCT_SIZE}x{PRODUCT_SIZE} (numpy)"
     return f"{product} {HALF_TOKENS}x{HALF_IN} @ {HALF_IN}x{HALF_OUT} (torch)"
 
 
 def _check_product(product: str) -> None:
-    if product not in PRODUCTS:
-        raise ValueError(f"unknown product {product!r}: use one of {', '.join(PRODUCTS)}")
+    if product not in CHECKS:
+        raise ValueError(f"unknown product {product!r}: use one of {', '.join(CHECKS)}")
 
 
 def _multiply(product: str, seed: int):
     """A zero-argument call computing one `product` (its operands made and warmed up here)."""
+    if product == "python":
+        return interpreter_cpu_ms
     if product == "float32":
         import numpy as np
 

@@ -170,3 +170,13 @@ def test_the_interpreter_sampler_times_a_python_loop_in_cpu_time_on_every_core_w
     for bad in ({"cores": []}, {"cores": cores, "period_s": 0.0}):
         with pytest.raises(ValueError, match="need cores and period_s > 0"):
             InterpreterSampler(**bad)
+
+
+def test_the_interpreter_loop_is_timed_window_by_window_as_the_products_are():
+    from loadgen.host_probe import CHECKS, PRODUCTS, describe_product, run_phase
+
+    assert "python" in CHECKS and "python" not in PRODUCTS   # a profile's compute check stays a product
+    assert "pure-Python loop" in describe_product("python")
+    core = sorted(os.sched_getaffinity(0))[0]
+    windows = run_phase([core], 0.4, 0.2, "python")
+    assert list(windows) == [core] and len(windows[core]) >= 1 and all(ms > 0 for ms in windows[core])

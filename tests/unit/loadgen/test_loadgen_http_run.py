@@ -180,3 +180,14 @@ async def test_a_429_is_recorded_as_refused_and_counts_apart_from_errors(server)
                                        RunConfig(request_timeout_s=5.0), show=False)
     assert [r.status for r in progress.records] == ["ok", "refused", "error"]
     assert (retry_after_s("3"), retry_after_s("Wed, 21 Oct 2026 07:28:00 GMT"), retry_after_s(None)) == (3.0, None, None)
+
+
+async def test_run_all_ok_returns_a_served_run_and_names_the_first_failure_of_one_that_was_not(server):
+    from loadgen.harness import run_all_ok
+
+    served = await run_all_ok(OpenAITarget(server.url + "/v1"), [RequestSpec(0.0, 20, 4), RequestSpec(0.01, 21, 3)],
+                              PromptSynthesizer(seed=1))
+    assert [r.output_tokens for r in served.records] == [4, 3]
+    with pytest.raises(RuntimeError, match="1 of 2 requests failed: TargetError: HTTP 500: injected failure"):
+        await run_all_ok(OpenAITarget(server.url + "/v1"), [RequestSpec(0.0, 20, 4), RequestSpec(0.01, 21, FAIL_TOKENS)],
+                         PromptSynthesizer(seed=1))

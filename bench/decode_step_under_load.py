@@ -1,0 +1,282 @@
+"""Why a loaded cluster's decode steps outlast the profile's: the same steps traced alone, beside a
+busy neighbour core, and under the validation's loads, in one run. Run `--help`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DESCRIPTION = """\
+On the Zen 4 EPYC the decode worker's traced steps under the validation's loads took 1.5-2.4x the
+engine table's step at every batch, one sequence included (BENCHMARKS, "What a long prompt costs
+the workers' cores"), where the profile's batched runs through the cluster matched the table. This
+runs one 1P+1D cluster (prefill and the router on core 0, decode on core 1, --transport, default
+shm) with its engines' steps traced (pdserve.engine_step_trace) through phases, in --rounds rounds:
+
+  lone          one request at a time: a --lone-prompt-token prompt, --lone-output tokens out,
+                --lone-requests of them (the decode engine steps at one sequence, core 0 idle)
+  lone-long     the same with --lone-long-prompt-token prompts (long contexts, core 0 idle)
+  lone+matmul   the lone requests while a process bound to core 0 multiplies bfloat16 matrices
+                (what the prefill engine's prompts do to the core, with no pdserve traffic)
+  lone+spin     the same while a process bound to core 0 spins in Python (a busy core, no vector unit)
+  <shape>@<r>   each --load: a validation shape (planner.validation_shapes) at r req/s, Poisson
+                or gamma as the shape says, for --load-requests requests
+
+and reads, for each phase, the decode worker's steps that ran only decodes by batch, with a join
+and without, against the --profile's engine step for the same batch and context
+(planner.validation_steps), and the steps a prefill step covered throughout against those it
+left alone (corun_by_batch). A step that runs as long with the prefill engine idle as beside its
+prompts is slowed by its own process; one long only beside them by the neighbour core. Keeps the traces (steps/, phases.json) and writes summary.json and a PNG.
+About 4 minutes a round on the tiny model.
+"""
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    start_s: float
+    end_s: float
+
+
+BURNERS = {
+    "matmul": ("import torch, time\ntorch.set_num_threads(1)\n"
+               "a = torch.randn(768, 768, dtype=torch.bfloat16)\n"
+               "end = time.monotonic() + {seconds}\n"
+               "while time.monotonic() < end:\n    a @ a\n"),
+    "spin": ("import time\nend = time.monotonic() + {seconds}\nx = 0\n"
+             "while time.monotonic() < end:\n    x += 1\n"),
+}
+
+
+def start_burner(kind: str, core: int, seconds: float) -> subprocess.Popen:
+    """A process bound to `core` that keeps it busy for `seconds` (`BURNERS[kind]`)."""
+    code = BURNERS[kind].format(seconds=seconds)
+    return subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\n{code}"])
+
+
+async def send(target: str, specs, seed: int) -> int:
+    from loadgen.harness import make_target, run_all_ok
+    from loadgen.prompts import PromptSynthesizer
+
+    result = await run_all_ok(make_target("pdserve", target), specs, PromptSynthesizer(seed=seed, token_id_high=250))
+    return len(result.records)
+
+
+def lone_specs(args, prompt_tokens: int):
+    from loadgen.harness import WorkloadConfig
+
+    return WorkloadConfig(kind="random", arrival="poisson", rate_rps=1000.0, num_requests=1,
+                          prompt_mean=prompt_tokens, output_mean=args.lone_output, range_ratio=0.0,
+                          seed=7).build()
+
+
+LONE_PHASES = ("lone", "lone-long", "lone+matmul", "lone+spin")
+
+
+def phase_order(round_index: int, loads: list[tuple[str, float]]) -> list[str]:
+    """The phases of round `round_index` (from 0): the lone ones, then each load as SHAPE@RATE;
+    every other round in reverse (ABBA: a drift of the host lands on every phase alike)."""
+    names = [*LONE_PHASES, *(f"{shape}@{rate:g}" for shape, rate in loads)]
+    return names[::-1] if round_index % 2 else names
+
+
+def load_arg(text: str) -> tuple[str, float]:
+    shape, _, rate = text.partition("@")
+    if not rate:
+        raise argparse.ArgumentTypeError(f"--load {text!r}: expected SHAPE@RATE, e.g. long-short@1.6")
+    return shape, float(rate)
+
+
+def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
+    """The phases run (monotonic windows) and the workers' ids by role."""
+    from launch.local import ClusterSpec, LocalCluster
+    from pdserve.engine import EngineSettings
+    from pdserve.engine_step_trace import STEP_TRACE_ENV
+    from planner.validation_shapes import validation_shapes
+
+    engine = EngineSettings(model=args.model, block_size=32, max_model_len=args.max_model_len,
+                            kv_cache_bytes=args.kv_cache_mb << 20, enable_prefix_caching=False)
+    spec = ClusterSpec(engine=engine, transport=args.transport, cpu_cores={"prefill": "0", "decode": "1"},
+                       log_dir=tempfile.mkdtemp(prefix="pdserve-decode-under-load-"))
+    shapes = validation_shapes(args.max_model_len)
+    phases: list[Phase] = []
+    os.environ[STEP_TRACE_ENV] = str(trace_dir)
+    try:
+        cluster = LocalCluster(spec)
+        cluster.start()
+    finally:
+        os.environ.pop(STEP_TRACE_ENV, None)
+    try:
+        worker_ids = {role: cluster.worker_ids(role)[0] for role in ("prefill", "decode")}
+        target = cluster.grpc_target
+        asyncio.run(send(target, lone_specs(args, args.lone_prompt) * 4, seed=1))   # warm
+        for round_index in range(args.rounds):
+            for name in phase_order(round_index, args.load):
+                start_s = time.monotonic()
+                if name.startswith("lone"):
+                    burner = (start_burner(name.partition("+")[2], 0, 3600) if "+" in name else None)
+                    try:
+                        time.sleep(0.5 if burner else 0.0)
+                        start_s = time.monotonic()
+                        for i in range(args.lone_requests):
+                            prompt = args.lone_long_prompt if name == "lone-long" else args.lone_prompt
+                            asyncio.run(send(target, lone_specs(args, prompt), seed=10 + i))
+                    finally:
+                        if burner:
+                            burner.kill()
+                            burner.wait()
+                    sent = args.lone_requests
+                else:
+                    shape_name, rate = name.split("@")
+                    specs = shapes[shape_name].workload.build(rate_rps=float(rate), num_requests=args.load_requests)
+                    sent = asyncio.run(send(target, specs, seed=100 + round_index))
+                end_s = time.monotonic()
+                phases.append(Phase(name, start_s, end_s))
+                print(f"round {round_index + 1}: {name}, {sent} requests in {end_s - start_s:.0f} s", flush=True)
+                time.sleep(1.0)
+    finally:
+        cluster.stop()
+    return phases, worker_ids
+
+
+def analyse(trace_dir: Path, worker_ids: dict[str, str], phases: list[Phase], profile_path: str | None) -> list[dict]:
+    """Per phase, the decode worker's steps by batch against the profile's engine step
+    (`planner.validation_steps.decode_worker_summary`; with no profile the model's step is 0) and
+    the co-run rows (`corun_by_batch`: steps a prefill step covered against steps it left alone)."""
+    from pdserve.engine_step_trace import read_steps, trace_files
+    from planner.validation_steps import corun_by_batch, decode_worker_summary
+
+    def steps_of(worker_id: str):
+        return sorted((s for path in trace_files(trace_dir, worker_id) for s in read_steps(path)), key=lambda s: s.start_s)
+
+    decode, prefill = steps_of(worker_ids["decode"]), steps_of(worker_ids["prefill"])
+    if profile_path:
+        from planner.perf_model import fit_perf_model
+        from planner.profile import load_profile
+
+        profile = load_profile(profile_path)
+        model_step_s = fit_perf_model(profile).model.decode_step_s
+        served = lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)  # noqa: E731
+    else:
+        model_step_s, served = (lambda batch, context: 0.0), (lambda batch: 0.0)
+    report = []
+    for phase in phases:
+        inside = lambda steps: [s for s in steps if phase.start_s <= s.start_s < phase.end_s]  # noqa: E731
+        summary = decode_worker_summary(decode, phase.start_s, phase.end_s, model_step_s, served)
+        corun = [dataclasses.asdict(row) for row in corun_by_batch(inside(decode), inside(prefill), min_steps=10)]
+        report.append({"phase": phase.name, "start_s": phase.start_s, "end_s": phase.end_s, **summary,
+                       "corun": corun})
+    return report
+
+
+def pooled(report: list[dict]) -> list[dict]:
+    """The phases' rows pooled over rounds: per phase name, batch bucket and join, the steps'
+    mean step and model ms weighted by steps."""
+    totals: dict[tuple, list[float]] = {}
+    for phase in report:
+        for row in phase["rows"]:
+            key = (phase["phase"], row["batch"], row["joins"])
+            t = totals.setdefault(key, [0, 0.0, 0.0])
+            t[0] += row["steps"]
+            t[1] += row["steps"] * row["step_ms"]
+            t[2] += row["steps"] * (row["model_ms"] or 0.0)
+    return [{"phase": k[0], "batch": k[1], "joins": k[2], "steps": n, "step_ms": round(step / n, 3),
+             "model_ms": round(model / n, 3)} for k, (n, step, model) in totals.items() if n]
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| phase | batch | steps | step ms | model ms | step / model |", "|---|---|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["phase"], r["joins"], r["batch"])):
+        ratio = f"{r['step_ms'] / r['model_ms']:.2f}" if r["model_ms"] else ""
+        lines.append(f"| {r['phase']} | {r['batch']}{' (join)' if r['joins'] else ''} | {r['steps']} | "
+                     f"{r['step_ms']:.2f} | {r['model_ms']:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steady = [r for r in rows if not r["joins"]]
+    phases = list(dict.fromkeys(r["phase"] for r in steady))
+    buckets = list(dict.fromkeys(r["batch"] for r in sorted(steady, key=lambda r: int(r["batch"].rstrip("+").split("-")[0]))))
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / max(1, len(phases))
+    for i, phase in enumerate(phases):
+        by = {r["batch"]: r for r in steady if r["phase"] == phase}
+        xs = [j + (i - len(phases) / 2) * width for j, b in enumerate(buckets) if b in by]
+        ys = [by[b]["step_ms"] / by[b]["model_ms"] if by[b]["model_ms"] else by[b]["step_ms"]
+              for b in buckets if b in by]
+        ax.bar(xs, ys, width, label=phase)
+    ax.set_xticks(range(len(buckets)), buckets)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("decode batch (sequences)")
+    ax.set_ylabel("traced step / profile's engine step" if any(r["model_ms"] for r in steady) else "traced step (ms)")
+    ax.set_title("decode worker's steps without a join, by phase")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(REPO / "models" / "tiny"), help="model folder (pdserve make-model)")
+    parser.add_argument("--lone-prompt", type=int, default=128, help="the lone requests' prompt tokens (128)")
+    parser.add_argument("--lone-long-prompt", type=int, default=1433,
+                        help="the lone-long requests' prompt tokens (1433, long-short's mean)")
+    parser.add_argument("--lone-output", type=int, default=200, help="the lone requests' output tokens (200)")
+    parser.add_argument("--lone-requests", type=int, default=3, help="lone requests a phase, one at a time (3)")
+    parser.add_argument("--load", type=load_arg, action="append", default=None,
+                        help="a validation shape at a rate, SHAPE@REQ_PER_S (repeatable; default "
+                             "long-short@1.6 and short-long@2)")
+    parser.add_argument("--load-requests", type=int, default=60, help="requests a load phase (60)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds; the phases' order flips each round (2)")
+    parser.add_argument("--transport", default="shm", help="the cluster's KV transport (shm)")
+    parser.add_argument("--kv-cache-mb", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--out", required=True, help="folder for summary.json and decode_steps.png")
+    parser.add_argument("--analyse", action="store_true",
+                        help="run nothing: read --out's kept traces (steps/, phases.json) again, e.g. with another --profile")
+    parser.add_argument("--profile", help="a profile of this host (pdserve profile): each step set against its engine step")
+    args = parser.parse_args(argv)
+    args.load = args.load or [("long-short", 1.6), ("short-long", 2.0)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trace_dir, ran = out / "steps", out / "phases.json"
+    if not args.analyse:
+        trace_dir.mkdir(exist_ok=True)
+        phases, worker_ids = measure(args, trace_dir)
+        ran.write_text(json.dumps({"phases": [vars(p) for p in phases], "worker_ids": worker_ids}, indent=1))
+    kept = json.loads(ran.read_text())
+    phases, worker_ids = [Phase(**p) for p in kept["phases"]], kept["worker_ids"]
+    report = analyse(trace_dir, worker_ids, phases, args.profile)
+    rows = pooled(report)
+    (out / "summary.json").write_text(json.dumps(
+        {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+         "pooled": rows, "phases": report}, indent=1))
+    print(table(rows))
+    for phase in report:
+        for row in phase["corun"]:
+            print(f"{phase['phase']} {phase['start_s']:.0f}: batch {row['batch']}: beside a prompt "
+                  f"{1e3 * row['beside_s']:.2f} ms ({row['beside_steps']}), prefill idle {1e3 * row['alone_s']:.2f} ms "
+                  f"({row['alone_steps']})")
+    plot(rows, out / "decode_steps.png")
+    print(f"wrote {out / 'summary.json'} and {out / 'decode_steps.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

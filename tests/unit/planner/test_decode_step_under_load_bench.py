@@ -1,0 +1,37 @@
+"""bench/decode_step_under_load.py explains itself, alternates its phases and pools each phase's
+traced steps over rounds (its pure parts, on plain values)."""
+
+import argparse
+
+import pytest
+
+from bench_scripts import bench_functions, bench_help
+
+
+def test_the_decode_step_bench_explains_itself():
+    shown = bench_help("decode_step_under_load.py")
+    assert "lone+matmul" in shown and "--load" in shown and "--analyse" in shown and "--profile" in shown
+
+
+def test_phases_alternate_abba_and_a_load_is_a_shape_at_a_rate():
+    f = bench_functions("decode_step_under_load.py")
+    first = f["phase_order"](0, [("long-short", 1.6)])
+    assert first == ["lone", "lone-long", "lone+matmul", "lone+spin", "long-short@1.6"]
+    assert f["phase_order"](1, [("long-short", 1.6)]) == first[::-1]
+    assert f["load_arg"]("short-long@2") == ("short-long", 2.0)
+    with pytest.raises(argparse.ArgumentTypeError, match="expected SHAPE@RATE"):
+        f["load_arg"]("short-long")
+
+
+def test_rounds_pool_into_one_row_per_phase_batch_and_join_weighted_by_steps():
+    pooled = bench_functions("decode_step_under_load.py")["pooled"]
+    row = lambda batch, joins, steps, step_ms, model_ms: {"batch": batch, "joins": joins, "steps": steps,  # noqa: E731
+                                                          "step_ms": step_ms, "model_ms": model_ms}
+    report = [{"phase": "lone", "rows": [row("1", False, 100, 4.0, 3.0), row("1", True, 2, 5.0, 3.0)]},
+              {"phase": "lone", "rows": [row("1", False, 300, 6.0, 3.0)]},
+              {"phase": "long-short@1.6", "rows": [row("2-3", False, 10, 8.0, None)]}]
+    rows = {(r["phase"], r["batch"], r["joins"]): r for r in pooled(report)}
+    assert rows[("lone", "1", False)] == {"phase": "lone", "batch": "1", "joins": False, "steps": 400,
+                                          "step_ms": 5.5, "model_ms": 3.0}
+    assert rows[("lone", "1", True)]["steps"] == 2
+    assert rows[("long-short@1.6", "2-3", False)]["model_ms"] == 0.0   # no profile: no model step
