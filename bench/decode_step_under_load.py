@@ -154,20 +154,16 @@ def analyse(trace_dir: Path, worker_ids: dict[str, str], phases: list[Phase], pr
     """Per phase, the decode worker's steps by batch against the profile's engine step
     (`planner.validation_steps.decode_worker_summary`; with no profile the model's step is 0) and
     the co-run rows (`corun_by_batch`: steps a prefill step covered against steps it left alone)."""
-    from pdserve.engine_step_trace import read_steps, trace_files
+    from pdserve.engine_step_trace import engine_steps
     from planner.validation_steps import corun_by_batch, decode_worker_summary
 
-    def steps_of(worker_id: str):
-        return sorted((s for path in trace_files(trace_dir, worker_id) for s in read_steps(path)), key=lambda s: s.start_s)
-
-    decode, prefill = steps_of(worker_ids["decode"]), steps_of(worker_ids["prefill"])
+    decode, prefill = engine_steps(trace_dir, worker_ids["decode"]), engine_steps(trace_dir, worker_ids["prefill"])
     if profile_path:
-        from planner.perf_model import fit_perf_model
         from planner.profile import load_profile
+        from planner.validation_step_report import model_and_served
 
-        profile = load_profile(profile_path)
-        model_step_s = fit_perf_model(profile).model.decode_step_s
-        served = lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)  # noqa: E731
+        model, served = model_and_served(load_profile(profile_path))
+        model_step_s = model.decode_step_s
     else:
         model_step_s, served = (lambda batch, context: 0.0), (lambda batch: 0.0)
     report = []

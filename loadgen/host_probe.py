@@ -235,11 +235,13 @@ def interpreter_cpu_ms(loop: int = INTERPRETER_LOOP) -> float:
     return (time.thread_time() - started) * 1e3
 
 
-def _sample_interpreter(core: int, period_s: float, stop, queue) -> None:
-    """On `core`: `interpreter_cpu_ms` every `period_s` until `stop` is set; puts (core, [(monotonic s, ms)])."""
+def _sample_interpreter(core: int, period_s: float, stop, ready, queue) -> None:
+    """On `core`: `interpreter_cpu_ms` now (then puts `core` on `ready`) and every `period_s` after,
+    until `stop` is set; puts (core, [(monotonic s, ms)]) on `queue`."""
     os.sched_setaffinity(0, {core})
     interpreter_cpu_ms()
-    samples = []
+    samples = [(time.monotonic(), interpreter_cpu_ms())]
+    ready.put(core)
     while not stop.wait(period_s):
         samples.append((time.monotonic(), interpreter_cpu_ms()))
     queue.put((core, samples))
@@ -247,9 +249,12 @@ def _sample_interpreter(core: int, period_s: float, stop, queue) -> None:
 
 class InterpreterSampler:
     """While inside (`with InterpreterSampler(cores) as sampler:`), one process bound to each of
-    `cores` times the interpreter loop every `period_s`; after, `samples` holds core -> [(monotonic
-    s, CPU ms)] and `mean_ms` the mean over every sample (what the cores ran at on average over the
-    span, lower is faster; 0.0 with no sample)."""
+    `cores` times the interpreter loop every `period_s`, the first time before the span begins
+    (entering waits for it, up to `START_TIMEOUT_S`); after, `samples` holds core -> [(monotonic s,
+    CPU ms)], at least one each, and `mean_ms` the mean over every sample (what the cores ran at on
+    average over the span, lower is faster)."""
+
+    START_TIMEOUT_S = 60.0   # a spawned probe imports this module first: seconds on a slow host
 
     def __init__(self, cores: Sequence[int], period_s: float = INTERPRETER_PERIOD_S) -> None:
         if period_s <= 0 or not cores:
@@ -259,11 +264,19 @@ class InterpreterSampler:
 
     def __enter__(self) -> "InterpreterSampler":
         context = multiprocessing.get_context("spawn")
-        self._stop, self._queue = context.Event(), context.Queue()
-        self._probes = [context.Process(target=_sample_interpreter, args=(core, self.period_s, self._stop, self._queue),
-                                        daemon=True) for core in self.cores]
+        self._stop, self._queue, ready = context.Event(), context.Queue(), context.Queue()
+        self._probes = [context.Process(target=_sample_interpreter,
+                                        args=(core, self.period_s, self._stop, ready, self._queue), daemon=True)
+                        for core in self.cores]
         for probe in self._probes:
             probe.start()
+        try:
+            for _ in self._probes:
+                ready.get(timeout=self.START_TIMEOUT_S)
+        except BaseException:
+            self._stop.set()
+            self._end_probes()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -273,10 +286,13 @@ class InterpreterSampler:
                 core, samples = self._queue.get(timeout=60)
                 self.samples[core] = samples
         finally:
-            for probe in self._probes:
-                probe.join(timeout=5)
-                if probe.is_alive():
-                    probe.kill()
+            self._end_probes()
+
+    def _end_probes(self) -> None:
+        for probe in self._probes:
+            probe.join(timeout=5)
+            if probe.is_alive():
+                probe.kill()
 
     @property
     def mean_ms(self) -> float:

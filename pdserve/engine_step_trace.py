@@ -16,7 +16,8 @@ end's stamp (vLLM's `arrival_time`, wall-clock) is moved onto that clock by thei
 
 The cost is a clock read and a buffered line a step (flushed every `FLUSH_S` and whenever the
 engine runs out of work); unset, nothing is wrapped. `StepShape.of` (what a step ran),
-`read_steps` / `read_joins` (the files back) and `trace_files` are pure.
+`read_steps` / `read_joins` (the files back), `trace_files` and `engine_steps` / `engine_joins`
+(an engine's over its processes) only read.
 """
 
 from __future__ import annotations
@@ -157,6 +158,17 @@ def trace_files(directory: str | Path, engine_id: str, kind: str = "steps") -> l
     decode-10)."""
     prefix = f"{kind}-{engine_id}-"
     return sorted(path for path in Path(directory).glob(f"{prefix}*.csv") if path.stem[len(prefix):].isdigit())
+
+
+def engine_steps(directory: str | Path, engine_id: str) -> list[TracedStep]:
+    """Every step `engine_id`'s engine cores wrote in `directory`, over all its processes, in start order."""
+    return sorted((step for path in trace_files(directory, engine_id) for step in read_steps(path)),
+                  key=lambda step: step.start_s)
+
+
+def engine_joins(directory: str | Path, engine_id: str) -> list[TracedJoin]:
+    """Every join `engine_id`'s engine cores wrote in `directory`, file by file, each file's in its order."""
+    return [join for path in trace_files(directory, engine_id, "joins") for join in read_joins(path)]
 
 
 @dataclass(frozen=True)

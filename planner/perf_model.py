@@ -80,6 +80,10 @@ class DecodeCoeffs:
         past_knee = max(0, context_tokens - self.context_knee_tokens)
         return self.per_context_token_s * context_tokens + self.per_context_token_past_knee_s * past_knee
 
+    def times(self, factor: float) -> DecodeCoeffs:
+        return DecodeCoeffs(self.step_s * factor, self.per_seq_s * factor, self.per_context_token_s * factor,
+                            self.per_context_token_past_knee_s * factor, self.context_knee_tokens)
+
 
 @dataclass(frozen=True)
 class TransferCoeffs:
@@ -125,11 +129,9 @@ class PerfModel:
         than it was profiled (a shared VM's speed moves by 1.1-2x; `pdserve plan --speed-margin`)?"""
         if _same_speed(factor):
             return self
-        d = self.decode
         return PerfModel(
             prefill=self.prefill.times(factor),
-            decode=DecodeCoeffs(d.step_s * factor, d.per_seq_s * factor, d.per_context_token_s * factor,
-                                d.per_context_token_past_knee_s * factor, d.context_knee_tokens),
+            decode=self.decode.times(factor),
             transfer={name: TransferCoeffs(t.latency_s * factor, t.bytes_per_s / factor)
                       for name, t in self.transfer.items()},
             wide=tuple((width, model.slower(factor)) for width, model in self.wide))
@@ -153,11 +155,7 @@ class PerfModel:
         the compute check unmoved; BENCHMARKS, "The decode step under load")."""
         if _same_speed(factor):
             return self
-        d = self.decode
-        return PerfModel(prefill=self.prefill,
-                         decode=DecodeCoeffs(d.step_s * factor, d.per_seq_s * factor, d.per_context_token_s * factor,
-                                             d.per_context_token_past_knee_s * factor, d.context_knee_tokens),
-                         transfer=self.transfer,
+        return PerfModel(prefill=self.prefill, decode=self.decode.times(factor), transfer=self.transfer,
                          wide=tuple((width, model.decodes_slower(factor)) for width, model in self.wide))
 
     @property

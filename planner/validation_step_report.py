@@ -5,15 +5,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
-from pdserve.engine_step_trace import read_joins, read_steps, trace_files
-from planner.perf_model import fit_perf_model
+from pdserve.engine_step_trace import engine_joins, engine_steps
+from planner.perf_model import PerfModel, fit_perf_model
 from planner.profile import Profile
 from planner.validation_joins import client_first_gap_s, handoff_summary, one_step_prompts, prompt_summary
 from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
+
+
+def model_and_served(profile: Profile) -> tuple[PerfModel, Callable[[int], float]]:
+    """The traced steps' yardsticks from `profile`: its fitted model (engine steps) and what the
+    simulator adds to a decode step of a batch for serving (its own line, not the table)."""
+    return fit_perf_model(profile).model, lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)
 
 
 def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console, token_budget: int) -> dict:
@@ -21,8 +28,7 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
     validation.json; `planner.validation_steps`): each decode worker's cycle and handoffs (the way
     in over prompts of one step: at most `token_budget` tokens) and each prefill worker's prompt
     steps."""
-    model = fit_perf_model(profile).model
-    served = lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)  # noqa: E731  the simulator's own
+    model, served = model_and_served(profile)
     ok = [r for r in result.records if r.ok]
     client_ms = client_steady_gap_s([r.chunk_times_s for r in ok], [r.output_tokens for r in ok]) * 1e3
     window = (result.start_s, result.start_s + result.duration_s)
@@ -30,10 +36,8 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
               "prefill_workers": {}}
 
     workers = [*cluster.worker_ids("decode"), *cluster.worker_ids("prefill")]
-    traced = {worker_id: sorted((step for path in trace_files(trace_dir, worker_id) for step in read_steps(path)),
-                                key=lambda s: s.start_s) for worker_id in workers}
-    joined = {worker_id: [join for path in trace_files(trace_dir, worker_id, "joins") for join in read_joins(path)]
-              for worker_id in workers}
+    traced = {worker_id: engine_steps(trace_dir, worker_id) for worker_id in workers}
+    joined = {worker_id: engine_joins(trace_dir, worker_id) for worker_id in workers}
 
     # the handed-over requests' first gaps only: a hybrid's Local one has no hop and no pull
     first_gap_s = client_first_gap_s([r.chunk_times_s for r in ok

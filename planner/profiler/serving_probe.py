@@ -148,13 +148,10 @@ def traced_way_in_s(trace_dir: Path, prefill_id: str, decode_id: str, start_s: f
     """The median way in of the Decode calls the decode worker's front end took in [start_s,
     end_s), from the two workers' join traces under `trace_dir`; None when none matched (a trace
     not written: an engine that could not load the trace)."""
-    from pdserve.engine_step_trace import read_joins, trace_files
+    from pdserve.engine_step_trace import engine_joins
     from planner.validation_joins import hop_in_s, in_window
 
-    def joins(worker_id: str):
-        return [join for path in trace_files(trace_dir, worker_id, "joins") for join in read_joins(path)]
-
-    ways = hop_in_s(joins(prefill_id), in_window(joins(decode_id), start_s, end_s))
+    ways = hop_in_s(engine_joins(trace_dir, prefill_id), in_window(engine_joins(trace_dir, decode_id), start_s, end_s))
     return float(statistics.median(ways)) if len(ways) else None
 
 

@@ -9,7 +9,8 @@ import cluster_helpers
 import pytest
 from openai_reference import reference_engine
 
-from pdserve.engine_step_trace import STEP_COLUMNS, STEP_TRACE_ENV, StepShape, read_steps, trace_files
+from pdserve.engine_step_trace import (JOIN_COLUMNS, STEP_COLUMNS, STEP_TRACE_ENV, StepShape, engine_joins, engine_steps,
+                                       read_steps, trace_files)
 
 
 def test_a_traced_engine_writes_each_step_it_ran_with_the_tokens_it_computed(tiny_model, tmp_path, monkeypatch):
@@ -58,3 +59,14 @@ def test_an_engines_trace_files_are_its_own_and_not_another_whose_id_starts_alik
         (tmp_path / name).write_text(",".join(STEP_COLUMNS) + "\n")
     assert [path.name for path in trace_files(tmp_path, "decode-1")] == ["steps-decode-1-41.csv", "steps-decode-1-42.csv"]
     assert [path.name for path in trace_files(tmp_path, "decode-10")] == ["steps-decode-10-43.csv"]
+
+
+def test_an_engines_steps_are_read_over_its_processes_in_start_order_and_its_joins_file_by_file(tmp_path):
+    (tmp_path / "steps-decode-1-41.csv").write_text(",".join(STEP_COLUMNS) + "\n2.0,2.01,0,1,1,1,41\n")
+    (tmp_path / "steps-decode-1-42.csv").write_text(",".join(STEP_COLUMNS) + "\n1.0,1.01,1,0,40,0,40\n3.0,3.01,0,1,1,1,42\n")
+    (tmp_path / "steps-decode-10-43.csv").write_text(",".join(STEP_COLUMNS) + "\n0.5,0.51,1,0,9,0,9\n")
+    assert [s.start_s for s in engine_steps(tmp_path, "decode-1")] == [1.0, 2.0, 3.0]
+    (tmp_path / "joins-decode-1-41.csv").write_text(",".join(JOIN_COLUMNS) + "\nb,40,1.0,1.1,1.2,1.3,1.4\n")
+    (tmp_path / "joins-decode-1-42.csv").write_text(",".join(JOIN_COLUMNS) + "\na,9,0.1,0.2,nan,0.3,0.4\n")
+    assert [j.request_id for j in engine_joins(tmp_path, "decode-1")] == ["b", "a"]
+    assert engine_steps(tmp_path, "prefill-0") == [] and engine_joins(tmp_path, "prefill-0") == []

@@ -157,11 +157,12 @@ def test_the_interpreter_sampler_times_a_python_loop_in_cpu_time_on_every_core_w
 
     assert interpreter_cpu_ms(2_000) > 0
     cores = sorted(os.sched_getaffinity(0))
-    with InterpreterSampler(cores, period_s=0.05) as sampler:
-        time.sleep(1.0)
+    with InterpreterSampler(cores, period_s=0.01) as sampler:
+        entered_s = time.monotonic()   # every core sampled once before the span began
+        sum(i * i for i in range(200_000))   # the span: some work of this process's own
     assert sorted(sampler.samples) == cores
     for samples in sampler.samples.values():
-        assert len(samples) >= 3                                   # one every 0.05 s of a second (a slow host: fewer)
+        assert len(samples) >= 1 and samples[0][0] <= entered_s
         assert all(a[0] < b[0] for a, b in zip(samples, samples[1:]))   # in time order
         assert all(ms > 0 for _, ms in samples)
     assert sampler.mean_ms == pytest.approx(mean_interpreter_ms(sampler.samples))
