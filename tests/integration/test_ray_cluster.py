@@ -214,6 +214,9 @@ def test_requests_give_colocated_vllm_tokens_from_members_on_the_address_ray_giv
         assert registry.hget(worker_key(CLUSTER, worker), "grpc_address") == cluster.worker_address(worker)
         assert cluster.worker_address(worker).startswith(f"{node_ip}:")
     assert registry.hget(worker_key(CLUSTER, "decode-1"), "role") == "decode"
+    # the router's view of the pools follows the registry: until it has seen prefill-0, it serves a
+    # request on the decode worker alone (a clean-clone run once caught the first request there)
+    wait_for(lambda: workers_seen_by_router(cluster) == (1, 1), 30, "the router seeing both pools")
     for index in PROMPTS:
         tokens, timings = generate(cluster.grpc_target, prompts[index])
         assert tokens == reference_outputs[index], f"prompt {index} ({len(prompts[index]['token_ids'])} tokens)"
