@@ -60,6 +60,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -68,7 +69,7 @@ from loadgen.metrics import SLO, summarize
 from loadgen.sweep import knee_midpoint
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
-from loadgen.host_probe import InterpreterSampler, speed_check_ms, wake_check_us
+from loadgen.host_probe import INTERPRETER_WINDOW_S, InterpreterSampler, interpreter_series, speed_check_ms, wake_check_us
 from loadgen.proc_cpu import core_busy_s
 from pdserve.engine_step_trace import STEP_TRACE_ENV
 from planner.profile import Profile, load_profile
@@ -79,8 +80,9 @@ from planner.validation import (error_table, handoff_table, phase_table, verdict
 from planner.validation_cpu import check_line, core_line, core_loads, traffic_of, unbound_cpu_check
 from planner.validation_phases import measured_local_share, measured_phases
 from planner.validation_step_report import step_report
-from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
-                                     compare, cpu_by_process_s, cpu_by_worker_s, load_earlier, machine_against_profile,
+from planner.validation_runs import (RUN_SPEEDS, NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent,
+                                     auto_rates, compare, cpu_by_process_s, cpu_by_worker_s, load_earlier,
+                                     machine_against_profile,
                                      planned_router, recorded_path, requests_at, router_flags_for, worker_cores,
                                      write_validation)
 from planner.validation_repeats import repeats, repeats_table, write_repeats_files
@@ -139,10 +141,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--router-cpu-charge", default=SimSettings.router_cpu_charge, choices=ROUTER_CHARGES,
                    help="a what-if for the simulated side: the bound router's CPU as a load over the host "
                         "window (window, the simulator's own) or as work queued on its cores (backlog)")
-    p.add_argument("--at-run-speed", action="store_true",
+    p.add_argument("--at-run-speed", nargs="?", const="mean", default=None, choices=RUN_SPEEDS,
                    help="a what-if for the simulated side: each rate at the machine's speed over it, the profile's "
                         "prompts slower by the rate's compute check over the profile's and its decode steps by the "
-                        "rate's interpreter loop over the profile's (runs and profiles that sampled it)")
+                        "rate's interpreter loop over the profile's (runs and profiles that sampled it): its mean "
+                        "over the rate (mean, the default), or the decode worker's core second by second (series: "
+                        "runs that kept it; the others at their mean)")
     p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
@@ -290,7 +294,7 @@ def what_if(args: argparse.Namespace) -> dict:
                "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
                "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread}
     return ({name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
-            | ({"at_run_speed": True} if args.at_run_speed else {}))
+            | ({"at_run_speed": args.at_run_speed} if args.at_run_speed else {}))
 
 
 def resimulated(args: argparse.Namespace, root: Path, out_root: Path, console: Console):
@@ -364,6 +368,9 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                 result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
                                                        f"{topology.label} {shape.name} {rate:g} req/s"))
             machine["interp_ms"] = round(interpreter.mean_ms, 4)
+            machine["interp_series_ms"] = {str(core): series for core, series in interpreter_series(
+                interpreter.samples, result.start_s, result.start_s + result.duration_s).items()}
+            machine["interp_window_s"] = INTERPRETER_WINDOW_S
             wall_s = time.perf_counter() - wall_before
             workers_after = cpu_by_worker_s(system.cluster)
             by_process = {group: round(cores, 4) for group, cores in cores_since(
@@ -414,11 +421,12 @@ def cores_since(before: dict, after: dict, wall_s: float) -> dict:
     return {key: (used - before.get(key, 0.0)) / wall_s for key, used in after.items()}
 
 
-def machine_now(profile: Profile) -> dict[str, float]:
-    """The machine's compute speed (the profile's product) and wake-up round trip, every core, now."""
+def machine_now(profile: Profile) -> dict[str, Any]:
+    """The machine's compute speed (the profile's product, named) and wake-up round trip, every
+    core, now."""
     cores = sorted(os.sched_getaffinity(0))
     return {"ms_per_product": speed_check_ms(cores, product=profile.hardware.machine_product),
-            "wake_us": wake_check_us(cores)}
+            "product": profile.hardware.machine_product, "wake_us": wake_check_us(cores)}
 
 
 def model_config(model: Path) -> dict:

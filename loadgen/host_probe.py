@@ -38,6 +38,7 @@ that core's.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import statistics
@@ -303,3 +304,25 @@ def mean_interpreter_ms(samples: dict[int, list[tuple[float, float]]]) -> float:
     """The mean CPU ms of every sample of every core (`InterpreterSampler.samples`); 0.0 with none."""
     values = [ms for per_core in samples.values() for _, ms in per_core]
     return statistics.fmean(values) if values else 0.0
+
+
+INTERPRETER_WINDOW_S = 1.0   # the series' window: the decode step followed the loop 1:1 over whole seconds
+
+
+def interpreter_series(samples: dict[int, list[tuple[float, float]]], start_s: float, end_s: float,
+                       window_s: float = INTERPRETER_WINDOW_S) -> dict[int, list[float | None]]:
+    """Each core's interpreter speed second by second over [start_s, end_s) (monotonic s, the
+    clock of `InterpreterSampler.samples` and of `time.perf_counter`): the mean CPU ms of the
+    samples in each `window_s` window from `start_s`, None for a window without one. What lets a
+    simulator replay the machine's speed as it moved, not only its mean (`RateRun.machine`)."""
+    if window_s <= 0 or end_s < start_s:
+        raise ValueError(f"need window_s > 0 and end_s >= start_s, got {window_s}, [{start_s}, {end_s})")
+    windows = max(1, math.ceil((end_s - start_s) / window_s))
+    series = {}
+    for core, per_core in samples.items():
+        buckets: list[list[float]] = [[] for _ in range(windows)]
+        for at_s, ms in per_core:
+            if start_s <= at_s < end_s:
+                buckets[min(int((at_s - start_s) / window_s), windows - 1)].append(ms)
+        series[core] = [round(statistics.fmean(b), 4) if b else None for b in buckets]
+    return series

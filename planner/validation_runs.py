@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.harness import WorkloadConfig
+from loadgen.host_probe import INTERPRETER_WINDOW_S
 from loadgen.metrics import SLO
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from loadgen.workload import RequestSpec
@@ -27,7 +28,7 @@ from planner.profiler.stream_fit import renetted
 from planner import router_config
 from planner.router_config import router_files, write_router_config
 from planner.rate_search import SearchSettings, max_rate
-from planner.simulator import RouterSettings, SimResult, SimSettings, Topology, cost_model_from, simulate
+from planner.simulator import DecodeSpeed, RouterSettings, SimResult, SimSettings, Topology, cost_model_from, simulate
 from planner.validation_noise import measured_noise
 from planner.validation_phases import phase_rows, simulated_phases
 from planner.validation import Comparison, plot_validation, to_json
@@ -48,9 +49,12 @@ class RateRun:
     cluster_cpu_cores: float | None
     phases: dict[str, list[float]] | None = None  # measured, per request (`planner.validation_phases`)
     # the machine at the rate (`loadgen.host_probe`; None: not checked): just before it, ms per
-    # product in the engines' dtype and the cross-core wake-up round trip in us; over it (runs since
-    # the interpreter check), the interpreter loop's mean CPU ms (`InterpreterSampler`)
-    machine: dict[str, float] | None = None
+    # product in the engines' dtype and the cross-core wake-up round trip in us, and (runs since the
+    # product was named) which product; over it (runs since the interpreter check), the interpreter
+    # loop's mean CPU ms (`InterpreterSampler`) and (runs since the series) each core's second by
+    # second from the run's start, `interp_series_ms` (`loadgen.host_probe.interpreter_series`, its
+    # window `interp_window_s`)
+    machine: dict[str, Any] | None = None
     # each process group's CPU over the rate, in cores (`cpu_by_process_s`; None: not measured)
     cpu_cores_by_process: dict[str, float] | None = None
     # each worker's cores over the rate (`validation_cpu.core_loads`, as dicts; None: not measured)
@@ -193,12 +197,12 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     router places as `router` (the real router's settings); `what_if`: `SimSettings` fields the
     simulation takes instead of its own (`host_window_s`, `router_cpu_charge`, `served_step`,
     `router_core_max_stolen`, `hops`, `client_placement`, `step_spread`; and `at_run_speed`, not
-    the simulator's: each run simulated at its own machine speed, `at_run_speed`); a profile's
+    the simulator's: each run simulated at its own machine speed, `at_run_speed_as`); a profile's
     model is named by its file's stem. A `client_placement` other than a profile's nets its served step
     again for it (`with_client_placement`); where it cannot, the profile's own is kept and `note`
     says so."""
     models, asked = {}, dict(what_if or {})
-    run_speed = bool(asked.pop("at_run_speed", False))
+    run_speed = run_speed_mode(asked.pop("at_run_speed", None))
     for path in profile_paths:
         profile, overrides = load_profile(path), dict(asked)
         profile, why = with_client_placement(profile, overrides.get("client_placement"))
@@ -210,26 +214,83 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     comparisons = []
     for run in runs:   # the measured side's noise is the run's alone: once, whatever the profiles
         noise = {} if run.phases is None else measured_noise(run.phases, [r.output_tokens for r in run.requests])
-        comparisons += [_comparison(run, name, simulate(run.requests, topology, settings,
-                                                        at_run_speed(model, run.machine, hardware) if run_speed else model),
+        comparisons += [_comparison(run, name, simulate(run.requests, topology,
+                                                        *at_run_speed_as(run_speed, settings, model, run, hardware)),
                                     slo, noise)
                         for name, (settings, model, hardware) in models.items()]
     return comparisons
 
 
-def run_speed_factors(machine: Mapping[str, float] | None, hardware: HardwareInfo) -> tuple[float, float]:
+def run_speed_factors(machine: Mapping[str, Any] | None, hardware: HardwareInfo) -> tuple[float, float]:
     """How much slower than at its profile a rate's machine ran (`RateRun.machine`): its compute
     check over the profile's (the prompts' factor) and its interpreter's mean over the profile's
-    (the decode steps'); 1.0 for either the run or the profile lacks."""
+    (the decode steps'); 1.0 for either the run or the profile lacks, and a compute factor of 1.0
+    where the rate timed another product than the profile did (its `product`; records before it
+    timed the first profile's, taken as this one's)."""
     machine = machine or {}
+    same_product = machine.get("product", hardware.machine_product) == hardware.machine_product
 
     def factor(key: str, profiled: float) -> float:
-        return machine[key] / profiled if profiled > 0 and machine.get(key, 0) > 0 else 1.0
+        return float(machine[key]) / profiled if profiled > 0 and float(machine.get(key, 0)) > 0 else 1.0
 
-    return factor("ms_per_product", hardware.machine_ms), factor("interp_ms", hardware.machine_interp_ms)
+    return (factor("ms_per_product", hardware.machine_ms) if same_product else 1.0,
+            factor("interp_ms", hardware.machine_interp_ms))
 
 
-def at_run_speed(model: PerfModel, machine: Mapping[str, float] | None, hardware: HardwareInfo) -> PerfModel:
+RUN_SPEEDS = ("mean", "series")   # `--at-run-speed`: the rate's mean speed, or its decode core's second by second
+
+
+def run_speed_mode(asked: object) -> str | None:
+    """`what_if["at_run_speed"]`: None or False (nominal), True (records before the series: "mean")
+    or one of `RUN_SPEEDS`; raises ValueError for another."""
+    if asked is None or asked is False:
+        return None
+    mode = "mean" if asked is True else asked
+    if mode not in RUN_SPEEDS:
+        raise ValueError(f"at_run_speed must be one of {RUN_SPEEDS}, got {asked!r}")
+    return mode
+
+
+def at_run_speed_as(mode: str | None, settings: SimSettings, model: PerfModel, run: RateRun,
+                    hardware: HardwareInfo) -> tuple[SimSettings, PerfModel]:
+    """What `run` is simulated with at its own machine speed: nominal (`mode` None); "mean", the
+    rate's two factors (`at_run_speed`); "series", prompts by the compute check's factor and each
+    decode worker's steps by its core's interpreter second by second (`decode_speed_of`), or by
+    the mean where the run kept no series."""
+    if mode is None:
+        return settings, model
+    speed = decode_speed_of(run, hardware) if mode == "series" else None
+    if speed is None:
+        return settings, at_run_speed(model, run.machine, hardware)
+    return replace(settings, decode_speed=speed), model.prompts_slower(run_speed_factors(run.machine, hardware)[0])
+
+
+def decode_speed_of(run: RateRun, hardware: HardwareInfo) -> DecodeSpeed | None:
+    """Each decode worker's speed window by window over `run` (`SimSettings.decode_speed`): its
+    core's interpreter loop (`machine["interp_series_ms"]`; the mean of its cores' where it has
+    several) over the profile's mean, a window without a sample taken at the series' mean. The
+    decode workers are the run's core loads' ("decode-0", ... in name order); None where the run
+    kept no series or core loads, or the profile did not sample the interpreter."""
+    machine = run.machine or {}
+    by_core, profiled = machine.get("interp_series_ms"), hardware.machine_interp_ms
+    decoders = sorted((row for row in run.core_loads or () if str(row.get("worker", "")).startswith("decode")),
+                      key=lambda row: row["worker"])
+    if not by_core or profiled <= 0 or not decoders:
+        return None
+    series = []
+    for row in decoders:
+        cores = [by_core[str(core)] for core in row["cores"] if str(core) in by_core]
+        if not cores:
+            return None
+        windows = [[ms for ms in values if ms is not None] for values in zip(*cores)]
+        means = [sum(w) / len(w) if w else None for w in windows]
+        known = [ms for ms in means if ms is not None]
+        fill = sum(known) / len(known) if known else profiled
+        series.append([(ms if ms is not None else fill) / profiled for ms in means])
+    return DecodeSpeed.of(series, float(machine.get("interp_window_s", INTERPRETER_WINDOW_S)))
+
+
+def at_run_speed(model: PerfModel, machine: Mapping[str, Any] | None, hardware: HardwareInfo) -> PerfModel:
     """`model` at a rate's own machine speed (`run_speed_factors`): prompts slower by the compute
     check's factor, decode steps by the interpreter's."""
     prompts, decodes = run_speed_factors(machine, hardware)
@@ -343,13 +404,19 @@ def _engine_steps(runs: Sequence[RateRun]) -> dict:
     return {"engine_steps": kept} if kept else {}
 
 
-def machine_against_profile(machine: dict[str, float], hardware: HardwareInfo) -> str:
+def machine_against_profile(machine: Mapping[str, Any], hardware: HardwareInfo) -> str:
     """How the machine at a rate compares with it at the profile (`HardwareInfo`): each check the
     rate has over the profile's (the compute and wake-up checks before the rate against the mean
     of the profile's two; the interpreter's mean over the rate against its mean over the profile),
-    or 'the profile did not check' for one the profile lacks."""
-    return ", ".join(f"{name} x{machine[key] / profiled:.2f} of the profile's" if profiled
-                     else f"{name}: the profile did not check"
+    or 'the profile did not check' for one the profile lacks, or 'another product' where the rate
+    timed another product than the profile."""
+    def against(key: str, profiled: float, name: str) -> str:
+        if key == "ms_per_product" and machine.get("product", hardware.machine_product) != hardware.machine_product:
+            return f"{name}: another product ({machine['product']}) than the profile's ({hardware.machine_product})"
+        return f"{name} x{float(machine[key]) / profiled:.2f} of the profile's" if profiled \
+            else f"{name}: the profile did not check"
+
+    return ", ".join(against(key, profiled, name)
                      for key, profiled, name in (("ms_per_product", hardware.machine_ms, "compute"),
                                                  ("wake_us", hardware.machine_wake_us, "wake-up"),
                                                  ("interp_ms", hardware.machine_interp_ms, "interpreter"))

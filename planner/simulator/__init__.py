@@ -9,5 +9,6 @@ from planner.simulator.config import RouterSettings, SimSettings, SimulationErro
 from planner.simulator.cost import cost_model_from
 from planner.simulator.engine import simulate
 from planner.simulator.result import SimResult
+from planner.simulator.speed import DecodeSpeed
 
-__all__ = ["RouterSettings", "SimResult", "SimSettings", "SimulationError", "Topology", "cost_model_from", "simulate"]
+__all__ = ["DecodeSpeed", "RouterSettings", "SimResult", "SimSettings", "SimulationError", "Topology", "cost_model_from", "simulate"]

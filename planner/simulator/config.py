@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
@@ -15,6 +15,9 @@ from planner.serving_costs import ServingCosts
 from planner.simulator.host import CLIENT_PLACEMENTS, MAX_STOLEN, ROUTER_CHARGES
 from router.policies.placement import CostModel, PlacementConfig
 from router.scheduler import SloTargets
+
+if TYPE_CHECKING:   # speed.py raises this module's SimulationError
+    from planner.simulator.speed import DecodeSpeed
 
 DecodePick = Literal["handoff", "arrival"]
 SERVED_STEP_FORMS = ("line", "table")  # `SimSettings.served_step`
@@ -239,7 +242,11 @@ class SimSettings:
     - `router_core_max_stolen`: the largest share of a step on the router's cores the host's load
       may take (`planner.simulator.host.stretch_for_loads`): the default `MAX_STOLEN` (0.9), or 0.5,
       a fair scheduler keeping a stepping engine at least half its core against the router
-      (a what-if; BENCHMARKS "What a loaded cluster's steps are made of" says what it does).
+      (a what-if; BENCHMARKS "What a loaded cluster's steps are made of" says what it does);
+    - `decode_speed`: each decode-side instance's speed window by window (`planner.simulator.speed.
+      DecodeSpeed`: factors over the profile's, from time 0); None (the default): every step at the
+      model's speed. What a validation replays of the machine's own speed as it moved (a what-if:
+      a planner does not know it ahead).
     """
 
     token_budget: int
@@ -259,6 +266,7 @@ class SimSettings:
     hops: str = "stretched"
     client_placement: str | None = None
     step_spread: str = "carried"
+    decode_speed: DecodeSpeed | None = None
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):

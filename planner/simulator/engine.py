@@ -198,6 +198,8 @@ class _Cluster:
         for instance in self._dirty.values():
             prefill = isinstance(instance, PrefillInstance)
             stretch = self._host_stretch(now, prefill)
+            if not prefill and self.settings.decode_speed is not None:   # the machine's speed as it moved
+                stretch *= self.settings.decode_speed.factor(instance.index, now)
             beside_another = len(self._stepping) - (id(instance) in self._stepping) > 0
             end_s = instance.start_step(now, stretch, self.spread.step_extra_s(),
                                         corun_stretches(self.settings.serving) if beside_another else NO_CORUN)

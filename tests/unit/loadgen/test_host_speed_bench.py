@@ -173,6 +173,19 @@ def test_the_interpreter_sampler_times_a_python_loop_in_cpu_time_on_every_core_w
             InterpreterSampler(**bad)
 
 
+def test_the_interpreter_series_is_each_cores_mean_window_by_window_from_the_runs_start():
+    from loadgen.host_probe import interpreter_series
+
+    samples = {0: [(9.9, 7.0), (10.1, 1.0), (10.6, 3.0), (12.2, 5.0), (13.0, 9.0)], 1: [(11.5, 4.0)]}
+    # from 10.0 to 12.5: windows [10, 11), [11, 12), [12, 12.5); 9.9 is before, 13.0 after
+    assert interpreter_series(samples, 10.0, 12.5) == {0: [2.0, None, 5.0], 1: [None, 4.0, None]}
+    assert interpreter_series(samples, 10.0, 12.5, window_s=2.0) == {0: [2.0, 5.0], 1: [4.0, None]}
+    assert interpreter_series({0: []}, 5.0, 5.0) == {0: [None]}   # an empty span is one empty window
+    for bad in ({"window_s": 0.0}, {"end_s": 9.0}):
+        with pytest.raises(ValueError, match="need window_s > 0 and end_s >= start_s"):
+            interpreter_series(samples, **({"start_s": 10.0, "end_s": 12.0} | bad))
+
+
 def test_the_interpreter_loop_is_timed_window_by_window_as_the_products_are():
     from loadgen.host_probe import CHECKS, PRODUCTS, describe_product, run_phase
 

@@ -145,6 +145,9 @@ def test_the_interpreter_over_a_rate_is_said_against_the_profiles_mean():
     unsampled = HardwareInfo("cpu", 2, machine_ms_start=3.0)
     assert machine_against_profile({"ms_per_product": 3.0, "wake_us": 1.0, "interp_ms": 1.2}, unsampled).endswith(
         "interpreter: the profile did not check")
+    bf16 = HardwareInfo("cpu", 2, machine_ms_start=3.0, machine_product="bfloat16")
+    assert machine_against_profile({"ms_per_product": 6.0, "product": "float32"}, bf16) == \
+        "compute: another product (float32) than the profile's (bfloat16)"
 
 
 def test_a_rate_is_simulated_at_its_own_speed_prompts_by_the_compute_check_decodes_by_the_interpreter():
@@ -159,6 +162,11 @@ def test_a_rate_is_simulated_at_its_own_speed_prompts_by_the_compute_check_decod
     assert run_speed_factors({"ms_per_product": 2.5, "wake_us": 90.0}, profiled) == pytest.approx((1.25, 1.0))
     assert run_speed_factors(None, profiled) == (1.0, 1.0)
     assert run_speed_factors({"interp_ms": 1.2}, HardwareInfo("cpu", 2)) == (1.0, 1.0)   # the profile did not check
+    named = {"ms_per_product": 2.5, "product": "float32", "interp_ms": 1.2}
+    assert run_speed_factors(named, profiled) == pytest.approx((1.25, 1.5))   # the profile timed float32 too
+    bf16 = HardwareInfo("cpu", 2, machine_ms_start=2.0, machine_ms_end=2.0, machine_interp_ms=0.8,
+                        machine_product="bfloat16")
+    assert run_speed_factors(named, bf16) == pytest.approx((1.0, 1.5))   # another product: no compute ratio
     model = fit_perf_model(build_example_profile()).model
     at_run = at_run_speed(model, {"ms_per_product": 2.5, "interp_ms": 1.2}, profiled)
     assert at_run.prefill_s(1000, 2048) == pytest.approx(1.25 * model.prefill_s(1000, 2048))
@@ -176,3 +184,39 @@ def test_the_measured_local_share_counts_served_requests_the_decode_worker_prefi
     refused = record(4, (), None, 2, status="refused")
     assert measured_local_share([local, *handed_over, refused]) == pytest.approx(0.25)
     assert measured_local_share([refused, record(5, (0.1,), None, 1)]) is None   # no timings: nothing to say
+
+
+def test_a_rate_replays_its_decode_cores_interpreter_second_by_second():
+    from planner.perf_model import fit_perf_model
+    from planner.profile import HardwareInfo
+    from planner.profiles.example import build_example_profile
+    from planner.simulator import SimSettings
+    from planner.validation_runs import RateRun, at_run_speed_as, decode_speed_of, run_speed_mode
+
+    profiled = HardwareInfo("cpu", 2, machine_ms_start=2.0, machine_ms_end=2.0, machine_interp_ms=0.5)
+    machine = {"ms_per_product": 2.5, "product": "float32", "interp_ms": 0.6,
+               "interp_series_ms": {"0": [0.5, 0.5, 0.5], "1": [0.5, None, 1.0]}, "interp_window_s": 1.0}
+    loads = [{"worker": "prefill-0", "cores": [0]}, {"worker": "decode-0", "cores": [1]}]
+    run = RateRun(1.0, [], {}, None, machine=machine, core_loads=loads)
+    # the decode worker's core 1: 1.0x, a window without a sample at its series' mean (0.75 ms), 2.0x
+    assert decode_speed_of(run, profiled).series[0] == pytest.approx((1.0, 1.5, 2.0))
+    both = RateRun(1.0, [], {}, None, machine=machine, core_loads=[{"worker": "decode-0", "cores": [0, 1]}])
+    assert decode_speed_of(both, profiled).series[0] == pytest.approx((1.0, 1.0, 1.5))   # the mean of its cores
+    assert decode_speed_of(RateRun(1.0, [], {}, None, machine=machine), profiled) is None   # no core loads
+    assert decode_speed_of(run, HardwareInfo("cpu", 2)) is None   # the profile did not sample
+
+    model = fit_perf_model(build_example_profile()).model
+    settings = SimSettings.from_profile(build_example_profile())
+    assert at_run_speed_as(None, settings, model, run, profiled) == (settings, model)
+    replayed, prompts = at_run_speed_as("series", settings, model, run, profiled)
+    assert replayed.decode_speed.series[0] == pytest.approx((1.0, 1.5, 2.0))
+    assert prompts.prefill_s(1000, 2048) == pytest.approx(1.25 * model.prefill_s(1000, 2048))
+    assert prompts.decode_step_s(8, 2000) == pytest.approx(model.decode_step_s(8, 2000))   # the series has them
+    meaned, at_mean = at_run_speed_as("mean", settings, model, run, profiled)
+    assert meaned.decode_speed is None and at_mean.decode_step_s(8, 2000) == pytest.approx(
+        1.2 * model.decode_step_s(8, 2000))
+    older = RateRun(1.0, [], {}, None, machine={"ms_per_product": 2.5, "interp_ms": 0.6}, core_loads=loads)
+    assert at_run_speed_as("series", settings, model, older, profiled)[0].decode_speed is None   # at its mean
+    assert [run_speed_mode(v) for v in (None, False, True, "mean", "series")] == [None, None, "mean", "mean", "series"]
+    with pytest.raises(ValueError, match="at_run_speed must be one of"):
+        run_speed_mode("seconds")
