@@ -22,8 +22,10 @@ side puts where attainment crosses 90% on the same grid.
 Before each rate the machine is checked (`loadgen.host_probe`: a product in the first profile's
 dtype on every core, and a cross-core wake-up round trip), and over each rate a fixed Python loop
 is timed every 0.15 s on every core (`InterpreterSampler`: what small decode steps and the
-serving hops run at); each is printed against the profile's own: a VM that runs slower than it
-was profiled shows there, not only in the errors.
+serving hops run at; validation.json keeps each core's second by second); each is printed against
+the profile's own: a VM that runs slower than it was profiled shows there, not only in the errors.
+--at-run-speed simulates each rate at that speed (mean: its mean; series: the decode worker's
+core second by second).
 
 With --step-trace every engine core writes its steps (`pdserve.engine_step_trace`) under
 <out-dir>/.../logs/steps, and each rate prints what the decode worker's gap was made of
@@ -147,6 +149,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "rate's interpreter loop over the profile's (runs and profiles that sampled it): its mean "
                         "over the rate (mean, the default), or the decode worker's core second by second (series: "
                         "runs that kept it; the others at their mean)")
+    p.add_argument("--speed-from-profile", action="store_true",
+                   help="a what-if for the simulated side: the decode steps at speeds drawn from the profile's own "
+                        "interpreter series (10 s blocks of it, seeded by the rate; profiles that kept one): the "
+                        "machine's speed moving as the profile saw it, which a planner could know ahead, where "
+                        "--at-run-speed is each run's own")
     p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
@@ -294,7 +301,8 @@ def what_if(args: argparse.Namespace) -> dict:
                "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
                "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread}
     return ({name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
-            | ({"at_run_speed": args.at_run_speed} if args.at_run_speed else {}))
+            | ({"at_run_speed": args.at_run_speed} if args.at_run_speed else {})
+            | ({"speed_from_profile": True} if args.speed_from_profile else {}))
 
 
 def resimulated(args: argparse.Namespace, root: Path, out_root: Path, console: Console):

@@ -43,7 +43,7 @@ import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 PRODUCT_SIZE = 384  # float32 n x n: a few ms per product on a 2020s core, inside the L2 cache
@@ -252,8 +252,9 @@ class InterpreterSampler:
     """While inside (`with InterpreterSampler(cores) as sampler:`), one process bound to each of
     `cores` times the interpreter loop every `period_s`, the first time before the span begins
     (entering waits for it, up to `START_TIMEOUT_S`); after, `samples` holds core -> [(monotonic s,
-    CPU ms)], at least one each, and `mean_ms` the mean over every sample (what the cores ran at on
-    average over the span, lower is faster)."""
+    CPU ms)], at least one each, `mean_ms` the mean over every sample (what the cores ran at on
+    average over the span, lower is faster), and `entered_s` / `exited_s` the span's monotonic
+    bounds (`interpreter_series` over them)."""
 
     START_TIMEOUT_S = 60.0   # a spawned probe imports this module first: seconds on a slow host
 
@@ -262,6 +263,7 @@ class InterpreterSampler:
             raise ValueError(f"need cores and period_s > 0, got cores={list(cores)}, period_s={period_s}")
         self.cores, self.period_s = list(cores), period_s
         self.samples: dict[int, list[tuple[float, float]]] = {}
+        self.entered_s = self.exited_s = 0.0
 
     def __enter__(self) -> "InterpreterSampler":
         context = multiprocessing.get_context("spawn")
@@ -278,9 +280,11 @@ class InterpreterSampler:
             self._stop.set()
             self._end_probes()
             raise
+        self.entered_s = time.monotonic()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.exited_s = time.monotonic()
         self._stop.set()
         try:
             for _ in self._probes:
@@ -326,3 +330,13 @@ def interpreter_series(samples: dict[int, list[tuple[float, float]]], start_s: f
                 buckets[min(int((at_s - start_s) / window_s), windows - 1)].append(ms)
         series[core] = [round(statistics.fmean(b), 4) if b else None for b in buckets]
     return series
+
+
+def series_spread(series: Iterable[Sequence[float | None]]) -> tuple[float, float] | None:
+    """The 10th and 90th percentiles of every window of every core's series (`interpreter_series`'
+    values; windows without a sample left out): how far the speed moved; None under 2 windows."""
+    windows = [ms for per_core in series for ms in per_core if ms is not None]
+    if len(windows) < 2:
+        return None
+    deciles = statistics.quantiles(windows, n=10, method="inclusive")
+    return deciles[0], deciles[-1]

@@ -73,6 +73,11 @@ class HardwareInfo:
     # engine's small decode steps and the serving hops are made of, which a VM can run 1.5x slower
     # for seconds at a time with the compute check unmoved
     machine_interp_ms: float = 0.0
+    # and each core's second by second over the profile (`loadgen.host_probe.interpreter_series`:
+    # (core, mean CPU ms per window, None for a window without a sample) pairs; (): not kept), its
+    # window `machine_interp_window_s`: how the speed moved, which a mean hides
+    machine_interp_series_ms: tuple[tuple[int, tuple[float | None, ...]], ...] = ()
+    machine_interp_window_s: float = 1.0
 
     @property
     def machine_ms(self) -> float:
@@ -86,6 +91,11 @@ class HardwareInfo:
 
     def __post_init__(self) -> None:
         positive_int("hardware", "num_cores", self.num_cores)
+        object.__setattr__(self, "machine_interp_series_ms", tuple(
+            (int(core), tuple(None if ms is None else float(ms) for ms in series))
+            for core, series in self.machine_interp_series_ms))   # JSON's lists, as tuples
+        require(self.machine_interp_window_s > 0,
+                 f"hardware.machine_interp_window_s must be > 0, got {self.machine_interp_window_s!r}")
         require(self.machine_product in MACHINE_PRODUCTS,
                  f"hardware.machine_product {self.machine_product!r} is unknown; use one of {list(MACHINE_PRODUCTS)}")
 

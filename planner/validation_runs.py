@@ -197,12 +197,16 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     router places as `router` (the real router's settings); `what_if`: `SimSettings` fields the
     simulation takes instead of its own (`host_window_s`, `router_cpu_charge`, `served_step`,
     `router_core_max_stolen`, `hops`, `client_placement`, `step_spread`; and `at_run_speed`, not
-    the simulator's: each run simulated at its own machine speed, `at_run_speed_as`); a profile's
+    the simulator's: each run simulated at its own machine speed, `at_run_speed_as`; or
+    `speed_from_profile`, at speeds drawn from the profile's, `with_profile_speed`); a profile's
     model is named by its file's stem. A `client_placement` other than a profile's nets its served step
     again for it (`with_client_placement`); where it cannot, the profile's own is kept and `note`
     says so."""
     models, asked = {}, dict(what_if or {})
     run_speed = run_speed_mode(asked.pop("at_run_speed", None))
+    drawn = asked.pop("speed_from_profile", False)
+    if drawn and run_speed:
+        raise ValueError("at_run_speed and speed_from_profile are two answers to one question: ask for one")
     for path in profile_paths:
         profile, overrides = load_profile(path), dict(asked)
         profile, why = with_client_placement(profile, overrides.get("client_placement"))
@@ -215,7 +219,9 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     for run in runs:   # the measured side's noise is the run's alone: once, whatever the profiles
         noise = {} if run.phases is None else measured_noise(run.phases, [r.output_tokens for r in run.requests])
         comparisons += [_comparison(run, name, simulate(run.requests, topology,
-                                                        *at_run_speed_as(run_speed, settings, model, run, hardware)),
+                                                        *at_run_speed_as(run_speed, settings, model, run, hardware)
+                                                        if not drawn else
+                                                        (with_profile_speed(settings, hardware, topology, run), model)),
                                     slo, noise)
                         for name, (settings, model, hardware) in models.items()]
     return comparisons
@@ -263,6 +269,23 @@ def at_run_speed_as(mode: str | None, settings: SimSettings, model: PerfModel, r
     if speed is None:
         return settings, at_run_speed(model, run.machine, hardware)
     return replace(settings, decode_speed=speed), model.prompts_slower(run_speed_factors(run.machine, hardware)[0])
+
+
+SPEED_TAIL_S = 300.0   # a drawn speed series runs this long past a run's last arrival (its drain)
+
+
+def with_profile_speed(settings: SimSettings, hardware: HardwareInfo, topology: Topology, run: RateRun) -> SimSettings:
+    """`settings` whose decode-side instances step at speeds drawn from the profile's own
+    interpreter series (`DecodeSpeed.drawn`: blocks of it, seeded by the rate), what a planner
+    could know ahead: not the run's speed, the machine's as the profile saw it move. As they are
+    where the profile kept no series."""
+    if not hardware.machine_interp_series_ms or hardware.machine_interp_ms <= 0:
+        return settings
+    length_s = max((r.arrival_s for r in run.requests), default=0.0) + SPEED_TAIL_S
+    speed = DecodeSpeed.drawn([series for _, series in hardware.machine_interp_series_ms], hardware.machine_interp_ms,
+                              hardware.machine_interp_window_s, topology.num_decode + topology.num_colocated,
+                              length_s, settings.spread_seed + round(run.rate_rps * 1000))
+    return replace(settings, decode_speed=speed)
 
 
 def decode_speed_of(run: RateRun, hardware: HardwareInfo) -> DecodeSpeed | None:

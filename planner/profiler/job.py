@@ -27,7 +27,8 @@ from typing import Literal
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from loadgen.host_probe import InterpreterSampler, product_for_dtype, speed_check_ms, wake_check_us
+from loadgen.host_probe import (INTERPRETER_WINDOW_S, InterpreterSampler, interpreter_series, product_for_dtype,
+                               speed_check_ms, wake_check_us)
 from pdserve.cpu_placement import parse_cores
 from pdserve.engine import EngineSettings as WorkerEngineSettings
 from planner.perf_model import FitReport, PerfModel, fit_decode, fit_perf_model, fit_prefill
@@ -140,7 +141,10 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
     hardware = replace(hardware_info(engine.cpu_cores, engine.model, engine.dtype), machine_ms_start=machine_ms_start,
                        machine_ms_end=speed_check_ms(every_core, product=product), machine_product=product,
                        machine_wake_us_start=wake_us_start, machine_wake_us_end=wake_check_us(every_core),
-                       machine_interp_ms=round(interpreter.mean_ms, 4))
+                       machine_interp_ms=round(interpreter.mean_ms, 4),
+                       machine_interp_series_ms=tuple(interpreter_series(
+                           interpreter.samples, interpreter.entered_s, interpreter.exited_s).items()),
+                       machine_interp_window_s=INTERPRETER_WINDOW_S)
     profile = Profile(
         hardware=hardware, model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,

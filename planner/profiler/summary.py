@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loadgen.comparison.host_speed import drift_note, wake_note
+from loadgen.host_probe import series_spread
 from planner.perf_model import FitReport, PerfModel
 from planner.profile import DecodeSample, Profile
 from planner.profiler.spread import spread_summary
@@ -41,8 +42,11 @@ def print_summary(console: Console, profile: Profile, fit: FitReport) -> None:
     if note := wake_note(profile.hardware.machine_wake_us_start, profile.hardware.machine_wake_us_end):
         console.print("  " + note, markup=False)
     if profile.hardware.machine_interp_ms:
+        spread = series_spread(series for _, series in profile.hardware.machine_interp_series_ms)
+        windows = (f"; its {profile.hardware.machine_interp_window_s:g} s windows {spread[0]:.3f}-{spread[1]:.3f} ms "
+                   f"(p10-p90, {spread[1] / spread[0]:.2f}x)") if spread else ""
         console.print(f"  interpreter: {profile.hardware.machine_interp_ms:.3f} ms of CPU a check loop, the mean over "
-                      "the profile on every core (a validation run compares its own with it)", markup=False)
+                      f"the profile on every core{windows} (a validation run compares its own with it)", markup=False)
     serving = profile.serving
     if serving != ServingCosts():
         console.print(f"  serving: first token +{serving.first_token_s * 1e3:.2f} ms, handoff +{serving.handoff_s * 1e3:.2f} ms"

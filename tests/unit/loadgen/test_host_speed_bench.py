@@ -161,6 +161,7 @@ def test_the_interpreter_sampler_times_a_python_loop_in_cpu_time_on_every_core_w
         entered_s = time.monotonic()   # every core sampled once before the span began
         sum(i * i for i in range(200_000))   # the span: some work of this process's own
     assert sorted(sampler.samples) == cores
+    assert entered_s - 1.0 < sampler.entered_s <= entered_s < sampler.exited_s   # the span's bounds
     for samples in sampler.samples.values():
         assert len(samples) >= 1 and samples[0][0] <= entered_s
         assert all(a[0] < b[0] for a, b in zip(samples, samples[1:]))   # in time order
@@ -174,13 +175,15 @@ def test_the_interpreter_sampler_times_a_python_loop_in_cpu_time_on_every_core_w
 
 
 def test_the_interpreter_series_is_each_cores_mean_window_by_window_from_the_runs_start():
-    from loadgen.host_probe import interpreter_series
+    from loadgen.host_probe import interpreter_series, series_spread
 
     samples = {0: [(9.9, 7.0), (10.1, 1.0), (10.6, 3.0), (12.2, 5.0), (13.0, 9.0)], 1: [(11.5, 4.0)]}
     # from 10.0 to 12.5: windows [10, 11), [11, 12), [12, 12.5); 9.9 is before, 13.0 after
     assert interpreter_series(samples, 10.0, 12.5) == {0: [2.0, None, 5.0], 1: [None, 4.0, None]}
     assert interpreter_series(samples, 10.0, 12.5, window_s=2.0) == {0: [2.0, 5.0], 1: [4.0, None]}
     assert interpreter_series({0: []}, 5.0, 5.0) == {0: [None]}   # an empty span is one empty window
+    assert series_spread([[1.0, None, 2.0], [3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]]) == pytest.approx((1.9, 9.1))
+    assert series_spread([[None, 1.0]]) is None   # one window: no spread
     for bad in ({"window_s": 0.0}, {"end_s": 9.0}):
         with pytest.raises(ValueError, match="need window_s > 0 and end_s >= start_s"):
             interpreter_series(samples, **({"start_s": 10.0, "end_s": 12.0} | bad))

@@ -56,6 +56,20 @@ def test_the_machine_speed_a_profile_was_measured_at_round_trips_and_older_profi
     assert profile_from_dict(older).hardware.machine_ms_start == 0.0   # not checked
 
 
+def test_the_interpreters_series_round_trips_as_tuples_and_older_profiles_have_none(tmp_path):
+    example = build_example_profile()
+    series = ((0, (0.61, None, 0.9)), (1, (0.58, 0.6, 0.59)))
+    sampled = replace(example, hardware=replace(example.hardware, machine_interp_ms=0.65,
+                                                machine_interp_series_ms=series, machine_interp_window_s=0.5))
+    save_profile(sampled, tmp_path / "sampled.json")
+    loaded = load_profile(tmp_path / "sampled.json").hardware
+    assert loaded.machine_interp_series_ms == series and loaded.machine_interp_window_s == 0.5
+    hash(loaded)   # JSON's lists came back as tuples: the hardware record stays hashable
+    assert example.hardware.machine_interp_series_ms == ()
+    with pytest.raises(ProfileError, match="machine_interp_window_s must be > 0"):
+        replace(example.hardware, machine_interp_window_s=0.0)
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d.update(version=99), "profile version 99 is not readable"),
     (lambda d: d.update(format="other"), "not a pdserve profile"),
@@ -334,3 +348,21 @@ def test_slower_prompts_multiply_the_prefill_alone():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="finite number > 0"):
             model.prompts_slower(bad)
+
+
+def test_the_profiles_summary_says_how_far_the_interpreter_moved_window_by_window():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from planner.profiler.summary import print_summary
+
+    example = build_example_profile()
+    series = ((0, (0.5, 0.5, 0.5, 0.5, 0.5)), (1, (0.5, 0.5, 1.0, 1.0, 1.0)))
+    sampled = replace(example, hardware=replace(example.hardware, machine_interp_ms=0.7,
+                                                machine_interp_series_ms=series))
+    console = Console(file=StringIO(), width=400)
+    print_summary(console, sampled, fit_perf_model(sampled))
+    # ten windows: five of 0.5 on core 0, three of 1.0 and two of 0.5 on core 1
+    assert ("interpreter: 0.700 ms of CPU a check loop, the mean over the profile on every core; its 1 s windows "
+            "0.500-1.000 ms (p10-p90, 2.00x)") in console.file.getvalue()

@@ -42,3 +42,23 @@ def test_the_decode_steps_follow_the_speed_and_the_prompt_does_not():
     # third at 0.2478, in window 1 (3x)
     switched = timeline(DecodeSpeed.of([[1.0, 3.0]], window_s=0.24))
     assert switched["finish_s"] == pytest.approx(0.2075 + 0.0201 + 0.0202 + 3 * 0.0203)
+
+
+def test_a_series_drawn_from_the_profiles_keeps_its_blocks_and_is_seeded():
+    from planner.simulator.speed import drawn_series
+
+    profile = [[1.0, 1.0, 2.0, 2.0], [None, 4.0, 4.0, 4.0]]   # ms per window, two cores
+    drawn = drawn_series(profile, 2.0, 7, seed=3, block_windows=2)
+    assert len(drawn) == 7 and drawn == drawn_series(profile, 2.0, 7, seed=3, block_windows=2)
+    blocks = {(0.5, 0.5), (0.5, 1.0), (1.0, 1.0), (1.0, 2.0), (2.0, 2.0)}   # over the mean; None as 1.0
+    assert all(pair in blocks for pair in zip(drawn[0:6:2], drawn[1:6:2]))   # whole blocks, end to end
+    assert drawn[6] in {0.5, 1.0, 2.0}
+    seeds = {drawn_series(profile, 2.0, 8, seed=s, block_windows=2) for s in range(20)}
+    assert len(seeds) > 1   # the seed picks the blocks
+    assert drawn_series(profile, 2.0, 3, seed=0, block_windows=9)   # blocks shorter than asked: the longest series
+    assert drawn_series([], 2.0, 3, seed=0) == () and drawn_series(profile, 2.0, 0, seed=0) == ()
+    with pytest.raises(SimulationError, match="mean interpreter ms > 0"):
+        drawn_series(profile, 0.0, 3, seed=0)
+    speed = DecodeSpeed.drawn(profile, 2.0, 0.5, instances=2, length_s=2.2, seed=3)
+    assert [len(s) for s in speed.series] == [5, 5] and speed.window_s == 0.5
+    assert DecodeSpeed.drawn([], 2.0, 1.0, instances=1, length_s=5.0, seed=0).series == ()

@@ -220,3 +220,25 @@ def test_a_rate_replays_its_decode_cores_interpreter_second_by_second():
     assert [run_speed_mode(v) for v in (None, False, True, "mean", "series")] == [None, None, "mean", "mean", "series"]
     with pytest.raises(ValueError, match="at_run_speed must be one of"):
         run_speed_mode("seconds")
+
+
+def test_a_rate_can_be_simulated_at_speeds_drawn_from_the_profiles_own_series():
+    from planner.profile import HardwareInfo
+    from planner.profiles.example import build_example_profile
+    from planner.simulator import SimSettings, Topology
+    from planner.validation_runs import RateRun, compare, with_profile_speed
+    from loadgen.workload import RequestSpec
+
+    settings = SimSettings.from_profile(build_example_profile())
+    sampled = HardwareInfo("cpu", 2, machine_interp_ms=0.5,
+                           machine_interp_series_ms=((0, (0.5, 1.0) * 10), (1, (0.5,) * 20)))
+    run = RateRun(2.0, [RequestSpec(0.0, 100, 10), RequestSpec(9.5, 100, 10)], {}, None)
+    drawn = with_profile_speed(settings, sampled, Topology.disaggregated(1, 2), run).decode_speed
+    assert len(drawn.series) == 2 and all(len(s) == 310 for s in drawn.series)   # 9.5 s + 300 s, 1 s windows
+    assert set(drawn.series[0]) <= {1.0, 2.0}
+    again = with_profile_speed(settings, sampled, Topology.disaggregated(1, 2), run).decode_speed
+    assert again == drawn   # seeded by the rate: the same run draws the same speeds
+    assert with_profile_speed(settings, HardwareInfo("cpu", 2, machine_interp_ms=0.5), Topology.disaggregated(1, 1),
+                              run) is settings   # a profile without a series: as it is
+    with pytest.raises(ValueError, match="ask for one"):
+        compare([run], [], "tcp", None, what_if={"at_run_speed": "mean", "speed_from_profile": True})
