@@ -378,7 +378,7 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             machine["interp_ms"] = round(interpreter.mean_ms, 4)
             machine["interp_series_ms"] = {str(core): series for core, series in interpreter_series(
                 interpreter.samples, result.start_s, result.start_s + result.duration_s).items()}
-            machine["interp_window_s"] = INTERPRETER_WINDOW_S
+            machine["interp_window_s"], machine["interp_start_s"] = INTERPRETER_WINDOW_S, round(result.start_s, 4)
             wall_s = time.perf_counter() - wall_before
             workers_after = cpu_by_worker_s(system.cluster)
             by_process = {group: round(cores, 4) for group, cores in cores_since(

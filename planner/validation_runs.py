@@ -53,7 +53,7 @@ class RateRun:
     # product was named) which product; over it (runs since the interpreter check), the interpreter
     # loop's mean CPU ms (`InterpreterSampler`) and (runs since the series) each core's second by
     # second from the run's start, `interp_series_ms` (`loadgen.host_probe.interpreter_series`, its
-    # window `interp_window_s`)
+    # window `interp_window_s`, the start `interp_start_s` in monotonic s, the step trace's clock)
     machine: dict[str, Any] | None = None
     # each process group's CPU over the rate, in cores (`cpu_by_process_s`; None: not measured)
     cpu_cores_by_process: dict[str, float] | None = None
