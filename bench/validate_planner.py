@@ -81,6 +81,7 @@ from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
 from planner.validation import (error_table, handoff_table, phase_table, verdict, verdict_table, write_summary)
 from planner.validation_cpu import check_line, core_line, core_loads, traffic_of, unbound_cpu_check
 from planner.validation_phases import measured_local_share, measured_phases
+from planner.validation_speed import InterpreterSeries
 from planner.validation_step_report import step_report
 from planner.validation_runs import (RUN_SPEEDS, NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent,
                                      auto_rates, compare, cpu_by_process_s, cpu_by_worker_s, load_earlier,
@@ -376,8 +377,8 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                 result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
                                                        f"{topology.label} {shape.name} {rate:g} req/s"))
             machine["interp_ms"] = round(interpreter.mean_ms, 4)
-            machine["interp_series_ms"] = {str(core): series for core, series in interpreter_series(
-                interpreter.samples, result.start_s, result.start_s + result.duration_s).items()}
+            series = interpreter_series(interpreter.samples, result.start_s, result.start_s + result.duration_s)
+            machine["interp_series_ms"] = {str(core): values for core, values in series.items()}
             machine["interp_window_s"], machine["interp_start_s"] = INTERPRETER_WINDOW_S, round(result.start_s, 4)
             wall_s = time.perf_counter() - wall_before
             workers_after = cpu_by_worker_s(system.cluster)
@@ -392,7 +393,8 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
             if args.step_trace:
                 measured_summary["engine_steps"] = step_report(
                     system.cluster, trace_dir, result, first, console,
-                    setup.topology.token_budget or first.engine.max_num_batched_tokens)
+                    setup.topology.token_budget or first.engine.max_num_batched_tokens,
+                    InterpreterSeries(series, result.start_s, INTERPRETER_WINDOW_S, worker_cores(system.cluster)))
             traffic = traffic_of(result.records, wall_s, measured_summary.get("engine_steps"))
             console.print(check_line(rate, unbound_cpu_check(by_process, first.serving, traffic)), markup=False)
             if loads:

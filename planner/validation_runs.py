@@ -32,6 +32,7 @@ from planner.simulator import DecodeSpeed, RouterSettings, SimResult, SimSetting
 from planner.validation_noise import measured_noise
 from planner.validation_phases import phase_rows, simulated_phases
 from planner.validation import Comparison, plot_validation, to_json
+from planner.validation_speed import decode_core_series
 from router.policies.placement import CostModel, PlacementConfig
 
 AUTO_RATE_SHARES = (0.3, 0.6, 0.9, 1.2)  # of the first profile's simulated goodput
@@ -300,13 +301,12 @@ def decode_speed_of(run: RateRun, hardware: HardwareInfo) -> DecodeSpeed | None:
                       key=lambda row: row["worker"])
     if not by_core or profiled <= 0 or not decoders:
         return None
+    by_core = {int(core): values for core, values in by_core.items()}
     series = []
     for row in decoders:
-        cores = [by_core[str(core)] for core in row["cores"] if str(core) in by_core]
-        if not cores:
+        if not any(int(core) in by_core for core in row["cores"]):
             return None
-        windows = [[ms for ms in values if ms is not None] for values in zip(*cores)]
-        means = [sum(w) / len(w) if w else None for w in windows]
+        means = decode_core_series(by_core, [int(core) for core in row["cores"]])
         known = [ms for ms in means if ms is not None]
         fill = sum(known) / len(known) if known else profiled
         series.append([(ms if ms is not None else fill) / profiled for ms in means])

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
@@ -14,6 +15,7 @@ from pdserve.engine_step_trace import engine_joins, engine_steps
 from planner.perf_model import PerfModel, fit_perf_model
 from planner.profile import Profile
 from planner.validation_joins import client_first_gap_s, handoff_summary, one_step_prompts, prompt_summary
+from planner.validation_speed import InterpreterSeries, worker_elasticity
 from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
 
 
@@ -23,11 +25,13 @@ def model_and_served(profile: Profile) -> tuple[PerfModel, Callable[[int], float
     return fit_perf_model(profile).model, lambda batch: profile.serving.decode_serving_s(batch, by_batch=False)
 
 
-def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console, token_budget: int) -> dict:
+def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Console, token_budget: int,
+                interpreter: InterpreterSeries | None = None) -> dict:
     """The workers' traced steps over the run's window against `profile` (printed, and a dict for
     validation.json; `planner.validation_steps`): each decode worker's cycle and handoffs (the way
-    in over prompts of one step: at most `token_budget` tokens) and each prefill worker's prompt
-    steps."""
+    in over prompts of one step: at most `token_budget` tokens), with `interpreter` (the run's
+    series) its steps' elasticity to its core's interpreter (`planner.validation_speed`), and each
+    prefill worker's prompt steps."""
     model, served = model_and_served(profile)
     ok = [r for r in result.records if r.ok]
     client_ms = client_steady_gap_s([r.chunk_times_s for r in ok], [r.output_tokens for r in ok]) * 1e3
@@ -52,6 +56,12 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
                       f"{summary['cycle_ms']} ms = step {summary['step_ms']} (model {summary['model_ms']}) + between "
                       f"{summary['between_ms']}; the simulator charges model + {summary['served_extra_ms']} ms; "
                       f"engine busy {summary['busy_share']}")
+        if interpreter is not None and (speed := worker_elasticity(steps, model.decode_step_s, interpreter, worker_id)):
+            summary["interpreter_elasticity"] = {key: round(value, 4) for key, value in asdict(speed).items()}
+            console.print(f"  its steps against its core's interpreter over {speed.windows} windows of "
+                          f"{interpreter.window_s:g} s: elasticity {speed.slope:.2f} (correlation "
+                          f"{speed.correlation:.2f}); the slowest third of windows ran the loop "
+                          f"{speed.interp_slow_over_fast:.2f}x the fastest and the steps {speed.step_slow_over_fast:.2f}x")
         handoff = summary["handoff"] = handoff_summary(joined[worker_id], steps, *window, first_gap_s, prefill_joins,
                                                                token_budget)
         if handoff["requests"]:
