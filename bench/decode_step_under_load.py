@@ -34,6 +34,15 @@ shm) with its engines' steps traced (pdserve.engine_step_trace) through phases, 
   <shape>@<r>   each --load: a validation shape (planner.validation_shapes) at r req/s, Poisson
                 or gamma as the shape says, for --load-requests requests
 
+and, with --engine-phases, one engine of the same settings alone on core 1, started from this
+process (no cluster traffic; the cluster stays up, idle), one request at a time as in lone:
+
+  engine-apart   as the profile measures its engine tables: this process unbound while the engine
+                 starts (the engine core's own threads float), then its front end on core 0
+  engine-beside  as a worker runs it: this process on core 1 from the start, front end included
+  engine-worker  engine-beside with what a decode worker adds: pdserve's KV connector (a consumer
+                 that pulls nothing) and the worker's stat loggers (vLLM then keeps stats every step)
+
 and reads, for each phase, the decode worker's steps that ran only decodes by batch, with a join
 and without, against the --profile's engine step for the same batch and context
 (planner.validation_steps), and the steps a prefill step covered throughout against those it
@@ -82,13 +91,63 @@ def lone_specs(args, prompt_tokens: int):
 
 
 LONE_PHASES = ("lone", "lone-long", "lone+matmul", "lone+spin")
+ENGINE_PHASES = ("engine-apart", "engine-beside", "engine-worker")
+WORKER_ENGINE_ID = "bisect-worker"   # engine-worker's trace; the other engine phases' are vLLM's "engine"
 
 
-def phase_order(round_index: int, loads: list[tuple[str, float]]) -> list[str]:
-    """The phases of round `round_index` (from 0): the lone ones, then each load as SHAPE@RATE;
-    every other round in reverse (ABBA: a drift of the host lands on every phase alike)."""
-    names = [*LONE_PHASES, *(f"{shape}@{rate:g}" for shape, rate in loads)]
+def phase_order(round_index: int, loads: list[tuple[str, float]], engine_phases: bool = False) -> list[str]:
+    """The phases of round `round_index` (from 0): the lone ones, the engine ones (`engine_phases`),
+    then each load as SHAPE@RATE; every other round in reverse (ABBA: a drift of the host lands on
+    every phase alike)."""
+    names = [*LONE_PHASES, *(ENGINE_PHASES if engine_phases else ()), *(f"{shape}@{rate:g}" for shape, rate in loads)]
     return names[::-1] if round_index % 2 else names
+
+
+def trace_id(phase: str, worker_ids: dict[str, str]) -> str:
+    """Whose trace holds `phase`'s decode steps: the cluster's decode worker, or the engine phase's."""
+    if phase == "engine-worker":
+        return WORKER_ENGINE_ID
+    return "engine" if phase in ENGINE_PHASES else worker_ids["decode"]
+
+
+async def engine_phase(args, name: str, trace_dir: Path) -> Phase:
+    """`name` (one of ENGINE_PHASES): an engine on core 1 started from this process, --lone-requests
+    lone requests through it after a warm-up, then shut down; this process's cores restored."""
+    import secrets
+
+    from kv_transfer.config import ConnectorConfig
+    from pdserve.engine import EngineSettings, start_engine
+    from pdserve.engine_step_trace import STEP_TRACE_ENV
+    from pdserve.worker.load import EngineLoad, engine_stat_loggers
+    from planner.profiler.engine_probe import EngineProbe
+
+    settings = EngineSettings(model=args.model, block_size=32, max_model_len=args.max_model_len,
+                              kv_cache_bytes=args.kv_cache_mb << 20, enable_prefix_caching=False, cpu_cores="1")
+    cores = os.sched_getaffinity(0)
+    os.environ[STEP_TRACE_ENV] = str(trace_dir)
+    try:
+        if name != "engine-apart":
+            os.sched_setaffinity(0, {1})
+        if name == "engine-worker":
+            connector = ConnectorConfig(transport=args.transport, model=Path(args.model).name,
+                                        grant_token=secrets.token_hex(16), worker_id=WORKER_ENGINE_ID)
+            engine = start_engine(settings, "decode", connector, engine_id=WORKER_ENGINE_ID,
+                                  stat_loggers=engine_stat_loggers(EngineLoad()))
+        else:
+            engine = start_engine(settings, "colocated")
+        os.sched_setaffinity(0, {0} if name == "engine-apart" else {1})
+        try:
+            probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()), seed=3)
+            await probe.warm_up()
+            start_s = time.monotonic()
+            for _ in range(args.lone_requests):
+                await probe._run(args.lone_prompt, args.lone_output)
+            return Phase(name, start_s, time.monotonic())
+        finally:
+            engine.shutdown()
+    finally:
+        os.environ.pop(STEP_TRACE_ENV, None)
+        os.sched_setaffinity(0, cores)
 
 
 def load_arg(text: str) -> tuple[str, float]:
@@ -122,8 +181,16 @@ def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
         target = cluster.grpc_target
         asyncio.run(send(target, lone_specs(args, args.lone_prompt) * 4, seed=1))   # warm
         for round_index in range(args.rounds):
-            for name in phase_order(round_index, args.load):
+            for name in phase_order(round_index, args.load, args.engine_phases):
                 start_s = time.monotonic()
+                if name in ENGINE_PHASES:
+                    time.sleep(1.0)   # the cluster's engines past their spin
+                    phase = asyncio.run(engine_phase(args, name, trace_dir))
+                    phases.append(phase)
+                    print(f"round {round_index + 1}: {name}, {args.lone_requests} requests in "
+                          f"{phase.end_s - phase.start_s:.0f} s", flush=True)
+                    time.sleep(1.0)
+                    continue
                 if name.startswith("lone"):
                     burner = (start_burner(name.partition("+")[2], 0, 3600) if "+" in name else None)
                     try:
@@ -157,7 +224,9 @@ def analyse(trace_dir: Path, worker_ids: dict[str, str], phases: list[Phase], pr
     from pdserve.engine_step_trace import engine_steps
     from planner.validation_steps import corun_by_batch, decode_worker_summary
 
-    decode, prefill = engine_steps(trace_dir, worker_ids["decode"]), engine_steps(trace_dir, worker_ids["prefill"])
+    traces = {who: engine_steps(trace_dir, who)
+              for who in {trace_id(phase.name, worker_ids) for phase in phases} | {worker_ids["prefill"]}}
+    prefill = traces[worker_ids["prefill"]]
     if profile_path:
         from planner.profile import load_profile
         from planner.validation_step_report import model_and_served
@@ -169,6 +238,7 @@ def analyse(trace_dir: Path, worker_ids: dict[str, str], phases: list[Phase], pr
     report = []
     for phase in phases:
         inside = lambda steps: [s for s in steps if phase.start_s <= s.start_s < phase.end_s]  # noqa: E731
+        decode = traces[trace_id(phase.name, worker_ids)]
         summary = decode_worker_summary(decode, phase.start_s, phase.end_s, model_step_s, served)
         corun = [dataclasses.asdict(row) for row in corun_by_batch(inside(decode), inside(prefill), min_steps=10)]
         report.append({"phase": phase.name, "start_s": phase.start_s, "end_s": phase.end_s, **summary,
@@ -239,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a validation shape at a rate, SHAPE@REQ_PER_S (repeatable; default "
                              "long-short@1.6 and short-long@2)")
     parser.add_argument("--load-requests", type=int, default=60, help="requests a load phase (60)")
+    parser.add_argument("--engine-phases", action="store_true",
+                        help="also the engine phases (engine-apart, engine-beside, engine-worker: see above)")
+    parser.add_argument("--no-loads", action="store_true", help="no load phases (the lone and engine ones only)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; the phases' order flips each round (2)")
     parser.add_argument("--transport", default="shm", help="the cluster's KV transport (shm)")
     parser.add_argument("--kv-cache-mb", type=int, default=256)
@@ -248,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run nothing: read --out's kept traces (steps/, phases.json) again, e.g. with another --profile")
     parser.add_argument("--profile", help="a profile of this host (pdserve profile): each step set against its engine step")
     args = parser.parse_args(argv)
-    args.load = args.load or [("long-short", 1.6), ("short-long", 2.0)]
+    args.load = [] if args.no_loads else (args.load or [("long-short", 1.6), ("short-long", 2.0)])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     trace_dir, ran = out / "steps", out / "phases.json"

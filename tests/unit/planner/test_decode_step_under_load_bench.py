@@ -11,6 +11,7 @@ from bench_scripts import bench_functions, bench_help
 def test_the_decode_step_bench_explains_itself():
     shown = bench_help("decode_step_under_load.py")
     assert "lone+matmul" in shown and "--load" in shown and "--analyse" in shown and "--profile" in shown
+    assert "engine-worker" in shown and "--engine-phases" in shown and "--no-loads" in shown
 
 
 def test_phases_alternate_abba_and_a_load_is_a_shape_at_a_rate():
@@ -18,6 +19,13 @@ def test_phases_alternate_abba_and_a_load_is_a_shape_at_a_rate():
     first = f["phase_order"](0, [("long-short", 1.6)])
     assert first == ["lone", "lone-long", "lone+matmul", "lone+spin", "long-short@1.6"]
     assert f["phase_order"](1, [("long-short", 1.6)]) == first[::-1]
+    with_engines = f["phase_order"](0, [("long-short", 1.6)], True)
+    assert with_engines == ["lone", "lone-long", "lone+matmul", "lone+spin", "engine-apart", "engine-beside",
+                            "engine-worker", "long-short@1.6"]
+    assert f["phase_order"](1, [], True)[:3] == ["engine-worker", "engine-beside", "engine-apart"]
+    ids = {"decode": "decode-1", "prefill": "prefill-0"}
+    assert [f["trace_id"](phase, ids) for phase in ("lone", "engine-apart", "engine-beside", "engine-worker")] == \
+        ["decode-1", "engine", "engine", f["WORKER_ENGINE_ID"]]
     assert f["load_arg"]("short-long@2") == ("short-long", 2.0)
     with pytest.raises(argparse.ArgumentTypeError, match="expected SHAPE@RATE"):
         f["load_arg"]("short-long")
