@@ -155,6 +155,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "interpreter series (10 s blocks of it, seeded by the rate; profiles that kept one): the "
                         "machine's speed moving as the profile saw it, which a planner could know ahead, where "
                         "--at-run-speed is each run's own")
+    p.add_argument("--speed-elasticity", type=float, default=1.0,
+                   help="with --at-run-speed or --speed-from-profile: how much the decode steps move with the "
+                        "interpreter, in logs (1, the default: one for one, as lone steps did on a Zen 4 VM; 0.5: a "
+                        "1.44x slower loop, a 1.2x longer step, the median a Zen 5 VM's loaded rates read)")
     p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
@@ -303,7 +307,8 @@ def what_if(args: argparse.Namespace) -> dict:
                "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread}
     return ({name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
             | ({"at_run_speed": args.at_run_speed} if args.at_run_speed else {})
-            | ({"speed_from_profile": True} if args.speed_from_profile else {}))
+            | ({"speed_from_profile": True} if args.speed_from_profile else {})
+            | ({"speed_elasticity": args.speed_elasticity} if args.speed_elasticity != 1.0 else {}))
 
 
 def resimulated(args: argparse.Namespace, root: Path, out_root: Path, console: Console):

@@ -199,13 +199,15 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     simulation takes instead of its own (`host_window_s`, `router_cpu_charge`, `served_step`,
     `router_core_max_stolen`, `hops`, `client_placement`, `step_spread`; and `at_run_speed`, not
     the simulator's: each run simulated at its own machine speed, `at_run_speed_as`; or
-    `speed_from_profile`, at speeds drawn from the profile's, `with_profile_speed`); a profile's
+    `speed_from_profile`, at speeds drawn from the profile's, `with_profile_speed`; either with
+    the decode steps moving `speed_elasticity` times the interpreter, default 1); a profile's
     model is named by its file's stem. A `client_placement` other than a profile's nets its served step
     again for it (`with_client_placement`); where it cannot, the profile's own is kept and `note`
     says so."""
     models, asked = {}, dict(what_if or {})
     run_speed = run_speed_mode(asked.pop("at_run_speed", None))
     drawn = asked.pop("speed_from_profile", False)
+    elasticity = float(asked.pop("speed_elasticity", 1.0))
     if drawn and run_speed:
         raise ValueError("at_run_speed and speed_from_profile are two answers to one question: ask for one")
     for path in profile_paths:
@@ -220,9 +222,11 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     for run in runs:   # the measured side's noise is the run's alone: once, whatever the profiles
         noise = {} if run.phases is None else measured_noise(run.phases, [r.output_tokens for r in run.requests])
         comparisons += [_comparison(run, name, simulate(run.requests, topology,
-                                                        *at_run_speed_as(run_speed, settings, model, run, hardware)
+                                                        *at_run_speed_as(run_speed, settings, model, run, hardware,
+                                                                         elasticity)
                                                         if not drawn else
-                                                        (with_profile_speed(settings, hardware, topology, run), model)),
+                                                        (with_profile_speed(settings, hardware, topology, run,
+                                                                            elasticity), model)),
                                     slo, noise)
                         for name, (settings, model, hardware) in models.items()]
     return comparisons
@@ -259,23 +263,26 @@ def run_speed_mode(asked: object) -> str | None:
 
 
 def at_run_speed_as(mode: str | None, settings: SimSettings, model: PerfModel, run: RateRun,
-                    hardware: HardwareInfo) -> tuple[SimSettings, PerfModel]:
+                    hardware: HardwareInfo, elasticity: float = 1.0) -> tuple[SimSettings, PerfModel]:
     """What `run` is simulated with at its own machine speed: nominal (`mode` None); "mean", the
     rate's two factors (`at_run_speed`); "series", prompts by the compute check's factor and each
     decode worker's steps by its core's interpreter second by second (`decode_speed_of`), or by
-    the mean where the run kept no series."""
+    the mean where the run kept no series. The decode steps move `elasticity` times the
+    interpreter (in logs: `DecodeSpeed.with_elasticity`)."""
     if mode is None:
         return settings, model
     speed = decode_speed_of(run, hardware) if mode == "series" else None
     if speed is None:
-        return settings, at_run_speed(model, run.machine, hardware)
-    return replace(settings, decode_speed=speed), model.prompts_slower(run_speed_factors(run.machine, hardware)[0])
+        return settings, at_run_speed(model, run.machine, hardware, elasticity)
+    return (replace(settings, decode_speed=speed.with_elasticity(elasticity)),
+            model.prompts_slower(run_speed_factors(run.machine, hardware)[0]))
 
 
 SPEED_TAIL_S = 300.0   # a drawn speed series runs this long past a run's last arrival (its drain)
 
 
-def with_profile_speed(settings: SimSettings, hardware: HardwareInfo, topology: Topology, run: RateRun) -> SimSettings:
+def with_profile_speed(settings: SimSettings, hardware: HardwareInfo, topology: Topology, run: RateRun,
+                       elasticity: float = 1.0) -> SimSettings:
     """`settings` whose decode-side instances step at speeds drawn from the profile's own
     interpreter series (`DecodeSpeed.drawn`: blocks of it, seeded by the rate), what a planner
     could know ahead: not the run's speed, the machine's as the profile saw it move. As they are
@@ -286,7 +293,7 @@ def with_profile_speed(settings: SimSettings, hardware: HardwareInfo, topology: 
     speed = DecodeSpeed.drawn([series for _, series in hardware.machine_interp_series_ms], hardware.machine_interp_ms,
                               hardware.machine_interp_window_s, topology.num_decode + topology.num_colocated,
                               length_s, settings.spread_seed + round(run.rate_rps * 1000))
-    return replace(settings, decode_speed=speed)
+    return replace(settings, decode_speed=speed.with_elasticity(elasticity))
 
 
 def decode_speed_of(run: RateRun, hardware: HardwareInfo) -> DecodeSpeed | None:
@@ -313,11 +320,12 @@ def decode_speed_of(run: RateRun, hardware: HardwareInfo) -> DecodeSpeed | None:
     return DecodeSpeed.of(series, float(machine.get("interp_window_s", INTERPRETER_WINDOW_S)))
 
 
-def at_run_speed(model: PerfModel, machine: Mapping[str, Any] | None, hardware: HardwareInfo) -> PerfModel:
+def at_run_speed(model: PerfModel, machine: Mapping[str, Any] | None, hardware: HardwareInfo,
+                 elasticity: float = 1.0) -> PerfModel:
     """`model` at a rate's own machine speed (`run_speed_factors`): prompts slower by the compute
-    check's factor, decode steps by the interpreter's."""
+    check's factor, decode steps by the interpreter's raised to `elasticity`."""
     prompts, decodes = run_speed_factors(machine, hardware)
-    return model.prompts_slower(prompts).decodes_slower(decodes)
+    return model.prompts_slower(prompts).decodes_slower(decodes ** elasticity)
 
 
 def with_client_placement(profile: Profile, placement: str | None) -> tuple[Profile, str]:

@@ -62,3 +62,11 @@ def test_a_series_drawn_from_the_profiles_keeps_its_blocks_and_is_seeded():
     speed = DecodeSpeed.drawn(profile, 2.0, 0.5, instances=2, length_s=2.2, seed=3)
     assert [len(s) for s in speed.series] == [5, 5] and speed.window_s == 0.5
     assert DecodeSpeed.drawn([], 2.0, 1.0, instances=1, length_s=5.0, seed=0).series == ()
+
+
+def test_a_speed_with_an_elasticity_moves_the_steps_by_that_power_of_its_factors():
+    speed = DecodeSpeed.of([[1.44, 0.64]], window_s=2.0)
+    half = speed.with_elasticity(0.5)
+    assert half.series[0] == pytest.approx((1.2, 0.8)) and half.window_s == 2.0
+    assert speed.with_elasticity(1.0) is speed
+    assert speed.with_elasticity(0.0).series[0] == (1.0, 1.0)   # steps that do not follow the loop at all

@@ -212,6 +212,10 @@ def test_a_rate_replays_its_decode_cores_interpreter_second_by_second():
     assert replayed.decode_speed.series[0] == pytest.approx((1.0, 1.5, 2.0))
     assert prompts.prefill_s(1000, 2048) == pytest.approx(1.25 * model.prefill_s(1000, 2048))
     assert prompts.decode_step_s(8, 2000) == pytest.approx(model.decode_step_s(8, 2000))   # the series has them
+    halved, _ = at_run_speed_as("series", settings, model, run, profiled, elasticity=0.5)
+    assert halved.decode_speed.series[0] == pytest.approx((1.0, 1.5 ** 0.5, 2.0 ** 0.5))
+    _, at_half = at_run_speed_as("mean", settings, model, run, profiled, elasticity=0.5)
+    assert at_half.decode_step_s(8, 2000) == pytest.approx(1.2 ** 0.5 * model.decode_step_s(8, 2000))
     meaned, at_mean = at_run_speed_as("mean", settings, model, run, profiled)
     assert meaned.decode_speed is None and at_mean.decode_step_s(8, 2000) == pytest.approx(
         1.2 * model.decode_step_s(8, 2000))
@@ -238,6 +242,8 @@ def test_a_rate_can_be_simulated_at_speeds_drawn_from_the_profiles_own_series():
     assert set(drawn.series[0]) <= {1.0, 2.0}
     again = with_profile_speed(settings, sampled, Topology.disaggregated(1, 2), run).decode_speed
     assert again == drawn   # seeded by the rate: the same run draws the same speeds
+    halved = with_profile_speed(settings, sampled, Topology.disaggregated(1, 2), run, elasticity=0.5).decode_speed
+    assert halved.series[0] == pytest.approx(tuple(f ** 0.5 for f in drawn.series[0]))
     assert with_profile_speed(settings, HardwareInfo("cpu", 2, machine_interp_ms=0.5), Topology.disaggregated(1, 1),
                               run) is settings   # a profile without a series: as it is
     with pytest.raises(ValueError, match="ask for one"):
