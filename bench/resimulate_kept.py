@@ -70,6 +70,8 @@ KEPT = (
       for k in (1, 2, 3)),
     *(Kept(f"zen4-s64-refined-{k}", f"repeats_zen4_s64/refined/run{k}", "repeats_zen4_s64/tiny_zen4_s64b.json", "shm")
       for k in (1, 2)),
+    *(Kept(f"zen5-s65-refined-{k}", f"validate_zen5_s65/tiny/run{k}", "validate_zen5_s65/tiny_zen5.json", "shm")
+      for k in (1, 2)),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 
