@@ -310,7 +310,7 @@ def mean_interpreter_ms(samples: dict[int, list[tuple[float, float]]]) -> float:
     return statistics.fmean(values) if values else 0.0
 
 
-INTERPRETER_WINDOW_S = 1.0   # the series' window: the decode step followed the loop 1:1 over whole seconds
+INTERPRETER_WINDOW_S = 1.0   # the series' window: lone decode steps followed the loop 1:1 over whole seconds (Zen 4)
 
 
 def interpreter_series(samples: dict[int, list[tuple[float, float]]], start_s: float, end_s: float,

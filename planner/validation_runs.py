@@ -218,15 +218,16 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
             overrides["client_placement"] = None
         models[path.stem] = (_with_router(SimSettings.from_profile(profile, transport, **overrides), router),
                              fit_perf_model(profile).model, profile.hardware)
+    def at_speed(settings: SimSettings, model: PerfModel, run: RateRun,
+                 hardware: HardwareInfo) -> tuple[SimSettings, PerfModel]:
+        if drawn:
+            return with_profile_speed(settings, hardware, topology, run, elasticity), model
+        return at_run_speed_as(run_speed, settings, model, run, hardware, elasticity)
+
     comparisons = []
     for run in runs:   # the measured side's noise is the run's alone: once, whatever the profiles
         noise = {} if run.phases is None else measured_noise(run.phases, [r.output_tokens for r in run.requests])
-        comparisons += [_comparison(run, name, simulate(run.requests, topology,
-                                                        *at_run_speed_as(run_speed, settings, model, run, hardware,
-                                                                         elasticity)
-                                                        if not drawn else
-                                                        (with_profile_speed(settings, hardware, topology, run,
-                                                                            elasticity), model)),
+        comparisons += [_comparison(run, name, simulate(run.requests, topology, *at_speed(settings, model, run, hardware)),
                                     slo, noise)
                         for name, (settings, model, hardware) in models.items()]
     return comparisons

@@ -11,4 +11,5 @@ from planner.simulator.engine import simulate
 from planner.simulator.result import SimResult
 from planner.simulator.speed import DecodeSpeed
 
-__all__ = ["DecodeSpeed", "RouterSettings", "SimResult", "SimSettings", "SimulationError", "Topology", "cost_model_from", "simulate"]
+__all__ = ["DecodeSpeed", "RouterSettings", "SimResult", "SimSettings", "SimulationError", "Topology", "cost_model_from",
+           "simulate"]

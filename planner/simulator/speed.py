@@ -2,10 +2,13 @@
 
 A shared VM does not run at one speed. On two EPYC kinds the cores ran Python at one speed or
 another 1.2-1.6x apart for seconds at a time, with a matrix product beside them unmoved, and a
-small model's decode step (the engine's scheduling and its kernels' dispatch) followed that speed
-one for one over whole seconds (BENCHMARKS, "The decode step under load is the VM's interpreter
-speed"). A mean factor moves every step alike; what makes some requests' TPOT slow and others'
-not is the speed's time structure, which a series keeps.
+small model's lone decode step (the engine's scheduling and its kernels' dispatch) followed that
+speed one for one over whole seconds on a Zen 4 VM (BENCHMARKS, "The decode step under load is the
+VM's interpreter speed"); loaded, on a Zen 5 VM, at about half its swing (elasticity 0.51, "On a
+Zen 5 EPYC"). A mean factor moves every step alike; a series keeps the speed's time structure,
+which could make some requests' TPOT slow and others' not. Measured: on the Zen 5 VM the series
+predicted TPOT no better than the mean did (its windows follow the step loosely), so a planner
+does not use it; it stays a what-if of the validation.
 
 `DecodeSpeed` holds one series per decode-side instance (instance i takes series i mod their
 count): factors over the speed the model was fitted at (1.0: as profiled; 1.3: 30% slower), one
