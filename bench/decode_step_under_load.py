@@ -141,7 +141,7 @@ async def engine_phase(args, name: str, trace_dir: Path) -> Phase:
             await probe.warm_up()
             start_s = time.monotonic()
             for _ in range(args.lone_requests):
-                await probe._run(args.lone_prompt, args.lone_output)
+                await probe.run(args.lone_prompt, args.lone_output)
             return Phase(name, start_s, time.monotonic())
         finally:
             engine.shutdown()

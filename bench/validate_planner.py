@@ -81,13 +81,11 @@ from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
 from planner.validation import (error_table, handoff_table, phase_table, verdict, verdict_table, write_summary)
 from planner.validation_cpu import check_line, core_line, core_loads, traffic_of, unbound_cpu_check
 from planner.validation_phases import measured_local_share, measured_phases
-from planner.validation_speed import InterpreterSeries
+from planner.validation_speed import RUN_SPEEDS, InterpreterSeries, machine_against_profile
 from planner.validation_step_report import step_report
-from planner.validation_runs import (RUN_SPEEDS, NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent,
-                                     auto_rates, compare, cpu_by_process_s, cpu_by_worker_s, load_earlier,
-                                     machine_against_profile,
-                                     planned_router, recorded_path, requests_at, router_flags_for, worker_cores,
-                                     write_validation)
+from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
+                                     compare, cpu_by_process_s, cpu_by_worker_s, load_earlier, planned_router,
+                                     recorded_path, requests_at, router_flags_for, worker_cores, write_validation)
 from planner.validation_repeats import repeats, repeats_table, write_repeats_files
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.harness import WorkloadConfig
-from loadgen.host_probe import INTERPRETER_WINDOW_S
 from loadgen.metrics import SLO
 from loadgen.proc_cpu import cpu_seconds, process_tree
 from loadgen.workload import RequestSpec
@@ -28,11 +27,11 @@ from planner.profiler.stream_fit import renetted
 from planner import router_config
 from planner.router_config import router_files, write_router_config
 from planner.rate_search import SearchSettings, max_rate
-from planner.simulator import DecodeSpeed, RouterSettings, SimResult, SimSettings, Topology, cost_model_from, simulate
+from planner.simulator import RouterSettings, SimResult, SimSettings, Topology, cost_model_from, simulate
 from planner.validation_noise import measured_noise
 from planner.validation_phases import phase_rows, simulated_phases
 from planner.validation import Comparison, plot_validation, to_json
-from planner.validation_speed import decode_core_series
+from planner.validation_speed import at_run_speed_as, run_speed_mode, with_profile_speed
 from router.policies.placement import CostModel, PlacementConfig
 
 AUTO_RATE_SHARES = (0.3, 0.6, 0.9, 1.2)  # of the first profile's simulated goodput
@@ -233,102 +232,6 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     return comparisons
 
 
-def run_speed_factors(machine: Mapping[str, Any] | None, hardware: HardwareInfo) -> tuple[float, float]:
-    """How much slower than at its profile a rate's machine ran (`RateRun.machine`): its compute
-    check over the profile's (the prompts' factor) and its interpreter's mean over the profile's
-    (the decode steps'); 1.0 for either the run or the profile lacks, and a compute factor of 1.0
-    where the rate timed another product than the profile did (its `product`; records before it
-    timed the first profile's, taken as this one's)."""
-    machine = machine or {}
-    same_product = machine.get("product", hardware.machine_product) == hardware.machine_product
-
-    def factor(key: str, profiled: float) -> float:
-        return float(machine[key]) / profiled if profiled > 0 and float(machine.get(key, 0)) > 0 else 1.0
-
-    return (factor("ms_per_product", hardware.machine_ms) if same_product else 1.0,
-            factor("interp_ms", hardware.machine_interp_ms))
-
-
-RUN_SPEEDS = ("mean", "series")   # `--at-run-speed`: the rate's mean speed, or its decode core's second by second
-
-
-def run_speed_mode(asked: object) -> str | None:
-    """`what_if["at_run_speed"]`: None or False (nominal), True (records before the series: "mean")
-    or one of `RUN_SPEEDS`; raises ValueError for another."""
-    if asked is None or asked is False:
-        return None
-    mode = "mean" if asked is True else asked
-    if mode not in RUN_SPEEDS:
-        raise ValueError(f"at_run_speed must be one of {RUN_SPEEDS}, got {asked!r}")
-    return mode
-
-
-def at_run_speed_as(mode: str | None, settings: SimSettings, model: PerfModel, run: RateRun,
-                    hardware: HardwareInfo, elasticity: float = 1.0) -> tuple[SimSettings, PerfModel]:
-    """What `run` is simulated with at its own machine speed: nominal (`mode` None); "mean", the
-    rate's two factors (`at_run_speed`); "series", prompts by the compute check's factor and each
-    decode worker's steps by its core's interpreter second by second (`decode_speed_of`), or by
-    the mean where the run kept no series. The decode steps move `elasticity` times the
-    interpreter (in logs: `DecodeSpeed.with_elasticity`)."""
-    if mode is None:
-        return settings, model
-    speed = decode_speed_of(run, hardware) if mode == "series" else None
-    if speed is None:
-        return settings, at_run_speed(model, run.machine, hardware, elasticity)
-    return (replace(settings, decode_speed=speed.with_elasticity(elasticity)),
-            model.prompts_slower(run_speed_factors(run.machine, hardware)[0]))
-
-
-SPEED_TAIL_S = 300.0   # a drawn speed series runs this long past a run's last arrival (its drain)
-
-
-def with_profile_speed(settings: SimSettings, hardware: HardwareInfo, topology: Topology, run: RateRun,
-                       elasticity: float = 1.0) -> SimSettings:
-    """`settings` whose decode-side instances step at speeds drawn from the profile's own
-    interpreter series (`DecodeSpeed.drawn`: blocks of it, seeded by the rate), what a planner
-    could know ahead: not the run's speed, the machine's as the profile saw it move. As they are
-    where the profile kept no series."""
-    if not hardware.machine_interp_series_ms or hardware.machine_interp_ms <= 0:
-        return settings
-    length_s = max((r.arrival_s for r in run.requests), default=0.0) + SPEED_TAIL_S
-    speed = DecodeSpeed.drawn([series for _, series in hardware.machine_interp_series_ms], hardware.machine_interp_ms,
-                              hardware.machine_interp_window_s, topology.num_decode + topology.num_colocated,
-                              length_s, settings.spread_seed + round(run.rate_rps * 1000))
-    return replace(settings, decode_speed=speed.with_elasticity(elasticity))
-
-
-def decode_speed_of(run: RateRun, hardware: HardwareInfo) -> DecodeSpeed | None:
-    """Each decode worker's speed window by window over `run` (`SimSettings.decode_speed`): its
-    core's interpreter loop (`machine["interp_series_ms"]`; the mean of its cores' where it has
-    several) over the profile's mean, a window without a sample taken at the series' mean. The
-    decode workers are the run's core loads' ("decode-0", ... in name order); None where the run
-    kept no series or core loads, or the profile did not sample the interpreter."""
-    machine = run.machine or {}
-    by_core, profiled = machine.get("interp_series_ms"), hardware.machine_interp_ms
-    decoders = sorted((row for row in run.core_loads or () if str(row.get("worker", "")).startswith("decode")),
-                      key=lambda row: row["worker"])
-    if not by_core or profiled <= 0 or not decoders:
-        return None
-    by_core = {int(core): values for core, values in by_core.items()}
-    series = []
-    for row in decoders:
-        if not any(int(core) in by_core for core in row["cores"]):
-            return None
-        means = decode_core_series(by_core, [int(core) for core in row["cores"]])
-        known = [ms for ms in means if ms is not None]
-        fill = sum(known) / len(known) if known else profiled
-        series.append([(ms if ms is not None else fill) / profiled for ms in means])
-    return DecodeSpeed.of(series, float(machine.get("interp_window_s", INTERPRETER_WINDOW_S)))
-
-
-def at_run_speed(model: PerfModel, machine: Mapping[str, Any] | None, hardware: HardwareInfo,
-                 elasticity: float = 1.0) -> PerfModel:
-    """`model` at a rate's own machine speed (`run_speed_factors`): prompts slower by the compute
-    check's factor, decode steps by the interpreter's raised to `elasticity`."""
-    prompts, decodes = run_speed_factors(machine, hardware)
-    return model.prompts_slower(prompts).decodes_slower(decodes ** elasticity)
-
-
 def with_client_placement(profile: Profile, placement: str | None) -> tuple[Profile, str]:
     """`profile` with its served step netted again with the client placed as `placement` says
     (`stream_fit.renetted`) where that differs from the profile's (`ServingCosts.client_placement`),
@@ -434,22 +337,3 @@ def _engine_steps(runs: Sequence[RateRun]) -> dict:
     """The traced engine steps of the runs that kept them (`bench/validate_planner.py --step-trace`)."""
     kept = {str(run.rate_rps): run.measured["engine_steps"] for run in runs if "engine_steps" in run.measured}
     return {"engine_steps": kept} if kept else {}
-
-
-def machine_against_profile(machine: Mapping[str, Any], hardware: HardwareInfo) -> str:
-    """How the machine at a rate compares with it at the profile (`HardwareInfo`): each check the
-    rate has over the profile's (the compute and wake-up checks before the rate against the mean
-    of the profile's two; the interpreter's mean over the rate against its mean over the profile),
-    or 'the profile did not check' for one the profile lacks, or 'another product' where the rate
-    timed another product than the profile."""
-    def against(key: str, profiled: float, name: str) -> str:
-        if key == "ms_per_product" and machine.get("product", hardware.machine_product) != hardware.machine_product:
-            return f"{name}: another product ({machine['product']}) than the profile's ({hardware.machine_product})"
-        return f"{name} x{float(machine[key]) / profiled:.2f} of the profile's" if profiled \
-            else f"{name}: the profile did not check"
-
-    return ", ".join(against(key, profiled, name)
-                     for key, profiled, name in (("ms_per_product", hardware.machine_ms, "compute"),
-                                                 ("wake_us", hardware.machine_wake_us, "wake-up"),
-                                                 ("interp_ms", hardware.machine_interp_ms, "interpreter"))
-                     if key in machine)

@@ -58,7 +58,7 @@ class EngineProbe:
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
                               output_kind=RequestOutputKind.DELTA)
 
-    async def _run(self, prompt_tokens: int, max_tokens: int, on_output=None) -> "Marks":
+    async def run(self, prompt_tokens: int, max_tokens: int, on_output=None) -> "Marks":
         """(time, tokens so far) at each output of one request, times from `time.perf_counter`;
         `on_output(tokens so far)` at each. Cancelled, the engine aborts the request."""
         marks, produced = [], 0
@@ -84,7 +84,7 @@ class EngineProbe:
                     decoding.set()
                     tokens[0] = decoded_before + min(produced) - 1
 
-            await asyncio.gather(*(self._run(context_per_seq, max_tokens, lambda n, i=i: seen(i, n))
+            await asyncio.gather(*(self.run(context_per_seq, max_tokens, lambda n, i=i: seen(i, n))
                                    for i in range(batch_size)))
 
     async def prefill_s(self, prompt_tokens: int, repeats: int) -> float:
@@ -92,19 +92,19 @@ class EngineProbe:
         samples = []
         for _ in range(repeats):
             started = time.perf_counter()
-            await self._run(prompt_tokens, 1)
+            await self.run(prompt_tokens, 1)
             samples.append(time.perf_counter() - started)
         return statistics.median(samples)
 
     async def decode(self, batch_size: int, context_per_seq: int, steps: int) -> DecodeMeasurement:
         """Step time of `batch_size` sequences decoding together, measured over about `steps`
         tokens after the whole batch is prefilled."""
-        runs = await asyncio.gather(*(self._run(context_per_seq, steps + 1) for _ in range(batch_size)))
+        runs = await asyncio.gather(*(self.run(context_per_seq, steps + 1) for _ in range(batch_size)))
         return steady_decode(runs, batch_size, context_per_seq, steps)
 
     async def warm_up(self, prompt_tokens: int = 64, max_tokens: int = 8) -> None:
         """The first requests pay one-off costs (allocations, lazy imports); run two and discard."""
-        await asyncio.gather(self._run(prompt_tokens, max_tokens), self._run(prompt_tokens, max_tokens))
+        await asyncio.gather(self.run(prompt_tokens, max_tokens), self.run(prompt_tokens, max_tokens))
 
 
 Marks = list[tuple[float, int]]  # (time, tokens received so far) at each output of one request

@@ -124,7 +124,7 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
 
 def test_the_machine_before_a_rate_is_said_against_the_profile():
     from planner.profile import HardwareInfo
-    from planner.validation_runs import machine_against_profile
+    from planner.validation_speed import machine_against_profile
 
     profiled = HardwareInfo("cpu", 2, machine_ms_start=3.0, machine_ms_end=3.2, machine_product="bfloat16",
                             machine_wake_us_start=400.0, machine_wake_us_end=600.0)
@@ -137,7 +137,7 @@ def test_the_machine_before_a_rate_is_said_against_the_profile():
 
 def test_the_interpreter_over_a_rate_is_said_against_the_profiles_mean():
     from planner.profile import HardwareInfo
-    from planner.validation_runs import machine_against_profile
+    from planner.validation_speed import machine_against_profile
 
     profiled = HardwareInfo("cpu", 2, machine_ms_start=3.0, machine_ms_end=3.0, machine_interp_ms=0.8)
     assert machine_against_profile({"ms_per_product": 3.0, "wake_us": 100.0, "interp_ms": 1.2}, profiled) == \
@@ -153,7 +153,7 @@ def test_the_interpreter_over_a_rate_is_said_against_the_profiles_mean():
 def test_a_rate_is_simulated_at_its_own_speed_prompts_by_the_compute_check_decodes_by_the_interpreter():
     from planner.perf_model import fit_perf_model
     from planner.profile import HardwareInfo
-    from planner.validation_runs import at_run_speed, run_speed_factors
+    from planner.validation_speed import at_run_speed, run_speed_factors
     from planner.profiles.example import build_example_profile
 
     profiled = HardwareInfo("cpu", 2, machine_ms_start=2.0, machine_ms_end=2.0, machine_interp_ms=0.8)
@@ -191,7 +191,8 @@ def test_a_rate_replays_its_decode_cores_interpreter_second_by_second():
     from planner.profile import HardwareInfo
     from planner.profiles.example import build_example_profile
     from planner.simulator import SimSettings
-    from planner.validation_runs import RateRun, at_run_speed_as, decode_speed_of, run_speed_mode
+    from planner.validation_runs import RateRun
+    from planner.validation_speed import at_run_speed_as, decode_speed_of, run_speed_mode
 
     profiled = HardwareInfo("cpu", 2, machine_ms_start=2.0, machine_ms_end=2.0, machine_interp_ms=0.5)
     machine = {"ms_per_product": 2.5, "product": "float32", "interp_ms": 0.6,
@@ -230,7 +231,8 @@ def test_a_rate_can_be_simulated_at_speeds_drawn_from_the_profiles_own_series():
     from planner.profile import HardwareInfo
     from planner.profiles.example import build_example_profile
     from planner.simulator import SimSettings, Topology
-    from planner.validation_runs import RateRun, compare, with_profile_speed
+    from planner.validation_runs import RateRun, compare
+    from planner.validation_speed import with_profile_speed
     from loadgen.workload import RequestSpec
 
     settings = SimSettings.from_profile(build_example_profile())
