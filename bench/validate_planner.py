@@ -14,7 +14,9 @@ profile's fitted model, the simulated router placing with the real router's cost
 Without --rates, the rates are 30/60/90/120% of the first profile's simulated goodput for that
 shape and topology; then (--refine, default 2) a rate halfway between the last whose measured
 attainment met 90% and the first that missed, twice: the goodput each side puts on that grid is
-known to a quarter of the bracket, not anywhere in it. Writes <out-dir>/<topology>/<shape>/validation.{json,png} (just <out-dir>/ for
+known to a quarter of the bracket, not anywhere in it. Where every rate met 90% (or none did) the
+grid is first stepped past its top (or below its bottom) by 30%, so that the knee is measured, not
+bounded. Writes <out-dir>/<topology>/<shape>/validation.{json,png} (just <out-dir>/ for
 one shape on one topology) and, for several, <out-dir>/summary.{json,md,png}: per shape and
 topology the mean |error| of each latency percentile up to the measured knee and the goodput each
 side puts where attainment crosses 90% on the same grid.
@@ -68,7 +70,7 @@ from rich.console import Console
 
 from loadgen.harness import run_with_progress
 from loadgen.metrics import SLO, summarize
-from loadgen.sweep import knee_midpoint
+from loadgen.sweep import GRID_STEP, next_bracketing_rate
 from loadgen.prompts import PromptSynthesizer
 from loadgen.runner import RunConfig
 from loadgen.host_probe import INTERPRETER_WINDOW_S, InterpreterSampler, interpreter_series, speed_check_ms, wake_check_us
@@ -116,10 +118,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rates", help="comma-separated offered rates, req/s, for every shape and topology "
                                    "(default: from the first profile, per shape and topology)")
     p.add_argument("--refine", type=int, default=2, metavar="N",
-                   help="after the rates, up to N more, each halving the bracket between the last rate whose "
-                        "attainment met 90%% and the first that missed, where the goodput is interpolated (a grid "
-                        "30%% apart across a cliff in attainment leaves it anywhere in the bracket); 0: the rates "
-                        "alone (default 2)")
+                   help="after the rates, up to N more: %g times the highest while every rate's attainment met "
+                        "90%% (the goodput lies past the grid), the lowest over %g while none did, else halving the "
+                        "bracket between the last rate that met 90%% and the first that missed, where the goodput is "
+                        "interpolated (a grid 30%% apart across a cliff in attainment leaves it anywhere in the "
+                        "bracket); 0: the rates alone (default 2)" % (GRID_STEP, GRID_STEP))
     p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals per rate (default 60)")
     p.add_argument("--min-requests", type=int, default=40, help="at least this many requests per rate (default 40)")
     p.add_argument("--input-len", type=int, default=128, help="uniform shape: mean prompt tokens (default 128)")
@@ -357,8 +360,8 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                              topology, setup.router))
     console.print(f"rates {rates} req/s ({arrival_minutes(rates, args.duration_s, args.min_requests):.1f} min of "
                   f"arrivals); SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
-                  f"profiles {[p.stem for p in args.profile]}" + (f"; then up to {args.refine} more between the "
-                                                                   "last rate met and the first missed"
+                  f"profiles {[p.stem for p in args.profile]}" + (f"; then up to {args.refine} more to bracket "
+                                                                   "the knee and halve the bracket"
                                                                    if args.refine else ""))
     trace_dir = out_dir / "logs" / "steps"
     if args.step_trace:   # the workers and their engine cores inherit it as they start
@@ -416,12 +419,14 @@ def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: Valid
                            [dataclasses.asdict(row) | {"others": round(row.others, 4)} for row in loads] or None)
 
         runs = [at(index, rate) for index, rate in enumerate(rates)]
-        for _ in range(args.refine):   # halve the bracket the goodput is interpolated across
+        for _ in range(args.refine):   # bracket the goodput, then halve the bracket it is interpolated across
             curve = [(run.rate_rps, run.measured["slo_attainment"]) for run in runs]
-            if (rate := knee_midpoint(curve)) is None:
+            if (rate := next_bracketing_rate(curve)) is None:
                 break
-            console.print(f"refining the knee: {rate:g} req/s, between the last rate that met the SLOs and the first "
-                          "that did not")
+            where = ("above every rate, which all met the SLOs" if rate > max(curve)[0]
+                     else "below every rate, which all missed the SLOs" if rate < min(curve)[0]
+                     else "between the last rate that met the SLOs and the first that did not")
+            console.print(f"refining the knee: {rate:g} req/s, {where}")
             runs.append(at(len(runs), rate))
     finally:
         system.stop()

@@ -142,6 +142,27 @@ def knee_midpoint(curve: Sequence[tuple[float, float]], target: float = 0.9,
     return None if hi_rps - lo_rps <= min_gap * hi_rps else round((lo_rps + hi_rps) / 2, 3)
 
 
+# How far past the grid a refinement steps when the grid does not bracket the target: the grid's
+# own spacing at its top (30%, `validation_runs.auto_rates`), so an extension lands where a longer
+# grid would have.
+GRID_STEP = 1.3
+
+
+def next_bracketing_rate(curve: Sequence[tuple[float, float]], target: float = 0.9, min_gap: float = 0.05,
+                         step: float = GRID_STEP) -> float | None:
+    """The rate to measure next so that a grid's goodput (`goodput_on_grid`) becomes known: above
+    the highest rate by `step` while every rate meets `target` (the goodput lies past the grid),
+    below the lowest by `step` while it misses (the goodput lies under it), else the bracket's
+    midpoint (`knee_midpoint`); None when the bracket is already narrower than `min_gap` of its
+    failing rate. Rounded to 3 decimals."""
+    points = _sorted_curve(curve)
+    if points[0][1] < target:
+        return round(points[0][0] / step, 3)
+    if _first_crossing(points, target) is None:
+        return round(points[-1][0] * step, 3)
+    return knee_midpoint(points, target, min_gap)
+
+
 def stopped_search(curve: Sequence[tuple[float, float]], target: float = 0.9) -> SearchResult:
     """What a search that stopped early (a failed probe, an interrupt) still says, from the
     `[(rate_rps, attainment)]` measured in order: the highest passing rate below every failing

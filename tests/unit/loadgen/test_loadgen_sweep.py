@@ -2,7 +2,8 @@
 
 import pytest
 
-from loadgen.sweep import SearchConfig, find_goodput, goodput_on_grid, knee_midpoint, stopped_search
+from loadgen.sweep import (GRID_STEP, SearchConfig, find_goodput, goodput_on_grid, knee_midpoint, next_bracketing_rate,
+                           stopped_search)
 
 
 def step(threshold_rps):
@@ -76,6 +77,20 @@ def test_the_next_rate_halves_the_bracket_the_grid_goodput_interpolates_across()
     assert knee_midpoint([(10.0, 1.0), (10.4, 0.5)], min_gap=0.01) == pytest.approx(10.2)
     with pytest.raises(ValueError, match="empty"):
         knee_midpoint([])
+
+
+def test_the_next_rate_steps_past_a_grid_that_does_not_bracket_the_goodput_then_halves_the_bracket():
+    # every rate met the target: the goodput lies above the grid, so step above its top
+    passing = [(2.0, 1.0), (4.0, 0.97), (6.0, 0.92)]
+    assert next_bracketing_rate(passing) == pytest.approx(6.0 * GRID_STEP)
+    # that rate missed: now the bracket 6.0-7.8 is halved, as knee_midpoint does
+    assert next_bracketing_rate(passing + [(7.8, 0.6)]) == pytest.approx(6.9)
+    assert next_bracketing_rate(passing + [(7.8, 0.6)]) == knee_midpoint(passing + [(7.8, 0.6)])
+    # the lowest rate already missed: the goodput lies below the grid, so step below it
+    assert next_bracketing_rate([(1.3, 0.5), (2.6, 0.1)]) == pytest.approx(1.0)
+    assert next_bracketing_rate([(1.0, 1.0), (2.0, 0.9)], step=1.5) == pytest.approx(3.0)  # 90% passes
+    # bracketed within min_gap: nothing left to measure
+    assert next_bracketing_rate([(10.0, 1.0), (10.4, 0.5)]) is None
 
 
 def test_a_stopped_search_answers_from_the_probes_it_measured():
