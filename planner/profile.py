@@ -17,7 +17,9 @@ A profile is JSON with a format tag and a version. Version 1 holds:
   baseline a goodput comparison judges pdserve against, predicted with its own costs;
 - three measured tables:
   `prefill`  one request alone: `prefill_s` for `prompt_tokens`, chunked by `chunk_tokens`;
-  `decode`   one engine step: `step_s` for `batch_size` sequences holding `context_tokens` in total;
+  `decode`   one engine step: `step_s` for `batch_size` sequences holding `context_tokens` in total,
+             read over [`start_s`, `end_s`] (the clock of `hardware.machine_interp_start_s`; 0, 0:
+             not kept), so a row can be set against the machine's speed as it ran;
   `kv_transfer` one transfer: `transfer_s` for `kv_bytes` over `transport`.
 
 `load_profile` validates everything on load and names the field and the fix in its errors;
@@ -27,7 +29,7 @@ the returned `Profile` is frozen. `save_profile` writes the same format back.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,9 @@ class HardwareInfo:
     # window `machine_interp_window_s`: how the speed moved, which a mean hides
     machine_interp_series_ms: tuple[tuple[int, tuple[float | None, ...]], ...] = ()
     machine_interp_window_s: float = 1.0
+    # when the series' first window began (monotonic s, `time.perf_counter`'s clock, as the tables'
+    # own times; 0: not kept): what places a timed row (`DecodeSample.start_s`) in the series
+    machine_interp_start_s: float = 0.0
 
     @property
     def machine_ms(self) -> float:
@@ -172,11 +177,24 @@ class DecodeSample:
     batch_size: int
     context_tokens: int
     step_s: float
+    # when the step was read (monotonic s, the clock of `HardwareInfo.machine_interp_start_s`;
+    # 0, 0: not kept): what `planner.profiler.point_speed` sets against the machine's speed then.
+    # Not part of a row's identity: the same point measured at another time is the same point.
+    start_s: float = field(default=0.0, compare=False)
+    end_s: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         positive_int("decode[]", "batch_size", self.batch_size)
         positive_int("decode[]", "context_tokens", self.context_tokens)
         positive_float("decode[]", "step_s", self.step_s)
+        require(all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (self.start_s, self.end_s))
+                and 0.0 <= self.start_s <= self.end_s,
+                f"decode[].start_s and end_s must satisfy 0 <= start_s <= end_s, got {self.start_s!r}, {self.end_s!r}")
+
+    @property
+    def timed(self) -> bool:
+        """Whether the row kept when it was read."""
+        return self.end_s > 0.0
 
 
 @dataclass(frozen=True)
@@ -320,7 +338,16 @@ def _wide(data: Any) -> tuple[WideEngine, ...]:
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     body = asdict(profile)
+    body["decode"] = _times_where_kept(body["decode"])
+    for engine in body["wide"]:
+        engine["decode"] = _times_where_kept(engine["decode"])
     return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **body}
+
+
+def _times_where_kept(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Decode rows as written: a row that kept no time (`DecodeSample.timed`) without its zeros."""
+    return [row if row["end_s"] > 0 else {k: v for k, v in row.items() if k not in ("start_s", "end_s")}
+            for row in rows]
 
 
 def load_profile(path: str | Path) -> Profile:

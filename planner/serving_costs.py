@@ -83,7 +83,10 @@ class ServingCosts:
     What the served step was fitted on, kept so that another form can be fitted later without
     measuring again (`stream_fit.kept_batch_runs`; () in a profile measured before it was kept):
     - `served_batch_runs`: each batched run as (batch, served step s, context tokens, tokens the
-      client received per s), in run order.
+      client received per s), in run order;
+    - `served_batch_windows_s`: when each of those runs' steps was read, (start s, end s) on the
+      clock of `HardwareInfo.machine_interp_start_s`, in the same order (() where not kept), so a
+      run can be set against the machine's speed then (`planner.profiler.point_speed`).
     Where the host model put the client's CPU when the served step was netted of the host's stretch
     (`stream_fit.fit_served_steps`), and so where the simulator puts it by default (the two must
     agree, or the same CPU is counted twice or not at all; `stream_fit.renetted` fits a profile's
@@ -115,6 +118,7 @@ class ServingCosts:
     host_cpu_s_per_step: float = 0.0
     router_cpu_s_per_step: float = 0.0
     served_batch_runs: tuple[tuple[float, float, float, float], ...] = ()
+    served_batch_windows_s: tuple[tuple[float, float], ...] = ()
     served_step_extra_s: tuple[tuple[float, float], ...] = ()
     client_placement: str = "router-room"
 
@@ -126,6 +130,9 @@ class ServingCosts:
                 continue
             if f.name == "served_step_extra_s":
                 object.__setattr__(self, f.name, _extra_table(value))
+                continue
+            if f.name == "served_batch_windows_s":
+                object.__setattr__(self, f.name, _windows(value))
                 continue
             if f.name == "client_placement":
                 require(value in CLIENT_PLACEMENTS, f"serving.client_placement must be one of {CLIENT_PLACEMENTS}, "
@@ -142,6 +149,9 @@ class ServingCosts:
                 continue
             require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                      and value >= 0, f"serving.{f.name} must be a number >= 0, got {value!r}")
+        require(not self.served_batch_windows_s or len(self.served_batch_windows_s) == len(self.served_batch_runs),
+                f"serving.served_batch_windows_s holds {len(self.served_batch_windows_s)} windows for "
+                f"{len(self.served_batch_runs)} served_batch_runs: one each, or none")
         for part in ("token", "request", "prompt_token", "step"):
             router, host = getattr(self, f"router_cpu_s_per_{part}"), getattr(self, f"host_cpu_s_per_{part}")
             require(router <= host, f"serving.router_cpu_s_per_{part} ({router!r}) is part of "
@@ -213,6 +223,18 @@ def _extra_table(value: Any) -> tuple[tuple[float, float], ...]:
         points.append((float(row[0]), float(row[1])))
     require(all(a[0] < b[0] for a, b in zip(points, points[1:])), f"{what} (each batch once), got {value!r}")
     return tuple(points)
+
+
+def _windows(value: Any) -> tuple[tuple[float, float], ...]:
+    what = "serving.served_batch_windows_s must be a list of [start s, end s] with 0 <= start <= end"
+    require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
+    windows = []
+    for row in value:
+        require(isinstance(row, (list, tuple)) and len(row) == 2
+                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row)
+                 and 0 <= row[0] <= row[1], f"{what}, got the row {row!r}")
+        windows.append((float(row[0]), float(row[1])))
+    return tuple(windows)
 
 
 def _batch_runs(value: Any) -> tuple[tuple[float, float, float, float], ...]:

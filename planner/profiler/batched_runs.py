@@ -21,8 +21,8 @@ from planner.profiler.serving_fit import ServingPlan
 from planner.profiler.spread import spread_of
 from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, SECOND_LOOK_SPREAD, BatchRun,
                                          NoCommonWindow, ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
-                                         batches_to_measure_again, fit_served_steps, kept_row, median_runs,
-                                         served_extra_by_batch, served_residuals_s, stream_cpu_terms)
+                                         batches_to_measure_again, fit_served_steps, kept_row, kept_window,
+                                         median_runs, served_extra_by_batch, served_residuals_s, stream_cpu_terms)
 from planner.serving_costs import ServingCosts
 
 
@@ -187,4 +187,5 @@ def measure_served_steps(target: str, unbound: UnboundCpu | None, model: PerfMod
     return ServedSteps(step_s, per_token_s, host_per_token_s, spread_s,
                        stream.router_per_token_s, stream.host_per_step_s, stream.router_per_step_s,
                        tuple(kept_row(run) for run in runs),
-                       served_extra_by_batch([run.batch for run in runs], residuals_s))
+                       served_extra_by_batch([run.batch for run in runs], residuals_s),
+                       tuple(kept_window(run) for run in runs))

@@ -34,6 +34,10 @@ class DecodeMeasurement:
     batch_size: int
     context_tokens: int  # summed over the batch, at the middle of the measured steps
     step_s: float
+    # the steady stretch the step was read over (`time.perf_counter` s: the clock of the profile's
+    # interpreter series), so the step can be set against the machine's speed then
+    start_s: float = 0.0
+    end_s: float = 0.0
 
 
 class EngineProbe:
@@ -121,9 +125,10 @@ def steady_decode(runs: list[Marks], batch_size: int, context_per_seq: int, step
     the steps that compute the later ones' prompts (chunked prefill: at long contexts each such
     step takes a prefill's time), which is not a decode step and is left out however long it was.
     A request with fewer than `MIN_STEADY_TOKENS` tokens in its steady stretch is measured from its
-    first token to its last instead (its TPOT). Context is the batch's total mid-stretch."""
+    first token to its last instead (its TPOT). Context is the batch's total mid-stretch; the stretch
+read spans from the earliest timed token to the latest."""
     all_started_at = max(marks[min(1, len(marks) - 1)][0] for marks in runs)
-    per_request, generated = [], []
+    per_request, generated, ends = [], [], []
     for marks in runs:
         if len(marks) < 2 or marks[-1][1] == marks[0][1]:
             continue
@@ -133,8 +138,10 @@ def steady_decode(runs: list[Marks], batch_size: int, context_per_seq: int, step
         (t0, n0), (t1, n1) = steady[0], steady[-1]
         per_request.append((t1 - t0) / (n1 - n0))
         generated.append((n0 + n1) / 2)
+        ends.append((t0, t1))
     if not per_request:
         raise RuntimeError(f"decode at batch {batch_size}: no request produced two outputs in "
                            f"{steps} tokens; measure with more steps")
     context = round(batch_size * (context_per_seq + statistics.mean(generated)))
-    return DecodeMeasurement(batch_size, context, statistics.median(per_request))
+    return DecodeMeasurement(batch_size, context, statistics.median(per_request),
+                             min(t0 for t0, _ in ends), max(t1 for _, t1 in ends))

@@ -44,7 +44,7 @@ from planner.profile import (
 )
 from planner.profiler.host import hardware_info, model_info
 from planner.profiler.plan import ProfilePlan, make_plan
-from planner.profiler.second_look import SECOND_LOOKS, kept_s, rows_off_the_fit
+from planner.profiler.second_look import SECOND_LOOKS, kept_s, kept_span, rows_off_the_fit
 from planner.profiler.summary import print_summary
 from planner.profiler.transfer_probe import BlockGeometry, measure_transfers
 from planner.serving_costs import ServingCosts
@@ -144,7 +144,8 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
                        machine_interp_ms=round(interpreter.mean_ms, 4),
                        machine_interp_series_ms=tuple(interpreter_series(
                            interpreter.samples, interpreter.entered_s, interpreter.exited_s).items()),
-                       machine_interp_window_s=INTERPRETER_WINDOW_S)
+                       machine_interp_window_s=INTERPRETER_WINDOW_S,
+                       machine_interp_start_s=round(interpreter.entered_s, 4))
     profile = Profile(
         hardware=hardware, model=model,
         engine=EngineSettings(vllm_version=version, max_num_batched_tokens=budget, max_num_seqs=engine.max_num_seqs,
@@ -318,7 +319,8 @@ async def _measure(probe, plan: ProfilePlan, budget: int, advance):
     decode = []
     for batch, context in plan.decode_points:
         m = await probe.decode(batch, context, plan.decode_steps)
-        decode.append(DecodeSample(m.batch_size, m.context_tokens, round(m.step_s, 7)))
+        decode.append(DecodeSample(m.batch_size, m.context_tokens, round(m.step_s, 7), round(m.start_s, 4),
+                                   round(m.end_s, 4)))
         advance(f"decode batch {batch} x {context} tokens {m.step_s * 1e3:.2f} ms/step")
     return await _second_look(probe, plan, prefill, decode, advance)
 
@@ -341,7 +343,10 @@ async def _second_look(probe, plan: ProfilePlan, prefill: list[PrefillSample], d
     fitted = [model.decode_step_s(r.batch_size, r.context_tokens) for r in decode]
     for i in rows_off_the_fit([r.step_s for r in decode], fitted):
         row, (batch, context) = decode[i], plan.decode_points[i]
-        again = [(await probe.decode(batch, context, plan.decode_steps)).step_s for _ in range(SECOND_LOOKS)]
-        decode[i] = replace(row, step_s=round(kept_s(row.step_s, again), 7))
+        looks = [await probe.decode(batch, context, plan.decode_steps) for _ in range(SECOND_LOOKS)]
+        again = [m.step_s for m in looks]
+        start_s, end_s = kept_span([row.step_s, *again], [(row.start_s, row.end_s),
+                                                          *((round(m.start_s, 4), round(m.end_s, 4)) for m in looks)])
+        decode[i] = replace(row, step_s=round(kept_s(row.step_s, again), 7), start_s=start_s, end_s=end_s)
         noted(f"decode batch {batch} x {context} tokens", row.step_s, fitted[i], again, decode[i].step_s)
     return tuple(prefill), tuple(decode)

@@ -34,3 +34,14 @@ def kept_s(first_s: float, again_s: Sequence[float]) -> float:
     """The time a row keeps after its second look: the median of its first measurement and the
     ones taken again (with none again, the first)."""
     return statistics.median([first_s, *again_s])
+
+
+def kept_span(measured_s: Sequence[float], spans_s: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """When the time `kept_s` keeps was read: the (start, end) of the median measurement of
+    `measured_s` (the first and the ones taken again, in order, each read over its `spans_s`), or
+    the two middle ones' joined for an even count (their mean is kept)."""
+    if not measured_s or len(measured_s) != len(spans_s):
+        raise ValueError(f"{len(measured_s)} measurements against {len(spans_s)} spans (need as many, at least one)")
+    order = sorted(range(len(measured_s)), key=lambda i: measured_s[i])
+    middle = order[(len(order) - 1) // 2: len(order) // 2 + 1]
+    return min(spans_s[i][0] for i in middle), max(spans_s[i][1] for i in middle)

@@ -270,6 +270,7 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                      router_cpu_s_per_token=steps.router_cpu_s_per_token,
                      host_cpu_s_per_step=steps.host_cpu_s_per_step, router_cpu_s_per_step=steps.router_cpu_s_per_step,
                      decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
+                     served_batch_windows_s=steps.batch_windows_s,
                      served_step_extra_s=steps.extra_by_batch)
     # the lone handoff held the request's first decode step alone: what serving adds to it is charged there
     handoff_s, idle_join_s = split_lone_handoff(

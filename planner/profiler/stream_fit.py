@@ -46,6 +46,9 @@ class BatchRun:
     gaps_s: tuple[float, ...] = ()  # every gap inside the window (its median is step_s)
     router_cpu_s: float = 0.0       # the router's part of host_cpu_s (0: not measured apart)
     window: StreamWindow | None = None  # the unbound processes' CPU while all B streamed (None: not read)
+    # the settled window step_s was read over (`time.perf_counter` s; 0, 0: not kept)
+    start_s: float = 0.0
+    end_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -185,12 +188,14 @@ def batch_run_of(batch: int, runs: Sequence[Sequence[float]], host_cpu_s: float 
     """A batched run from its requests' token times (`runs`, one list per request, in seconds) and
     the unbound processes' CPU over it: the median gap inside the `settled_window`, the batch's
     context at that window's middle (each request's `BATCH_PROMPT_TOKENS` and the tokens it had by
-    then) and the tokens per second received inside it. Raises NoCommonWindow as that does."""
+    then) and the tokens per second received inside it, and when that window was. Raises
+    NoCommonWindow as that does."""
     start, end, gaps = settled_window(runs)
     inside = sum(1 for marks in runs for t in marks if start <= t <= end)
     generated = statistics.median(sum(1 for t in marks if t <= (start + end) / 2) for marks in runs)
     return BatchRun(batch, statistics.median(gaps), batch * (BATCH_PROMPT_TOKENS + generated),
-                    inside / (end - start), host_cpu_s, sum(len(marks) for marks in runs), tuple(gaps), router_cpu_s)
+                    inside / (end - start), host_cpu_s, sum(len(marks) for marks in runs), tuple(gaps), router_cpu_s,
+                    start_s=start, end_s=end)
 
 
 def engine_step_s(batch: int, context_tokens: float, model: PerfModel, measured: Sequence[DecodeSample]) -> float:
@@ -327,6 +332,7 @@ class ServedSteps:
     router_cpu_s_per_step: float = 0.0   # the router's part of it
     batch_runs: tuple[tuple[float, float, float, float], ...] = ()
     extra_by_batch: tuple[tuple[float, float], ...] = ()  # `served_extra_by_batch`
+    batch_windows_s: tuple[tuple[float, float], ...] = ()  # `kept_window` of each of batch_runs
 
 
 def kept_row(run: BatchRun) -> tuple[float, float, float, float]:
@@ -335,12 +341,19 @@ def kept_row(run: BatchRun) -> tuple[float, float, float, float]:
     return float(run.batch), run.step_s, run.context_tokens, run.tokens_per_s
 
 
+def kept_window(run: BatchRun) -> tuple[float, float]:
+    """When a batched run's step was read (`ServingCosts.served_batch_windows_s`), to the 0.1 ms."""
+    return round(run.start_s, 4), round(run.end_s, 4)
+
+
 def kept_batch_runs(costs: ServingCosts) -> list[BatchRun]:
     """The batched runs a profile's served step was fitted on, as `fit_served_steps` takes them,
     so that a fit of another form can be tried on them without measuring again (the CPU readings
-    are not kept: `StreamCpu.of(costs)` holds what was fitted from them)."""
-    return [BatchRun(int(batch), step_s, context, tokens_per_s, host_cpu_s=0.0, tokens=0)
-            for batch, step_s, context, tokens_per_s in costs.served_batch_runs]
+    are not kept: `StreamCpu.of(costs)` holds what was fitted from them), each with its window
+    where the profile kept them."""
+    windows = costs.served_batch_windows_s or ((0.0, 0.0),) * len(costs.served_batch_runs)
+    return [BatchRun(int(batch), step_s, context, tokens_per_s, host_cpu_s=0.0, tokens=0, start_s=start_s, end_s=end_s)
+            for (batch, step_s, context, tokens_per_s), (start_s, end_s) in zip(costs.served_batch_runs, windows)]
 
 
 def batch_output_attempts(max_output_tokens: int, attempts: int = 3) -> list[int]:
@@ -374,11 +387,22 @@ def renetted(costs: ServingCosts, model: PerfModel, client_placement: str, engin
     if not costs.served_batch_runs:
         raise ValueError(f"the served step was netted with the client placed {costs.client_placement!r} and no "
                          f"batched runs were kept to net it again for {client_placement!r}")
+    return refitted(replace(costs, client_placement=client_placement), model, engine_rows, engine_cores)
+
+
+def refitted(costs: ServingCosts, model: PerfModel, engine_rows: Sequence[DecodeSample] = (),
+             engine_cores: float = 1.0) -> ServingCosts:
+    """`costs` with the served step (the line and, where kept, the table) fitted again from the
+    batched runs it kept, against `model` and `engine_rows` (the engine table the runs are set
+    against), netted with the client placed as `costs.client_placement` says. Every other term as
+    it was; `costs` unchanged where it kept no runs. Pure."""
+    if not costs.served_batch_runs:
+        return costs
     runs = kept_batch_runs(costs)
     stream = StreamCpu.of(costs)
     step_s, per_token_s, _ = fit_served_steps(runs, model, costs, engine_rows=engine_rows, stream=stream,
-                                              engine_cores=engine_cores, client_placement=client_placement)
+                                              engine_cores=engine_cores, client_placement=costs.client_placement)
     table = served_extra_by_batch([run.batch for run in runs], served_residuals_s(
-        runs, model, costs.host_cores, stream, engine_rows, engine_cores, client_placement))
-    return replace(costs, decode_step_s=step_s, decode_cpu_s_per_token=per_token_s, client_placement=client_placement,
+        runs, model, costs.host_cores, stream, engine_rows, engine_cores, costs.client_placement))
+    return replace(costs, decode_step_s=step_s, decode_cpu_s_per_token=per_token_s,
                    served_step_extra_s=table if costs.served_step_extra_s else ())

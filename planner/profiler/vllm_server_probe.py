@@ -152,6 +152,7 @@ def measure_server_at(url: str, model: PerfModel, engine_rows: Sequence[DecodeSa
                    router_cpu_s_per_token=steps.router_cpu_s_per_token, host_cpu_s_per_step=steps.host_cpu_s_per_step,
                    router_cpu_s_per_step=steps.router_cpu_s_per_step, first_token_spread_s=first_spread,
                    decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
+                   served_batch_windows_s=steps.batch_windows_s,
                    served_step_extra_s=steps.extra_by_batch)
 
 

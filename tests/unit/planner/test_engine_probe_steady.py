@@ -20,6 +20,8 @@ def test_the_steps_that_compute_another_prompt_are_left_out():
     measured = steady_decode([first, second], batch_size=2, context_per_seq=4000, steps=32)
     assert measured.step_s == pytest.approx(0.02)  # the old rule timed the first over all its tokens (0.14 s)
     assert measured.batch_size == 2 and 2 * 4000 < measured.context_tokens < 2 * 4033
+    # the stretch read: from the first token past the second's second token (3.92 s) to the last
+    assert (measured.start_s, measured.end_s) == pytest.approx((3.94, 4.5))
 
 
 def test_a_request_without_a_steady_stretch_is_timed_first_token_to_last():
@@ -28,6 +30,7 @@ def test_a_request_without_a_steady_stretch_is_timed_first_token_to_last():
     second = marks(0.45, [0.0, 0.1, 0.2, 0.3, 0.4])
     measured = steady_decode([first, second], batch_size=2, context_per_seq=100, steps=4)
     assert measured.step_s == pytest.approx(0.1)
+    assert (measured.start_s, measured.end_s) == pytest.approx((0.0, 0.85))
 
 
 def test_no_request_that_produced_two_outputs_is_an_error():

@@ -11,7 +11,7 @@ import pytest
 from planner.profile import DecodeSample, PrefillSample
 from planner.profiler.job import _second_look
 from planner.profiler.plan import ProfilePlan
-from planner.profiler.second_look import SECOND_LOOKS, kept_s, rows_off_the_fit
+from planner.profiler.second_look import SECOND_LOOKS, kept_s, kept_span, rows_off_the_fit
 
 
 def test_rows_more_than_the_tolerance_off_are_picked_worst_first():
@@ -26,6 +26,15 @@ def test_a_row_measured_at_zero_is_always_off_and_mismatched_tables_are_refused(
     assert rows_off_the_fit([0.0, 0.02], [0.01, 0.02]) == [0]
     with pytest.raises(ValueError, match="2 measured rows against 1 fitted"):
         rows_off_the_fit([0.01, 0.02], [0.01])
+
+
+def test_the_kept_time_keeps_the_span_it_was_read_over():
+    spans = [(0.0, 1.0), (10.0, 11.0), (20.0, 21.0)]
+    assert kept_span([0.379, 0.312, 0.318], spans) == (20.0, 21.0)   # the median, 0.318, was read third
+    assert kept_span([0.379, 0.312], spans[:2]) == (0.0, 11.0)       # an even count keeps the two middles' mean
+    assert kept_span([0.379], spans[:1]) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="2 measurements against 1 spans"):
+        kept_span([0.1, 0.2], spans[:1])
 
 
 def test_one_slow_stretch_is_outvoted_and_a_real_bend_stays():
@@ -46,9 +55,11 @@ class ScriptedProbe:
 
     async def decode(self, batch: int, context: int, steps: int):
         self.calls.append(("decode", batch, context))
+        read_at = float(len(self.calls))   # the n-th call reads over [n, n + 0.5] s
 
         class Measured:
             step_s = self.decode_times[(batch, context)].pop(0)
+            start_s, end_s = read_at, read_at + 0.5
         return Measured
 
 
@@ -64,7 +75,7 @@ def test_the_job_measures_again_only_the_rows_off_the_fit_and_keeps_the_median()
     prefill[5] = PrefillSample(1024, 2048, slow_prompt * 1.25)
     decode = [DecodeSample(b, b * (c + 16), 0.015 + 2e-4 * b + 5e-7 * b * (c + 16)) for b, c in points]
     slow_step = decode[2].step_s
-    decode[2] = DecodeSample(2, decode[2].context_tokens, slow_step * 1.3)
+    decode[2] = DecodeSample(2, decode[2].context_tokens, slow_step * 1.3, start_s=0.1, end_s=0.2)
     probe = ScriptedProbe({1024: [slow_prompt * 1.01, slow_prompt * 0.99]}, {(2, 16): [slow_step, slow_step * 1.02]})
     notes = []
 
@@ -75,6 +86,8 @@ def test_the_job_measures_again_only_the_rows_off_the_fit_and_keeps_the_median()
     assert new_prefill[5].prefill_s == pytest.approx(slow_prompt * 1.01, abs=1e-7)
     assert new_decode[2].step_s == pytest.approx(slow_step * 1.02, abs=1e-7)
     assert new_decode[2].context_tokens == decode[2].context_tokens
+    # the row keeps when its kept time was read: the second look's second read, the 4th call
+    assert (new_decode[2].start_s, new_decode[2].end_s) == (4.0, 4.5)
     assert [r for i, r in enumerate(new_prefill) if i != 5] == [r for i, r in enumerate(prefill) if i != 5]
     assert [r for i, r in enumerate(new_decode) if i != 2] == [r for i, r in enumerate(decode) if i != 2]
     assert len(notes) == 2 and all(not step and label.startswith("second look: ") for label, step in notes)
