@@ -16,7 +16,8 @@ from planner.perf_model import PerfModel, fit_perf_model
 from planner.profile import Profile
 from planner.validation_joins import client_first_gap_s, handoff_summary, one_step_prompts, prompt_summary
 from planner.validation_speed import InterpreterSeries, worker_elasticity
-from planner.validation_steps import client_steady_gap_s, decode_worker_summary, prefill_worker_summary
+from planner.validation_steps import (client_steady_gap_s, decode_worker_summary, prefill_worker_summary,
+                                     prompt_stretch_by_decode_batch)
 
 
 def model_and_served(profile: Profile) -> tuple[PerfModel, Callable[[int], float]]:
@@ -80,4 +81,10 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
                           f"(model {summary['model_ms']}), median stretch {summary['median_stretch']}; engine busy "
                           f"{summary['busy_share']}; a prompt's front end {prompts.get('front_ms')} ms, queue "
                           f"{prompts.get('queue_ms')} ms")
+        decode_ids = cluster.worker_ids("decode")
+        if summary["steps"] and decode_ids and (by_batch := prompt_stretch_by_decode_batch(
+                traced[worker_id], traced[decode_ids[0]], *window, model.prefill_step_s)):
+            summary["stretch_by_decode_batch"] = by_batch   # against the first decode worker's batch
+            console.print(f"  its prompt steps' median stretch by the batch {decode_ids[0]} was decoding: " + ", ".join(
+                f"{label}: {row['median_stretch']:.2f} ({row['steps']})" for label, row in by_batch.items()))
     return report

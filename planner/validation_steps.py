@@ -238,6 +238,29 @@ def prefill_worker_summary(steps: Sequence[TracedStep], start_s: float, end_s: f
             "several_prompts": sum(1 for s in chosen if s.joined > 1), "busy_share": busy}
 
 
+def prompt_stretch_by_decode_batch(prefill: Sequence[TracedStep], decode: Sequence[TracedStep], start_s: float,
+                                   end_s: float, model_prompt_step_s: Callable[[int, float], float],
+                                   min_steps: int = 5) -> dict[str, dict]:
+    """A prefill worker's prompt steps in [start_s, end_s) (`prompt_steps`) by the decode batch
+    streaming when each began (the decode engine's step running then, or the last one that ended
+    within 0.2 s; 0 where none: the decode worker idle), per `BATCH_BUCKETS` bucket ("0" first)
+    with at least `min_steps`: how many and their median stretch (measured over
+    `model_prompt_step_s`, as `prefill_worker_summary` reads it). Where the tokens the decodes
+    stream share the prefill core with the router, the stretch grows with that batch."""
+    ordered, starts = in_start_order(decode)
+    buckets: dict[str, list[float]] = {}
+    for i in prompt_steps(prefill, start_s, end_s):
+        step = prefill[i]
+        k = int(np.searchsorted(starts, step.start_s, side="right")) - 1
+        batch = ordered[k].decoding if k >= 0 and step.start_s - ordered[k].end_s < 0.2 else 0
+        label = "0" if batch == 0 else next(bucket_label(low, high) for low, high in BATCH_BUCKETS if low <= batch <= high)
+        model = model_prompt_step_s(step.tokens, step.joined * (step.tokens / step.joined) ** 2)
+        buckets.setdefault(label, []).append(step.duration_s / model)
+    order = ["0", *(bucket_label(low, high) for low, high in BATCH_BUCKETS)]
+    return {label: {"steps": len(buckets[label]), "median_stretch": round(float(np.median(buckets[label])), 4)}
+            for label in order if len(buckets.get(label, ())) >= min_steps}
+
+
 MIN_CORUN_STEPS = 20  # steps on each side of a batch bucket before `corun_by_batch` sets them side by side
 
 

@@ -135,6 +135,29 @@ def test_a_prefill_workers_prompt_steps_are_set_against_the_models_prompt_step()
     assert prefill_worker_summary(steps, 5.0, 6.0, prompt_model) == {"steps": 0, "busy_share": 0.0}
 
 
+def test_prompt_steps_are_grouped_by_the_batch_the_decode_worker_was_streaming():
+    from planner.validation_steps import prompt_stretch_by_decode_batch
+
+    def prompt_model(tokens, units):
+        return 0.010   # every prompt: 10 ms
+
+    # the decode worker: idle until 1 s, then batch 2 (steps of 5 ms back to back) to 2 s, then batch 8 to 3 s
+    decode = ([step(1.0 + 0.005 * k, 0.005, 0, 2) for k in range(200)]
+              + [step(2.0 + 0.005 * k, 0.005, 0, 8) for k in range(200)])
+    prompts = ([step(0.1 * k, 0.011, 1, 0, prompt_tokens=100) for k in range(1, 8)]           # idle: x1.1
+               + [step(1.0 + 0.1 * k + 0.001, 0.015, 1, 0, prompt_tokens=100) for k in range(6)]   # batch 2: x1.5
+               + [step(2.0 + 0.1 * k + 0.001, 0.030, 1, 0, prompt_tokens=100) for k in range(6)]   # batch 8: x3
+               + [step(2.8, 0.050, 1, 0, prompt_tokens=100)])                                      # one more at 8
+    by_batch = prompt_stretch_by_decode_batch(prompts, decode, 0.0, 3.0, prompt_model)
+    assert list(by_batch) == ["0", "2-3", "8-15"]
+    assert by_batch["0"] == {"steps": 7, "median_stretch": pytest.approx(1.1)}
+    assert by_batch["2-3"]["median_stretch"] == pytest.approx(1.5) and by_batch["8-15"]["steps"] == 7
+    assert by_batch["8-15"]["median_stretch"] == pytest.approx(3.0)
+    # a bucket with fewer steps than asked is left out; the window bounds the prompts
+    assert list(prompt_stretch_by_decode_batch(prompts, decode, 0.0, 3.0, prompt_model, min_steps=8)) == []
+    assert list(prompt_stretch_by_decode_batch(prompts, decode, 1.0, 2.0, prompt_model)) == ["2-3"]
+
+
 def test_decode_steps_beside_the_prefill_engines_against_those_alone():
     from planner.validation_steps import corun_by_batch
 
