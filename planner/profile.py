@@ -16,7 +16,8 @@ A profile is JSON with a format tag and a version. Version 1 holds:
   engine (`ServingCosts`, the latency and step terms only; `pdserve profile --vllm-server`): the
   baseline a goodput comparison judges pdserve against, predicted with its own costs;
 - three measured tables:
-  `prefill`  one request alone: `prefill_s` for `prompt_tokens`, chunked by `chunk_tokens`;
+  `prefill`  one request alone: `prefill_s` for `prompt_tokens`, chunked by `chunk_tokens`, its
+             repeats run over [`start_s`, `end_s`] (as the decode rows'; 0, 0: not kept);
   `decode`   one engine step: `step_s` for `batch_size` sequences holding `context_tokens` in total,
              read over [`start_s`, `end_s`] (the clock of `hardware.machine_interp_start_s`; 0, 0:
              not kept), so a row can be set against the machine's speed as it ran;
@@ -156,16 +157,26 @@ class EngineSettings:
             positive_int("engine", name, getattr(self, name))
 
 
+def _check_span(owner: str, start_s: Any, end_s: Any) -> None:
+    require(all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (start_s, end_s))
+            and 0.0 <= start_s <= end_s,
+            f"{owner}.start_s and end_s must satisfy 0 <= start_s <= end_s, got {start_s!r}, {end_s!r}")
+
+
 @dataclass(frozen=True)
 class PrefillSample:
     prompt_tokens: int
     chunk_tokens: int
     prefill_s: float
+    # when its repeats ran (as `DecodeSample.start_s`; 0, 0: not kept), not part of its identity
+    start_s: float = field(default=0.0, compare=False)
+    end_s: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         positive_int("prefill[]", "prompt_tokens", self.prompt_tokens)
         positive_int("prefill[]", "chunk_tokens", self.chunk_tokens)
         positive_float("prefill[]", "prefill_s", self.prefill_s)
+        _check_span("prefill[]", self.start_s, self.end_s)
 
     @property
     def num_chunks(self) -> int:
@@ -187,9 +198,7 @@ class DecodeSample:
         positive_int("decode[]", "batch_size", self.batch_size)
         positive_int("decode[]", "context_tokens", self.context_tokens)
         positive_float("decode[]", "step_s", self.step_s)
-        require(all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (self.start_s, self.end_s))
-                and 0.0 <= self.start_s <= self.end_s,
-                f"decode[].start_s and end_s must satisfy 0 <= start_s <= end_s, got {self.start_s!r}, {self.end_s!r}")
+        _check_span("decode[]", self.start_s, self.end_s)
 
     @property
     def timed(self) -> bool:
@@ -338,14 +347,14 @@ def _wide(data: Any) -> tuple[WideEngine, ...]:
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     body = asdict(profile)
-    body["decode"] = _times_where_kept(body["decode"])
-    for engine in body["wide"]:
-        engine["decode"] = _times_where_kept(engine["decode"])
+    for tables in (body, *body["wide"]):
+        for table in ("prefill", "decode"):
+            tables[table] = _times_where_kept(tables[table])
     return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **body}
 
 
 def _times_where_kept(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Decode rows as written: a row that kept no time (`DecodeSample.timed`) without its zeros."""
+    """Engine rows as written: a row that kept no time (end_s 0) without its zeros."""
     return [row if row["end_s"] > 0 else {k: v for k, v in row.items() if k not in ("start_s", "end_s")}
             for row in rows]
 

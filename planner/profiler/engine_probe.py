@@ -47,6 +47,7 @@ class EngineProbe:
         self.engine = engine
         self._rng = np.random.default_rng(seed)
         self._low, self._high = 10, max(11, vocab_size)
+        self.last_span_s = (0.0, 0.0)   # when the last `prefill_s` ran
 
     def _prompt(self, num_tokens: int):
         from vllm.inputs import TokensPrompt
@@ -92,12 +93,15 @@ class EngineProbe:
                                    for i in range(batch_size)))
 
     async def prefill_s(self, prompt_tokens: int, repeats: int) -> float:
-        """Median seconds from submitting a `prompt_tokens` prompt alone to its first token."""
+        """Median seconds from submitting a `prompt_tokens` prompt alone to its first token; when
+        the repeats ran (`time.perf_counter` s, first start to last end) is left in `last_span_s`."""
         samples = []
+        first_s = time.perf_counter()
         for _ in range(repeats):
             started = time.perf_counter()
             await self.run(prompt_tokens, 1)
             samples.append(time.perf_counter() - started)
+        self.last_span_s = (first_s, time.perf_counter())
         return statistics.median(samples)
 
     async def decode(self, batch_size: int, context_per_seq: int, steps: int) -> DecodeMeasurement:

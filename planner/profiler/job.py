@@ -241,7 +241,7 @@ async def _measure_chunked(settings: WorkerEngineSettings, plan: ProfilePlan, bu
         measured = []
         for n in plan.chunked_prompt_tokens:
             seconds = await probe.prefill_s(n, plan.prefill_repeats)
-            measured.append(PrefillSample(n, plan.chunked_budget, round(seconds, 7)))
+            measured.append(PrefillSample(n, plan.chunked_budget, round(seconds, 7), *_span(probe.last_span_s)))
             advance(f"prefill {n} tokens in {plan.chunked_budget}-token chunks {seconds * 1e3:.1f} ms")
         return tuple(measured)
 
@@ -314,15 +314,19 @@ async def _measure(probe, plan: ProfilePlan, budget: int, advance):
     prefill = []
     for n in plan.prefill_prompt_tokens:
         seconds = await probe.prefill_s(n, plan.prefill_repeats)
-        prefill.append(PrefillSample(n, budget, round(seconds, 7)))
+        prefill.append(PrefillSample(n, budget, round(seconds, 7), *_span(probe.last_span_s)))
         advance(f"prefill {n} tokens {seconds * 1e3:.1f} ms")
     decode = []
     for batch, context in plan.decode_points:
         m = await probe.decode(batch, context, plan.decode_steps)
-        decode.append(DecodeSample(m.batch_size, m.context_tokens, round(m.step_s, 7), round(m.start_s, 4),
-                                   round(m.end_s, 4)))
+        decode.append(DecodeSample(m.batch_size, m.context_tokens, round(m.step_s, 7), *_span((m.start_s, m.end_s))))
         advance(f"decode batch {batch} x {context} tokens {m.step_s * 1e3:.2f} ms/step")
     return await _second_look(probe, plan, prefill, decode, advance)
+
+
+def _span(span_s: tuple[float, float]) -> tuple[float, float]:
+    """When a row was read, as the profile keeps it (to the 0.1 ms)."""
+    return round(span_s[0], 4), round(span_s[1], 4)
 
 
 async def _second_look(probe, plan: ProfilePlan, prefill: list[PrefillSample], decode: list[DecodeSample], advance):
@@ -337,8 +341,12 @@ async def _second_look(probe, plan: ProfilePlan, prefill: list[PrefillSample], d
     fitted = [model.prefill_s(r.prompt_tokens, r.chunk_tokens) for r in prefill]
     for i in rows_off_the_fit([r.prefill_s for r in prefill], fitted):
         row = prefill[i]
-        again = [await probe.prefill_s(row.prompt_tokens, plan.prefill_repeats) for _ in range(SECOND_LOOKS)]
-        prefill[i] = replace(row, prefill_s=round(kept_s(row.prefill_s, again), 7))
+        again, spans = [], [(row.start_s, row.end_s)]
+        for _ in range(SECOND_LOOKS):
+            again.append(await probe.prefill_s(row.prompt_tokens, plan.prefill_repeats))
+            spans.append(_span(probe.last_span_s))
+        start_s, end_s = kept_span([row.prefill_s, *again], spans)
+        prefill[i] = replace(row, prefill_s=round(kept_s(row.prefill_s, again), 7), start_s=start_s, end_s=end_s)
         noted(f"prefill {row.prompt_tokens} tokens", row.prefill_s, fitted[i], again, prefill[i].prefill_s)
     fitted = [model.decode_step_s(r.batch_size, r.context_tokens) for r in decode]
     for i in rows_off_the_fit([r.step_s for r in decode], fitted):
@@ -346,7 +354,7 @@ async def _second_look(probe, plan: ProfilePlan, prefill: list[PrefillSample], d
         looks = [await probe.decode(batch, context, plan.decode_steps) for _ in range(SECOND_LOOKS)]
         again = [m.step_s for m in looks]
         start_s, end_s = kept_span([row.step_s, *again], [(row.start_s, row.end_s),
-                                                          *((round(m.start_s, 4), round(m.end_s, 4)) for m in looks)])
+                                                          *(_span((m.start_s, m.end_s)) for m in looks)])
         decode[i] = replace(row, step_s=round(kept_s(row.step_s, again), 7), start_s=start_s, end_s=end_s)
         noted(f"decode batch {batch} x {context} tokens", row.step_s, fitted[i], again, decode[i].step_s)
     return tuple(prefill), tuple(decode)

@@ -64,6 +64,12 @@ def test_quick_profile_records_the_tiny_model_and_the_measured_tables(quick_prof
         profile.model.kv_bytes_per_block, 64 * profile.model.kv_bytes_per_block]  # 1 block, 2048 tokens
     assert path.with_suffix(".png").stat().st_size > 10_000
     assert "MAPE" in stdout and "wrote" in stdout
+    # every engine row keeps when it was read, inside the interpreter series the profile kept
+    series_start = profile.hardware.machine_interp_start_s
+    series_end = series_start + profile.hardware.machine_interp_window_s * max(
+        len(values) for _, values in profile.hardware.machine_interp_series_ms)
+    for row in (*profile.prefill, *profile.decode):
+        assert series_start <= row.start_s < row.end_s <= series_end, row
 
 
 def test_quick_profile_fits_are_sane(quick_profile):
@@ -103,6 +109,9 @@ def test_the_cluster_pass_measures_what_serving_adds_around_the_engines(quick_pr
     assert serving.host_cpu_s_per_token + serving.host_cpu_s_per_step / 16 > 1e-5
     assert serving.host_cpu_s_per_token < 0.005 and serving.host_cpu_s_per_step < 0.05
     assert "ms/step" in quick_profile[1]
+    # each batched run keeps when its settled window was (what `point_speed` sets against the series)
+    assert len(serving.served_batch_windows_s) == len(serving.served_batch_runs) > 0
+    assert all(0 < start_s < end_s for start_s, end_s in serving.served_batch_windows_s)
     # what serving adds to a decode step of 24 is milliseconds, not seconds
     assert serving.decode_step_s + 24 * serving.decode_cpu_s_per_token < 0.1 and serving.decode_cpu_s_per_token < 0.005
     assert serving.host_cores == len(os.sched_getaffinity(0))

@@ -48,9 +48,11 @@ class ScriptedProbe:
 
     def __init__(self, prefill: dict[int, list[float]], decode: dict[tuple[int, int], list[float]]) -> None:
         self.prefill, self.decode_times, self.calls = prefill, decode, []
+        self.last_span_s = (0.0, 0.0)
 
     async def prefill_s(self, prompt_tokens: int, repeats: int) -> float:
         self.calls.append(("prefill", prompt_tokens))
+        self.last_span_s = (float(len(self.calls)), len(self.calls) + 0.5)   # as decode's
         return self.prefill[prompt_tokens].pop(0)
 
     async def decode(self, batch: int, context: int, steps: int):
@@ -84,6 +86,7 @@ def test_the_job_measures_again_only_the_rows_off_the_fit_and_keeps_the_median()
 
     assert probe.calls == [("prefill", 1024)] * SECOND_LOOKS + [("decode", 2, 16)] * SECOND_LOOKS
     assert new_prefill[5].prefill_s == pytest.approx(slow_prompt * 1.01, abs=1e-7)
+    assert (new_prefill[5].start_s, new_prefill[5].end_s) == (1.0, 1.5)   # the first look again, the 1st call
     assert new_decode[2].step_s == pytest.approx(slow_step * 1.02, abs=1e-7)
     assert new_decode[2].context_tokens == decode[2].context_tokens
     # the row keeps when its kept time was read: the second look's second read, the 4th call

@@ -131,3 +131,21 @@ def test_the_bench_sets_two_profiles_of_one_vm_side_by_side_and_finds_the_elasti
     with pytest.raises(SystemExit, match="kept no interpreter series"):
         save_profile(base, tmp_path / "old.json")
         bench["report"]([tmp_path / "old.json"], [1.0], None)
+
+
+def test_engine_rows_keep_their_times_through_the_file_and_untimed_rows_are_written_as_before(tmp_path):
+    import json
+
+    base = build_example_profile()
+    timed = replace(base, prefill=(replace(base.prefill[0], start_s=12.5, end_s=13.0), *base.prefill[1:]),
+                    decode=(replace(base.decode[0], start_s=20.0, end_s=20.25), *base.decode[1:]))
+    save_profile(timed, tmp_path / "timed.json")
+    back = load_profile(tmp_path / "timed.json")
+    assert (back.prefill[0].start_s, back.prefill[0].end_s) == (12.5, 13.0)
+    assert (back.decode[0].start_s, back.decode[0].end_s) == (20.0, 20.25) and back.decode[0].timed
+    assert back == base   # the times are not part of a row's identity
+    rows = json.loads((tmp_path / "timed.json").read_text())
+    assert "start_s" not in rows["prefill"][1] and "end_s" not in rows["decode"][1]
+    from planner.profile import PrefillSample, ProfileError
+    with pytest.raises(ProfileError, match="0 <= start_s <= end_s"):
+        PrefillSample(64, 2048, 0.01, start_s=5.0, end_s=4.0)
