@@ -73,6 +73,7 @@ KEPT = (
     *(Kept(f"zen5-s65-refined-{k}", f"validate_zen5_s65/tiny/run{k}", "validate_zen5_s65/tiny_zen5.json", "shm")
       for k in (1, 2)),
     Kept("zen5-s65-bench", "validate_zen5_s65/bench", "validate_zen5_s65/bench_zen5.json", "shm"),
+    Kept("zen3-s66", "validate_zen3_s66/tiny", "validate_zen3_s66/tiny_zen3.json", "shm"),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 
