@@ -118,11 +118,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rates", help="comma-separated offered rates, req/s, for every shape and topology "
                                    "(default: from the first profile, per shape and topology)")
     p.add_argument("--refine", type=int, default=2, metavar="N",
-                   help="after the rates, up to N more: %g times the highest while every rate's attainment met "
-                        "90%% (the goodput lies past the grid), the lowest over %g while none did, else halving the "
-                        "bracket between the last rate that met 90%% and the first that missed, where the goodput is "
-                        "interpolated (a grid 30%% apart across a cliff in attainment leaves it anywhere in the "
-                        "bracket); 0: the rates alone (default 2)" % (GRID_STEP, GRID_STEP))
+                   help=f"after the rates, up to N more: {GRID_STEP:g} times the highest while every rate's "
+                        "attainment met 90%% (the goodput lies past the grid), the lowest over "
+                        f"{GRID_STEP:g} while none did, else halving the bracket between the last rate that met 90%% "
+                        "and the first that missed, where the goodput is interpolated (a grid 30%% apart across a "
+                        "cliff in attainment leaves it anywhere in the bracket); 0: the rates alone (default 2)")
     p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals per rate (default 60)")
     p.add_argument("--min-requests", type=int, default=40, help="at least this many requests per rate (default 40)")
     p.add_argument("--input-len", type=int, default=128, help="uniform shape: mean prompt tokens (default 128)")
@@ -163,6 +163,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
+    p.add_argument("--prompt-stretch", type=prompt_stretch_arg, default=(), metavar="BATCH:STRETCH,...",
+                   help="a what-if for the simulated side: a prefill step's stretch by the decode batch streaming "
+                        "as it starts, where larger than the host model's, e.g. 0:1.43,4:2.35,8:2.73,16:3.05 (what "
+                        "--step-trace's report prints as the prompt steps' median stretch by batch); default: the "
+                        "host model's alone")
     p.add_argument("--router-core-max-stolen", type=float, default=SimSettings.router_core_max_stolen,
                    help="a what-if for the simulated side: the largest share of a step on the router's core the "
                         "host's load may take (default %(default)s, the simulator's own; 0.5: a fair scheduler keeps "
@@ -199,6 +204,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.shape = args.shape or ["uniform"]
     args.topology = args.topology or [Topology.disaggregated(1, 1)]
     return args
+
+
+def prompt_stretch_arg(text: str) -> tuple[tuple[int, float], ...]:
+    """"0:1.43,4:2.35" -> ((0, 1.43), (4, 2.35)), checked as `SimSettings.prompt_stretch`."""
+    try:
+        rows = tuple((int(batch), float(stretch)) for batch, stretch in (item.split(":") for item in text.split(",")))
+        SimSettings(token_budget=1, max_num_seqs=1, num_kv_blocks=1, block_size=1, kv_bytes_per_token=1,
+                    prompt_stretch=rows)
+    except (ValueError, SimulationError) as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: BATCH:STRETCH pairs by rising batch ({error})") from error
+    return rows
 
 
 def topology_arg(text: str) -> Topology:
@@ -305,7 +321,8 @@ def what_if(args: argparse.Namespace) -> dict:
     """The simulator settings the command line changes from the simulator's own."""
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
                "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
-               "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread}
+               "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread,
+               "prompt_stretch": args.prompt_stretch}
     return ({name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
             | ({"at_run_speed": args.at_run_speed} if args.at_run_speed else {})
             | ({"speed_from_profile": True} if args.speed_from_profile else {})

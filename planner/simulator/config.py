@@ -246,7 +246,13 @@ class SimSettings:
     - `decode_speed`: each decode-side instance's speed window by window (`planner.simulator.speed.
       DecodeSpeed`: factors over the profile's, from time 0); None (the default): every step at the
       model's speed. What a validation replays of the machine's own speed as it moved (a what-if:
-      a planner does not know it ahead).
+      a planner does not know it ahead);
+    - `prompt_stretch`: a prefill instance's step stretch by the decode batch streaming as it
+      starts, ((batch, stretch), ...) by rising batch (`prompt_stretch_at`), taken where it is
+      larger than the host model's: what a loaded cluster's traced prompt steps took over the
+      model (the step report's `stretch_by_decode_batch`; on a Zen 3 EPYC 1.4x idle to 3x beside
+      16+ streams). () (the default): the host model's alone. A what-if: how much of a TTFT miss
+      that stretch explains; no profile measures it yet.
     """
 
     token_budget: int
@@ -267,6 +273,7 @@ class SimSettings:
     client_placement: str | None = None
     step_spread: str = "carried"
     decode_speed: DecodeSpeed | None = None
+    prompt_stretch: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -290,6 +297,11 @@ class SimSettings:
         if not 0 < self.router_core_max_stolen <= MAX_STOLEN:
             raise SimulationError(f"SimSettings.router_core_max_stolen must be in (0, {MAX_STOLEN}], "
                                   f"got {self.router_core_max_stolen!r}")
+        batches = [batch for batch, _ in self.prompt_stretch]
+        if (any(not isinstance(b, int) or b < 0 for b in batches) or batches != sorted(set(batches))
+                or any(not stretch > 0 for _, stretch in self.prompt_stretch)):
+            raise SimulationError(f"SimSettings.prompt_stretch must be (batch >= 0, stretch > 0) pairs by rising "
+                                  f"batch, got {self.prompt_stretch!r}")
         if self.decode_pick not in ("handoff", "arrival"):
             raise SimulationError(f"SimSettings.decode_pick must be 'handoff' or 'arrival', got {self.decode_pick!r}")
 
@@ -322,6 +334,11 @@ class SimSettings:
             return self
         return replace(self, token_budget=budget, num_kv_blocks=self.num_kv_blocks * width,
                        router=replace(self.router, cost=None))
+
+    def prompt_stretch_at(self, decode_batch: int) -> float:
+        """`prompt_stretch`'s stretch at `decode_batch` streaming: the row of the largest batch not
+        above it (1.0 below the first row, or with none)."""
+        return next((stretch for batch, stretch in reversed(self.prompt_stretch) if batch <= decode_batch), 1.0)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -198,6 +198,9 @@ class _Cluster:
         for instance in self._dirty.values():
             prefill = isinstance(instance, PrefillInstance)
             stretch = self._host_stretch(now, prefill)
+            if prefill and self.settings.prompt_stretch:   # a what-if: the stretch traced beside the streams
+                streaming = sum(d.step_tokens for d in self.decode if id(d) in self._stepping)
+                stretch = max(stretch, self.settings.prompt_stretch_at(streaming))
             if not prefill and self.settings.decode_speed is not None:   # the machine's speed as it moved
                 stretch *= self.settings.decode_speed.factor(instance.index, now)
             beside_another = len(self._stepping) - (id(instance) in self._stepping) > 0

@@ -1,0 +1,52 @@
+"""The prompt step's stretch by the decode batch streaming beside it (`SimSettings.prompt_stretch`,
+a what-if), on a hand schedule of the round model."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.simulator import SimulationError, Topology, simulate
+from planner_testkit import ROUND_MODEL, round_settings, spec
+
+PROMPT_S = 0.1 + 0.001 * 50 + 1e-6 * 50 * 50   # a 50-token prompt: 0.1525 s
+# the first request's pull (5 blocks of 1,000 bytes: 0.055 s) ends at 0.2075; it then decodes 19
+# more tokens in steps of 20.1-21.9 ms, past 0.6 s: the second request's prompt, at 0.3 s, starts
+# beside a batch of one
+
+
+def first_tokens(**overrides) -> list[float]:
+    result = simulate([spec(0.0, 50, 20), spec(0.3, 50, 2)], Topology.disaggregated(1, 1),
+                      round_settings(**overrides), ROUND_MODEL)
+    return [float(t) for t in result.timeline["first_token_s"]]
+
+
+def test_a_prompt_beside_a_streaming_batch_takes_that_batchs_stretch():
+    assert first_tokens() == pytest.approx([PROMPT_S, 0.3 + PROMPT_S])
+    # idle decode: 1x; one stream or more: 2x. Only the second prompt starts beside a stream
+    assert first_tokens(prompt_stretch=((0, 1.0), (1, 2.0))) == pytest.approx([PROMPT_S, 0.3 + 2 * PROMPT_S])
+    # a row for the idle decode worker stretches the first prompt too; a row past the batch is not reached
+    assert first_tokens(prompt_stretch=((0, 1.5), (8, 3.0))) == pytest.approx([1.5 * PROMPT_S, 0.3 + 1.5 * PROMPT_S])
+    # below the host model's stretch (1 here, no host modelled) the table changes nothing
+    assert first_tokens(prompt_stretch=((0, 0.5),)) == pytest.approx(first_tokens())
+
+
+def test_the_table_is_read_at_the_largest_batch_not_above_and_checked():
+    settings = round_settings(prompt_stretch=((0, 1.4), (4, 2.3), (16, 3.0)))
+    assert [settings.prompt_stretch_at(b) for b in (0, 3, 4, 15, 16, 200)] == [1.4, 1.4, 2.3, 2.3, 3.0, 3.0]
+    assert round_settings(prompt_stretch=((2, 2.0),)).prompt_stretch_at(1) == 1.0
+    for bad in (((4, 2.0), (0, 1.0)), ((0, 1.0), (0, 2.0)), ((-1, 1.0),), ((0, 0.0),)):
+        with pytest.raises(SimulationError, match="prompt_stretch"):
+            round_settings(prompt_stretch=bad)
+
+
+def test_the_validation_takes_the_table_from_its_command_line_and_says_so_in_its_help():
+    from bench_scripts import bench_functions, bench_help
+
+    text = " ".join(bench_help("validate_planner.py").split())
+    assert "--prompt-stretch BATCH:STRETCH" in text and "--refine N" in text and "90% (the goodput lies past" in text
+    parse = bench_functions("validate_planner.py")["prompt_stretch_arg"]
+    assert parse("0:1.43,4:2.35") == ((0, 1.43), (4, 2.35))
+    import argparse
+    for bad in ("4:2,0:1", "0-1.4", "a:1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="BATCH:STRETCH"):
+            parse(bad)
