@@ -212,43 +212,36 @@ def interpolated_extra_s(table: Sequence[tuple[float, float]], batch: float) -> 
     return max(0.0, s1 + (s1 - s0) * (batch - b1) / (b1 - b0))
 
 
+def _number_rows(value: Any, width: int, what: str, valid, why: str = "") -> tuple[tuple[float, ...], ...]:
+    """`value` as rows of `width` finite numbers, each row `valid(row)`; a ProfileError naming
+    `what` (and `why`, what `valid` asks) otherwise."""
+    require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
+    rows = []
+    for row in value:
+        require(isinstance(row, (list, tuple)) and len(row) == width
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row)
+                and valid(row), f"{what}{f' ({why})' if why else ''}, got the row {row!r}")
+        rows.append(tuple(float(v) for v in row))
+    return tuple(rows)
+
+
 def _extra_table(value: Any) -> tuple[tuple[float, float], ...]:
     what = "serving.served_step_extra_s must be a list of [batch, seconds] in ascending batch"
-    require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
-    points = []
-    for row in value:
-        require(isinstance(row, (list, tuple)) and len(row) == 2
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row)
-                and row[0] >= 1 and row[1] >= 0, f"{what} (a batch of at least 1, seconds >= 0), got the row {row!r}")
-        points.append((float(row[0]), float(row[1])))
+    points = _number_rows(value, 2, what, lambda row: row[0] >= 1 and row[1] >= 0,
+                          "a batch of at least 1, seconds >= 0")
     require(all(a[0] < b[0] for a, b in zip(points, points[1:])), f"{what} (each batch once), got {value!r}")
-    return tuple(points)
+    return points
 
 
 def _windows(value: Any) -> tuple[tuple[float, float], ...]:
-    what = "serving.served_batch_windows_s must be a list of [start s, end s] with 0 <= start <= end"
-    require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
-    windows = []
-    for row in value:
-        require(isinstance(row, (list, tuple)) and len(row) == 2
-                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row)
-                 and 0 <= row[0] <= row[1], f"{what}, got the row {row!r}")
-        windows.append((float(row[0]), float(row[1])))
-    return tuple(windows)
+    return _number_rows(value, 2, "serving.served_batch_windows_s must be a list of [start s, end s] with "
+                                  "0 <= start <= end", lambda row: 0 <= row[0] <= row[1])
 
 
 def _batch_runs(value: Any) -> tuple[tuple[float, float, float, float], ...]:
-    what = "serving.served_batch_runs must be a list of [batch, served step s, context tokens, tokens per s]"
-    require(isinstance(value, (list, tuple)), f"{what}, got {value!r}")
-    runs = []
-    for row in value:
-        require(isinstance(row, (list, tuple)) and len(row) == 4
-                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in row),
-                 f"{what}, got the row {row!r}")
-        require(row[0] >= 1 and row[1] > 0 and row[2] >= 0 and row[3] >= 0,
-                 f"{what} (a batch of at least 1, a step above 0), got the row {row!r}")
-        runs.append(tuple(float(v) for v in row))
-    return tuple(runs)
+    return _number_rows(value, 4, "serving.served_batch_runs must be a list of [batch, served step s, context "
+                                  "tokens, tokens per s]", lambda row: row[0] >= 1 and row[1] > 0 and row[2] >= 0
+                        and row[3] >= 0, "a batch of at least 1, a step above 0")
 
 
 def _spread(name: str, value: Any) -> tuple[float, ...]:

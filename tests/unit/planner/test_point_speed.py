@@ -149,3 +149,17 @@ def test_engine_rows_keep_their_times_through_the_file_and_untimed_rows_are_writ
     from planner.profile import PrefillSample, ProfileError
     with pytest.raises(ProfileError, match="0 <= start_s <= end_s"):
         PrefillSample(64, 2048, 0.01, start_s=5.0, end_s=4.0)
+
+
+def test_a_profile_keeps_one_window_per_batched_run_or_none():
+    from planner.profile import ProfileError
+
+    run = (1.0, 0.01, 100.0, 90.0)
+    assert ServingCosts(served_batch_runs=(run,), served_batch_windows_s=([2, 3],)).served_batch_windows_s == ((2.0, 3.0),)
+    assert ServingCosts(served_batch_runs=(run,)).served_batch_windows_s == ()
+    with pytest.raises(ProfileError, match="2 windows for 1 served_batch_runs"):
+        ServingCosts(served_batch_runs=(run,), served_batch_windows_s=((1, 2), (3, 4)))
+    with pytest.raises(ProfileError, match="0 <= start <= end"):
+        ServingCosts(served_batch_runs=(run,), served_batch_windows_s=((3, 2),))
+    with pytest.raises(ProfileError, match="a step above 0"):
+        ServingCosts(served_batch_runs=((1.0, 0.0, 100.0, 90.0),))
