@@ -8,7 +8,7 @@ A profile taken through a cluster keeps the batched runs its served step was fit
 (`serving.served_batch_runs`, since 9571884). This writes a copy of it whose serving costs (and
 vLLM's server's, where the profile has them) hold the served step's extra over the engine's at
 each batch measured (`serving.served_step_extra_s`, which the simulator interpolates instead of
-the fitted line; `planner.profiler.stream_fit.with_served_table`), and prints what each form
+the fitted line; `planner.profiler.served_refit.with_served_table`), and prints what each form
 charges for the runs against the step measured. A profile that kept no runs is refused: it has
 nothing to refit. Resimulate a validation with both to compare them:
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile, save_profile
-from planner.profiler.stream_fit import with_served_table
+from planner.profiler.served_refit import with_served_table
 from planner.profiler.summary import served_step_line
 
 

@@ -81,7 +81,7 @@ class ServingCosts:
     - `corun_decode_stretch`: of a decode step beside an engine computing prompts.
     Kept as measured (the median over rounds); the simulator takes a ratio below 1 as 1 (noise).
     What the served step was fitted on, kept so that another form can be fitted later without
-    measuring again (`stream_fit.kept_batch_runs`; () in a profile measured before it was kept):
+    measuring again (`served_refit.kept_batch_runs`; () in a profile measured before it was kept):
     - `served_batch_runs`: each batched run as (batch, served step s, context tokens, tokens the
       client received per s), in run order;
     - `served_batch_windows_s`: when each of those runs' steps was read, (start s, end s) on the
@@ -89,7 +89,7 @@ class ServingCosts:
       run can be set against the machine's speed then (`planner.profiler.point_speed`).
     Where the host model put the client's CPU when the served step was netted of the host's stretch
     (`stream_fit.fit_served_steps`), and so where the simulator puts it by default (the two must
-    agree, or the same CPU is counted twice or not at all; `stream_fit.renetted` fits a profile's
+    agree, or the same CPU is counted twice or not at all; `served_refit.renetted` fits a profile's
     kept runs again for another):
     - `client_placement`: `planner.simulator.host.CLIENT_PLACEMENTS`; "router-room" in a profile
       measured before it was kept (what it was netted with), "wake" since.

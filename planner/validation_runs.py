@@ -23,7 +23,7 @@ from loadgen.workload import RequestSpec
 from planner.evaluate import make_attainment_fn
 from planner.perf_model import PerfModel, fit_perf_model
 from planner.profile import HardwareInfo, Profile, load_profile
-from planner.profiler.stream_fit import renetted
+from planner.profiler.served_refit import renetted
 from planner import router_config
 from planner.router_config import router_files, write_router_config
 from planner.rate_search import SearchSettings, max_rate
@@ -234,7 +234,7 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
 
 def with_client_placement(profile: Profile, placement: str | None) -> tuple[Profile, str]:
     """`profile` with its served step netted again with the client placed as `placement` says
-    (`stream_fit.renetted`) where that differs from the profile's (`ServingCosts.client_placement`),
+    (`served_refit.renetted`) where that differs from the profile's (`ServingCosts.client_placement`),
     and ""; where it cannot be (no batched runs kept), `profile` as it is and why."""
     if placement is None or placement == profile.serving.client_placement:
         return profile, ""

@@ -21,8 +21,9 @@ from planner.profiler.serving_fit import ServingPlan
 from planner.profiler.spread import spread_of
 from planner.profiler.stream_fit import (BATCH_OUTPUT_TOKENS, BATCH_PROMPT_TOKENS, SECOND_LOOK_SPREAD, BatchRun,
                                          NoCommonWindow, ServedSteps, StreamWindow, batch_output_attempts, batch_run_of,
-                                         batches_to_measure_again, fit_served_steps, kept_row, kept_window,
-                                         median_runs, served_extra_by_batch, served_residuals_s, stream_cpu_terms)
+                                         batches_to_measure_again, fit_served_steps, median_runs,
+                                         served_extra_by_batch, served_residuals_s, stream_cpu_terms)
+from planner.profiler.served_refit import kept_row, kept_window
 from planner.serving_costs import ServingCosts
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from planner.perf_model import fit_perf_model
 from planner.profile import DecodeSample, HardwareInfo, Profile
+from planner.profiler.served_refit import refitted
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,6 @@ def profile_at_mean_speed(profile: Profile, elasticity: float, served_elasticity
     and table) fitted again from the moved runs against the moved engine table. `elasticity`: the
     engine rows'; `served_elasticity` (None: the same): the batched runs'. The profile unchanged
     where it kept no series."""
-    from planner.profiler.stream_fit import refitted
-
     series = SpeedSeries.of(profile.hardware)
     if series is None:
         return profile

@@ -13,7 +13,8 @@ from loadgen.host_probe import series_spread
 from planner.perf_model import FitReport, PerfModel
 from planner.profile import DecodeSample, Profile
 from planner.profiler.spread import spread_summary
-from planner.profiler.stream_fit import kept_batch_runs, served_step_error
+from planner.profiler.served_refit import kept_batch_runs
+from planner.profiler.stream_fit import served_step_error
 from planner.serving_costs import ServingCosts
 
 

@@ -225,7 +225,7 @@ class SimSettings:
       router's cores while they idle, else either core alike: `planner.simulator.host.wake_share_on_router`);
       None (the default): the profile's, `ServingCosts.client_placement`, which its served step was
       netted with (another counts the client's CPU twice or not at all unless the served step is
-      netted again for it: `planner.profiler.stream_fit.renetted`);
+      netted again for it: `planner.profiler.served_refit.renetted`);
     - `hops`: what a prefilled request's two hops (`ServingCosts.first_token_s`, `handoff_s`) take
       under load: "stretched", the stretch of a prefill step starting as its prompt finishes (the
       router's cores' share taken, `planner.simulator.host`); or "queued", the profile's latencies

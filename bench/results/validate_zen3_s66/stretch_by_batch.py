@@ -3,7 +3,7 @@ read from a validation's step traces (`planner.validation_steps.prompt_stretch_b
 which the step report prints from this session on; this run predates it). The traces are not
 kept (logs/ is left out of bench/results); the output is, beside this file.
 
-    python bench/results/validate_zen3_s66/stretch_by_batch.py /tmp/s66/val_tiny /tmp/s66/tiny_zen3.json
+    python bench/results/validate_zen3_s66/stretch_by_batch.py <validation out-dir, with its logs/> <its profile>
 """
 import json
 import sys

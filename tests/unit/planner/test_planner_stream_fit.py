@@ -231,7 +231,7 @@ def test_a_batched_run_is_retried_with_longer_outputs_within_the_context():
 def test_the_runs_a_profile_keeps_refit_to_the_terms_fitted_when_measured(tmp_path):
     from planner.profile import ProfileError, load_profile, save_profile
     from planner.profiles.example import build_example_profile
-    from planner.profiler.stream_fit import kept_batch_runs, kept_row
+    from planner.profiler.served_refit import kept_batch_runs, kept_row
 
     stream = StreamCpu(host_per_step_s=0.0004, host_per_token_s=0.0001, router_per_step_s=0.0002, router_per_token_s=5e-5)
     host = ServingCosts(host_cores=2)
@@ -291,7 +291,7 @@ def test_a_table_by_batch_charges_a_convex_extra_where_a_line_through_it_misses(
 
 
 def test_a_profile_measured_with_a_line_is_refitted_to_a_table_and_nothing_else_changes():
-    from planner.profiler.stream_fit import kept_row, with_served_table
+    from planner.profiler.served_refit import kept_row, with_served_table
 
     host = ServingCosts(host_cores=0)
     runs, extra = convex_runs(host)
@@ -312,7 +312,7 @@ def test_a_served_step_netted_for_the_woken_client_loses_the_clients_share_of_th
     that placement the fit takes the stretch out; with "router-room" (all of it on the prefill core)
     it reads that share as serving cost. `renetted` fits a profile's kept runs again for another
     placement and keeps which; without kept runs it cannot."""
-    from planner.profiler.stream_fit import renetted
+    from planner.profiler.served_refit import renetted
     from planner.simulator.host import wake_share_on_router
 
     stream = StreamCpu(host_per_token_s=0.0005, router_per_token_s=0.0002)   # at 1000 tokens/s: router 0.2, client 0.3

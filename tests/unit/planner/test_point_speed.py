@@ -11,7 +11,8 @@ from planner.perf_model import fit_perf_model
 from planner.profile import DecodeSample, load_profile, save_profile
 from planner.profiler.point_speed import (SpeedSeries, at_mean_speed, profile_at_mean_speed, rows_at_mean_speed,
                                           runs_at_mean_speed)
-from planner.profiler.stream_fit import BatchRun, engine_step_s, kept_row, kept_window, refitted
+from planner.profiler.served_refit import kept_row, kept_window, refitted
+from planner.profiler.stream_fit import BatchRun, engine_step_s
 from planner.profiles.example import build_example_profile
 from planner.serving_costs import ServingCosts
 

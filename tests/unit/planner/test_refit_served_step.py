@@ -9,7 +9,8 @@ from bench_scripts import bench_functions, bench_help
 
 from planner.perf_model import fit_perf_model
 from planner.profile import load_profile, save_profile
-from planner.profiler.stream_fit import BatchRun, engine_step_s, kept_row, served_step_error
+from planner.profiler.served_refit import kept_row
+from planner.profiler.stream_fit import BatchRun, engine_step_s, served_step_error
 from planner.profiles.example import build_example_profile
 from planner.serving_costs import ServingCosts
 
