@@ -8,7 +8,7 @@ A shared VM runs Python 1.3-1.8x slower for seconds at a time, and each of a pro
 rows and batched runs lands in whichever second it ran in. A profile taken since the rows kept
 their times (`DecodeSample.start_s`, `ServingCosts.served_batch_windows_s`, beside
 `HardwareInfo.machine_interp_series_ms`) can move each to its mean speed
-(`planner.profiler.point_speed`: step / (1 + e * (ratio - 1)), e the elasticity). For each
+(`planner.profiler.point_speed`: step / ratio ** e, e the elasticity, in logs). For each
 elasticity this prints and writes (out/agreement.{json,md,png}):
 
 - each profile's decode fit error (MAPE) with its rows moved, and its served step (the line, and

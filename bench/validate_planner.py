@@ -78,7 +78,7 @@ from loadgen.proc_cpu import core_busy_s
 from pdserve.engine_step_trace import STEP_TRACE_ENV
 from planner.profile import Profile, load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
-from planner.simulator.config import HOP_MODELS, SERVED_STEP_FORMS, STEP_SPREADS
+from planner.simulator.config import HOP_MODELS, PROMPT_LOSS_SOURCES, SERVED_STEP_FORMS, STEP_SPREADS
 from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
 from planner.validation import (error_table, handoff_table, phase_table, verdict, verdict_table, write_summary)
 from planner.validation_cpu import check_line, core_line, core_loads, traffic_of, unbound_cpu_check
@@ -163,11 +163,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--served-step", default=SimSettings.served_step, choices=SERVED_STEP_FORMS,
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
-    p.add_argument("--prompt-stretch", type=prompt_stretch_arg, default=(), metavar="BATCH:STRETCH,...",
+    p.add_argument("--prompt-stretch", type=prompt_stretch_arg, default=(), metavar="BATCH:STRETCH[+LOST_MS],...",
                    help="a what-if for the simulated side: a prefill step's stretch by the decode batch streaming "
-                        "as it starts, where larger than the host model's, e.g. 0:1.43,4:2.35,8:2.73,16:3.05 (what "
-                        "--step-trace's report prints as the prompt steps' median stretch by batch); default: the "
-                        "host model's alone")
+                        "as it starts, and the ms it loses whatever its length (a step of t ms takes LOST_MS + "
+                        "STRETCH x t), where longer than the host model's, e.g. 0:1.43,4:2.35,8:2.73,16:3.05 or "
+                        "0:1.3,8:1.9+12 (what --step-trace's report prints as the prompt steps' median stretch, "
+                        "or lost ms and slope, by batch); default: the host model's alone")
+    p.add_argument("--prompt-loss", default=SimSettings.prompt_loss, choices=PROMPT_LOSS_SOURCES,
+                   help="a what-if for the simulated side: a prefill step beside decode streams takes the profile's "
+                        "measured loss over idle (profile, the simulator's own, where the profile measured it) or the "
+                        "host model's stretch alone (none, the simulator before)")
     p.add_argument("--router-core-max-stolen", type=float, default=SimSettings.router_core_max_stolen,
                    help="a what-if for the simulated side: the largest share of a step on the router's core the "
                         "host's load may take (default %(default)s, the simulator's own; 0.5: a fair scheduler keeps "
@@ -206,14 +211,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def prompt_stretch_arg(text: str) -> tuple[tuple[int, float], ...]:
-    """"0:1.43,4:2.35" -> ((0, 1.43), (4, 2.35)), checked as `SimSettings.prompt_stretch`."""
+def prompt_stretch_arg(text: str) -> tuple[tuple[int, float, float], ...]:
+    """"0:1.43,4:2.1+6" -> ((0, 1.43, 0.0), (4, 2.1, 0.006)), checked as `SimSettings.prompt_stretch`."""
+    def row(item: str) -> tuple[int, float, float]:
+        batch, loss = item.split(":")
+        stretch, _, lost_ms = loss.partition("+")
+        return int(batch), float(stretch), float(lost_ms or 0) / 1e3
     try:
-        rows = tuple((int(batch), float(stretch)) for batch, stretch in (item.split(":") for item in text.split(",")))
+        rows = tuple(row(item) for item in text.split(","))
         SimSettings(token_budget=1, max_num_seqs=1, num_kv_blocks=1, block_size=1, kv_bytes_per_token=1,
                     prompt_stretch=rows)
     except (ValueError, SimulationError) as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: BATCH:STRETCH pairs by rising batch ({error})") from error
+        raise argparse.ArgumentTypeError(f"{text!r}: BATCH:STRETCH[+LOST_MS] rows by rising batch ({error})") from error
     return rows
 
 
@@ -271,8 +280,9 @@ def validate(args: argparse.Namespace, runs, out_root: Path, source: Path | None
         rates_by_run[(shape, setup.topology.label)] = [run.rate_rps for run in shape_runs]
         compared[(shape, setup.topology.label)] = comparisons
         verdicts += [verdict(comparisons, shape, setup.topology.label, path.stem) for path in args.profile]
-    if len(rates_by_run) > 1:
+    if verdicts:
         console.print(verdict_table(verdicts, rates_by_run))
+    if len(rates_by_run) > 1:
         console.print(f"wrote {', '.join(str(path) for path in write_summary(out_root, verdicts, rates_by_run))}")
     return compared
 
@@ -322,7 +332,7 @@ def what_if(args: argparse.Namespace) -> dict:
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
                "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
                "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread,
-               "prompt_stretch": args.prompt_stretch}
+               "prompt_stretch": args.prompt_stretch, "prompt_loss": args.prompt_loss}
     return ({name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
             | ({"at_run_speed": args.at_run_speed} if args.at_run_speed else {})
             | ({"speed_from_profile": True} if args.speed_from_profile else {})

@@ -87,6 +87,12 @@ class ServingCosts:
     - `served_batch_windows_s`: when each of those runs' steps was read, (start s, end s) on the
       clock of `HardwareInfo.machine_interp_start_s`, in the same order (() where not kept), so a
       run can be set against the machine's speed then (`planner.profiler.point_speed`).
+    A prompt step beside decode streams (`planner.profiler.prompt_loss_probe`):
+    - `prompt_loss_by_batch`: (decode batch, stretch, lost s) by rising batch: lone prompts of a
+      few lengths beside that many streams took lost s + stretch x their engine step more than
+      the same prompts with the decode worker idle (`prompt_loss_fit.loss_over_idle`), which the
+      simulator charges a prefill step starting beside that batch or more (`SimSettings.
+      prompt_loss_at`); () in a profile measured before it was.
     Where the host model put the client's CPU when the served step was netted of the host's stretch
     (`stream_fit.fit_served_steps`), and so where the simulator puts it by default (the two must
     agree, or the same CPU is counted twice or not at all; `served_refit.renetted` fits a profile's
@@ -121,6 +127,7 @@ class ServingCosts:
     served_batch_windows_s: tuple[tuple[float, float], ...] = ()
     served_step_extra_s: tuple[tuple[float, float], ...] = ()
     client_placement: str = "router-room"
+    prompt_loss_by_batch: tuple[tuple[float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -133,6 +140,9 @@ class ServingCosts:
                 continue
             if f.name == "served_batch_windows_s":
                 object.__setattr__(self, f.name, _windows(value))
+                continue
+            if f.name == "prompt_loss_by_batch":
+                object.__setattr__(self, f.name, _loss_rows(value))
                 continue
             if f.name == "client_placement":
                 require(value in CLIENT_PLACEMENTS, f"serving.client_placement must be one of {CLIENT_PLACEMENTS}, "
@@ -231,6 +241,14 @@ def _extra_table(value: Any) -> tuple[tuple[float, float], ...]:
                           "a batch of at least 1, seconds >= 0")
     require(all(a[0] < b[0] for a, b in zip(points, points[1:])), f"{what} (each batch once), got {value!r}")
     return points
+
+
+def _loss_rows(value: Any) -> tuple[tuple[float, float, float], ...]:
+    what = "serving.prompt_loss_by_batch must be a list of [decode batch, stretch, lost s] in ascending batch"
+    rows = _number_rows(value, 3, what, lambda row: row[0] >= 1 and row[0] == int(row[0]) and row[1] >= 1 and row[2] >= 0,
+                        "a whole batch of at least 1, a stretch of at least 1, seconds >= 0")
+    require(all(a[0] < b[0] for a, b in zip(rows, rows[1:])), f"{what} (each batch once), got {value!r}")
+    return rows
 
 
 def _windows(value: Any) -> tuple[tuple[float, float], ...]:

@@ -86,5 +86,7 @@ def step_report(cluster, trace_dir: Path, result, profile: Profile, console: Con
                 traced[worker_id], traced[decode_ids[0]], *window, model.prefill_step_s)):
             summary["stretch_by_decode_batch"] = by_batch   # against the first decode worker's batch
             console.print(f"  its prompt steps' median stretch by the batch {decode_ids[0]} was decoding: " + ", ".join(
-                f"{label}: {row['median_stretch']:.2f} ({row['steps']})" for label, row in by_batch.items()))
+                f"{label}: {row['median_stretch']:.2f} ({row['steps']}"
+                + (f"; {row['lost_ms']:+.1f} ms + {row['slope']:.2f}x" if "lost_ms" in row else "") + ")"
+                for label, row in by_batch.items()))
     return report

@@ -245,20 +245,53 @@ def prompt_stretch_by_decode_batch(prefill: Sequence[TracedStep], decode: Sequen
     streaming when each began (the decode engine's step running then, or the last one that ended
     within 0.2 s; 0 where none: the decode worker idle), per `BATCH_BUCKETS` bucket ("0" first)
     with at least `min_steps`: how many and their median stretch (measured over
-    `model_prompt_step_s`, as `prefill_worker_summary` reads it). Where the tokens the decodes
-    stream share the prefill core with the router, the stretch grows with that batch."""
+    `model_prompt_step_s`, as `prefill_worker_summary` reads it), and where their lengths span
+    enough (`step_loss_fit`) the time a step lost whatever its length (`lost_ms`) and the `slope`
+    of the rest. Where the tokens the decodes stream share the prefill core with the router, the
+    stretch grows with that batch."""
     ordered, starts = in_start_order(decode)
-    buckets: dict[str, list[float]] = {}
+    buckets: dict[str, list[tuple[float, float]]] = {}   # (model, measured) seconds
     for i in prompt_steps(prefill, start_s, end_s):
         step = prefill[i]
         k = int(np.searchsorted(starts, step.start_s, side="right")) - 1
         batch = ordered[k].decoding if k >= 0 and step.start_s - ordered[k].end_s < 0.2 else 0
         label = "0" if batch == 0 else next(bucket_label(low, high) for low, high in BATCH_BUCKETS if low <= batch <= high)
         model = model_prompt_step_s(step.tokens, step.joined * (step.tokens / step.joined) ** 2)
-        buckets.setdefault(label, []).append(step.duration_s / model)
+        buckets.setdefault(label, []).append((model, step.duration_s))
     order = ["0", *(bucket_label(low, high) for low, high in BATCH_BUCKETS)]
-    return {label: {"steps": len(buckets[label]), "median_stretch": round(float(np.median(buckets[label])), 4)}
-            for label in order if len(buckets.get(label, ())) >= min_steps}
+    rows = {}
+    for label in order:
+        pairs = np.array(buckets.get(label, ()), dtype=float).reshape(-1, 2)
+        if len(pairs) < min_steps:
+            continue
+        row = {"steps": len(pairs), "median_stretch": round(float(np.median(pairs[:, 1] / pairs[:, 0])), 4)}
+        if (fit := step_loss_fit(pairs[:, 0], pairs[:, 1])) is not None:
+            row["lost_ms"], row["slope"] = round(fit[0] * 1e3, 4), round(fit[1], 4)
+        rows[label] = row
+    return rows
+
+
+MIN_LOSS_FIT_SPAN = 2.0   # the longest model step a loss fit reads over its shortest
+
+
+def step_loss_fit(model_s: np.ndarray, measured_s: np.ndarray,
+                  min_span: float = MIN_LOSS_FIT_SPAN) -> tuple[float, float] | None:
+    """measured = lost_s + slope x model, by least absolute deviations (a few steps a GC pause or a
+    burst of the router's doubled must not set the line): what a step loses whatever its length
+    (a wake-up the engine waits through) apart from what grows with it (a share of its core
+    taken). None where the model steps span less than `min_span` (longest over shortest), or
+    fewer than 3: a ratio alone is all such steps can say."""
+    model_s, measured_s = np.asarray(model_s, dtype=float), np.asarray(measured_s, dtype=float)
+    if len(model_s) < 3 or not model_s.min() > 0 or model_s.max() / model_s.min() < min_span:
+        return None
+    design = np.column_stack([np.ones_like(model_s), model_s])
+    weights = np.ones_like(model_s)
+    coef = np.zeros(2)
+    for _ in range(50):   # iteratively reweighted least squares toward the L1 line
+        coef, *_ = np.linalg.lstsq(design * weights[:, None], measured_s * weights, rcond=None)
+        residual = np.abs(measured_s - design @ coef)
+        weights = 1.0 / np.sqrt(np.maximum(residual, 1e-6 * float(np.median(measured_s))))
+    return float(coef[0]), float(coef[1])
 
 
 MIN_CORUN_STEPS = 20  # steps on each side of a batch bucket before `corun_by_batch` sets them side by side

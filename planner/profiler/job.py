@@ -107,7 +107,7 @@ def run_profile(job: ProfileJob, console: Console) -> ProfileOutcome:
 
         corun = corun_plan(engine.max_model_len, engine.max_num_seqs, engine.kv_cache_bytes // model.kv_bytes_per_token,
                            job.quick)
-        serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).steps + corun.steps
+        serving_steps = serving_plan(engine.max_model_len, engine.max_num_seqs, job.quick).cluster_steps + corun.steps
     wide_engine = wide_engine_settings(engine, job)
     wide_steps = (1 + plan.num_points) if wide_engine is not None else 0
     if wide_engine is not None and job.vllm_server:

@@ -12,12 +12,15 @@ interpreter second by second (`HardwareInfo.machine_interp_series_ms`) and when 
 and each batched run was read (`DecodeSample.start_s`, `ServingCosts.served_batch_windows_s`);
 here a point read where the machine ran at `ratio` times its mean is moved to the mean:
 
-    step at the mean = step / (1 + elasticity * (ratio - 1))
+    step at the mean = step / ratio ** elasticity
+
+(in logs, as `planner.simulator.speed.DecodeSpeed.with_elasticity` and validate_planner's
+--speed-elasticity take it: 0.5, a 1.44x slower loop, a 1.2x longer step).
 
 `ratio` is the mean over every core of the windows the point overlaps (each weighted by the
 overlap) over the mean of every window of every core: the engine's core and its front end's both
 run the step's Python. Prefill rows are left as measured (a prompt is the matmuls the compute
-check times, which held within 1.00-1.03x where the loop swung) and keep no times.
+check times, which held within 1.00-1.03x where the loop swung), though they keep their times too.
 
 Pure: plain values and profiles in, the same out.
 """
@@ -86,10 +89,10 @@ class SpeedSeries:
 
 def at_mean_speed(step_s: float, ratio: float, elasticity: float) -> float:
     """A step read where the machine ran at `ratio` times its mean, moved to the mean: the step
-    follows the machine at `elasticity` of its swing (0: not at all; 1: one for one)."""
+    follows the machine at `elasticity` of its swing in logs (0: not at all; 1: one for one)."""
     if ratio <= 0 or elasticity < 0:
         raise ValueError(f"need ratio > 0 and elasticity >= 0, got {ratio}, {elasticity}")
-    return step_s / max(0.1, 1 + elasticity * (ratio - 1))
+    return step_s / ratio ** elasticity
 
 
 def rows_at_mean_speed(rows: Sequence[DecodeSample], series: SpeedSeries,

@@ -22,6 +22,9 @@ SHORT_OUTPUT, LONG_OUTPUT = 2, 32
 # decode batch sizes the served steps are fitted on, each run BATCH_REPEATS times (one run is noisy);
 # batch sizes and prompts the engine table measures too (`planner.profiler.plan`)
 BATCHES, QUICK_BATCHES, BATCH_REPEATS = (1, 4, 8, 16, 32, 64), QUICK_ENGINE_BATCHES, 2
+# streams decoding beside the prompt-loss probes (`prompt_loss_probe`): one row each, the lower
+# ends of the "2-3", "8-15" and "32-63" buckets of `planner.validation_steps.BATCH_BUCKETS`
+PROMPT_LOSS_BATCHES = (2, 8, 32)
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,24 @@ class ServingPlan:
     decode_batches: tuple[int, ...]  # batch sizes of the served-step runs, in run order (repeats included)
     max_output_tokens: int = 4 * BATCH_OUTPUT_TOKENS  # the longest output a batched run may ask (the context)
     long_prompt_tokens: int = 0      # the long-prompt CPU run's prompts (0: no such run, nor its reference)
+    prompt_loss_batches: tuple[int, ...] = ()   # streams beside the prompt-loss probes (0 first: idle)
+    prompt_loss_repeats: int = 0                # of each probe length at each of those
 
     @property
     def steps(self) -> int:
-        """Progress steps `measure_serving` reports."""
+        """Progress steps of the lone requests, the CPU runs and the batched runs (what
+        `measure_serving` and `vllm_server_probe` both report)."""
         return 3 + 2 * bool(self.long_prompt_tokens) + len(self.prompt_tokens) + len(self.decode_batches)
+
+    @property
+    def cluster_steps(self) -> int:
+        """`measure_serving`'s: `steps` and the prompt-loss probes'."""
+        return self.steps + len(self.prompt_loss_batches)
+
+    @property
+    def prompt_loss_lengths(self) -> tuple[int, ...]:
+        """The prompt-loss probes' lengths: the lone requests' and the long one, ascending."""
+        return tuple(sorted({*self.prompt_tokens, *((self.long_prompt_tokens,) if self.long_prompt_tokens else ())}))
 
 
 def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool,
@@ -49,7 +65,9 @@ def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool,
     load_prompt = min(128, max_model_len // 4)
     return ServingPlan(prompts, 3 if quick else 6, load_prompt, 24 if quick else 60, batches,
                        max_output_tokens=max_model_len - BATCH_PROMPT_TOKENS,
-                       long_prompt_tokens=long_prompt_tokens(load_prompt, max_model_len))
+                       long_prompt_tokens=long_prompt_tokens(load_prompt, max_model_len),
+                       prompt_loss_batches=(0, *(b for b in PROMPT_LOSS_BATCHES if b < max_num_seqs)),
+                       prompt_loss_repeats=2 if quick else 3)
 
 
 def long_prompt_tokens(load_prompt_tokens: int, max_model_len: int) -> int:

@@ -86,7 +86,7 @@ from planner.profile import DecodeSample
 from planner.profiler.serving_fit import (LONG_OUTPUT, SHORT_OUTPUT, CpuRun, LoneLatencies, ServingPlan, cpu_terms,
                                           long_prompt_requests, serving_plan, split_lone_handoff, steady_rate)
 from planner.profiler.spread import spread_of
-from planner.profiler.batched_runs import UnboundCpu, host_cpu_seconds, measure_served_steps
+from planner.profiler.batched_runs import BROKEN_CONNECTION, UnboundCpu, host_cpu_seconds, measure_served_steps
 from planner.profiler.stream_fit import BATCH_PROMPT_TOKENS
 from planner.serving_costs import MEASURED_CLIENT_PLACEMENT, ServingCosts
 
@@ -264,6 +264,8 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
         steps = measure_served_steps(cluster.grpc_target, UnboundCpu.of_router(pids["router"]), model, engine_rows, cpu,
                                      cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance,
                                      idle_cores=idle)
+        prompt_loss = measured_prompt_loss(cluster.grpc_target, Path(trace_dir), *ids, model, plan, info.vocab_size,
+                                           advance)
     lone_prompt = statistics.median(plan.prompt_tokens)  # the lone latencies are medians over these
     served = replace(cpu, decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
                      host_cpu_s_per_token=steps.host_cpu_s_per_token,
@@ -271,13 +273,31 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                      host_cpu_s_per_step=steps.host_cpu_s_per_step, router_cpu_s_per_step=steps.router_cpu_s_per_step,
                      decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
                      served_batch_windows_s=steps.batch_windows_s,
-                     served_step_extra_s=steps.extra_by_batch)
+                     served_step_extra_s=steps.extra_by_batch, prompt_loss_by_batch=prompt_loss)
     # the lone handoff held the request's first decode step alone: what serving adds to it is charged there
     handoff_s, idle_join_s = split_lone_handoff(
         lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt) - served.decode_serving_s(1, by_batch=False),
         lone.way_in_s)
     return replace(served, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt)),
                    handoff_s=handoff_s, idle_join_s=idle_join_s, first_token_spread_s=lone.first_token_spread_s)
+
+
+def measured_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_id: str, model: PerfModel,
+                         plan: ServingPlan, vocab_size: int, advance) -> tuple[tuple[int, float, float], ...]:
+    """`prompt_loss_probe.measure_prompt_loss`'s rows, or () with a note where the probes could
+    not be read (the trace not written, or a stream broken): the profile keeps what it measured."""
+    from planner.profiler.prompt_loss_probe import measure_prompt_loss
+
+    try:
+        by_bucket, rows = measure_prompt_loss(target, trace_dir, prefill_id, decode_id, model, plan, vocab_size, advance)
+    except (*BROKEN_CONNECTION, OSError) as why:   # a probe the profile can go without
+        advance(f"serving: the prompt steps beside streams were not measured ({type(why).__name__}: {why}); "
+                "the simulator charges the host model alone there", step=False)
+        return ()
+    if not rows:
+        advance(f"serving: the prompt steps beside streams gave no row over idle (buckets read: {sorted(by_bucket)}); "
+                "the simulator charges the host model alone there", step=False)
+    return rows
 
 
 @contextmanager

@@ -66,6 +66,10 @@ def print_summary(console: Console, profile: Profile, fit: FitReport) -> None:
                       f" time alone, a decode step {serving.corun_decode_stretch:.3f}x", markup=False)
         if line := served_step_line(serving, m, profile.decode):
             console.print("  " + line, markup=False)
+        if serving.prompt_loss_by_batch:
+            console.print("  a prompt step beside decode streams, over the same step with the decode worker idle: "
+                          + ", ".join(f"{batch:g}+ streams {stretch:.2f}x + {lost_s * 1e3:.1f} ms"
+                                      for batch, stretch, lost_s in serving.prompt_loss_by_batch), markup=False)
         for name, spread in (("first token", serving.first_token_spread_s), ("decode step", serving.decode_step_spread_s)):
             if spread:
                 console.print(f"  spread of the {name} around its median: {spread_summary(spread)}", markup=False)

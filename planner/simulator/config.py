@@ -23,6 +23,7 @@ DecodePick = Literal["handoff", "arrival"]
 SERVED_STEP_FORMS = ("line", "table")  # `SimSettings.served_step`
 HOP_MODELS = ("stretched", "queued", "prefill-core")  # `SimSettings.hops`
 STEP_SPREADS = ("carried", "cut")  # `SimSettings.step_spread`
+PROMPT_LOSS_SOURCES = ("profile", "none")  # `SimSettings.prompt_loss`
 _LABEL = re.compile(r"(?:(?P<colocated>\d+)C(?:x(?P<width>\d+))?"
                     r"|(?P<prefill>\d+)P\+(?P<decode>\d+)(?P<kind>[DH])(?:/(?P<cap>\d+))?)"
                     r"(?:@(?P<budget>\d+))?")
@@ -247,12 +248,18 @@ class SimSettings:
       DecodeSpeed`: factors over the profile's, from time 0); None (the default): every step at the
       model's speed. What a validation replays of the machine's own speed as it moved (a what-if:
       a planner does not know it ahead);
-    - `prompt_stretch`: a prefill instance's step stretch by the decode batch streaming as it
-      starts, ((batch, stretch), ...) by rising batch (`prompt_stretch_at`), taken where it is
-      larger than the host model's: what a loaded cluster's traced prompt steps took over the
-      model (the step report's `stretch_by_decode_batch`; on a Zen 3 EPYC 1.4x idle to 3x beside
-      16+ streams). () (the default): the host model's alone. A what-if: how much of a TTFT miss
-      that stretch explains; no profile measures it yet.
+    - `prompt_stretch`: a prefill instance's step by the decode batch streaming as it starts,
+      ((batch, stretch[, lost_s]), ...) by rising batch (`prompt_loss_at`): a step the model puts
+      at t takes lost_s + stretch x t (lost_s 0 where a row gives none) where that is longer than
+      the host model's: what a loaded cluster's traced prompt steps took over the model (the step
+      report's `stretch_by_decode_batch`: its median stretch, or its `lost_ms` and `slope`, where
+      a step loses a fixed time to the streams whatever its length; on a Zen 3 EPYC the median
+      stretch ran 1.4x idle to 3x beside 16+ streams). () (the default): the host model's alone.
+      A what-if, in place of the profile's rows;
+    - `prompt_loss`: with no `prompt_stretch`, whether a prefill step beside streams takes the
+      profile's measured loss (`ServingCosts.prompt_loss_by_batch`, "profile", the default) or the
+      host model's stretch alone ("none", the simulator before; a profile measured before the
+      probe has no rows and charges the host model alone either way).
     """
 
     token_budget: int
@@ -273,7 +280,8 @@ class SimSettings:
     client_placement: str | None = None
     step_spread: str = "carried"
     decode_speed: DecodeSpeed | None = None
-    prompt_stretch: tuple[tuple[int, float], ...] = ()
+    prompt_stretch: tuple[tuple[int, float] | tuple[int, float, float], ...] = ()
+    prompt_loss: str = "profile"
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -297,11 +305,15 @@ class SimSettings:
         if not 0 < self.router_core_max_stolen <= MAX_STOLEN:
             raise SimulationError(f"SimSettings.router_core_max_stolen must be in (0, {MAX_STOLEN}], "
                                   f"got {self.router_core_max_stolen!r}")
-        batches = [batch for batch, _ in self.prompt_stretch]
-        if (any(not isinstance(b, int) or b < 0 for b in batches) or batches != sorted(set(batches))
-                or any(not stretch > 0 for _, stretch in self.prompt_stretch)):
-            raise SimulationError(f"SimSettings.prompt_stretch must be (batch >= 0, stretch > 0) pairs by rising "
-                                  f"batch, got {self.prompt_stretch!r}")
+        rows = self.prompt_stretch
+        batches = [row[0] for row in rows]
+        if (any(len(row) not in (2, 3) for row in rows)
+                or any(not isinstance(b, int) or b < 0 for b in batches) or batches != sorted(set(batches))
+                or any(not row[1] > 0 or (len(row) == 3 and not row[2] >= 0) for row in rows)):
+            raise SimulationError(f"SimSettings.prompt_stretch must be (batch >= 0, stretch > 0[, lost_s >= 0]) rows "
+                                  f"by rising batch, got {self.prompt_stretch!r}")
+        if self.prompt_loss not in PROMPT_LOSS_SOURCES:
+            raise SimulationError(f"SimSettings.prompt_loss must be one of {PROMPT_LOSS_SOURCES}, got {self.prompt_loss!r}")
         if self.decode_pick not in ("handoff", "arrival"):
             raise SimulationError(f"SimSettings.decode_pick must be 'handoff' or 'arrival', got {self.decode_pick!r}")
 
@@ -335,10 +347,21 @@ class SimSettings:
         return replace(self, token_budget=budget, num_kv_blocks=self.num_kv_blocks * width,
                        router=replace(self.router, cost=None))
 
+    @property
+    def prompt_loss_rows(self) -> tuple[tuple, ...]:
+        """The rows a prefill step beside streams is charged by: `prompt_stretch`, else the
+        profile's (`prompt_loss` "profile"), else none."""
+        return self.prompt_stretch or (self.serving.prompt_loss_by_batch if self.prompt_loss == "profile" else ())
+
+    def prompt_loss_at(self, decode_batch: int) -> tuple[float, float]:
+        """`prompt_loss_rows`' (stretch, lost_s) at `decode_batch` streaming: the row of the largest
+        batch not above it ((1.0, 0.0) below the first row, or with none)."""
+        row = next((row for row in reversed(self.prompt_loss_rows) if row[0] <= decode_batch), None)
+        return (1.0, 0.0) if row is None else (row[1], row[2] if len(row) == 3 else 0.0)
+
     def prompt_stretch_at(self, decode_batch: int) -> float:
-        """`prompt_stretch`'s stretch at `decode_batch` streaming: the row of the largest batch not
-        above it (1.0 below the first row, or with none)."""
-        return next((stretch for batch, stretch in reversed(self.prompt_stretch) if batch <= decode_batch), 1.0)
+        """`prompt_loss_at`'s stretch alone."""
+        return self.prompt_loss_at(decode_batch)[0]
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -198,14 +198,16 @@ class _Cluster:
         for instance in self._dirty.values():
             prefill = isinstance(instance, PrefillInstance)
             stretch = self._host_stretch(now, prefill)
-            if prefill and self.settings.prompt_stretch:   # a what-if: the stretch traced beside the streams
+            floor = {}
+            if prefill and self.settings.prompt_loss_rows:   # the prompt step measured beside the streams
                 streaming = sum(d.step_tokens for d in self.decode if id(d) in self._stepping)
-                stretch = max(stretch, self.settings.prompt_stretch_at(streaming))
+                floor = {"floor": self.settings.prompt_loss_at(streaming)}
             if not prefill and self.settings.decode_speed is not None:   # the machine's speed as it moved
                 stretch *= self.settings.decode_speed.factor(instance.index, now)
             beside_another = len(self._stepping) - (id(instance) in self._stepping) > 0
             end_s = instance.start_step(now, stretch, self.spread.step_extra_s(),
-                                        corun_stretches(self.settings.serving) if beside_another else NO_CORUN)
+                                        corun_stretches(self.settings.serving) if beside_another else NO_CORUN,
+                                        **floor)
             if end_s is not None:
                 if prefill:  # the router's queued CPU shares the step's core
                     end_s += self.host.router_delay_s(now, end_s - now)

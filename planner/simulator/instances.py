@@ -120,17 +120,20 @@ class PrefillInstance:
         self.queue.append(request)
 
     def start_step(self, now: float, stretch: float = 1.0, extra_s: float = 0.0,
-                   corun: tuple[float, float] = (1.0, 1.0)) -> float | None:
+                   corun: tuple[float, float] = (1.0, 1.0), floor: tuple[float, float] = (1.0, 0.0)) -> float | None:
         """Plans the next step; `stretch` >= 1 is how much the host's other load slows it, and
         `corun` (a prompt's, a decode step's) how much another instance stepping beside it does. A
-        prefill step emits no decode token: `extra_s`, the decode step's drawn spread, is not its."""
+        prefill step emits no decode token: `extra_s`, the decode step's drawn spread, is not its.
+        `floor` (slope, lost_s): the step of t takes at least lost_s + slope x t before the co-run
+        stretch (`SimSettings.prompt_loss_at`, a what-if)."""
         if self._running or not self.queue:
             return None
         s = self._settings
         fresh = [r for r in self.queue if r.prefill_start_s is None]  # before plan_chunks stamps them
         work = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
         worker_cpu_s = sum(s.serving.prefill_request_cpu_s(r.prompt_tokens) for r in fresh if r.prefill_start_s is not None)
-        duration = stretch * corun[0] * (self._model.prefill_step_s(*work) + worker_cpu_s)
+        step_s = self._model.prefill_step_s(*work) + worker_cpu_s
+        duration = corun[0] * max(stretch * step_s, floor[1] + floor[0] * step_s)
         self._running, self.busy_s = True, self.busy_s + duration
         return now + duration
 

@@ -156,6 +156,34 @@ def test_prompt_steps_are_grouped_by_the_batch_the_decode_worker_was_streaming()
     # a bucket with fewer steps than asked is left out; the window bounds the prompts
     assert list(prompt_stretch_by_decode_batch(prompts, decode, 0.0, 3.0, prompt_model, min_steps=8)) == []
     assert list(prompt_stretch_by_decode_batch(prompts, decode, 1.0, 2.0, prompt_model)) == ["2-3"]
+    assert "lost_ms" not in by_batch["0"]   # every prompt 10 ms in the model: no length to read a line over
+
+
+def test_a_prompt_steps_loss_splits_into_a_fixed_part_and_a_slope():
+    from planner.validation_steps import prompt_stretch_by_decode_batch, step_loss_fit
+
+    model = np.array([0.010, 0.020, 0.040, 0.080, 0.010, 0.040])
+    measured = 0.004 + 1.25 * model
+    lost_s, slope = step_loss_fit(model, measured)
+    assert lost_s == pytest.approx(0.004, abs=1e-6) and slope == pytest.approx(1.25, rel=1e-4)
+    # one step a pause tripled does not move the line (least absolute deviations)
+    noisy = measured.copy()
+    noisy[2] *= 3
+    lost_s, slope = step_loss_fit(model, noisy)
+    assert lost_s == pytest.approx(0.004, abs=2e-4) and slope == pytest.approx(1.25, rel=0.02)
+    # lengths spanning under 2x, or under 3 steps: no line
+    assert step_loss_fit(model[:1].repeat(4) * [1, 1.2, 1.5, 1.9], measured[:4]) is None
+    assert step_loss_fit(model[:2], measured[:2]) is None
+
+    def prompt_model(tokens, units):
+        return tokens * 1e-4   # 100 tokens: 10 ms
+
+    decode = [step(1.0 + 0.005 * k, 0.005, 0, 8) for k in range(400)]   # batch 8 from 1 s to 3 s
+    lengths = [100, 200, 400, 800, 100, 400]
+    prompts = [step(1.0 + 0.3 * k + 0.001, 0.006 + 2.0 * n * 1e-4, 1, 0, prompt_tokens=n)
+               for k, n in enumerate(lengths)]
+    row = prompt_stretch_by_decode_batch(prompts, decode, 0.0, 3.0, prompt_model)["8-15"]
+    assert row["lost_ms"] == pytest.approx(6.0, abs=0.01) and row["slope"] == pytest.approx(2.0, rel=1e-3)
 
 
 def test_decode_steps_beside_the_prefill_engines_against_those_alone():

@@ -34,7 +34,7 @@ def test_a_span_is_the_overlap_weighted_mean_of_every_core_over_the_series_mean(
 
 
 def test_a_step_moves_to_the_mean_by_its_elasticity():
-    assert at_mean_speed(0.010, 1.5, 0.5) == pytest.approx(0.008)      # read 1.25x slow: 8 ms at the mean
+    assert at_mean_speed(0.010, 1.44, 0.5) == pytest.approx(0.010 / 1.2)   # a 1.44x slow loop, a 1.2x long step
     assert at_mean_speed(0.010, 1.5, 1.0) == pytest.approx(0.010 / 1.5)
     assert at_mean_speed(0.010, 0.8, 1.0) == pytest.approx(0.0125)     # read fast: longer at the mean
     assert at_mean_speed(0.010, 1.5, 0.0) == at_mean_speed(0.010, 1.0, 0.7) == pytest.approx(0.010)
@@ -53,7 +53,7 @@ def test_only_timed_rows_inside_the_series_move():
     runs = ((1.0, 0.020, 100.0, 50.0), (4.0, 0.030, 400.0, 130.0))
     assert runs_at_mean_speed(runs, (), SERIES, 1.0) == runs   # windows not kept: as they were
     moved_runs = runs_at_mean_speed(runs, ((101.0, 102.0), (0.0, 0.0)), SERIES, 0.5)
-    assert moved_runs[0][1] == pytest.approx(0.020 / (1 + 0.5 * (2.0 / MEAN_MS - 1))) and moved_runs[1] == runs[1]
+    assert moved_runs[0][1] == pytest.approx(0.020 / (2.0 / MEAN_MS) ** 0.5) and moved_runs[1] == runs[1]
 
 
 def slowed(profile, series: SpeedSeries, elasticity: float):
@@ -64,7 +64,7 @@ def slowed(profile, series: SpeedSeries, elasticity: float):
     for i, row in enumerate(profile.decode):
         start = series.start_s + (i % windows) * series.window_s
         ratio = series.ratio_over(start, start + series.window_s)
-        rows.append(replace(row, step_s=row.step_s * (1 + elasticity * (ratio - 1)), start_s=start,
+        rows.append(replace(row, step_s=row.step_s * ratio ** elasticity, start_s=start,
                             end_s=start + series.window_s))
     return tuple(rows)
 
@@ -82,7 +82,7 @@ def test_a_profile_read_over_slow_and_fast_seconds_gets_its_steps_and_served_ext
         start = 50.0 + k
         ratio = series.ratio_over(start, start + 1.0)
         served = engine_step_s(batch, batch * 200, model, base.decode) + extra_s
-        runs.append(BatchRun(batch, served * (1 + 0.5 * ratio - 0.5), batch * 200, 500.0, 0.0, 0,
+        runs.append(BatchRun(batch, served * ratio ** 0.5, batch * 200, 500.0, 0.0, 0,
                              start_s=start, end_s=start + 1.0))
         windows.append(kept_window(runs[-1]))
     true_serving = refitted(ServingCosts(served_batch_runs=tuple(

@@ -28,13 +28,19 @@ def test_a_prompt_beside_a_streaming_batch_takes_that_batchs_stretch():
     assert first_tokens(prompt_stretch=((0, 1.5), (8, 3.0))) == pytest.approx([1.5 * PROMPT_S, 0.3 + 1.5 * PROMPT_S])
     # below the host model's stretch (1 here, no host modelled) the table changes nothing
     assert first_tokens(prompt_stretch=((0, 0.5),)) == pytest.approx(first_tokens())
+    # a fixed loss a step: 20 ms + 1.5x beside the stream; idle, 0.5x + 20 ms stays under the model's step
+    assert first_tokens(prompt_stretch=((0, 0.5, 0.02), (1, 1.5, 0.02))) == pytest.approx(
+        [PROMPT_S, 0.3 + 0.02 + 1.5 * PROMPT_S])
 
 
 def test_the_table_is_read_at_the_largest_batch_not_above_and_checked():
     settings = round_settings(prompt_stretch=((0, 1.4), (4, 2.3), (16, 3.0)))
     assert [settings.prompt_stretch_at(b) for b in (0, 3, 4, 15, 16, 200)] == [1.4, 1.4, 2.3, 2.3, 3.0, 3.0]
     assert round_settings(prompt_stretch=((2, 2.0),)).prompt_stretch_at(1) == 1.0
-    for bad in (((4, 2.0), (0, 1.0)), ((0, 1.0), (0, 2.0)), ((-1, 1.0),), ((0, 0.0),)):
+    mixed = round_settings(prompt_stretch=((0, 1.2), (8, 1.8, 0.012)))
+    assert [mixed.prompt_loss_at(b) for b in (0, 7, 8, 40)] == [(1.2, 0.0), (1.2, 0.0), (1.8, 0.012), (1.8, 0.012)]
+    for bad in (((4, 2.0), (0, 1.0)), ((0, 1.0), (0, 2.0)), ((-1, 1.0),), ((0, 0.0),), ((0, 1.0, -0.001),),
+                ((0,),)):
         with pytest.raises(SimulationError, match="prompt_stretch"):
             round_settings(prompt_stretch=bad)
 
@@ -43,10 +49,11 @@ def test_the_validation_takes_the_table_from_its_command_line_and_says_so_in_its
     from bench_scripts import bench_functions, bench_help
 
     text = " ".join(bench_help("validate_planner.py").split())
-    assert "--prompt-stretch BATCH:STRETCH" in text and "--refine N" in text and "90% (the goodput lies past" in text
+    assert "--prompt-stretch BATCH:STRETCH[+LOST_MS]" in text and "--refine N" in text and "90% (the goodput lies past" in text
     parse = bench_functions("validate_planner.py")["prompt_stretch_arg"]
-    assert parse("0:1.43,4:2.35") == ((0, 1.43), (4, 2.35))
+    assert parse("0:1.43,4:2.35") == ((0, 1.43, 0.0), (4, 2.35, 0.0))
+    assert parse("0:1.3,8:1.9+12") == ((0, 1.3, 0.0), (8, 1.9, pytest.approx(0.012)))
     import argparse
-    for bad in ("4:2,0:1", "0-1.4", "a:1"):
+    for bad in ("4:2,0:1", "0-1.4", "a:1", "0:1+x", "0:1+-3"):
         with pytest.raises(argparse.ArgumentTypeError, match="BATCH:STRETCH"):
             parse(bad)

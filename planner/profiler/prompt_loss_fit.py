@@ -1,0 +1,52 @@
+"""What a prompt step loses beside decode streams, from the prefill engine's traced steps (the pure
+half of `planner.profiler.prompt_loss_probe`).
+
+On a loaded 1P+1D cluster the prefill worker's prompt steps run longer the more sequences the
+decode worker streams (BENCHMARKS, "On a Zen 3 EPYC again": 1.4x the engine table with the decode
+side idle, 2.4x beside 4-7 streams, 3x beside 16+; the tokens the streams carry wake the router
+bound to the prefill core, and with it the client, once a decode step). Short prompts stretch more
+than long ones: the loss is a fixed part a step plus a share of its length, not a ratio alone
+(an AVX-512 EPYC's lone prompts beside 8 streams, 256 to 2,000 tokens: 1.22x to 1.13x). So each
+decode batch's prompt steps are fitted as
+
+    measured = lost_s + slope x model      (`planner.validation_steps.step_loss_fit`)
+
+and kept as the increase over the same fit with the decode worker idle: what the lone requests'
+latencies (`ServingCosts.first_token_s`, measured idle) do not already hold. The simulator charges
+a prompt step of t beside b streams at least t x stretch + lost_s, the row of the largest batch
+not above b (`SimSettings.prompt_loss_at`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+MIN_STRETCH = 1.0   # a batch's slope below the idle one is noise: streams do not speed a prompt
+
+
+def bucket_low(label: str) -> int:
+    """The smallest decode batch of a `planner.validation_steps.BATCH_BUCKETS` label ("8-15" -> 8,
+    "64+" -> 64, "1" -> 1, "0" -> 0)."""
+    return int(label.split("-")[0].rstrip("+"))
+
+
+def loss_over_idle(by_bucket: Mapping[str, Mapping]) -> tuple[tuple[int, float, float], ...]:
+    """`prompt_stretch_by_decode_batch`'s rows as (batch, stretch, lost_s) over the idle row "0",
+    by rising batch: stretch = 1 + slope - idle slope (at least `MIN_STRETCH`), lost_s = lost -
+    idle lost (at least 0). Where either row has no line (its lengths spanned too little), the
+    ratio of their median stretches and no fixed part. () without an idle row: nothing to read an
+    increase against."""
+    idle = by_bucket.get("0")
+    if idle is None:
+        return ()
+    rows = []
+    for label, row in sorted(by_bucket.items(), key=lambda item: bucket_low(item[0])):
+        if label == "0":
+            continue
+        if "lost_ms" in row and "lost_ms" in idle:
+            stretch = 1.0 + row["slope"] - idle["slope"]
+            lost_s = (row["lost_ms"] - idle["lost_ms"]) / 1e3
+        else:
+            stretch, lost_s = row["median_stretch"] / idle["median_stretch"], 0.0
+        rows.append((bucket_low(label), round(max(MIN_STRETCH, stretch), 4), round(max(0.0, lost_s), 6)))
+    return tuple(rows)

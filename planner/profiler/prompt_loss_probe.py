@@ -1,0 +1,110 @@
+"""What a prompt step loses beside decode streams, measured on a running 1P+1D cluster whose
+engines trace their steps (`planner.profiler.serving_probe` starts it): lone prompts of a few
+lengths (`ServingPlan.prompt_loss_lengths`), one at a time, first with the decode worker idle and
+then while `batch` requests stream from it, for each of `ServingPlan.prompt_loss_batches`; each
+prompt's step is read from the prefill engine's trace and set against the engine table's step,
+bucketed by the batch the decode engine was stepping as it began (`planner.validation_steps.
+prompt_stretch_by_decode_batch`), and kept as the increase over idle
+(`prompt_loss_fit.loss_over_idle`). The fitting is pure and lives there; this module only sends
+requests and reads traces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from planner.perf_model import PerfModel
+from planner.profiler.prompt_loss_fit import loss_over_idle
+from planner.profiler.serving_fit import ServingPlan
+from planner.profiler.stream_fit import BATCH_PROMPT_TOKENS
+
+PROBE_OUTPUT = 2             # tokens of a probe: its first, and the handoff that frees the prefill side
+PROBE_PAUSE_S = 0.3          # between probes: both engines idle again (past vLLM's polling, and the 0.2 s
+                             # within which a decode step counts as still running, `prompt_stretch_by_decode_batch`)
+STREAM_MARGIN = 2.0          # streams' outputs sized to last this many times the probes' expected time
+
+
+def stream_output_tokens(model: PerfModel, batch: int, lengths: Sequence[int], repeats: int,
+                         max_output_tokens: int) -> int:
+    """How many tokens each of `batch` streams decodes so that they outlast the probes'
+    expected time (`STREAM_MARGIN` over it), at most `max_output_tokens` (0 for no streams)."""
+    if batch == 0:
+        return 0
+    probes_s = repeats * sum(model.prefill_s(n, n) + PROBE_PAUSE_S + 3 * model.decode_step_s(batch + 1, n)
+                             for n in lengths)
+    step_s = model.decode_step_s(batch, BATCH_PROMPT_TOKENS + 64)
+    return max(16, min(max_output_tokens, int(STREAM_MARGIN * probes_s / step_s) + 16))
+
+
+async def probes_beside_streams(target: str, batch: int, lengths: Sequence[int], repeats: int, vocab_size: int,
+                                output_tokens: int, seed: int) -> tuple[float, float]:
+    """Starts `batch` streams of `output_tokens` (none: the decode worker idle), waits until every
+    one has its second token (decoding), then sends each of `lengths` `repeats` times, one at a
+    time, `PROBE_PAUSE_S` apart; cancels the streams after. Returns the probes' window (monotonic
+    seconds, the trace's clock)."""
+    import numpy as np
+
+    from pdserve.client import AsyncClient
+
+    rng = np.random.default_rng(seed)
+    decoding = asyncio.Event()
+    streaming = 0
+
+    async def stream(client, ids: list[int]) -> None:
+        nonlocal streaming
+        received = 0
+        async for chunk in client.generate(token_ids=ids, max_tokens=output_tokens, ignore_eos=True, temperature=0.0):
+            had, received = received, received + len(chunk.token_ids)
+            if had < 2 <= received:
+                streaming += 1
+                if streaming == batch:
+                    decoding.set()
+
+    async with AsyncClient(target) as client:
+        tasks = [asyncio.create_task(stream(client, [int(i) for i in rng.integers(10, vocab_size, size=BATCH_PROMPT_TOKENS)]))
+                 for _ in range(batch)]
+        try:
+            if tasks:
+                waiter = asyncio.create_task(decoding.wait())
+                await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+            start_s = time.monotonic()
+            for _ in range(repeats):
+                for n in lengths:
+                    await asyncio.sleep(PROBE_PAUSE_S)
+                    ids = [int(i) for i in rng.integers(10, vocab_size, size=n)]
+                    async for _chunk in client.generate(token_ids=ids, max_tokens=PROBE_OUTPUT, ignore_eos=True,
+                                                        temperature=0.0):
+                        pass
+            end_s = time.monotonic()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(1.0)   # the cancelled streams leave the decode worker; its trace flushes idle
+    return start_s, end_s
+
+
+def measure_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_id: str, model: PerfModel,
+                        plan: ServingPlan, vocab_size: int, advance: Callable[..., None], label: str = "serving"
+                        ) -> tuple[dict, tuple[tuple[int, float, float], ...]]:
+    """The probes beside each of `plan.prompt_loss_batches` streams: the rows by decode batch
+    bucket (`prompt_stretch_by_decode_batch` over every probe's window) and their increase over
+    idle (`loss_over_idle`)."""
+    from pdserve.engine_step_trace import engine_steps
+    from planner.validation_steps import prompt_stretch_by_decode_batch
+
+    lengths, repeats, windows = plan.prompt_loss_lengths, plan.prompt_loss_repeats, []
+    for index, batch in enumerate(plan.prompt_loss_batches):
+        tokens = stream_output_tokens(model, batch, lengths, repeats, plan.max_output_tokens)
+        windows.append(asyncio.run(probes_beside_streams(target, batch, lengths, repeats, vocab_size, tokens,
+                                                         seed=300 + index)))
+        advance(f"{label}: prompts beside {batch} streams")
+    prefill, decode = engine_steps(trace_dir, prefill_id), engine_steps(trace_dir, decode_id)
+    in_windows = [step for step in prefill if any(start <= step.start_s < end for start, end in windows)]
+    by_bucket = prompt_stretch_by_decode_batch(in_windows, decode, float("-inf"), float("inf"),
+                                               model.prefill_step_s, min_steps=len(lengths))
+    return by_bucket, loss_over_idle(by_bucket)

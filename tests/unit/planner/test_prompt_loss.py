@@ -1,0 +1,84 @@
+"""A prompt step beside decode streams: its rows over idle (`planner.profiler.prompt_loss_fit`), the
+probe's plan (`ServingPlan`, `prompt_loss_probe.stream_output_tokens`), the profile's rows
+(`ServingCosts.prompt_loss_by_batch`) and what the simulator charges with them, on a hand schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.profile_checks import ProfileError
+from planner.profiler.prompt_loss_fit import bucket_low, loss_over_idle
+from planner.profiler.serving_fit import PROMPT_LOSS_BATCHES, serving_plan
+from planner.serving_costs import ServingCosts
+from planner.simulator import SimulationError, Topology, simulate
+from planner_testkit import ROUND_MODEL, round_settings, spec
+
+
+def test_bucket_labels_give_their_smallest_batch():
+    assert [bucket_low(label) for label in ("0", "1", "2-3", "8-15", "64+")] == [0, 1, 2, 8, 64]
+
+
+def test_each_batch_is_kept_as_its_increase_over_the_idle_line():
+    by_bucket = {"0": {"steps": 8, "median_stretch": 1.3, "lost_ms": 2.0, "slope": 1.2},
+                 "8-15": {"steps": 8, "median_stretch": 2.5, "lost_ms": 12.0, "slope": 1.5},
+                 "2-3": {"steps": 8, "median_stretch": 1.6, "lost_ms": 5.0, "slope": 1.1}}
+    rows = loss_over_idle(by_bucket)
+    # by rising batch; the slope below idle's is taken as no stretch (1), the fixed part over idle's kept
+    assert rows == ((2, 1.0, 0.003), (8, pytest.approx(1.3), pytest.approx(0.010)))
+    # a bucket without a line: the ratio of the medians, no fixed part; a fixed part below idle's: 0
+    rows = loss_over_idle({"0": by_bucket["0"], "4-7": {"steps": 5, "median_stretch": 2.6},
+                           "16-31": {"steps": 8, "median_stretch": 1.0, "lost_ms": 1.0, "slope": 1.4}})
+    assert rows == ((4, pytest.approx(2.0), 0.0), (16, pytest.approx(1.2), 0.0))
+    assert loss_over_idle({"8-15": by_bucket["8-15"]}) == ()   # nothing to read an increase against
+
+
+def test_the_plan_probes_idle_and_the_batches_the_engine_admits():
+    plan = serving_plan(max_model_len=2048, max_num_seqs=64, quick=True)
+    assert plan.prompt_loss_batches == (0, *PROMPT_LOSS_BATCHES) and plan.prompt_loss_repeats == 2
+    assert plan.prompt_loss_lengths == (*plan.prompt_tokens, 1024)
+    assert plan.cluster_steps == plan.steps + len(plan.prompt_loss_batches)
+    small = serving_plan(max_model_len=512, max_num_seqs=8, quick=False)
+    assert small.prompt_loss_batches == (0, 2) and small.prompt_loss_repeats == 3
+    assert small.prompt_loss_lengths == small.prompt_tokens   # no long prompt in a short context
+
+
+def test_the_streams_outlast_the_probes():
+    from planner.profiler.prompt_loss_probe import PROBE_PAUSE_S, STREAM_MARGIN, stream_output_tokens
+
+    lengths, repeats = (32, 128), 3
+    probes_s = repeats * sum(ROUND_MODEL.prefill_s(n, n) + PROBE_PAUSE_S + 3 * ROUND_MODEL.decode_step_s(9, n)
+                             for n in lengths)
+    tokens = stream_output_tokens(ROUND_MODEL, 8, lengths, repeats, max_output_tokens=10_000)
+    assert tokens * ROUND_MODEL.decode_step_s(8, 96) >= STREAM_MARGIN * probes_s
+    assert stream_output_tokens(ROUND_MODEL, 8, lengths, repeats, max_output_tokens=100) == 100
+    assert stream_output_tokens(ROUND_MODEL, 0, lengths, repeats, max_output_tokens=100) == 0   # the idle probes
+
+
+def test_the_profiles_rows_are_checked():
+    assert ServingCosts(prompt_loss_by_batch=[[2, 1.1, 0.004], [8, 1.4, 0.01]]).prompt_loss_by_batch == (
+        (2.0, 1.1, 0.004), (8.0, 1.4, 0.01))
+    for bad in ([[8, 1.4, 0.01], [2, 1.1, 0.0]], [[0, 1.1, 0.0]], [[2, 0.9, 0.0]], [[2, 1.1, -0.001]],
+                [[2.5, 1.1, 0.0]], [[2, 1.1]]):
+        with pytest.raises(ProfileError, match="prompt_loss_by_batch"):
+            ServingCosts(prompt_loss_by_batch=bad)
+
+
+PROMPT_S = 0.1 + 0.001 * 50 + 1e-6 * 50 * 50   # a 50-token prompt on the round model: 0.1525 s
+# the first request decodes past 0.6 s, so the second prompt, at 0.3 s, starts beside one stream
+
+
+def first_tokens(settings) -> list[float]:
+    result = simulate([spec(0.0, 50, 20), spec(0.3, 50, 2)], Topology.disaggregated(1, 1), settings, ROUND_MODEL)
+    return [float(t) for t in result.timeline["first_token_s"]]
+
+
+def test_the_simulator_charges_the_profiles_loss_unless_told_not_to():
+    measured = ServingCosts(prompt_loss_by_batch=((1, 1.5, 0.02),))
+    charged = first_tokens(round_settings(serving=measured))
+    assert charged == pytest.approx([PROMPT_S, 0.3 + 0.02 + 1.5 * PROMPT_S])   # idle: none; beside one stream
+    assert first_tokens(round_settings(serving=measured, prompt_loss="none")) == pytest.approx([PROMPT_S, 0.3 + PROMPT_S])
+    # a what-if's rows take the profile's place
+    assert first_tokens(round_settings(serving=measured, prompt_stretch=((1, 2.0),))) == pytest.approx(
+        [PROMPT_S, 0.3 + 2 * PROMPT_S])
+    with pytest.raises(SimulationError, match="prompt_loss"):
+        round_settings(prompt_loss="measured")
