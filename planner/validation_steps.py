@@ -266,7 +266,7 @@ def prompt_stretch_by_decode_batch(prefill: Sequence[TracedStep], decode: Sequen
             continue
         row = {"steps": len(pairs), "median_stretch": round(float(np.median(pairs[:, 1] / pairs[:, 0])), 4)}
         if (fit := step_loss_fit(pairs[:, 0], pairs[:, 1])) is not None:
-            row["lost_ms"], row["slope"] = round(fit[0] * 1e3, 4), round(fit[1], 4)
+            row["lost_ms"], row["slope"], row["line_error"] = round(fit[0] * 1e3, 4), round(fit[1], 4), round(fit[2], 4)
         rows[label] = row
     return rows
 
@@ -275,12 +275,13 @@ MIN_LOSS_FIT_SPAN = 2.0   # the longest model step a loss fit reads over its sho
 
 
 def step_loss_fit(model_s: np.ndarray, measured_s: np.ndarray,
-                  min_span: float = MIN_LOSS_FIT_SPAN) -> tuple[float, float] | None:
+                  min_span: float = MIN_LOSS_FIT_SPAN) -> tuple[float, float, float] | None:
     """measured = lost_s + slope x model, by least absolute deviations (a few steps a GC pause or a
     burst of the router's doubled must not set the line): what a step loses whatever its length
     (a wake-up the engine waits through) apart from what grows with it (a share of its core
-    taken). None where the model steps span less than `min_span` (longest over shortest), or
-    fewer than 3: a ratio alone is all such steps can say."""
+    taken), and the line's error (mean |measured - line| / measured). None where the model steps
+    span less than `min_span` (longest over shortest), or fewer than 3: a ratio alone is all such
+    steps can say."""
     model_s, measured_s = np.asarray(model_s, dtype=float), np.asarray(measured_s, dtype=float)
     if len(model_s) < 3 or not model_s.min() > 0 or model_s.max() / model_s.min() < min_span:
         return None
@@ -291,7 +292,8 @@ def step_loss_fit(model_s: np.ndarray, measured_s: np.ndarray,
         coef, *_ = np.linalg.lstsq(design * weights[:, None], measured_s * weights, rcond=None)
         residual = np.abs(measured_s - design @ coef)
         weights = 1.0 / np.sqrt(np.maximum(residual, 1e-6 * float(np.median(measured_s))))
-    return float(coef[0]), float(coef[1])
+    error = float(np.mean(np.abs(measured_s - design @ coef) / measured_s))
+    return float(coef[0]), float(coef[1]), error
 
 
 MIN_CORUN_STEPS = 20  # steps on each side of a batch bucket before `corun_by_batch` sets them side by side

@@ -107,4 +107,13 @@ def measure_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_id
     in_windows = [step for step in prefill if any(start <= step.start_s < end for start, end in windows)]
     by_bucket = prompt_stretch_by_decode_batch(in_windows, decode, float("-inf"), float("inf"),
                                                model.prefill_step_s, min_steps=len(lengths))
+    for bucket, row in by_bucket.items():
+        advance(f"{label}: prompt steps beside {bucket} streams: {describe(row)}", step=False)
     return by_bucket, loss_over_idle(by_bucket)
+
+
+def describe(row: dict) -> str:
+    """One bucket of `prompt_stretch_by_decode_batch`: its steps, median stretch and line."""
+    line = (f"; the line {row['lost_ms']:+.1f} ms + {row['slope']:.2f}x the engine's step misses them by "
+            f"{row['line_error']:.1%}" if "lost_ms" in row else "; too alike in length for a line")
+    return f"{row['steps']} steps, median {row['median_stretch']:.2f}x the engine's" + line

@@ -164,13 +164,14 @@ def test_a_prompt_steps_loss_splits_into_a_fixed_part_and_a_slope():
 
     model = np.array([0.010, 0.020, 0.040, 0.080, 0.010, 0.040])
     measured = 0.004 + 1.25 * model
-    lost_s, slope = step_loss_fit(model, measured)
-    assert lost_s == pytest.approx(0.004, abs=1e-6) and slope == pytest.approx(1.25, rel=1e-4)
+    lost_s, slope, error = step_loss_fit(model, measured)
+    assert lost_s == pytest.approx(0.004, abs=1e-6) and slope == pytest.approx(1.25, rel=1e-4) and error < 1e-4
     # one step a pause tripled does not move the line (least absolute deviations)
     noisy = measured.copy()
     noisy[2] *= 3
-    lost_s, slope = step_loss_fit(model, noisy)
+    lost_s, slope, error = step_loss_fit(model, noisy)
     assert lost_s == pytest.approx(0.004, abs=2e-4) and slope == pytest.approx(1.25, rel=0.02)
+    assert error == pytest.approx((2 / 3) / 6, rel=0.05)   # the tripled step misses by 2/3 of itself, the rest by ~0
     # lengths spanning under 2x, or under 3 steps: no line
     assert step_loss_fit(model[:1].repeat(4) * [1, 1.2, 1.5, 1.9], measured[:4]) is None
     assert step_loss_fit(model[:2], measured[:2]) is None
@@ -184,6 +185,7 @@ def test_a_prompt_steps_loss_splits_into_a_fixed_part_and_a_slope():
                for k, n in enumerate(lengths)]
     row = prompt_stretch_by_decode_batch(prompts, decode, 0.0, 3.0, prompt_model)["8-15"]
     assert row["lost_ms"] == pytest.approx(6.0, abs=0.01) and row["slope"] == pytest.approx(2.0, rel=1e-3)
+    assert row["line_error"] < 1e-3
 
 
 def test_decode_steps_beside_the_prefill_engines_against_those_alone():

@@ -82,3 +82,11 @@ def test_the_simulator_charges_the_profiles_loss_unless_told_not_to():
         [PROMPT_S, 0.3 + 2 * PROMPT_S])
     with pytest.raises(SimulationError, match="prompt_loss"):
         round_settings(prompt_loss="measured")
+
+
+def test_a_bucket_is_described_with_its_line_and_error_or_why_it_has_none():
+    from planner.profiler.prompt_loss_probe import describe
+
+    assert describe({"steps": 12, "median_stretch": 1.634, "lost_ms": 13.04, "slope": 1.52, "line_error": 0.081}) == (
+        "12 steps, median 1.63x the engine's; the line +13.0 ms + 1.52x the engine's step misses them by 8.1%")
+    assert describe({"steps": 5, "median_stretch": 2.0}).endswith("too alike in length for a line")
