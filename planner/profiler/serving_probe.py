@@ -286,11 +286,12 @@ def measured_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_i
                          plan: ServingPlan, vocab_size: int, advance) -> tuple[tuple[int, float, float], ...]:
     """`prompt_loss_probe.measure_prompt_loss`'s rows, or () with a note where the probes could
     not be read (the trace not written, or a stream broken): the profile keeps what it measured."""
+    from pdserve.errors import ServeError
     from planner.profiler.prompt_loss_probe import measure_prompt_loss
 
     try:
         by_bucket, rows = measure_prompt_loss(target, trace_dir, prefill_id, decode_id, model, plan, vocab_size, advance)
-    except (*BROKEN_CONNECTION, OSError) as why:   # a probe the profile can go without
+    except (ServeError, *BROKEN_CONNECTION, OSError) as why:   # a probe the profile can go without
         advance(f"serving: the prompt steps beside streams were not measured ({type(why).__name__}: {why}); "
                 "the simulator charges the host model alone there", step=False)
         return ()

@@ -90,3 +90,21 @@ def test_a_bucket_is_described_with_its_line_and_error_or_why_it_has_none():
     assert describe({"steps": 12, "median_stretch": 1.634, "lost_ms": 13.04, "slope": 1.52, "line_error": 0.081}) == (
         "12 steps, median 1.63x the engine's; the line +13.0 ms + 1.52x the engine's step misses them by 8.1%")
     assert describe({"steps": 5, "median_stretch": 2.0}).endswith("too alike in length for a line")
+
+
+def test_a_probe_that_fails_leaves_the_profile_without_rows_and_says_why(monkeypatch, tmp_path):
+    from pdserve.errors import NoHealthyWorker
+    from planner.profiler import prompt_loss_probe
+    from planner.profiler.serving_probe import measured_prompt_loss
+
+    def broken(*args, **kwargs):
+        raise NoHealthyWorker("the decode pool went away")
+
+    notes = []
+    monkeypatch.setattr(prompt_loss_probe, "measure_prompt_loss", broken)
+    plan = serving_plan(max_model_len=2048, max_num_seqs=64, quick=True)
+    rows = measured_prompt_loss("localhost:1", tmp_path, "prefill-0", "decode-1", ROUND_MODEL, plan, 100,
+                                lambda note, step=True: notes.append((note, step)))
+    assert rows == ()
+    assert notes == [(notes[0][0], False)] and "NoHealthyWorker: the decode pool went away" in notes[0][0]
+    assert "the host model alone" in notes[0][0]
