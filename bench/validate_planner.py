@@ -164,15 +164,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a what-if for the simulated side: what serving adds to a decode step, the profile's "
                         "fitted line (line, the simulator's own) or its measured extra by batch, interpolated (table)")
     p.add_argument("--prompt-stretch", type=prompt_stretch_arg, default=(), metavar="BATCH:STRETCH[+LOST_MS],...",
-                   help="a what-if for the simulated side: a prefill step's stretch by the decode batch streaming "
-                        "as it starts, and the ms it loses whatever its length (a step of t ms takes LOST_MS + "
-                        "STRETCH x t), where longer than the host model's, e.g. 0:1.43,4:2.35,8:2.73,16:3.05 or "
-                        "0:1.3,8:1.9+12 (what --step-trace's report prints as the prompt steps' median stretch, "
-                        "or lost ms and slope, by batch); default: the host model's alone")
+                   help="a what-if for the simulated side, in place of the profile's rows: a prefill step's stretch "
+                        "by the decode batch streaming as it starts, and the ms it loses whatever its length (a step "
+                        "of t ms takes LOST_MS + STRETCH x t), where longer than the host model's, e.g. "
+                        "2:1.4,8:2.1,32:2.9 or 2:1.3,8:1.9+12. Give them over the idle decode worker (1 + a batch's "
+                        "median stretch - the idle one's, from --step-trace's report): the idle excess is in the "
+                        "profile's first-token latency already")
     p.add_argument("--prompt-loss", default=SimSettings.prompt_loss, choices=PROMPT_LOSS_SOURCES,
                    help="a what-if for the simulated side: a prefill step beside decode streams takes the profile's "
                         "measured loss over idle (profile, the simulator's own, where the profile measured it) or the "
-                        "host model's stretch alone (none, the simulator before)")
+                        "host model's stretch alone (none, the simulator before); --prompt-stretch replaces either")
     p.add_argument("--router-core-max-stolen", type=float, default=SimSettings.router_core_max_stolen,
                    help="a what-if for the simulated side: the largest share of a step on the router's core the "
                         "host's load may take (default %(default)s, the simulator's own; 0.5: a fair scheduler keeps "

@@ -89,10 +89,10 @@ class ServingCosts:
       run can be set against the machine's speed then (`planner.profiler.point_speed`).
     A prompt step beside decode streams (`planner.profiler.prompt_loss_probe`):
     - `prompt_loss_by_batch`: (decode batch, stretch, lost s) by rising batch: lone prompts of a
-      few lengths beside that many streams took lost s + stretch x their engine step more than
-      the same prompts with the decode worker idle (`prompt_loss_fit.loss_over_idle`), which the
-      simulator charges a prefill step starting beside that batch or more (`SimSettings.
-      prompt_loss_at`); () in a profile measured before it was.
+      few lengths beside that many streams took lost s + (stretch - 1) x their engine step t more
+      than the same prompts with the decode worker idle (`prompt_loss_fit.loss_over_idle`), so the
+      simulator charges a prefill step starting beside that batch or more at least lost s +
+      stretch x t (`SimSettings.prompt_loss_at`); () in a profile measured before it was.
     Where the host model put the client's CPU when the served step was netted of the host's stretch
     (`stream_fit.fit_served_steps`), and so where the simulator puts it by default (the two must
     agree, or the same CPU is counted twice or not at all; `served_refit.renetted` fits a profile's

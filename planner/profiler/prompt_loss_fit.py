@@ -34,8 +34,10 @@ def loss_over_idle(by_bucket: Mapping[str, Mapping]) -> tuple[tuple[int, float, 
     """`prompt_stretch_by_decode_batch`'s rows as (batch, stretch, lost_s) over the idle row "0",
     by rising batch: stretch = 1 + slope - idle slope (at least `MIN_STRETCH`), lost_s = lost -
     idle lost (at least 0). Where either row has no line (its lengths spanned too little), the
-    ratio of their median stretches and no fixed part. () without an idle row: nothing to read an
-    increase against."""
+    difference of their median stretches the same way (1 + median - idle median) and no fixed
+    part: the simulator charges the engine's step t, and the idle excess is in the lone
+    latencies already, so what a batch adds is (its stretch - idle's) x t, not a ratio of them.
+    () without an idle row: nothing to read an increase against."""
     idle = by_bucket.get("0")
     if idle is None:
         return ()
@@ -47,6 +49,6 @@ def loss_over_idle(by_bucket: Mapping[str, Mapping]) -> tuple[tuple[int, float, 
             stretch = 1.0 + row["slope"] - idle["slope"]
             lost_s = (row["lost_ms"] - idle["lost_ms"]) / 1e3
         else:
-            stretch, lost_s = row["median_stretch"] / idle["median_stretch"], 0.0
+            stretch, lost_s = 1.0 + row["median_stretch"] - idle["median_stretch"], 0.0
         rows.append((bucket_low(label), round(max(MIN_STRETCH, stretch), 4), round(max(0.0, lost_s), 6)))
     return tuple(rows)

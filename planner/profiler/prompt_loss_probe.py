@@ -25,6 +25,8 @@ PROBE_OUTPUT = 2             # tokens of a probe: its first, and the handoff tha
 PROBE_PAUSE_S = 0.3          # between probes: both engines idle again (past vLLM's polling, and the 0.2 s
                              # within which a decode step counts as still running, `prompt_stretch_by_decode_batch`)
 STREAM_MARGIN = 2.0          # streams' outputs sized to last this many times the probes' expected time
+STREAMS_START_S = 120.0      # at most this long for every stream to be decoding
+PROBE_TIMEOUT_S = 120.0      # at most this long for one probe
 
 
 def stream_output_tokens(model: PerfModel, batch: int, lengths: Sequence[int], repeats: int,
@@ -36,7 +38,7 @@ def stream_output_tokens(model: PerfModel, batch: int, lengths: Sequence[int], r
     probes_s = repeats * sum(model.prefill_s(n, n) + PROBE_PAUSE_S + 3 * model.decode_step_s(batch + 1, n)
                              for n in lengths)
     step_s = model.decode_step_s(batch, BATCH_PROMPT_TOKENS + 64)
-    return max(16, min(max_output_tokens, int(STREAM_MARGIN * probes_s / step_s) + 16))
+    return min(max_output_tokens, max(16, int(STREAM_MARGIN * probes_s / step_s) + 16))
 
 
 async def probes_beside_streams(target: str, batch: int, lengths: Sequence[int], repeats: int, vocab_size: int,
@@ -44,7 +46,9 @@ async def probes_beside_streams(target: str, batch: int, lengths: Sequence[int],
     """Starts `batch` streams of `output_tokens` (none: the decode worker idle), waits until every
     one has its second token (decoding), then sends each of `lengths` `repeats` times, one at a
     time, `PROBE_PAUSE_S` apart; cancels the streams after. Returns the probes' window (monotonic
-    seconds, the trace's clock)."""
+    seconds, the trace's clock). A stream that fails, before the probes or during them, raises
+    its error; streams not all decoding within `STREAMS_START_S` raise TimeoutError: the probes
+    would share the prefill engine with their prompts."""
     import numpy as np
 
     from pdserve.client import AsyncClient
@@ -69,21 +73,28 @@ async def probes_beside_streams(target: str, batch: int, lengths: Sequence[int],
         try:
             if tasks:
                 waiter = asyncio.create_task(decoding.wait())
-                await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait([waiter, *tasks], timeout=STREAMS_START_S,
+                                             return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
+                if not decoding.is_set():
+                    if failed := next((t.exception() for t in done if t is not waiter and t.exception()), None):
+                        raise failed
+                    raise TimeoutError(f"{streaming} of {batch} streams decoding after {STREAMS_START_S:g} s")
             start_s = time.monotonic()
             for _ in range(repeats):
                 for n in lengths:
                     await asyncio.sleep(PROBE_PAUSE_S)
                     ids = [int(i) for i in rng.integers(10, vocab_size, size=n)]
                     async for _chunk in client.generate(token_ids=ids, max_tokens=PROBE_OUTPUT, ignore_eos=True,
-                                                        temperature=0.0):
+                                                        temperature=0.0, timeout_s=PROBE_TIMEOUT_S):
                         pass
             end_s = time.monotonic()
         finally:
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            ended = await asyncio.gather(*tasks, return_exceptions=True)
+        if broken := next((e for e in ended if isinstance(e, Exception)), None):   # not a cancel: it broke
+            raise broken
     await asyncio.sleep(1.0)   # the cancelled streams leave the decode worker; its trace flushes idle
     return start_s, end_s
 

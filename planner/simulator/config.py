@@ -251,11 +251,10 @@ class SimSettings:
     - `prompt_stretch`: a prefill instance's step by the decode batch streaming as it starts,
       ((batch, stretch[, lost_s]), ...) by rising batch (`prompt_loss_at`): a step the model puts
       at t takes lost_s + stretch x t (lost_s 0 where a row gives none) where that is longer than
-      the host model's: what a loaded cluster's traced prompt steps took over the model (the step
-      report's `stretch_by_decode_batch`: its median stretch, or its `lost_ms` and `slope`, where
-      a step loses a fixed time to the streams whatever its length; on a Zen 3 EPYC the median
-      stretch ran 1.4x idle to 3x beside 16+ streams). () (the default): the host model's alone.
-      A what-if, in place of the profile's rows;
+      the host model's. The idle excess is in the profile's lone latencies (`first_token_s`), so
+      rows read off a loaded cluster's traced steps (the step report's `stretch_by_decode_batch`)
+      go in over idle, as the profile keeps its own (`prompt_loss_fit.loss_over_idle`). () (the
+      default): the profile's rows, per `prompt_loss`. A what-if, in place of the profile's rows;
     - `prompt_loss`: with no `prompt_stretch`, whether a prefill step beside streams takes the
       profile's measured loss (`ServingCosts.prompt_loss_by_batch`, "profile", the default) or the
       host model's stretch alone ("none", the simulator before; a profile measured before the

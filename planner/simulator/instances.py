@@ -124,8 +124,9 @@ class PrefillInstance:
         """Plans the next step; `stretch` >= 1 is how much the host's other load slows it, and
         `corun` (a prompt's, a decode step's) how much another instance stepping beside it does. A
         prefill step emits no decode token: `extra_s`, the decode step's drawn spread, is not its.
-        `floor` (slope, lost_s): the step of t takes at least lost_s + slope x t before the co-run
-        stretch (`SimSettings.prompt_loss_at`, a what-if)."""
+        `floor` (stretch, lost_s): the step of t takes at least lost_s + stretch x t
+        (`SimSettings.prompt_loss_at`: measured beside the decode engine's steps, so the co-run
+        stretch is in it already and not applied to it again)."""
         if self._running or not self.queue:
             return None
         s = self._settings
@@ -133,7 +134,7 @@ class PrefillInstance:
         work = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
         worker_cpu_s = sum(s.serving.prefill_request_cpu_s(r.prompt_tokens) for r in fresh if r.prefill_start_s is not None)
         step_s = self._model.prefill_step_s(*work) + worker_cpu_s
-        duration = corun[0] * max(stretch * step_s, floor[1] + floor[0] * step_s)
+        duration = max(corun[0] * stretch * step_s, floor[1] + floor[0] * step_s)
         self._running, self.busy_s = True, self.busy_s + duration
         return now + duration
 

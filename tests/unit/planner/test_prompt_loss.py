@@ -25,10 +25,11 @@ def test_each_batch_is_kept_as_its_increase_over_the_idle_line():
     rows = loss_over_idle(by_bucket)
     # by rising batch; the slope below idle's is taken as no stretch (1), the fixed part over idle's kept
     assert rows == ((2, 1.0, 0.003), (8, pytest.approx(1.3), pytest.approx(0.010)))
-    # a bucket without a line: the ratio of the medians, no fixed part; a fixed part below idle's: 0
+    # a bucket without a line: the difference of the medians (the idle excess is charged already), no
+    # fixed part; a fixed part below idle's: 0
     rows = loss_over_idle({"0": by_bucket["0"], "4-7": {"steps": 5, "median_stretch": 2.6},
                            "16-31": {"steps": 8, "median_stretch": 1.0, "lost_ms": 1.0, "slope": 1.4}})
-    assert rows == ((4, pytest.approx(2.0), 0.0), (16, pytest.approx(1.2), 0.0))
+    assert rows == ((4, pytest.approx(2.3), 0.0), (16, pytest.approx(1.2), 0.0))
     assert loss_over_idle({"8-15": by_bucket["8-15"]}) == ()   # nothing to read an increase against
 
 
@@ -108,3 +109,13 @@ def test_a_probe_that_fails_leaves_the_profile_without_rows_and_says_why(monkeyp
     assert rows == ()
     assert notes == [(notes[0][0], False)] and "NoHealthyWorker: the decode pool went away" in notes[0][0]
     assert "the host model alone" in notes[0][0]
+
+
+def test_the_measured_floor_holds_the_co_run_stretch_already():
+    # the probe's prompts ran beside the decode engine's steps: the co-run stretch (1.5 here) is not
+    # applied to the floor again; the larger of the two is the step
+    def costs(stretch):
+        return ServingCosts(corun_prefill_stretch=1.5, prompt_loss_by_batch=((1, stretch, 0.0),))
+
+    assert first_tokens(round_settings(serving=costs(1.2)))[1] == pytest.approx(0.3 + 1.5 * PROMPT_S)
+    assert first_tokens(round_settings(serving=costs(2.0)))[1] == pytest.approx(0.3 + 2.0 * PROMPT_S)
