@@ -358,10 +358,6 @@ class SimSettings:
         row = next((row for row in reversed(self.prompt_loss_rows) if row[0] <= decode_batch), None)
         return (1.0, 0.0) if row is None else (row[1], row[2] if len(row) == 3 else 0.0)
 
-    def prompt_stretch_at(self, decode_batch: int) -> float:
-        """`prompt_loss_at`'s stretch alone."""
-        return self.prompt_loss_at(decode_batch)[0]
-
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

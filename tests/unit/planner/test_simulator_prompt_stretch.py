@@ -35,8 +35,8 @@ def test_a_prompt_beside_a_streaming_batch_takes_that_batchs_stretch():
 
 def test_the_table_is_read_at_the_largest_batch_not_above_and_checked():
     settings = round_settings(prompt_stretch=((0, 1.4), (4, 2.3), (16, 3.0)))
-    assert [settings.prompt_stretch_at(b) for b in (0, 3, 4, 15, 16, 200)] == [1.4, 1.4, 2.3, 2.3, 3.0, 3.0]
-    assert round_settings(prompt_stretch=((2, 2.0),)).prompt_stretch_at(1) == 1.0
+    assert [settings.prompt_loss_at(b)[0] for b in (0, 3, 4, 15, 16, 200)] == [1.4, 1.4, 2.3, 2.3, 3.0, 3.0]
+    assert round_settings(prompt_stretch=((2, 2.0),)).prompt_loss_at(1)[0] == 1.0
     mixed = round_settings(prompt_stretch=((0, 1.2), (8, 1.8, 0.012)))
     assert [mixed.prompt_loss_at(b) for b in (0, 7, 8, 40)] == [(1.2, 0.0), (1.2, 0.0), (1.8, 0.012), (1.8, 0.012)]
     for bad in (((4, 2.0), (0, 1.0)), ((0, 1.0), (0, 2.0)), ((-1, 1.0),), ((0, 0.0),), ((0, 1.0, -0.001),),
