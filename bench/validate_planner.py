@@ -57,39 +57,25 @@ each latency percentile's error against the runs' mean beside the runs' own spre
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import json
-import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
-from loadgen.harness import run_with_progress
-from loadgen.metrics import SLO, summarize
-from loadgen.sweep import GRID_STEP, next_bracketing_rate
-from loadgen.prompts import PromptSynthesizer
-from loadgen.runner import RunConfig
-from loadgen.host_probe import INTERPRETER_WINDOW_S, InterpreterSampler, interpreter_series, speed_check_ms, wake_check_us
-from loadgen.proc_cpu import core_busy_s
-from pdserve.engine_step_trace import STEP_TRACE_ENV
-from planner.profile import Profile, load_profile
+from loadgen.metrics import SLO
+from loadgen.sweep import GRID_STEP
+from planner.profile import load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
 from planner.simulator.config import HOP_MODELS, PROMPT_LOSS_SOURCES, SERVED_STEP_FORMS, STEP_SPREADS
 from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
-from planner.validation import (error_table, handoff_table, phase_table, verdict, verdict_table, write_summary)
-from planner.validation_cpu import check_line, core_line, core_loads, traffic_of, unbound_cpu_check
-from planner.validation_phases import measured_local_share, measured_phases
-from planner.validation_speed import RUN_SPEEDS, InterpreterSeries, machine_against_profile
-from planner.validation_step_report import step_report
-from planner.validation_runs import (NoRateMeetsSlos, RateRun, ValidationSetup, arrival_minutes, as_sent, auto_rates,
-                                     compare, cpu_by_process_s, cpu_by_worker_s, load_earlier, planned_router,
-                                     recorded_path, requests_at, router_flags_for, worker_cores, write_validation)
+from planner.validation import error_table, handoff_table, phase_table, verdict, verdict_table, write_summary
+from planner.validation_cluster import ClusterPlan, model_config, run_shape
 from planner.validation_repeats import repeats, repeats_table, write_repeats_files
+from planner.validation_runs import (NoRateMeetsSlos, ValidationSetup, compare, load_earlier, planned_router,
+                                     recorded_path, write_validation)
 from planner.validation_shapes import SHAPE_NAMES, Shape, Uniform, validation_shapes
+from planner.validation_speed import RUN_SPEEDS
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTER_SAMPLE_REQUESTS = 200  # the sample whose mean lengths set the router's cost model
@@ -312,6 +298,8 @@ def measured(args: argparse.Namespace, out_root: Path, console: Console):
     shapes = validation_shapes(max_model_len, Uniform(args.input_len, args.output_len, args.range_ratio),
                                args.trace, args.seed)
     several = len(args.shape) * len(args.topology) > 1
+    plan = ClusterPlan(args.model, args.transport, args.duration_s, args.min_requests, args.seed, args.refine,
+                       args.step_trace, tuple(float(r) for r in args.rates.split(",")) if args.rates else ())
     for topology in args.topology:
         for name in args.shape:
             shape = shapes[name]
@@ -321,7 +309,8 @@ def measured(args: argparse.Namespace, out_root: Path, console: Console):
             setup = ValidationSetup(args.model.name, slo, workload_record(shape), args.transport, topology, router)
             console.rule(f"{topology.label}: {name} ({shape.description})")
             try:
-                runs = measure(args, first, shape, setup, max_model_len, out_dir, console)
+                runs = run_shape(plan, first, [path.stem for path in args.profile], shape, setup, max_model_len,
+                                 out_dir, console)
             except NoRateMeetsSlos as why:  # the other shapes and topologies still run
                 console.print(f"skipped {name} on {topology.label}: {why}")
                 continue
@@ -357,126 +346,6 @@ def workload_record(shape: Shape) -> dict:
     """The shape as validation.json keeps it: its name, description and loadgen workload fields."""
     fields = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(shape.workload).items()}
     return {"shape": shape.name, "description": shape.description, **fields}
-
-
-def start_cluster(model: Path, profile: Profile, setup: ValidationSetup, max_model_len: int, log_dir: Path):
-    """The topology on cores 0 and 1 (`Topology.devices_per_instance` cores per worker), its router
-    placing with `setup.router`."""
-    from launch.comparison_systems import PdserveCluster
-    from pdserve.engine import EngineSettings
-
-    # No prefix cache: the simulator computes every prompt, so the real engines must too.
-    engine = EngineSettings(model=str(model), dtype=profile.model.dtype, block_size=profile.model.block_size,
-                            kv_cache_bytes=profile.engine.kv_cache_memory_bytes, max_num_seqs=profile.engine.max_num_seqs,
-                            max_model_len=max_model_len, enable_prefix_caching=False,
-                            max_num_batched_tokens=setup.topology.token_budget or profile.engine.max_num_batched_tokens)
-    topology = setup.topology
-    flags = tuple(router_flags_for(setup.router, log_dir / "router"))
-    cluster = PdserveCluster.sized(engine, "0", "1", log_dir, setup.transport, topology.label, topology.kind,
-                                   topology.num_prefill, topology.num_decode + topology.num_colocated, flags,
-                                   topology.devices_per_instance)
-    cluster.start()
-    return cluster
-
-
-def measure(args: argparse.Namespace, first: Profile, shape: Shape, setup: ValidationSetup, max_model_len: int,
-            out_dir: Path, console: Console) -> list[RateRun]:
-    """Runs one shape on one topology's real cluster at each rate."""
-    slo, topology = setup.slo, setup.topology
-    rates = ([float(r) for r in args.rates.split(",")] if args.rates
-             else auto_rates(first, shape.workload, slo, args.transport, args.duration_s, args.min_requests,
-                             topology, setup.router))
-    console.print(f"rates {rates} req/s ({arrival_minutes(rates, args.duration_s, args.min_requests):.1f} min of "
-                  f"arrivals); SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
-                  f"profiles {[p.stem for p in args.profile]}" + (f"; then up to {args.refine} more to bracket "
-                                                                   "the knee and halve the bracket"
-                                                                   if args.refine else ""))
-    trace_dir = out_dir / "logs" / "steps"
-    if args.step_trace:   # the workers and their engine cores inherit it as they start
-        os.environ[STEP_TRACE_ENV] = str(trace_dir)
-    try:
-        system = start_cluster(args.model, first, setup, max_model_len, out_dir / "logs")
-    finally:
-        os.environ.pop(STEP_TRACE_ENV, None)
-    try:
-        def at(index: int, rate: float) -> RateRun:
-            count = requests_at(rate, args.duration_s, args.min_requests)
-            specs = shape.workload.build(rate_rps=rate, num_requests=count)
-            vocab = model_config(args.model)["vocab_size"]
-            prompts = PromptSynthesizer(seed=args.seed + index, token_id_high=min(250, vocab))
-            machine = machine_now(first)
-            workers_before, cores_before = cpu_by_worker_s(system.cluster), core_busy_s()
-            cpu_before, wall_before = cpu_by_process_s(system.cluster, workers_before), time.perf_counter()
-            with InterpreterSampler(sorted(os.sched_getaffinity(0))) as interpreter:
-                result = asyncio.run(run_with_progress(system.target(), specs, prompts, RunConfig(warmup_requests=4),
-                                                       f"{topology.label} {shape.name} {rate:g} req/s"))
-            machine["interp_ms"] = round(interpreter.mean_ms, 4)
-            series = interpreter_series(interpreter.samples, result.start_s, result.start_s + result.duration_s)
-            machine["interp_series_ms"] = {str(core): values for core, values in series.items()}
-            machine["interp_window_s"], machine["interp_start_s"] = INTERPRETER_WINDOW_S, round(result.start_s, 4)
-            wall_s = time.perf_counter() - wall_before
-            workers_after = cpu_by_worker_s(system.cluster)
-            by_process = {group: round(cores, 4) for group, cores in cores_since(
-                cpu_before, cpu_by_process_s(system.cluster, workers_after), wall_s).items()}
-            cpu_cores = sum(by_process.values())
-            loads = core_loads(cores_since(cores_before, core_busy_s(), wall_s), worker_cores(system.cluster),
-                               cores_since(workers_before, workers_after, wall_s))
-            measured_summary = summarize(result.records, result.duration_s, slo)
-            if (local := measured_local_share(result.records)) is not None:
-                measured_summary["local_prefill_share"] = local
-            if args.step_trace:
-                measured_summary["engine_steps"] = step_report(
-                    system.cluster, trace_dir, result, first, console,
-                    setup.topology.token_budget or first.engine.max_num_batched_tokens,
-                    InterpreterSeries(series, result.start_s, INTERPRETER_WINDOW_S, worker_cores(system.cluster)))
-            traffic = traffic_of(result.records, wall_s, measured_summary.get("engine_steps"))
-            console.print(check_line(rate, unbound_cpu_check(by_process, first.serving, traffic)), markup=False)
-            if loads:
-                console.print(core_line(rate, loads), markup=False)
-            console.print(f"{rate:g} req/s: the cluster's processes and this client used "
-                          f"{cpu_cores:.2f} of the host's {len(os.sched_getaffinity(0))} cores; before it "
-                          f"{machine['ms_per_product']:.2f} ms per {first.hardware.machine_product} product "
-                          f"and a {machine['wake_us']:.0f} us wake-up round trip, over it "
-                          f"{machine['interp_ms']:.3f} ms of CPU an interpreter loop "
-                          f"({machine_against_profile(machine, first.hardware)})")
-            if measured_summary["failed"]:
-                console.print(f"[red]{measured_summary['failed']} requests failed at {rate:g} req/s: "
-                              f"{measured_summary['errors_by_kind']}[/red]")
-            return RateRun(rate, as_sent(specs, result.records), measured_summary, cpu_cores,
-                           measured_phases(result.records, len(specs)), machine, by_process,
-                           [dataclasses.asdict(row) | {"others": round(row.others, 4)} for row in loads] or None)
-
-        runs = [at(index, rate) for index, rate in enumerate(rates)]
-        for _ in range(args.refine):   # bracket the goodput, then halve the bracket it is interpolated across
-            curve = [(run.rate_rps, run.measured["slo_attainment"]) for run in runs]
-            if (rate := next_bracketing_rate(curve)) is None:
-                break
-            where = ("above every rate, which all met the SLOs" if rate > max(curve)[0]
-                     else "below every rate, which all missed the SLOs" if rate < min(curve)[0]
-                     else "between the last rate that met the SLOs and the first that did not")
-            console.print(f"refining the knee: {rate:g} req/s, {where}")
-            runs.append(at(len(runs), rate))
-    finally:
-        system.stop()
-    return sorted(runs, key=lambda run: run.rate_rps)
-
-
-def cores_since(before: dict, after: dict, wall_s: float) -> dict:
-    """Each key's CPU seconds from `before` to `after` over `wall_s`, in cores (a key new in `after`
-    counts from 0)."""
-    return {key: (used - before.get(key, 0.0)) / wall_s for key, used in after.items()}
-
-
-def machine_now(profile: Profile) -> dict[str, Any]:
-    """The machine's compute speed (the profile's product, named) and wake-up round trip, every
-    core, now."""
-    cores = sorted(os.sched_getaffinity(0))
-    return {"ms_per_product": speed_check_ms(cores, product=profile.hardware.machine_product),
-            "product": profile.hardware.machine_product, "wake_us": wake_check_us(cores)}
-
-
-def model_config(model: Path) -> dict:
-    return json.loads((model / "config.json").read_text())
 
 
 if __name__ == "__main__":

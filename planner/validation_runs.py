@@ -2,7 +2,8 @@
 the rates to run at, the requests as the client really sent them, the CPU the cluster used, the
 comparison of each run with each profile's simulation, and validation.json, which keeps each
 rate's requests so a changed simulator or model can be re-checked without the cluster
-(`resimulate`). bench/validate_planner.py runs the real cluster and calls these.
+(`resimulate`). `planner.validation_cluster` runs the real cluster; bench/validate_planner.py
+parses the command line and calls both.
 """
 
 from __future__ import annotations
