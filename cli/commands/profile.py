@@ -36,6 +36,12 @@ same engine options your workers run with.
 
 Writes OUT (a versioned JSON profile recording hardware, model and engine settings) and OUT with
 a .png suffix (measured points and the fitted model), and prints the fit and its error.
+
+A shared VM runs the same engine 1.3-1.8x slower for minutes at a time, and one profile holds
+whatever its minutes ran at. --merge measures nothing: it writes OUT as the median of several
+profiles of one host kind, model and engine setup (each row and serving term the median of the
+profiles that measured it; planner/profile_merge.py), steadier than any one of them. Measure them
+apart in time (between other work), then merge.
 `pdserve plan --profile OUT` and `pdserve planner --profile OUT` read it. A full run takes a few
 minutes; --quick measures the fewest points the fits accept (about a minute on the tiny model).
 """
@@ -45,6 +51,7 @@ examples:
   pdserve profile --model models/bench --out profiles/bench.json
   pdserve profile --model models/tiny --quick --transports tcp --out /tmp/tiny.json
   pdserve profile --model models/bench --through cluster --cluster-cores 0,1 --out profiles/bench_served.json
+  pdserve profile --merge p1.json --merge p2.json --merge p3.json --out profiles/median.json
 """
 
 
@@ -71,7 +78,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "it (a minute or two more; the baseline of goodput comparisons)")
     p.add_argument("--quick", action="store_true", help="fewest points (tests, smoke runs): about a minute")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
-    add_engine_options(p)
+    p.add_argument("--merge", type=Path, action="append", metavar="PROFILE",
+                   help="measure nothing: write OUT as the median of these profiles (repeat the flag, two or more, "
+                        "of one host kind, model and engine setup); --model is not needed then")
+    add_engine_options(p, model_required=False)
     p.set_defaults(func=run, skips_teardown=True)
 
 
@@ -84,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     from planner.profiler.job import ProfileJob, run_profile
     from planner.profiler.plan import PlanError
 
+    if args.merge:
+        return _merge(args.merge, args.out)
+    if args.model is None:
+        raise SystemExit("pdserve profile: give --model (the checkpoint to measure), or --merge PROFILE twice or more")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         job = ProfileJob(engine=engine_settings(args, args.cpu_cores),
@@ -96,6 +110,29 @@ def run(args: argparse.Namespace) -> int:
     except (PlanError, ProfileError, ValueError, FileNotFoundError) as bad:
         raise SystemExit(f"pdserve profile: {bad}") from bad
     console.print(f"wrote {outcome.profile_path} and {outcome.plot_path} in {outcome.elapsed_s:.0f} s")
+    return 0
+
+
+def _merge(paths: list[Path], out: Path) -> int:
+    from rich.console import Console
+
+    from planner.perf_model import fit_perf_model
+    from planner.profile import ProfileError, load_profile, save_profile
+    from planner.profile_merge import merged_profile
+    from planner.profiler.plot import plot_profile
+    from planner.profiler.summary import print_summary
+
+    try:
+        merged = merged_profile([load_profile(path) for path in paths])
+    except (ProfileError, FileNotFoundError) as bad:
+        raise SystemExit(f"pdserve profile --merge: {bad}") from bad
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_profile(merged, out)
+    fit = fit_perf_model(merged)
+    plot = plot_profile(merged, fit.model, out.with_suffix(".png"))
+    console = Console()
+    print_summary(console, merged, fit)
+    console.print(f"wrote {out} and {plot}: the median of {len(paths)} profiles")
     return 0
 
 
