@@ -57,9 +57,12 @@ SETS = (
     SessionSet("amx167-s62", tuple(f"repeats_amx167/refined/run{k}" for k in (1, 2, 3)),
                ("repeats_amx167/tiny_amx167_s62.json", "repeats_amx167/tiny_amx167_s62b.json")),
     SessionSet("zen4-hops", ("hops_zen4/tiny",), ("hops_zen4/tiny_zen4.json", "hops_zen4/tiny_zen4_b.json")),
-    SessionSet("zen5-s55", ("validate_shapes_zen5_shm/tiny",),
+    SessionSet("zen5-shm", ("validate_shapes_zen5_shm/tiny",),
                ("validate_shapes_zen5_shm/tiny_2cpu_epyc_avx512_corun_served.json",
                 "validate_shapes_zen5_shm/tiny_2cpu_epyc_avx512_corun_served_later.json")),
+    SessionSet("zen4-s68", ("validate_zen4_s68/tiny",),
+               ("validate_zen4_s68/tiny_zen4_p1.json", "validate_zen4_s68/tiny_zen4_p2.json",
+                "validate_zen4_s68/tiny_zen4_p3.json")),
 )
 
 
@@ -67,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALIDATION[,...]:PROFILE,PROFILE[,...]",
                    help="another session's validations and profiles (paths under bench/results or absolute), "
-                        "e.g. zen4-s68=/tmp/v:/tmp/p1.json,/tmp/p2.json; repeat for several")
+                        "e.g. zen4-s69=/tmp/v:/tmp/p1.json,/tmp/p2.json; repeat for several")
     p.add_argument("--only", action="append", default=[], metavar="NAME", help="only these sets (default: all)")
     p.add_argument("--out", type=Path, default=REPO / "out" / "merged_profiles")
     return p.parse_args(argv)
@@ -157,13 +160,37 @@ def by_profile(rows: list[dict]) -> list[dict]:
     return table
 
 
+def pooled(rows: list[dict]) -> dict:
+    """Over every validation and shape that each profile of its set brackets: the single profiles'
+    rows taken together against the merged ones (mean |error|, mean signed error), and in how many
+    cases the merged error is within the singles' range, below their mean |error|, below their worst."""
+    cases: dict[tuple, list[dict]] = {}
+    for row in rows:
+        cases.setdefault((row["set"], row["validation"], row["shape"]), []).append(row)
+    shared = [case for case in cases.values() if all(row["goodput_error"] is not None for row in case)]
+    singles = [row["goodput_error"] for case in shared for row in case if row["profile"] != "merged"]
+    merged = [row["goodput_error"] for case in shared for row in case if row["profile"] == "merged"]
+    below_mean = below_worst = 0
+    for case in shared:
+        own = [abs(row["goodput_error"]) for row in case if row["profile"] != "merged"]
+        mine = next(abs(row["goodput_error"]) for row in case if row["profile"] == "merged")
+        below_mean += mine < sum(own) / len(own)
+        below_worst += mine < max(own)
+    return {"cases": len(shared), "single_rows": len(singles),
+            "single_mean_abs": mean([abs(e) for e in singles]), "single_mean_signed": mean(singles),
+            "merged_mean_abs": mean([abs(e) for e in merged]), "merged_mean_signed": mean(merged),
+            "merged_below_singles_mean_abs": below_mean, "merged_below_worst_single": below_worst}
+
+
 def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
 def write(out: Path, rows: list[dict], table: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "merged_profiles.json").write_text(json.dumps({"rows": rows, "by_profile": table}, indent=1))
+    over_all = pooled(rows)
+    (out / "merged_profiles.json").write_text(json.dumps({"rows": rows, "by_profile": table, "pooled": over_all},
+                                                         indent=1))
     pct = lambda x: "-" if x is None else f"{x:+.0%}"   # noqa: E731
     absolute = lambda x: "-" if x is None else f"{x:.1%}"   # noqa: E731
     lines = ["| set | profile | rows | mean abs goodput err | max | mean percentile err | optimistic rows | past the grid |",
@@ -173,7 +200,13 @@ def write(out: Path, rows: list[dict], table: list[dict]) -> None:
         lines.append(f"| {t['set']} | {name} | {t['rows']} | {absolute(t['mean_abs_goodput_error'])} | "
                      f"{absolute(t['max_abs_goodput_error'])} | {absolute(t['mean_percentile_error'])} | "
                      f"{t['optimistic_rows']} | {t['past_grid_rows']} |")
-    lines += ["", "Goodput error by validation and shape (each profile, then merged):", "",
+    lines += ["", f"Over the {over_all['cases']} validations and shapes that every profile of its set brackets: "
+              f"single profiles {absolute(over_all['single_mean_abs'])} mean |goodput error| "
+              f"({pct(over_all['single_mean_signed'])} signed, {over_all['single_rows']} rows), merged "
+              f"{absolute(over_all['merged_mean_abs'])} ({pct(over_all['merged_mean_signed'])} signed); the merged "
+              f"error below its singles' mean |error| in {over_all['merged_below_singles_mean_abs']}, below the worst "
+              f"single's in {over_all['merged_below_worst_single']}.",
+              "", "Goodput error by validation and shape (each profile, then merged):", "",
               "| set | validation | shape | goodput measured | errors |", "|---|---|---|---|---|"]
     for key in dict.fromkeys((r["set"], r["validation"], r["shape"]) for r in rows):
         mine = [r for r in rows if (r["set"], r["validation"], r["shape"]) == key]

@@ -5,8 +5,11 @@ A shared VM runs the same engine 1.3-1.8x slower for seconds to minutes at a tim
 holds whatever its minutes ran at: on one Zen 4 VM three profiles measured within 40 minutes
 charged a served decode step +1.63, +0.94 and +2.34 ms over the engine's, and put one validation's
 goodput 9-30% apart (BENCHMARKS, "A prompt step beside decode streams"); on a Zen 3 VM three put the
-goodput 4-53% apart. No one profile's minutes are the machine; their median is nearer what it runs
-at most of the time, as a planner sizing a pool for hours needs.
+goodput 4-53% apart. No one profile's minutes are the machine. Their median hedges against an
+unlucky one: resimulating every kept validation whose session measured several profiles, its
+goodput error was below the worst single profile's in all 38 cases and below their mean in 24
+(BENCHMARKS, "Several profiles of one VM, merged"); it does not pick the good one, whose terms it
+mixes with the others'.
 
 What is taken how:
 - the engine tables (one device and each width measured by every profile), the KV transfers:
@@ -20,8 +23,9 @@ What is taken how:
   batch, over the profiles that measured that batch; the batched runs pooled, in profile order,
   without their windows;
 - vLLM's server's terms the same way where every profile measured them, else none;
-- the machine checks (compute, wake-up, the interpreter's mean): the median; the interpreter's
-  series is dropped (each on its own clock).
+- the machine checks: the compute check's fastest and slowest over every profile (so a plan's
+  speed margin sees how far the machine moved over all of them), the wake-up's and the
+  interpreter's mean the median; the interpreter's series is dropped (each on its own clock).
 The model, the engine settings, the host kind, the product the checks timed, the host's cores and
 where the client was placed must agree: profiles that differ in any are not of one setup, and
 merging them is refused (`ProfileError`, naming what differs). Pure: profiles in, a profile out.
@@ -105,14 +109,19 @@ def merged_decode(tables: Sequence[Sequence[DecodeSample]]) -> tuple[DecodeSampl
 
 
 def merged_hardware(machines: Sequence[HardwareInfo]) -> HardwareInfo:
-    """The first's, its checks the median of everyone's that took them, no interpreter series."""
-    def median_checked(name: str) -> float:
-        taken = [getattr(m, name) for m in machines if getattr(m, name) > 0]
+    """The first's, with no interpreter series; its compute checks the fastest and the slowest of
+    every profile's (start and end alike: `pdserve plan --speed-margin auto` then plans for as far as
+    the machine moved over all of them, `planner.speed_margin`), its wake-up checks and interpreter
+    mean the median of those taken (0: none was)."""
+    def median_checked(*names: str) -> float:
+        taken = [getattr(m, name) for m in machines for name in names if getattr(m, name) > 0]
         return statistics.median(taken) if taken else 0.0
 
-    checks = ("machine_ms_start", "machine_ms_end", "machine_wake_us_start", "machine_wake_us_end",
-              "machine_interp_ms")
-    return replace(machines[0], **{name: median_checked(name) for name in checks},
+    compute = [ms for m in machines for ms in (m.machine_ms_start, m.machine_ms_end) if ms > 0]
+    return replace(machines[0], machine_ms_start=min(compute, default=0.0), machine_ms_end=max(compute, default=0.0),
+                   machine_wake_us_start=median_checked("machine_wake_us_start"),
+                   machine_wake_us_end=median_checked("machine_wake_us_end"),
+                   machine_interp_ms=median_checked("machine_interp_ms"),
                    machine_interp_series_ms=(), machine_interp_start_s=0.0)
 
 

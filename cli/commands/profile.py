@@ -36,14 +36,16 @@ same engine options your workers run with.
 
 Writes OUT (a versioned JSON profile recording hardware, model and engine settings) and OUT with
 a .png suffix (measured points and the fitted model), and prints the fit and its error.
+`pdserve plan --profile OUT` and `pdserve planner --profile OUT` read it. A full run takes a few
+minutes; --quick measures the fewest points the fits accept (about a minute on the tiny model).
 
 A shared VM runs the same engine 1.3-1.8x slower for minutes at a time, and one profile holds
 whatever its minutes ran at. --merge measures nothing: it writes OUT as the median of several
 profiles of one host kind, model and engine setup (each row and serving term the median of the
-profiles that measured it; planner/profile_merge.py), steadier than any one of them. Measure them
-apart in time (between other work), then merge.
-`pdserve plan --profile OUT` and `pdserve planner --profile OUT` read it. A full run takes a few
-minutes; --quick measures the fewest points the fits accept (about a minute on the tiny model).
+profiles that measured it; planner/profile_merge.py). It hedges against an unlucky profile rather
+than beating a good one: on the kept validations its goodput error was below the worst single
+profile's every time and below their mean two times in three (BENCHMARKS.md, "Several profiles of
+one VM, merged"). Measure them apart in time, then merge.
 """
 
 EPILOG = """\

@@ -83,16 +83,19 @@ def test_a_spread_is_merged_quantile_by_quantile_over_the_most_common_length():
     assert merged_spread([(0.0, 1.0), (0.0, 1.0, 2.0)]) == (0.0, 1.0, 2.0)    # a tie: the finer
 
 
-def test_the_machine_checks_are_medians_and_the_series_is_dropped():
-    def machine(ms: float) -> HardwareInfo:
-        return HardwareInfo("AMD EPYC", 2, host_kind="kind", machine_ms_start=ms, machine_ms_end=0.0,
-                            machine_interp_ms=ms / 10, machine_interp_series_ms=((0, (1.0, None)),),
-                            machine_interp_start_s=50.0)
+def test_the_compute_checks_span_every_profiles_and_the_others_are_medians():
+    def machine(start_ms: float, end_ms: float, wake_us: float) -> HardwareInfo:
+        return HardwareInfo("AMD EPYC", 2, host_kind="kind", machine_ms_start=start_ms, machine_ms_end=end_ms,
+                            machine_wake_us_start=wake_us, machine_interp_ms=start_ms / 10,
+                            machine_interp_series_ms=((0, (1.0, None)),), machine_interp_start_s=50.0)
 
-    merged = merged_profile([replace(BASE, hardware=machine(ms)) for ms in (6.0, 9.0, 7.0)])
-    assert merged.hardware.machine_ms_start == pytest.approx(7.0) and merged.hardware.machine_ms_end == 0.0
-    assert merged.hardware.machine_interp_ms == pytest.approx(0.7)
-    assert merged.hardware.machine_interp_series_ms == () and merged.hardware.machine_interp_start_s == 0.0
+    merged = merged_profile([replace(BASE, hardware=machine(*checks))
+                             for checks in ((6.0, 6.2, 90.0), (7.5, 0.0, 0.0), (6.4, 5.9, 150.0))]).hardware
+    # the machine moved from 5.9 to 7.5 ms over the three: a plan's auto margin sees 1.27x
+    assert (merged.machine_ms_start, merged.machine_ms_end) == (5.9, 7.5)
+    assert merged.machine_wake_us_start == pytest.approx(120.0) and merged.machine_wake_us_end == 0.0
+    assert merged.machine_interp_ms == pytest.approx(0.64)
+    assert merged.machine_interp_series_ms == () and merged.machine_interp_start_s == 0.0
 
 
 @pytest.mark.parametrize("change, what", [
@@ -112,3 +115,23 @@ def test_the_merged_profile_is_a_valid_file(tmp_path):
     merged = merged_profile([slowed(1.0, "a"), slowed(1.1, "b")])
     save_profile(merged, tmp_path / "m.json")
     assert load_profile(tmp_path / "m.json") == merged
+
+
+def test_pdserve_profile_merge_writes_the_median_and_refuses_another_setup(tmp_path, capsys):
+    from cli.main import main
+
+    paths = []
+    for name, factor in (("a", 1.0), ("b", 1.4), ("c", 1.1)):
+        paths += ["--merge", str(tmp_path / f"{name}.json")]
+        save_profile(slowed(factor, name), tmp_path / f"{name}.json")
+    assert main(["profile", *paths, "--out", str(tmp_path / "m.json")]) == 0
+    merged = load_profile(tmp_path / "m.json")
+    assert merged.decode[0].step_s == pytest.approx(1.1 * BASE.decode[0].step_s)
+    assert (tmp_path / "m.png").stat().st_size > 10_000
+    assert "the median of 3 profiles" in " ".join(capsys.readouterr().out.split())   # rich wraps long lines
+    save_profile(replace(BASE, model=replace(BASE.model, dtype="float32")), tmp_path / "other.json")
+    with pytest.raises(SystemExit, match="--merge: cannot merge profiles whose the model differ"):
+        main(["profile", "--merge", str(tmp_path / "a.json"), "--merge", str(tmp_path / "other.json"),
+              "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="give --model"):
+        main(["profile", "--out", str(tmp_path / "x.json")])
