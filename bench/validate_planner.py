@@ -298,8 +298,8 @@ def measured(args: argparse.Namespace, out_root: Path, console: Console):
     shapes = validation_shapes(max_model_len, Uniform(args.input_len, args.output_len, args.range_ratio),
                                args.trace, args.seed)
     several = len(args.shape) * len(args.topology) > 1
-    plan = ClusterPlan(args.model, args.transport, args.duration_s, args.min_requests, args.seed, args.refine,
-                       args.step_trace, tuple(float(r) for r in args.rates.split(",")) if args.rates else ())
+    plan = ClusterPlan(args.model, args.duration_s, args.min_requests, args.seed, args.refine, args.step_trace,
+                       tuple(float(r) for r in args.rates.split(",")) if args.rates else ())
     for topology in args.topology:
         for name in args.shape:
             shape = shapes[name]

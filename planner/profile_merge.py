@@ -48,7 +48,6 @@ Row = TypeVar("Row")
 # serving fields taken otherwise than as a median of numbers
 _SERVING_AGREE = ("host_cores", "client_placement")
 _SERVING_BY_BATCH = ("served_step_extra_s", "prompt_loss_by_batch")
-_SERVING_POOLED = ("served_batch_runs", "served_batch_windows_s")
 
 
 def merged_profile(profiles: Sequence[Profile], created_at: str = "") -> Profile:
@@ -113,8 +112,8 @@ def merged_hardware(machines: Sequence[HardwareInfo]) -> HardwareInfo:
     every profile's (start and end alike: `pdserve plan --speed-margin auto` then plans for as far as
     the machine moved over all of them, `planner.speed_margin`), its wake-up checks and interpreter
     mean the median of those taken (0: none was)."""
-    def median_checked(*names: str) -> float:
-        taken = [getattr(m, name) for m in machines for name in names if getattr(m, name) > 0]
+    def median_checked(name: str) -> float:
+        taken = [getattr(m, name) for m in machines if getattr(m, name) > 0]
         return statistics.median(taken) if taken else 0.0
 
     compute = [ms for m in machines for ms in (m.machine_ms_start, m.machine_ms_end) if ms > 0]

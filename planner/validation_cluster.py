@@ -53,7 +53,6 @@ class ClusterPlan:
     `auto_rates`), how many more rates bracket the knee, and whether the engines trace their steps."""
 
     model: Path
-    transport: str
     duration_s: float
     min_requests: int
     seed: int = 0
@@ -68,7 +67,7 @@ def run_shape(plan: ClusterPlan, first: Profile, profile_names: Sequence[str], s
     around the knee; the runs by rising rate. Raises `NoRateMeetsSlos` (from `auto_rates`) where the
     first profile meets the SLOs at no rate. Logs and step traces go under `out_dir`/logs."""
     slo = setup.slo
-    rates = list(plan.rates_rps) or auto_rates(first, shape.workload, slo, plan.transport, plan.duration_s,
+    rates = list(plan.rates_rps) or auto_rates(first, shape.workload, slo, setup.transport, plan.duration_s,
                                                plan.min_requests, setup.topology, setup.router)
     console.print(f"rates {rates} req/s ({arrival_minutes(rates, plan.duration_s, plan.min_requests):.1f} min of "
                   f"arrivals); SLOs TTFT {slo.ttft_s * 1e3:g} ms, TPOT {slo.tpot_s * 1e3:g} ms; "
