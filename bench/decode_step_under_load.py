@@ -42,6 +42,9 @@ process (no cluster traffic; the cluster stays up, idle), one request at a time 
   engine-beside  as a worker runs it: this process on core 1 from the start, front end included
   engine-worker  engine-beside with what a decode worker adds: pdserve's KV connector (a consumer
                  that pulls nothing) and the worker's stat loggers (vLLM then keeps stats every step)
+  engine-apart-long, engine-beside-long
+                 engine-apart and engine-beside with the lone-long requests' prompts: whether what a
+                 front end on the engine's core adds to a step grows with the context
 
 and reads, for each phase, the decode worker's steps that ran only decodes by batch, with a join
 and without, against the --profile's engine step for the same batch and context
@@ -91,15 +94,17 @@ def lone_specs(args, prompt_tokens: int):
 
 
 LONE_PHASES = ("lone", "lone-long", "lone+matmul", "lone+spin")
-ENGINE_PHASES = ("engine-apart", "engine-beside", "engine-worker")
+ENGINE_PHASES = ("engine-apart", "engine-beside", "engine-worker", "engine-apart-long", "engine-beside-long")
 WORKER_ENGINE_ID = "bisect-worker"   # engine-worker's trace; the other engine phases' are vLLM's "engine"
 
 
-def phase_order(round_index: int, loads: list[tuple[str, float]], engine_phases: bool = False) -> list[str]:
+def phase_order(round_index: int, loads: list[tuple[str, float]], engine_phases: bool = False,
+                only: tuple[str, ...] = ()) -> list[str]:
     """The phases of round `round_index` (from 0): the lone ones, the engine ones (`engine_phases`),
-    then each load as SHAPE@RATE; every other round in reverse (ABBA: a drift of the host lands on
-    every phase alike)."""
+    then each load as SHAPE@RATE, those named in `only` alone where it names any; every other round
+    in reverse (ABBA: a drift of the host lands on every phase alike)."""
     names = [*LONE_PHASES, *(ENGINE_PHASES if engine_phases else ()), *(f"{shape}@{rate:g}" for shape, rate in loads)]
+    names = [name for name in names if not only or name in only]
     return names[::-1] if round_index % 2 else names
 
 
@@ -126,7 +131,8 @@ async def engine_phase(args, name: str, trace_dir: Path) -> Phase:
     cores = os.sched_getaffinity(0)
     os.environ[STEP_TRACE_ENV] = str(trace_dir)
     try:
-        if name != "engine-apart":
+        apart = name.startswith("engine-apart")
+        if not apart:
             os.sched_setaffinity(0, {1})
         if name == "engine-worker":
             connector = ConnectorConfig(transport=args.transport, model=Path(args.model).name,
@@ -135,13 +141,14 @@ async def engine_phase(args, name: str, trace_dir: Path) -> Phase:
                                   stat_loggers=engine_stat_loggers(EngineLoad()))
         else:
             engine = start_engine(settings, "colocated")
-        os.sched_setaffinity(0, {0} if name == "engine-apart" else {1})
+        os.sched_setaffinity(0, {0} if apart else {1})
         try:
             probe = EngineProbe(engine, int(engine.vllm_config.model_config.get_vocab_size()), seed=3)
             await probe.warm_up()
             start_s = time.monotonic()
+            prompt = args.lone_long_prompt if name.endswith("-long") else args.lone_prompt
             for _ in range(args.lone_requests):
-                await probe.run(args.lone_prompt, args.lone_output)
+                await probe.run(prompt, args.lone_output)
             return Phase(name, start_s, time.monotonic())
         finally:
             engine.shutdown()
@@ -181,7 +188,7 @@ def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
         target = cluster.grpc_target
         asyncio.run(send(target, lone_specs(args, args.lone_prompt) * 4, seed=1))   # warm
         for round_index in range(args.rounds):
-            for name in phase_order(round_index, args.load, args.engine_phases):
+            for name in phase_order(round_index, args.load, args.engine_phases, tuple(args.only)):
                 start_s = time.monotonic()
                 if name in ENGINE_PHASES:
                     time.sleep(1.0)   # the cluster's engines past their spin
@@ -310,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
                              "long-short@1.6 and short-long@2)")
     parser.add_argument("--load-requests", type=int, default=60, help="requests a load phase (60)")
     parser.add_argument("--engine-phases", action="store_true",
-                        help="also the engine phases (engine-apart, engine-beside, engine-worker: see above)")
+                        help="also the engine phases (engine-apart, engine-beside, engine-worker and the "
+                             "-long ones: see above)")
+    parser.add_argument("--only", action="append", default=[], metavar="PHASE",
+                        help="run only this phase (repeatable; a load as SHAPE@RATE), e.g. --only lone "
+                             "--only lone-long --only engine-apart")
     parser.add_argument("--no-loads", action="store_true", help="no load phases (the lone and engine ones only)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; the phases' order flips each round (2)")
     parser.add_argument("--transport", default="shm", help="the cluster's KV transport (shm)")

@@ -74,6 +74,10 @@ KEPT = (
       for k in (1, 2)),
     Kept("zen5-s65-bench", "validate_zen5_s65/bench", "validate_zen5_s65/bench_zen5.json", "shm"),
     Kept("zen3-s66", "validate_zen3_s66/tiny", "validate_zen3_s66/tiny_zen3.json", "shm"),
+    Kept("zen4-s67-first", "validate_zen4_s67/first", "validate_zen4_s67/tiny_zen4.json", "shm"),
+    Kept("zen4-s67-second", "validate_zen4_s67/second", "validate_zen4_s67/tiny_zen4_c.json", "shm"),
+    Kept("zen4-s68", "validate_zen4_s68/tiny", "validate_zen4_s68/tiny_zen4_p1.json", "shm"),
+    Kept("zen4-s68-bench", "validate_zen4_s68/bench", "validate_zen4_s68/bench_zen4.json", "shm"),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 

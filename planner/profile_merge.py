@@ -21,7 +21,7 @@ What is taken how:
   its host's: a median keeps order); a spread, quantile by quantile, over the profiles with the
   most common number of quantiles; the served step's extra and the prompt-loss rows batch by
   batch, over the profiles that measured that batch; the batched runs pooled, in profile order,
-  without their windows;
+  without their windows; the served co-run stretch over the profiles that measured it;
 - vLLM's server's terms the same way where every profile measured them, else none;
 - the machine checks: the compute check's fastest and slowest over every profile (so a plan's
   speed margin sees how far the machine moved over all of them), the wake-up's and the
@@ -141,6 +141,8 @@ def merged_serving(costs: Sequence[ServingCosts]) -> ServingCosts:
             merged[f.name] = tuple(run for runs in values for run in runs)
         elif f.name == "served_batch_windows_s":
             merged[f.name] = ()
+        elif f.name == "corun_decode_stretch_served":   # 0: not measured, not a stretch of 0
+            merged[f.name] = statistics.median([v for v in values if v > 0] or [0.0])
         else:
             merged[f.name] = statistics.median(values)
     return ServingCosts(**merged)

@@ -80,6 +80,15 @@ class ServingCosts:
     - `corun_prefill_stretch`: of a prompt computed beside a decoding engine;
     - `corun_decode_stretch`: of a decode step beside an engine computing prompts.
     Kept as measured (the median over rounds); the simulator takes a ratio below 1 as 1 (noise).
+    The same stretch of a decode step as a cluster shows it (`planner.profiler.prompt_loss_probe`:
+    the decode engine's traced steps that the prompt-loss probes' prompt steps covered, over those
+    of the same streams with the prefill engine idle, net of the host model's own ratio of the two,
+    the median over the probes' batches; `prompt_loss_fit.served_decode_corun`):
+    - `corun_decode_stretch_served`: what the simulator charges a decode step beside a prompt by
+      default (`SimSettings.corun`), 0 in a profile measured before it was. Two bare engines miss
+      most of it: on a Zen 4 EPYC the probe read 1.02-1.05 where a lone request's steps through
+      the cluster ran 1.11-1.22x longer while the prefill engine computed long prompts beside them
+      (BENCHMARKS, "A decode step beside a prompt, through the cluster").
     What the served step was fitted on, kept so that another form can be fitted later without
     measuring again (`served_refit.kept_batch_runs`; () in a profile measured before it was kept):
     - `served_batch_runs`: each batched run as (batch, served step s, context tokens, tokens the
@@ -128,6 +137,7 @@ class ServingCosts:
     served_step_extra_s: tuple[tuple[float, float], ...] = ()
     client_placement: str = "router-room"
     prompt_loss_by_batch: tuple[tuple[float, float, float], ...] = ()
+    corun_decode_stretch_served: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -151,6 +161,8 @@ class ServingCosts:
             if f.name in SPREAD_FIELDS:
                 object.__setattr__(self, f.name, _spread(f.name, value))
                 continue
+            if f.name == "corun_decode_stretch_served" and value == 0:
+                continue   # not measured
             if f.name in CORUN_FIELDS:
                 require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                          and CORUN_RANGE[0] <= value <= CORUN_RANGE[1],
@@ -199,7 +211,7 @@ CLIENT_PLACEMENTS = ("router-room", "balanced", "wake")
 # the placement a profile measured now nets its served step with (BENCHMARKS, "Where the client runs")
 MEASURED_CLIENT_PLACEMENT = "wake"
 SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
-CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch")
+CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch", "corun_decode_stretch_served")
 # What a co-run stretch may be: below 0.5 or above 4 is a broken measurement, not two engines on
 # different cores (SMT siblings sharing one core slow each other by 1.3-2x)
 CORUN_RANGE = (0.5, 4.0)

@@ -19,7 +19,13 @@ not above b (`SimSettings.prompt_loss_at`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner.profiler.stream_fit import StreamCpu
+    from planner.validation_steps import CorunRow
 
 MIN_STRETCH = 1.0   # a batch's slope below the idle one is noise: streams do not speed a prompt
 
@@ -52,3 +58,33 @@ def loss_over_idle(by_bucket: Mapping[str, Mapping]) -> tuple[tuple[int, float, 
             stretch, lost_s = 1.0 + row["median_stretch"] - idle["median_stretch"], 0.0
         rows.append((bucket_low(label), round(max(MIN_STRETCH, stretch), 4), round(max(0.0, lost_s), 6)))
     return tuple(rows)
+
+
+def served_decode_corun(rows: Sequence[CorunRow], stream: StreamCpu, host_cores: float,
+                        client_placement: str) -> tuple[float | None, list[str]]:
+    """The decode side of the same probes: how much longer a decode step runs while the prefill
+    engine computes a prompt beside it than with that engine idle, as the cluster shows it (the
+    router bound to the prefill core, the client placed as Linux wakes it), net of what the
+    simulator's host model already charges for it, so that the two are not counted twice.
+
+    Each row (`planner.validation_steps.corun_by_batch` over the probes' windows: the decode
+    engine's steps that prompt steps covered throughout, against those they left alone) gives
+    (beside / alone) / (the host model's stretch beside a prompt / its stretch alone) at the
+    row's smallest batch and the token rate its alone steps imply (`StreamCpu.decode_stretch`);
+    the stretch is their median, None without a row. Also one line per row saying so."""
+    from planner.profiler.corun_fit import chargeable_stretch
+
+    ratios, lines = [], []
+    for row in rows:
+        batch = max(1, bucket_low(row.batch))
+        tokens_per_s = batch / row.alone_s
+        host = (stream.decode_stretch(tokens_per_s, batch, host_cores, client_placement=client_placement,
+                                      beside_prompt=True)
+                / stream.decode_stretch(tokens_per_s, batch, host_cores, client_placement=client_placement))
+        ratios.append(row.ratio / host)
+        lines.append(f"{row.batch} streams: {row.beside_s * 1e3:.2f} ms a step beside a prompt ({row.beside_steps} steps) "
+                     f"against {row.alone_s * 1e3:.2f} ms with the prefill engine idle ({row.alone_steps}), "
+                     f"{row.ratio:.3f}x, of which the host model charges {host:.3f}x")
+    if not ratios:
+        return None, lines
+    return chargeable_stretch(statistics.median(ratios)), lines

@@ -5,8 +5,9 @@ then while `batch` requests stream from it, for each of `ServingPlan.prompt_loss
 prompt's step is read from the prefill engine's trace and set against the engine table's step,
 bucketed by the batch the decode engine was stepping as it began (`planner.validation_steps.
 prompt_stretch_by_decode_batch`), and kept as the increase over idle
-(`prompt_loss_fit.loss_over_idle`). The fitting is pure and lives there; this module only sends
-requests and reads traces.
+(`prompt_loss_fit.loss_over_idle`). The same windows hold the other side: the streams' decode
+steps beside those prompts and between them (`prompt_loss_fit.served_decode_corun`). The fitting
+is pure and lives there; this module only sends requests and reads traces.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from planner.perf_model import PerfModel
 from planner.profiler.prompt_loss_fit import loss_over_idle
 from planner.profiler.serving_fit import ServingPlan
 from planner.profiler.stream_fit import BATCH_PROMPT_TOKENS
+
+if TYPE_CHECKING:
+    from planner.validation_steps import CorunRow
 
 PROBE_OUTPUT = 2             # tokens of a probe: its first, and the handoff that frees the prefill side
 PROBE_PAUSE_S = 0.3          # between probes: both engines idle again (past vLLM's polling, and the 0.2 s
@@ -101,12 +107,14 @@ async def probes_beside_streams(target: str, batch: int, lengths: Sequence[int],
 
 def measure_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_id: str, model: PerfModel,
                         plan: ServingPlan, vocab_size: int, advance: Callable[..., None], label: str = "serving"
-                        ) -> tuple[dict, tuple[tuple[int, float, float], ...]]:
+                        ) -> tuple[dict, tuple[tuple[int, float, float], ...], list[CorunRow]]:
     """The probes beside each of `plan.prompt_loss_batches` streams: the rows by decode batch
-    bucket (`prompt_stretch_by_decode_batch` over every probe's window) and their increase over
-    idle (`loss_over_idle`)."""
+    bucket (`prompt_stretch_by_decode_batch` over every probe's window), their increase over
+    idle (`loss_over_idle`), and the decode side of the same windows where streams ran: the
+    decode engine's steps the probes' prompt steps covered against those they left alone, by
+    batch bucket (`corun_by_batch`; `prompt_loss_fit.served_decode_corun` reads the stretch)."""
     from pdserve.engine_step_trace import engine_steps
-    from planner.validation_steps import prompt_stretch_by_decode_batch
+    from planner.validation_steps import corun_by_batch, prompt_stretch_by_decode_batch
 
     lengths, repeats, windows = plan.prompt_loss_lengths, plan.prompt_loss_repeats, []
     for index, batch in enumerate(plan.prompt_loss_batches):
@@ -120,7 +128,9 @@ def measure_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_id
                                                model.prefill_step_s, min_steps=len(lengths))
     for bucket, row in by_bucket.items():
         advance(f"{label}: prompt steps beside {bucket} streams: {describe(row)}", step=False)
-    return by_bucket, loss_over_idle(by_bucket)
+    streamed = [window for window, batch in zip(windows, plan.prompt_loss_batches) if batch > 0]
+    inside = lambda steps: [s for s in steps if any(start <= s.start_s < end for start, end in streamed)]  # noqa: E731
+    return by_bucket, loss_over_idle(by_bucket), corun_by_batch(inside(decode), inside(prefill))
 
 
 def describe(row: dict) -> str:

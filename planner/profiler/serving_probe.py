@@ -264,8 +264,8 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
         steps = measure_served_steps(cluster.grpc_target, UnboundCpu.of_router(pids["router"]), model, engine_rows, cpu,
                                      cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance,
                                      idle_cores=idle)
-        prompt_loss = measured_prompt_loss(cluster.grpc_target, Path(trace_dir), *ids, model, plan, info.vocab_size,
-                                           advance)
+        prompt_loss, corun_rows = measured_prompt_loss(cluster.grpc_target, Path(trace_dir), *ids, model, plan,
+                                                       info.vocab_size, advance)
     lone_prompt = statistics.median(plan.prompt_tokens)  # the lone latencies are medians over these
     served = replace(cpu, decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
                      host_cpu_s_per_token=steps.host_cpu_s_per_token,
@@ -274,6 +274,7 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                      decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
                      served_batch_windows_s=steps.batch_windows_s,
                      served_step_extra_s=steps.extra_by_batch, prompt_loss_by_batch=prompt_loss)
+    served = with_served_corun(served, corun_rows, advance)
     # the lone handoff held the request's first decode step alone: what serving adds to it is charged there
     handoff_s, idle_join_s = split_lone_handoff(
         lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt) - served.decode_serving_s(1, by_batch=False),
@@ -283,22 +284,43 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
 
 
 def measured_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_id: str, model: PerfModel,
-                         plan: ServingPlan, vocab_size: int, advance) -> tuple[tuple[int, float, float], ...]:
-    """`prompt_loss_probe.measure_prompt_loss`'s rows, or () with a note where the probes could
-    not be read (the trace not written, or a stream broken): the profile keeps what it measured."""
+                         plan: ServingPlan, vocab_size: int, advance) -> tuple[tuple[tuple[int, float, float], ...], list]:
+    """`prompt_loss_probe.measure_prompt_loss`'s rows and its decode side's co-run rows, or () and
+    [] with a note where the probes could not be read (the trace not written, or a stream broken):
+    the profile keeps what it measured."""
     from pdserve.errors import ServeError
     from planner.profiler.prompt_loss_probe import measure_prompt_loss
 
     try:
-        by_bucket, rows = measure_prompt_loss(target, trace_dir, prefill_id, decode_id, model, plan, vocab_size, advance)
+        by_bucket, rows, corun_rows = measure_prompt_loss(target, trace_dir, prefill_id, decode_id, model, plan,
+                                                          vocab_size, advance)
     except (ServeError, *BROKEN_CONNECTION, OSError) as why:   # a probe the profile can go without
         advance(f"serving: the prompt steps beside streams were not measured ({type(why).__name__}: {why}); "
                 "the simulator charges the host model alone there", step=False)
-        return ()
+        return (), []
     if not rows:
         advance(f"serving: the prompt steps beside streams gave no row over idle (buckets read: {sorted(by_bucket)}); "
                 "the simulator charges the host model alone there", step=False)
-    return rows
+    return rows, corun_rows
+
+
+def with_served_corun(served: ServingCosts, rows: Sequence, advance) -> ServingCosts:
+    """`served` with the decode step's co-run stretch the prompt-loss probes' windows showed
+    (`prompt_loss_fit.served_decode_corun`, net of `served`'s own host model), said so; as it is,
+    with a note, where no batch had enough steps on both sides."""
+    from planner.profiler.prompt_loss_fit import served_decode_corun
+    from planner.profiler.stream_fit import StreamCpu
+
+    stretch, lines = served_decode_corun(rows, StreamCpu.of(served), served.host_cores, served.client_placement)
+    for line in lines:
+        advance(f"serving: decode steps beside the probes' prompts, {line}", step=False)
+    if stretch is None:
+        advance("serving: too few decode steps beside the probes' prompts to read their co-run stretch; the "
+                "simulator charges the two engines' (`co-run`)", step=False)
+        return served
+    advance(f"serving: a decode step beside a prompt, through the cluster and net of the host model: {stretch:g}x "
+            "(the median over the streams' batches)", step=False)
+    return replace(served, corun_decode_stretch_served=stretch)
 
 
 @contextmanager

@@ -80,20 +80,24 @@ class StreamCpu:
         return host - router, router
 
     def decode_stretch(self, tokens_per_s: float, batch: float, host_cores: float, engine_cores: float = 1.0,
-                       client_placement: str = "router-room") -> float:
+                       client_placement: str = "router-room", beside_prompt: bool = False) -> float:
         """How much longer than its engine time a decode step takes while `batch` streams get
-        `tokens_per_s` and nothing else steps: the simulator's host model (`planner.simulator.host`)
-        for the one stepping engine, over `engine_cores` of the host's cores. Where it leaves a core
-        (a cluster's decode worker), the router is bound to the idle prefill core where it is
-        measured apart; an engine over every core (vLLM's server) leaves none, and its front end
-        floats and holds the whole step (the team stretch), as the simulator charges it; the client
-        placed beside the bound router by `client_placement` (`ServingCosts.client_placement`)."""
+        `tokens_per_s` and nothing else steps (`beside_prompt`: while a prefill engine steps on a
+        core of its own, the router's where it is bound): the simulator's host model
+        (`planner.simulator.host`) for the decode engine, over `engine_cores` of the host's cores.
+        Where it leaves a core (a cluster's decode worker), the router is bound to the prefill core
+        where it is measured apart; an engine over every core (vLLM's server) leaves none, and its
+        front end floats and holds the whole step (the team stretch), as the simulator charges it;
+        the client placed beside the bound router by `client_placement` (`ServingCosts.client_placement`)."""
         from planner.simulator.host import stretch_for_loads
 
         client, router = self.host_load_cores(tokens_per_s, batch)
         bound = (self.router_per_token_s > 0 or self.router_per_step_s > 0) and engine_cores < host_cores
-        return stretch_for_loads(client, router, host_cores, busy_cores=engine_cores, router_cores=1 if bound else 0,
-                                 team_cores=engine_cores, client_placement=client_placement)
+        router_cores = 1 if bound else 0
+        other = 1.0 if beside_prompt else 0.0
+        return stretch_for_loads(client, router, host_cores, busy_cores=engine_cores + other, router_cores=router_cores,
+                                 busy_router_cores=min(other, router_cores), team_cores=engine_cores,
+                                 client_placement=client_placement)
 
     @classmethod
     def of(cls, costs: ServingCosts) -> StreamCpu:

@@ -62,8 +62,11 @@ def print_summary(console: Console, profile: Profile, fit: FitReport) -> None:
                       f" ms/step + {serving.router_cpu_s_per_request * 1e3:.2f} ms/request)", markup=False)
         if prompt_cpu := serving_prompt_cpu_line(serving):
             console.print("  " + prompt_cpu, markup=False)
+        served_corun = (f"; through the cluster, beside the prompt-loss probes' prompts and net of the host model, "
+                        f"{serving.corun_decode_stretch_served:.3f}x (what the simulator charges)"
+                        if serving.corun_decode_stretch_served else "")
         console.print(f"  engines on the two workers' cores together: a prompt {serving.corun_prefill_stretch:.3f}x its"
-                      f" time alone, a decode step {serving.corun_decode_stretch:.3f}x", markup=False)
+                      f" time alone, a decode step {serving.corun_decode_stretch:.3f}x{served_corun}", markup=False)
         if line := served_step_line(serving, m, profile.decode):
             console.print("  " + line, markup=False)
         if serving.prompt_loss_by_batch:

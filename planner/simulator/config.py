@@ -24,6 +24,7 @@ SERVED_STEP_FORMS = ("line", "table")  # `SimSettings.served_step`
 HOP_MODELS = ("stretched", "queued", "prefill-core")  # `SimSettings.hops`
 STEP_SPREADS = ("carried", "cut")  # `SimSettings.step_spread`
 PROMPT_LOSS_SOURCES = ("profile", "none")  # `SimSettings.prompt_loss`
+CORUN_SOURCES = ("served", "engines")  # `SimSettings.corun`
 _LABEL = re.compile(r"(?:(?P<colocated>\d+)C(?:x(?P<width>\d+))?"
                     r"|(?P<prefill>\d+)P\+(?P<decode>\d+)(?P<kind>[DH])(?:/(?P<cap>\d+))?)"
                     r"(?:@(?P<budget>\d+))?")
@@ -258,7 +259,11 @@ class SimSettings:
     - `prompt_loss`: with no `prompt_stretch`, whether a prefill step beside streams takes the
       profile's measured loss (`ServingCosts.prompt_loss_by_batch`, "profile", the default) or the
       host model's stretch alone ("none", the simulator before; a profile measured before the
-      probe has no rows and charges the host model alone either way).
+      probe has no rows and charges the host model alone either way);
+    - `corun`: which co-run stretch a decode step beside another instance's step takes: "served"
+      (the default), the profile's read through the cluster beside its prompt-loss probes
+      (`ServingCosts.corun_decode_stretch_served`), the two engines' where it has none; or
+      "engines", the two bare engines' (`ServingCosts.corun_decode_stretch`, the simulator before).
     """
 
     token_budget: int
@@ -281,6 +286,7 @@ class SimSettings:
     decode_speed: DecodeSpeed | None = None
     prompt_stretch: tuple[tuple[int, float] | tuple[int, float, float], ...] = ()
     prompt_loss: str = "profile"
+    corun: str = "served"
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "max_num_seqs", "num_kv_blocks", "block_size", "kv_bytes_per_token"):
@@ -313,6 +319,8 @@ class SimSettings:
                                   f"by rising batch, got {self.prompt_stretch!r}")
         if self.prompt_loss not in PROMPT_LOSS_SOURCES:
             raise SimulationError(f"SimSettings.prompt_loss must be one of {PROMPT_LOSS_SOURCES}, got {self.prompt_loss!r}")
+        if self.corun not in CORUN_SOURCES:
+            raise SimulationError(f"SimSettings.corun must be one of {CORUN_SOURCES}, got {self.corun!r}")
         if self.decode_pick not in ("handoff", "arrival"):
             raise SimulationError(f"SimSettings.decode_pick must be 'handoff' or 'arrival', got {self.decode_pick!r}")
 
@@ -357,6 +365,18 @@ class SimSettings:
         batch not above it ((1.0, 0.0) below the first row, or with none)."""
         row = next((row for row in reversed(self.prompt_loss_rows) if row[0] <= decode_batch), None)
         return (1.0, 0.0) if row is None else (row[1], row[2] if len(row) == 3 else 0.0)
+
+    @property
+    def corun_stretches(self) -> tuple[float, float]:
+        """(a prompt's, a decode step's) stretch while another instance steps on other cores: a
+        prefill step takes the first, a decode step the second, a mixed step (colocated, hybrid)
+        the first when it carries a prompt chunk, else the second. The decode step's is the one
+        `corun` names (the served one falls back to the engines' where the profile has none). A
+        ratio measured below 1 is taken as 1: a neighbour does not speed a step up (two busy cores
+        run no faster), so below 1 is the rounds' noise."""
+        serving = self.serving
+        decode = serving.corun_decode_stretch_served if self.corun == "served" else 0.0
+        return max(1.0, serving.corun_prefill_stretch), max(1.0, decode or serving.corun_decode_stretch)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -26,7 +26,8 @@ the decode worker's API process behind its engine's last outputs before the inst
 hop's CPU runs beside its prefill instance's steps instead, at half that core while one runs
 (`planner.simulator.core_share`; a HOPS_DONE event when the next completes), then takes those waits.
 A step that starts while another instance steps takes the measured co-run stretch too
-(`corun_stretches`: engines on different cores slowing each other). Where the profile measured
+(`SimSettings.corun_stretches`: engines on different cores slowing each other, as the cluster
+showed it by default). Where the profile measured
 their spread, each decode step and each first token also takes a seeded draw of it
 (`planner.simulator.spread`), so tails come from the host's measured distribution rather than
 from the medians alone.
@@ -41,7 +42,6 @@ from typing import Any
 import numpy as np
 
 from planner.perf_model import PerfModel
-from planner.serving_costs import ServingCosts
 from planner.simulator.cost import cost_model_from
 from planner.simulator.config import SimSettings, SimulationError, Topology
 from planner.simulator.core_share import HOP_SHARE_WHILE_STEPPING, WorkBesideSteps
@@ -100,14 +100,6 @@ def _check_requests(requests: list[SimRequest], settings: SimSettings) -> None:
 
 
 NO_CORUN = (1.0, 1.0)
-
-
-def corun_stretches(serving: ServingCosts) -> tuple[float, float]:
-    """(a prompt's, a decode step's) stretch while another instance steps on other cores: a prefill
-    step takes the first, a decode step the second, a mixed step (colocated, hybrid) the first when
-    it carries a prompt chunk, else the second. A ratio measured below 1 is taken as 1: a neighbour
-    does not speed a step up (two busy cores run no faster), so below 1 is the rounds' noise."""
-    return max(1.0, serving.corun_prefill_stretch), max(1.0, serving.corun_decode_stretch)
 
 
 class _Cluster:
@@ -206,7 +198,7 @@ class _Cluster:
                 stretch *= self.settings.decode_speed.factor(instance.index, now)
             beside_another = len(self._stepping) - (id(instance) in self._stepping) > 0
             end_s = instance.start_step(now, stretch, self.spread.step_extra_s(),
-                                        corun_stretches(self.settings.serving) if beside_another else NO_CORUN,
+                                        self.settings.corun_stretches if beside_another else NO_CORUN,
                                         **floor)
             if end_s is not None:
                 if prefill:  # the router's queued CPU shares the step's core

@@ -125,6 +125,15 @@ def test_the_cluster_pass_measures_a_prompt_step_beside_decode_streams(quick_pro
     assert rows and all(batch in (1, 2, 4, 8, 16, 32, 64) for batch, _, _ in rows)
     assert all(stretch < 10 and lost_s < 1.0 for _, stretch, lost_s in rows)   # a slowdown, not a broken read
     assert "a prompt step beside decode streams" in " ".join(quick_profile[1].split())
+    # the decode side of the same windows: the streams' steps beside the probes' prompts, or a note
+    # that too few ran beside one (the quick plan's two repeats)
+    served, report = load_profile(quick_profile[0]).serving.corun_decode_stretch_served, " ".join(quick_profile[1].split())
+    if served:
+        assert CORUN_RANGE[0] <= served <= CORUN_RANGE[1]
+        assert f"a decode step beside a prompt, through the cluster and net of the host model: {served:g}x" in report
+        assert "ms a step beside a prompt" in report
+    else:
+        assert "too few decode steps beside the probes' prompts" in report
 
 
 def test_the_engine_is_measured_again_over_both_cluster_cores(quick_profile):

@@ -12,6 +12,7 @@ def test_the_decode_step_bench_explains_itself():
     shown = bench_help("decode_step_under_load.py")
     assert "lone+matmul" in shown and "--load" in shown and "--analyse" in shown and "--profile" in shown
     assert "engine-worker" in shown and "--engine-phases" in shown and "--no-loads" in shown
+    assert "engine-apart-long" in shown and "--only" in shown
 
 
 def test_phases_alternate_abba_and_a_load_is_a_shape_at_a_rate():
@@ -21,10 +22,13 @@ def test_phases_alternate_abba_and_a_load_is_a_shape_at_a_rate():
     assert f["phase_order"](1, [("long-short", 1.6)]) == first[::-1]
     with_engines = f["phase_order"](0, [("long-short", 1.6)], True)
     assert with_engines == ["lone", "lone-long", "lone+matmul", "lone+spin", "engine-apart", "engine-beside",
-                            "engine-worker", "long-short@1.6"]
-    assert f["phase_order"](1, [], True)[:3] == ["engine-worker", "engine-beside", "engine-apart"]
+                            "engine-worker", "engine-apart-long", "engine-beside-long", "long-short@1.6"]
+    assert f["phase_order"](1, [], True)[:3] == ["engine-beside-long", "engine-apart-long", "engine-worker"]
+    only = ("lone", "engine-apart-long", "long-short@1.6")
+    assert f["phase_order"](0, [("long-short", 1.6)], True, only) == list(only)
+    assert f["phase_order"](1, [("long-short", 1.6)], True, only) == list(only)[::-1]
     ids = {"decode": "decode-1", "prefill": "prefill-0"}
-    assert [f["trace_id"](phase, ids) for phase in ("lone", "engine-apart", "engine-beside", "engine-worker")] == \
+    assert [f["trace_id"](phase, ids) for phase in ("lone", "engine-apart", "engine-beside-long", "engine-worker")] == \
         ["decode-1", "engine", "engine", f["WORKER_ENGINE_ID"]]
     assert f["load_arg"]("short-long@2") == ("short-long", 2.0)
     with pytest.raises(argparse.ArgumentTypeError, match="expected SHAPE@RATE"):

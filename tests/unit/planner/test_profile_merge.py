@@ -70,6 +70,12 @@ def test_by_batch_tables_take_each_batch_over_the_profiles_that_measured_it():
     assert merged.served_step_extra_s == ((1, pytest.approx(0.002)), (4, pytest.approx(0.004)))
 
 
+def test_the_served_corun_is_the_median_of_the_profiles_that_measured_it():
+    merged = merged_serving([ServingCosts(corun_decode_stretch_served=v) for v in (0.0, 1.2, 1.1, 0.0, 1.4)])
+    assert merged.corun_decode_stretch_served == pytest.approx(1.2)
+    assert merged_serving([ServingCosts(), ServingCosts()]).corun_decode_stretch_served == 0.0   # none measured it
+
+
 def test_batched_runs_are_pooled_without_their_windows():
     runs = [((1.0, 0.005, 100.0, 200.0),), ((1.0, 0.007, 100.0, 150.0), (4.0, 0.009, 400.0, 400.0))]
     merged = merged_serving([ServingCosts(served_batch_runs=r, served_batch_windows_s=((1.0, 2.0),) * len(r))

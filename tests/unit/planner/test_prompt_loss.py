@@ -1,8 +1,12 @@
 """A prompt step beside decode streams: its rows over idle (`planner.profiler.prompt_loss_fit`), the
 probe's plan (`ServingPlan`, `prompt_loss_probe.stream_output_tokens`), the profile's rows
-(`ServingCosts.prompt_loss_by_batch`) and what the simulator charges with them, on a hand schedule."""
+(`ServingCosts.prompt_loss_by_batch`) and what the simulator charges with them, on a hand schedule;
+and the decode side of the same probes (`prompt_loss_fit.served_decode_corun`,
+`ServingCosts.corun_decode_stretch_served`)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -104,9 +108,9 @@ def test_a_probe_that_fails_leaves_the_profile_without_rows_and_says_why(monkeyp
     notes = []
     monkeypatch.setattr(prompt_loss_probe, "measure_prompt_loss", broken)
     plan = serving_plan(max_model_len=2048, max_num_seqs=64, quick=True)
-    rows = measured_prompt_loss("localhost:1", tmp_path, "prefill-0", "decode-1", ROUND_MODEL, plan, 100,
-                                lambda note, step=True: notes.append((note, step)))
-    assert rows == ()
+    rows, corun_rows = measured_prompt_loss("localhost:1", tmp_path, "prefill-0", "decode-1", ROUND_MODEL, plan,
+                                            100, lambda note, step=True: notes.append((note, step)))
+    assert rows == () and corun_rows == []
     assert notes == [(notes[0][0], False)] and "NoHealthyWorker: the decode pool went away" in notes[0][0]
     assert "the host model alone" in notes[0][0]
 
@@ -119,3 +123,69 @@ def test_the_measured_floor_holds_the_co_run_stretch_already():
 
     assert first_tokens(round_settings(serving=costs(1.2)))[1] == pytest.approx(0.3 + 1.5 * PROMPT_S)
     assert first_tokens(round_settings(serving=costs(2.0)))[1] == pytest.approx(0.3 + 2.0 * PROMPT_S)
+
+
+# ---- the decode side of the same probes: a decode step beside a prompt, through the cluster ----
+
+def _row(batch: str, beside_ms: float, alone_ms: float, steps: int = 40):
+    from planner.validation_steps import CorunRow
+
+    return CorunRow(batch, beside_ms / 1e3, alone_ms / 1e3, steps, steps)
+
+
+def test_the_served_corun_is_the_median_ratio_where_the_host_model_charges_nothing_for_it():
+    from planner.profiler.prompt_loss_fit import served_decode_corun
+    from planner.profiler.stream_fit import StreamCpu
+
+    rows = [_row("2-3", 5.6, 4.8), _row("8-15", 7.7, 7.0), _row("32-63", 16.0, 15.0)]
+    stretch, lines = served_decode_corun(rows, StreamCpu(), host_cores=2, client_placement="wake")
+    assert stretch == pytest.approx(1.1)   # 1.1667, 1.1, 1.0667: the median
+    assert len(lines) == 3 and lines[1].startswith("8-15 streams: 7.70 ms a step beside a prompt (40 steps)")
+    assert "1.100x, of which the host model charges 1.000x" in lines[1]
+    assert served_decode_corun([], StreamCpu(), 2, "wake") == (None, [])
+
+
+def test_the_served_corun_is_net_of_what_the_host_model_already_charges_beside_a_prompt():
+    """The client woken beside a bound router lands on the decode core more while the prefill engine
+    steps on the router's: the host model's own stretch beside a prompt is larger than alone, and
+    the profile keeps only what the cluster showed beyond it (or the simulator charges it twice)."""
+    from planner.profiler.prompt_loss_fit import served_decode_corun
+    from planner.profiler.stream_fit import StreamCpu
+
+    stream = StreamCpu(host_per_step_s=0.0004, host_per_token_s=0.0002, router_per_step_s=0.0001,
+                       router_per_token_s=0.0001)
+    tokens_per_s, batch = 8 / 0.007, 8
+    beside = stream.decode_stretch(tokens_per_s, batch, 2, client_placement="wake", beside_prompt=True)
+    alone = stream.decode_stretch(tokens_per_s, batch, 2, client_placement="wake")
+    assert beside > alone >= 1.0
+    stretch, _ = served_decode_corun([_row("8-15", 8.4, 7.0)], stream, host_cores=2, client_placement="wake")
+    assert stretch == pytest.approx(1.2 / (beside / alone), abs=1e-4)
+    # the room the router leaves takes the whole client, prompt or not: nothing to net
+    assert stream.decode_stretch(tokens_per_s, batch, 2, beside_prompt=True) == stream.decode_stretch(tokens_per_s, batch, 2)
+    assert served_decode_corun([_row("8-15", 8.4, 7.0)], stream, 2, "router-room")[0] == pytest.approx(1.2)
+
+
+def test_a_decode_step_beside_a_prompt_takes_the_served_corun_unless_told_the_engines():
+    # R1 alone: prefill 0.1525, 5 blocks pulled by 0.2075, then decode steps of 0.0201, 0.0202 and
+    # 0.0203 s. R2 arrives at 0.22 while R1's first step runs; R1's next two start beside its prompt.
+    costs = ServingCosts(corun_decode_stretch=1.5, corun_decode_stretch_served=1.25)
+    requests = [spec(0.0, 50, 4), spec(0.22, 50, 1)]
+
+    def finish_s(**what_if) -> float:
+        result = simulate(requests, Topology.disaggregated(1, 1), round_settings(serving=costs, **what_if), ROUND_MODEL)
+        return float(result.timeline["finish_s"][0])
+
+    assert finish_s() == pytest.approx(0.2075 + 0.0201 + 1.25 * (0.0202 + 0.0203), abs=1e-12)
+    assert finish_s(corun="engines") == pytest.approx(0.2075 + 0.0201 + 1.5 * (0.0202 + 0.0203), abs=1e-12)
+    # a profile measured before the served one (0) charges the engines' either way
+    older = round_settings(serving=replace(costs, corun_decode_stretch_served=0.0))
+    assert older.corun_stretches == round_settings(serving=costs, corun="engines").corun_stretches == (1.0, 1.5)
+    with pytest.raises(SimulationError, match="corun must be one of"):
+        round_settings(corun="both")
+
+
+@pytest.mark.parametrize("value", [0.3, 5.0, float("nan"), -1.0])
+def test_a_served_corun_outside_its_range_is_refused_and_zero_is_not_measured(value):
+    assert ServingCosts(corun_decode_stretch_served=0.0).corun_decode_stretch_served == 0.0
+    with pytest.raises(ProfileError, match="corun_decode_stretch_served"):
+        ServingCosts(corun_decode_stretch_served=value)
