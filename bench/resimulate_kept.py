@@ -78,6 +78,7 @@ KEPT = (
     Kept("zen4-s67-second", "validate_zen4_s67/second", "validate_zen4_s67/tiny_zen4_c.json", "shm"),
     Kept("zen4-s68", "validate_zen4_s68/tiny", "validate_zen4_s68/tiny_zen4_p1.json", "shm"),
     Kept("zen4-s68-bench", "validate_zen4_s68/bench", "validate_zen4_s68/bench_zen4.json", "shm"),
+    Kept("zen4-s69", "served_corun_zen4_s69/tiny", "served_corun_zen4_s69/tiny_p1.json", "shm"),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 
