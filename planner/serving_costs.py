@@ -85,10 +85,11 @@ class ServingCosts:
     of the same streams with the prefill engine idle, net of the host model's own ratio of the two,
     the median over the probes' batches; `prompt_loss_fit.served_decode_corun`):
     - `corun_decode_stretch_served`: what the simulator charges a decode step beside a prompt by
-      default (`SimSettings.corun`), 0 in a profile measured before it was. Two bare engines miss
-      most of it: on a Zen 4 EPYC the probe read 1.02-1.05 where a lone request's steps through
-      the cluster ran 1.11-1.22x longer while the prefill engine computed long prompts beside them
-      (BENCHMARKS, "A decode step beside a prompt, through the cluster").
+      default (`SimSettings.corun`), 0 in a profile measured before it was. The bare engines have
+      neither the router nor the client beside them; but neither reading holds what a Poisson
+      load of long prompts did on a Zen 4 EPYC, where a lone request's steps ran 1.11-1.22x longer
+      beside them while both probes read about 1 (BENCHMARKS, "Where the optimism lives, and a
+      decode step beside a prompt through the cluster").
     What the served step was fitted on, kept so that another form can be fitted later without
     measuring again (`served_refit.kept_batch_runs`; () in a profile measured before it was kept):
     - `served_batch_runs`: each batched run as (batch, served step s, context tokens, tokens the
