@@ -110,8 +110,6 @@ class Closure:
 
 def closure(path: Path, label: str) -> list[Closure]:
     """The profile at `path` simulated on its own batched runs, by batch, line and table."""
-    import numpy as np
-
     from loadgen.workload import RequestSpec
     from planner.perf_model import fit_perf_model
     from planner.profile import load_profile
@@ -127,7 +125,7 @@ def closure(path: Path, label: str) -> list[Closure]:
         for batch in sorted({int(run[0]) for run in runs}):
             requests = [RequestSpec(0.0, BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS) for _ in range(batch)]
             result = simulate(requests, Topology.disaggregated(1, 1), replace(settings, served_step=served_step), model)
-            simulated = mean_gap_s(np.asarray(result.itl_step_s).tolist(), np.asarray(result.itl_weight).tolist(), batch)
+            simulated = mean_gap_s(result.itl_step_s, result.itl_weight, batch)
             measured = statistics.mean(batch / run[3] for run in runs if int(run[0]) == batch)
             if simulated is not None:
                 out.append(Closure(label, profile.hardware.host_kind, served_step, batch, measured * 1e3, simulated * 1e3))

@@ -16,7 +16,6 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from planner.perf_model import PerfModel
