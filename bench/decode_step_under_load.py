@@ -33,6 +33,12 @@ shm) with its engines' steps traced (pdserve.engine_step_trace) through phases, 
   lone+spin     the same while a process bound to core 0 spins in Python (a busy core, no vector unit)
   <shape>@<r>   each --load: a validation shape (planner.validation_shapes) at r req/s, Poisson
                 or gamma as the shape says, for --load-requests requests
+  batch<n>      each --batch: n lone requests sent together, twice (the profile's batched runs:
+                n streams that start and end together, no request joining on the way)
+  closed:<shape>:<n>
+                each --closed SHAPE:N: the shape's lengths kept n in flight (a closed loop: the
+                batch held at about n while requests end and join, --load-requests of them; n 1:
+                one request after another, no prompt beside a decode)
 
 and, with --engine-phases, one engine of the same settings alone on core 1, started from this
 process (no cluster traffic; the cluster stays up, idle), one request at a time as in lone:
@@ -59,6 +65,30 @@ class Phase:
     name: str
     start_s: float
     end_s: float
+    decode_cores: dict = dataclasses.field(default_factory=dict)   # process/thread name -> cores (`thread_cores`)
+    core_busy: dict = dataclasses.field(default_factory=dict)      # core -> busy share, every process's
+
+
+def thread_cpu_s(root_pid: int) -> dict[str, float]:
+    """CPU seconds so far of `root_pid`'s tree by process and thread name ("<process>/<thread>"; a
+    name many threads share sums them)."""
+    from loadgen.proc_cpu import threads_cpu_s
+
+    by: dict[str, float] = {}
+    for pid, _, comm, cpu_s in threads_cpu_s(root_pid):
+        try:
+            process = Path(f"/proc/{pid}/comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        by[f"{process}/{comm}"] = by.get(f"{process}/{comm}", 0.0) + cpu_s
+    return by
+
+
+def thread_cores(before: dict[str, float], after: dict[str, float], wall_s: float, floor: float = 0.005) -> dict:
+    """Each name's CPU from `before` to `after` over `wall_s`, in cores, those under `floor` left
+    out. Pure."""
+    cores = {name: (cpu_s - before.get(name, 0.0)) / wall_s for name, cpu_s in after.items()}
+    return {name: round(c, 4) for name, c in sorted(cores.items(), key=lambda kv: -kv[1]) if c >= floor}
 
 
 BURNERS = {
@@ -77,11 +107,12 @@ def start_burner(kind: str, core: int, seconds: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\n{code}"])
 
 
-async def send(target: str, specs, seed: int) -> int:
+async def send(target: str, specs, seed: int, config=None) -> int:
     from loadgen.harness import make_target, run_all_ok
     from loadgen.prompts import PromptSynthesizer
 
-    result = await run_all_ok(make_target("pdserve", target), specs, PromptSynthesizer(seed=seed, token_id_high=250))
+    result = await run_all_ok(make_target("pdserve", target), specs, PromptSynthesizer(seed=seed, token_id_high=250),
+                              config)
     return len(result.records)
 
 
@@ -99,11 +130,13 @@ WORKER_ENGINE_ID = "bisect-worker"   # engine-worker's trace; the other engine p
 
 
 def phase_order(round_index: int, loads: list[tuple[str, float]], engine_phases: bool = False,
-                only: tuple[str, ...] = ()) -> list[str]:
+                only: tuple[str, ...] = (), batches: tuple[int, ...] = (), closed: tuple[str, ...] = ()) -> list[str]:
     """The phases of round `round_index` (from 0): the lone ones, the engine ones (`engine_phases`),
-    then each load as SHAPE@RATE, those named in `only` alone where it names any; every other round
-    in reverse (ABBA: a drift of the host lands on every phase alike)."""
-    names = [*LONE_PHASES, *(ENGINE_PHASES if engine_phases else ()), *(f"{shape}@{rate:g}" for shape, rate in loads)]
+    each of `batches` as batch<n> and of `closed` (SHAPE:N) as closed:SHAPE:N, then each load as SHAPE@RATE, those
+    named in `only` alone where it names any; every other round in reverse (ABBA: a drift of the
+    host lands on every phase alike)."""
+    names = [*LONE_PHASES, *(ENGINE_PHASES if engine_phases else ()), *(f"batch{n}" for n in batches),
+             *(f"closed:{c}" for c in closed), *(f"{shape}@{rate:g}" for shape, rate in loads)]
     names = [name for name in names if not only or name in only]
     return names[::-1] if round_index % 2 else names
 
@@ -164,9 +197,17 @@ def load_arg(text: str) -> tuple[str, float]:
     return shape, float(rate)
 
 
+def closed_arg(text: str) -> tuple[str, int]:
+    shape, _, in_flight = text.partition(":")
+    if not in_flight.isdigit() or int(in_flight) < 1:
+        raise argparse.ArgumentTypeError(f"--closed {text!r}: expected SHAPE:N with N >= 1, e.g. long-short:2")
+    return shape, int(in_flight)
+
+
 def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
     """The phases run (monotonic windows) and the workers' ids by role."""
     from launch.local import ClusterSpec, LocalCluster
+    from loadgen.proc_cpu import core_busy_shares, per_core_ticks
     from pdserve.engine import EngineSettings
     from pdserve.engine_step_trace import STEP_TRACE_ENV
     from planner.validation_shapes import validation_shapes
@@ -187,8 +228,10 @@ def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
         worker_ids = {role: cluster.worker_ids(role)[0] for role in ("prefill", "decode")}
         target = cluster.grpc_target
         asyncio.run(send(target, lone_specs(args, args.lone_prompt) * 4, seed=1))   # warm
+        decode_pid = cluster.workers[worker_ids["decode"]].pid
         for round_index in range(args.rounds):
-            for name in phase_order(round_index, args.load, args.engine_phases, tuple(args.only)):
+            for name in phase_order(round_index, args.load, args.engine_phases, tuple(args.only),
+                                    tuple(args.batch), tuple(args.closed)):
                 start_s = time.monotonic()
                 if name in ENGINE_PHASES:
                     time.sleep(1.0)   # the cluster's engines past their spin
@@ -198,6 +241,7 @@ def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
                           f"{phase.end_s - phase.start_s:.0f} s", flush=True)
                     time.sleep(1.0)
                     continue
+                threads_before, busy_before = thread_cpu_s(decode_pid), per_core_ticks(Path("/proc/stat").read_text())
                 if name.startswith("lone"):
                     burner = (start_burner(name.partition("+")[2], 0, 3600) if "+" in name else None)
                     try:
@@ -211,12 +255,25 @@ def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
                             burner.kill()
                             burner.wait()
                     sent = args.lone_requests
+                elif name.startswith("batch"):
+                    together = lone_specs(args, args.lone_prompt) * int(name.removeprefix("batch"))
+                    sent = sum(asyncio.run(send(target, together, seed=20 + i)) for i in range(2))
+                elif name.startswith("closed:"):
+                    from loadgen.runner import RunConfig
+
+                    shape_name, in_flight = closed_arg(name.removeprefix("closed:"))
+                    specs = shapes[shape_name].workload.build(rate_rps=1.0, num_requests=args.load_requests)
+                    config = RunConfig(mode="concurrency", max_concurrency=in_flight)
+                    sent = asyncio.run(send(target, specs, seed=200 + round_index, config=config))
                 else:
                     shape_name, rate = name.split("@")
                     specs = shapes[shape_name].workload.build(rate_rps=float(rate), num_requests=args.load_requests)
                     sent = asyncio.run(send(target, specs, seed=100 + round_index))
                 end_s = time.monotonic()
-                phases.append(Phase(name, start_s, end_s))
+                busy = core_busy_shares(busy_before, per_core_ticks(Path("/proc/stat").read_text()))
+                phases.append(Phase(name, start_s, end_s, thread_cores(threads_before, thread_cpu_s(decode_pid),
+                                                                       end_s - start_s),
+                                    {core: round(share, 4) for core, share in busy.items()}))
                 print(f"round {round_index + 1}: {name}, {sent} requests in {end_s - start_s:.0f} s", flush=True)
                 time.sleep(1.0)
     finally:
@@ -249,7 +306,7 @@ def analyse(trace_dir: Path, worker_ids: dict[str, str], phases: list[Phase], pr
         summary = decode_worker_summary(decode, phase.start_s, phase.end_s, model_step_s, served)
         corun = [dataclasses.asdict(row) for row in corun_by_batch(inside(decode), inside(prefill), min_steps=10)]
         report.append({"phase": phase.name, "start_s": phase.start_s, "end_s": phase.end_s, **summary,
-                       "corun": corun})
+                       "corun": corun, "decode_cores": phase.decode_cores, "core_busy": phase.core_busy})
     return report
 
 
@@ -316,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="a validation shape at a rate, SHAPE@REQ_PER_S (repeatable; default "
                              "long-short@1.6 and short-long@2)")
     parser.add_argument("--load-requests", type=int, default=60, help="requests a load phase (60)")
+    parser.add_argument("--batch", type=int, action="append", default=[], metavar="N",
+                        help="a batch<N> phase: N lone requests sent together (repeatable)")
+    parser.add_argument("--closed", action="append", default=[], metavar="SHAPE:N",
+                        help="a closed:SHAPE:N phase: the validation shape's requests kept N in flight "
+                             "(repeatable), e.g. long-short:1")
     parser.add_argument("--engine-phases", action="store_true",
                         help="also the engine phases (engine-apart, engine-beside, engine-worker and the "
                              "-long ones: see above)")
@@ -353,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{phase['phase']} {phase['start_s']:.0f}: batch {row['batch']}: beside a prompt "
                   f"{1e3 * row['beside_s']:.2f} ms ({row['beside_steps']}), prefill idle {1e3 * row['alone_s']:.2f} ms "
                   f"({row['alone_steps']})")
+    for phase in report:
+        if phase["decode_cores"]:
+            top = ", ".join(f"{name} {cores:.2f}" for name, cores in list(phase["decode_cores"].items())[:6])
+            print(f"{phase['phase']} {phase['start_s']:.0f}: cores busy {phase['core_busy']}; the decode worker's: {top}")
     plot(rows, out / "decode_steps.png")
     print(f"wrote {out / 'summary.json'} and {out / 'decode_steps.png'}")
     return 0
