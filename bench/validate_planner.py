@@ -67,7 +67,8 @@ from loadgen.metrics import SLO
 from loadgen.sweep import GRID_STEP
 from planner.profile import load_profile
 from planner.simulator import SimSettings, SimulationError, Topology
-from planner.simulator.config import CORUN_SOURCES, HOP_MODELS, PROMPT_LOSS_SOURCES, SERVED_STEP_FORMS, STEP_SPREADS
+from planner.simulator.config import (CORUN_SOURCES, HOP_MODELS, JOIN_WARMUPS, PROMPT_LOSS_SOURCES, SERVED_STEP_FORMS,
+                                      STEP_SPREADS)
 from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
 from planner.validation import error_table, handoff_table, phase_table, verdict, verdict_table, write_summary
 from planner.validation_cluster import ClusterPlan, model_config, run_shape
@@ -164,6 +165,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a what-if for the simulated side: a decode step beside a prompt step takes the co-run "
                         "stretch the profile read through the cluster (served, the simulator's own; the engines' "
                         "where the profile has none) or the two bare engines' (engines, the simulator before)")
+    p.add_argument("--join-warmup", default=SimSettings.join_warmup, choices=JOIN_WARMUPS,
+                   help="a what-if for the simulated side: the steps after a request joins a decode batch pay the "
+                        "profile's join warm-up (profile, where the profile measured it) or not (none, the "
+                        "simulator's own)")
     p.add_argument("--router-core-max-stolen", type=float, default=SimSettings.router_core_max_stolen,
                    help="a what-if for the simulated side: the largest share of a step on the router's core the "
                         "host's load may take (default %(default)s, the simulator's own; 0.5: a fair scheduler keeps "
@@ -326,7 +331,8 @@ def what_if(args: argparse.Namespace) -> dict:
     changed = {"host_window_s": args.host_window_s, "router_cpu_charge": args.router_cpu_charge,
                "served_step": args.served_step, "router_core_max_stolen": args.router_core_max_stolen,
                "hops": args.hops, "client_placement": args.client_placement, "step_spread": args.step_spread,
-               "prompt_stretch": args.prompt_stretch, "prompt_loss": args.prompt_loss, "corun": args.corun}
+               "prompt_stretch": args.prompt_stretch, "prompt_loss": args.prompt_loss, "corun": args.corun,
+               "join_warmup": args.join_warmup}
     return ({name: value for name, value in changed.items() if value != getattr(SimSettings, name)}
             | ({"at_run_speed": args.at_run_speed} if args.at_run_speed else {})
             | ({"speed_from_profile": True} if args.speed_from_profile else {})

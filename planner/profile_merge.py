@@ -21,7 +21,8 @@ What is taken how:
   its host's: a median keeps order); a spread, quantile by quantile, over the profiles with the
   most common number of quantiles; the served step's extra and the prompt-loss rows batch by
   batch, over the profiles that measured that batch; the batched runs pooled, in profile order,
-  without their windows; the served co-run stretch over the profiles that measured it;
+  without their windows; the served co-run stretch and the join warm-up's two terms over the
+  profiles that measured them;
 - vLLM's server's terms the same way where every profile measured them, else none;
 - the machine checks: the compute check's fastest and slowest over every profile (so a plan's
   speed margin sees how far the machine moved over all of them), the wake-up's and the
@@ -41,7 +42,7 @@ from typing import TypeVar
 
 from planner.profile import (DecodeSample, HardwareInfo, PrefillSample, Profile, ProfileError, TransferSample,
                              WideEngine)
-from planner.serving_costs import SPREAD_FIELDS, ServingCosts
+from planner.serving_costs import JOIN_WARMUP_FIELDS, SPREAD_FIELDS, ServingCosts
 
 Row = TypeVar("Row")
 
@@ -143,6 +144,9 @@ def merged_serving(costs: Sequence[ServingCosts]) -> ServingCosts:
             merged[f.name] = ()
         elif f.name == "corun_decode_stretch_served":   # 0: not measured, not a stretch of 0
             merged[f.name] = statistics.median([v for v in values if v > 0] or [0.0])
+        elif f.name in JOIN_WARMUP_FIELDS:   # of the profiles that measured it (either term > 0)
+            measured = [getattr(c, f.name) for c in costs if c.join_warmup_cost_s(1) > 0]
+            merged[f.name] = statistics.median(measured or [0.0])
         else:
             merged[f.name] = statistics.median(values)
     return ServingCosts(**merged)

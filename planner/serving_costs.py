@@ -103,6 +103,11 @@ class ServingCosts:
       than the same prompts with the decode worker idle (`prompt_loss_fit.loss_over_idle`), so the
       simulator charges a prefill step starting beside that batch or more at least lost s +
       stretch x t (`SimSettings.prompt_loss_at`); () in a profile measured before it was.
+    A request's first decode steps (`planner.profiler.join_warmup`: lone requests' steps after
+    their join over their own steady step, against the context):
+    - `join_warmup_s`, `join_warmup_s_per_context_token`: what a request joining a decode batch
+      adds to the steps after its join, in all (`join_warmup_cost_s`), which the simulator spreads
+      over them as a what-if (`SimSettings.join_warmup`); 0 and 0 in a profile measured before it was.
     Where the host model put the client's CPU when the served step was netted of the host's stretch
     (`stream_fit.fit_served_steps`), and so where the simulator puts it by default (the two must
     agree, or the same CPU is counted twice or not at all; `served_refit.renetted` fits a profile's
@@ -139,6 +144,8 @@ class ServingCosts:
     client_placement: str = "router-room"
     prompt_loss_by_batch: tuple[tuple[float, float, float], ...] = ()
     corun_decode_stretch_served: float = 0.0
+    join_warmup_s: float = 0.0
+    join_warmup_s_per_context_token: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -190,6 +197,11 @@ class ServingCosts:
             return interpolated_extra_s(self.served_step_extra_s, batch)
         return self.decode_step_s + batch * self.decode_cpu_s_per_token
 
+    def join_warmup_cost_s(self, context_tokens: int) -> float:
+        """What a request joining a decode batch with `context_tokens` adds to the steps after its
+        join, in all (0 in a profile that did not measure it)."""
+        return self.join_warmup_s + self.join_warmup_s_per_context_token * context_tokens
+
     def prefill_request_cpu_s(self, prompt_tokens: int) -> float:
         """The prefill worker's API process's CPU for one request of `prompt_tokens`."""
         return self.prefill_cpu_s_per_request + self.prefill_cpu_s_per_prompt_token * prompt_tokens
@@ -212,6 +224,7 @@ CLIENT_PLACEMENTS = ("router-room", "balanced", "wake")
 # the placement a profile measured now nets its served step with (BENCHMARKS, "Where the client runs")
 MEASURED_CLIENT_PLACEMENT = "wake"
 SPREAD_FIELDS = ("first_token_spread_s", "decode_step_spread_s")
+JOIN_WARMUP_FIELDS = ("join_warmup_s", "join_warmup_s_per_context_token")   # measured together, or not at all
 CORUN_FIELDS = ("corun_prefill_stretch", "corun_decode_stretch", "corun_decode_stretch_served")
 # What a co-run stretch may be: below 0.5 or above 4 is a broken measurement, not two engines on
 # different cores (SMT siblings sharing one core slow each other by 1.3-2x)

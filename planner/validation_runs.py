@@ -198,7 +198,7 @@ def compare(runs: Sequence[RateRun], profile_paths: Sequence[Path], transport: s
     router places as `router` (the real router's settings); `what_if`: `SimSettings` fields the
     simulation takes instead of its own (`host_window_s`, `router_cpu_charge`, `served_step`,
     `router_core_max_stolen`, `hops`, `client_placement`, `step_spread`, `prompt_stretch`,
-    `prompt_loss`, `corun`; and `at_run_speed`, not
+    `prompt_loss`, `corun`, `join_warmup`; and `at_run_speed`, not
     the simulator's: each run simulated at its own machine speed, `at_run_speed_as`; or
     `speed_from_profile`, at speeds drawn from the profile's, `with_profile_speed`; either with
     the decode steps moving `speed_elasticity` times the interpreter, default 1); a profile's

@@ -61,6 +61,10 @@
   (Before, per token alone from the largest batch's whole runs net of the router's per-request
   share: on the slow Zen 4 EPYC that read 85 us a token for the router where it took 230 us and
   0.5 ms a step streaming, a third of what the prefill core lost to it at batch 4-16.)
+- A request's first decode steps, from `WARMUP_REPEATS` lone requests of `WARMUP_OUTPUT` tokens at
+  each of two prompt lengths (the CPU runs' and the long prompts'), one at a time, read off the
+  decode engine's trace: what their steps after the join took over each request's own steady
+  step, fitted against the context (`join_warmup`: `join_warmup_s`, `join_warmup_s_per_context_token`).
 - The latencies are then net of the CPU terms the simulator charges on the same path (the
   prefill worker's per request on the first token; the decode worker's per request and one
   step's cost on the handoff), so nothing is counted twice.
@@ -92,6 +96,9 @@ from planner.serving_costs import MEASURED_CLIENT_PLACEMENT, ServingCosts
 
 LONE_OUTPUT = 3  # tokens of each lone request: the first and the handoff
 
+
+WARMUP_REPEATS = 4   # lone requests at each length whose first decode steps are read (`measure_join_warmup`)
+WARMUP_OUTPUT = 40   # tokens each: the join, the steps it warms up and a steady stretch after them
 
 LONE_PAUSE_S = 0.2  # between lone requests: past vLLM's polling, so each finds the workers idle as
                     # a request arriving at a moderate rate does, not still spinning from the last
@@ -257,6 +264,7 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
         lone = asyncio.run(lone_request_latencies(
             cluster.grpc_target, model, kv_bytes_per_token, engine.block_size, transport, plan, info.vocab_size,
             advance, lambda start_s, end_s: traced_way_in_s(Path(trace_dir), *ids, start_s, end_s)))
+        warmup = measure_join_warmup(cluster.grpc_target, Path(trace_dir), ids[1], plan, info.vocab_size, advance)
         pids = {"router": cluster.router.pid,
                 **{role: cluster.workers[cluster.worker_ids(role)[0]].pid for role in ("prefill", "decode")}}
         cpu, idle = measure_cpu(cluster.grpc_target, pids, model, plan, advance)
@@ -274,13 +282,45 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                      decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
                      served_batch_windows_s=steps.batch_windows_s,
                      served_step_extra_s=steps.extra_by_batch, prompt_loss_by_batch=prompt_loss)
-    served = with_served_corun(served, corun_rows, advance)
+    served = replace(with_served_corun(served, corun_rows, advance), **warmup)
     # the lone handoff held the request's first decode step alone: what serving adds to it is charged there
     handoff_s, idle_join_s = split_lone_handoff(
         lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt) - served.decode_serving_s(1, by_batch=False),
         lone.way_in_s)
     return replace(served, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt)),
                    handoff_s=handoff_s, idle_join_s=idle_join_s, first_token_spread_s=lone.first_token_spread_s)
+
+
+def measure_join_warmup(target: str, trace_dir: Path, decode_id: str, plan: ServingPlan, vocab_size: int,
+                        advance) -> dict[str, float]:
+    """`ServingCosts`' join warm-up terms from `WARMUP_REPEATS` lone requests of `WARMUP_OUTPUT`
+    tokens at the CPU runs' prompt length and the long prompts' (the longest lone one where the
+    plan has none), read off the decode engine's trace in `trace_dir` (`join_warmup`); {} with a
+    note where no length had enough runs (a trace not written): the simulator charges none."""
+    from pdserve.client import AsyncClient
+    from pdserve.engine_step_trace import engine_steps
+    from planner.profiler.join_warmup import fit_join_warmup, warmup_excess_s, warmup_lines
+
+    lengths = (plan.load_prompt_tokens, plan.long_prompt_tokens or max(plan.prompt_tokens))
+    warm = replace(plan, prompt_tokens=tuple(dict.fromkeys(lengths)), repeats=WARMUP_REPEATS)
+
+    async def send() -> None:
+        async with AsyncClient(target) as client:
+            await lone_runs(lambda ids, _: token_times(client, ids, WARMUP_OUTPUT), warm, vocab_size,
+                            lambda text: advance(text, step=False), label="serving: a request's first decode steps")
+
+    start_s = time.monotonic()
+    asyncio.run(send())
+    steps = [s for s in engine_steps(trace_dir, decode_id) if s.start_s >= start_s]
+    rows = warmup_excess_s(steps)
+    fit = fit_join_warmup(rows)
+    for line in warmup_lines(rows, fit):
+        advance(f"serving: a request's first decode steps, {line}", step=False)
+    if fit is None:
+        advance("serving: no request's first decode steps could be read (too few runs in the trace); the "
+                "simulator charges none", step=False)
+        return {}
+    return {"join_warmup_s": fit[0], "join_warmup_s_per_context_token": fit[1]}
 
 
 def measured_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_id: str, model: PerfModel,

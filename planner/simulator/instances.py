@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from planner.perf_model import PerfModel
-from planner.simulator.config import SimSettings
+from planner.simulator.config import JOIN_WARMUP_PAY_SHARE, SimSettings
 from planner.simulator.spread import jittered
 from planner.simulator.state import DecodeBatch, ItlLog, SimRequest
 
@@ -146,6 +146,13 @@ class PrefillInstance:
         return StepDone(prefilled=completed)
 
 
+def warmup_owed_s(left_s: float, joins_s: Iterable[float]) -> float:
+    """What a decode instance owes its next steps for joins' warm-up when `left_s` is left of the
+    earlier joins' and this step's joins bring `joins_s` each: the largest (joins close together
+    overlap; `SimSettings.join_warmup`). Pure."""
+    return max(left_s, *joins_s, 0.0)
+
+
 class DecodeInstance:
     """Decode only. A request waits for KV blocks, pulls its KV over the instance's `KvLink`, joins
     the running batch at the first step boundary after its pull.
@@ -154,7 +161,8 @@ class DecodeInstance:
     while a step runs is seen when that step ends, its pull is scheduled then and runs beside the
     next step, and it computes in the step after the one its pull finished in; handed to an idle
     engine, its pull starts once the engine core is awake (`ServingCosts.idle_join_s`). So under a running batch the first decode token comes one
-    step later than the pull alone would put it (`engine_sees_at_step_end`)."""
+    step later than the pull alone would put it (`engine_sees_at_step_end`). The steps after a
+    join pay its warm-up (`SimSettings.join_warmup`)."""
 
     def __init__(self, index: int, settings: SimSettings, model: PerfModel, itl: ItlLog) -> None:
         self.index, self._settings, self._model, self._itl = index, settings, model, itl
@@ -169,6 +177,7 @@ class DecodeInstance:
         self._first_step: list[SimRequest] = []
         self._step_start_s: float | None = None
         self._owed_s = 0.0  # what the drawn spread could not take from the last step (`jittered`)
+        self._warmup_owed_s = 0.0  # the join warm-up its batch's joins left to pay (`SimSettings.join_warmup`)
 
     def kv_blocks_free(self) -> int:
         return self._settings.num_kv_blocks - self.used_blocks
@@ -210,9 +219,13 @@ class DecodeInstance:
         if self.batch.size == 0:
             return None
         size, serving = self.batch.size, self._settings.serving
+        warmup_s = self._warmup_owed_s * JOIN_WARMUP_PAY_SHARE   # the earlier joins', from the step after theirs
+        self._warmup_owed_s = warmup_owed_s(self._warmup_owed_s - warmup_s, [
+            self._settings.join_warmup_cost_s(r.prompt_tokens + 1) for r in self._first_step])
         modelled_s = stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
                                            + serving.decode_serving_s(size, self._settings.served_step == "table")
-                                           + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step))
+                                           + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step)
+                                           + warmup_s)
         duration, self._owed_s = jittered(modelled_s, extra_s, self._owed_s, self._settings.step_spread == "carried")
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
         return now + duration
@@ -227,6 +240,8 @@ class DecodeInstance:
             request.finish_s = now
             self.used_blocks -= request.blocks
             self.admitted -= 1
+        if self.batch.size == 0:
+            self._warmup_owed_s = 0.0   # the requests that owed it have ended
         self._step_start_s, self._first_step = None, []
         return StepDone(finished=finished, transfers=self._admit(now))
 

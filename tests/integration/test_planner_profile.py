@@ -134,6 +134,12 @@ def test_the_cluster_pass_measures_a_prompt_step_beside_decode_streams(quick_pro
         assert "ms a step beside a prompt" in report
     else:
         assert "too few decode steps beside the probes' prompts" in report
+    # a request's first decode steps over its own steady step, read off the decode engine's trace at
+    # the CPU runs' prompts and the long ones: milliseconds in all, never negative
+    serving = load_profile(quick_profile[0]).serving
+    assert re.search(r"a request's first decode steps, 12\d-token context: [1-4] runs", report)
+    assert serving.join_warmup_s >= 0 and serving.join_warmup_s_per_context_token >= 0
+    assert serving.join_warmup_cost_s(1024) < 0.05
 
 
 def test_the_engine_is_measured_again_over_both_cluster_cores(quick_profile):

@@ -13,6 +13,7 @@ from planner_testkit import ROUND_MODEL, round_settings, spec
 from planner.profile import ProfileError
 from planner.serving_costs import ServingCosts
 from planner.simulator import SimulationError, Topology, simulate
+from planner.simulator.instances import warmup_owed_s
 
 EXACT = dict(abs=1e-12)
 
@@ -206,3 +207,38 @@ def test_a_decode_step_with_a_served_table_reproduces_a_hand_schedule():
     assert line.timeline["finish_s"].tolist() == pytest.approx([0.2557], **EXACT)
     with pytest.raises(SimulationError, match="served_step"):
         replace(settings, served_step="curve")
+
+
+def test_a_joins_warmup_is_paid_by_the_steps_after_it_a_share_of_what_is_left_each():
+    # R1 alone, as above: decode steps of 0.0201, 0.0202, 0.0203 s from 0.2075. Its join owes
+    # W = 0.01 + 1e-4 x 51 (prompt + its first token) = 0.0151 s, which its join step does not pay
+    # and the two steps after it pay 0.3 W and 0.3 x 0.7 W.
+    costs = ServingCosts(join_warmup_s=0.01, join_warmup_s_per_context_token=1e-4)
+    owed = 0.01 + 1e-4 * 51
+    warm = round_settings(serving=costs, join_warmup="profile")
+    t = simulate([spec(0.0, 50, 4)], Topology.disaggregated(1, 1), warm, ROUND_MODEL).timeline
+    assert t["first_decode_token_s"][0] == pytest.approx(0.2075 + 0.0201, **EXACT)
+    assert t["finish_s"][0] == pytest.approx(0.2075 + 0.0201 + 0.0202 + 0.0203 + (0.3 + 0.21) * owed, **EXACT)
+    # the default charges none of it: a what-if
+    plain = simulate([spec(0.0, 50, 4)], Topology.disaggregated(1, 1), round_settings(serving=costs), ROUND_MODEL)
+    assert plain.timeline["finish_s"][0] == pytest.approx(0.2075 + 0.0201 + 0.0202 + 0.0203, **EXACT)
+
+
+def test_joins_close_together_owe_the_largest_warmup_not_the_sum():
+    assert warmup_owed_s(0.007, [0.01]) == 0.01            # a join finds 0.7 W of the last one's left: W
+    assert warmup_owed_s(0.007, [0.004, 0.006]) == 0.007   # two small joins: the earlier one's rest
+    assert warmup_owed_s(0.0, []) == 0.0
+
+
+def test_a_warmup_left_when_the_batch_empties_is_not_charged_to_the_next_request():
+    costs = ServingCosts(join_warmup_s=0.01)
+    requests = [spec(0.0, 50, 2), spec(1.0, 50, 3)]   # R1: its join step only; R2 long after, alone
+    t = simulate(requests, Topology.disaggregated(1, 1), round_settings(serving=costs, join_warmup="profile"),
+                 ROUND_MODEL).timeline
+    r2_first = t["first_decode_token_s"][1]
+    assert t["finish_s"][1] - r2_first == pytest.approx(0.0202 + 0.3 * 0.01, **EXACT)
+
+
+def test_a_join_warmup_what_if_outside_its_names_is_refused():
+    with pytest.raises(SimulationError, match="join_warmup must be one of"):
+        replace(round_settings(), join_warmup="half")

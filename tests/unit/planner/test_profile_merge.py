@@ -76,6 +76,15 @@ def test_the_served_corun_is_the_median_of_the_profiles_that_measured_it():
     assert merged_serving([ServingCosts(), ServingCosts()]).corun_decode_stretch_served == 0.0   # none measured it
 
 
+def test_the_join_warmup_is_the_median_of_the_profiles_that_measured_it_term_by_term():
+    costs = [ServingCosts(join_warmup_s=a, join_warmup_s_per_context_token=b)
+             for a, b in ((0.0, 0.0), (0.001, 2e-6), (0.0, 4e-6), (0.003, 3e-6))]
+    merged = merged_serving(costs)
+    assert merged.join_warmup_s == pytest.approx(0.001)            # of 0.001, 0.0, 0.003: not the unmeasured 0
+    assert merged.join_warmup_s_per_context_token == pytest.approx(3e-6)
+    assert merged_serving([ServingCosts(), ServingCosts()]).join_warmup_cost_s(1000) == 0.0
+
+
 def test_batched_runs_are_pooled_without_their_windows():
     runs = [((1.0, 0.005, 100.0, 200.0),), ((1.0, 0.007, 100.0, 150.0), (4.0, 0.009, 400.0, 400.0))]
     merged = merged_serving([ServingCosts(served_batch_runs=r, served_batch_windows_s=((1.0, 2.0),) * len(r))
