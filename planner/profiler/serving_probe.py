@@ -296,7 +296,8 @@ def measure_join_warmup(target: str, trace_dir: Path, decode_id: str, plan: Serv
     """`ServingCosts`' join warm-up terms from `WARMUP_REPEATS` lone requests of `WARMUP_OUTPUT`
     tokens at the CPU runs' prompt length and the long prompts' (the longest lone one where the
     plan has none), read off the decode engine's trace in `trace_dir` (`join_warmup`); {} with a
-    note where no length had enough runs (a trace not written): the simulator charges none."""
+    note where no length had enough runs (a trace not written) or a request broke: the profile
+    keeps what it measured, and the simulator charges none."""
     from pdserve.client import AsyncClient
     from pdserve.engine_step_trace import engine_steps
     from planner.profiler.join_warmup import fit_join_warmup, warmup_excess_s, warmup_lines
@@ -309,8 +310,15 @@ def measure_join_warmup(target: str, trace_dir: Path, decode_id: str, plan: Serv
             await lone_runs(lambda ids, _: token_times(client, ids, WARMUP_OUTPUT), warm, vocab_size,
                             lambda text: advance(text, step=False), label="serving: a request's first decode steps")
 
+    from pdserve.errors import ServeError
+
     start_s = time.monotonic()
-    asyncio.run(send())
+    try:
+        asyncio.run(send())
+    except (ServeError, *BROKEN_CONNECTION, OSError) as why:   # a probe the profile can go without
+        advance(f"serving: a request's first decode steps were not measured ({type(why).__name__}: {why}); the "
+                "simulator charges none", step=False)
+        return {}
     steps = [s for s in engine_steps(trace_dir, decode_id) if s.start_s >= start_s]
     rows = warmup_excess_s(steps)
     fit = fit_join_warmup(rows)

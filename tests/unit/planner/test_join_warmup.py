@@ -53,3 +53,35 @@ def test_the_fit_keeps_both_terms_nonnegative_and_needs_two_runs_of_a_context():
     assert intercept == 0.0 and slope > 0
     assert fit_join_warmup([(128, 0.004), (1024, 0.002)]) is None
     assert fit_join_warmup([(128, 0.004), (128, 0.002), (1024, 0.009)]) == pytest.approx((0.003, 0.0))
+
+
+def test_a_warmup_probe_that_breaks_leaves_the_profile_without_it_and_says_why(monkeypatch, tmp_path):
+    from pdserve.errors import NoHealthyWorker
+    from planner.profiler import serving_probe
+    from planner.profiler.serving_fit import serving_plan
+
+    async def broken(*args, **kwargs):
+        raise NoHealthyWorker("the decode pool went away")
+
+    notes = []
+    monkeypatch.setattr(serving_probe, "lone_runs", broken)
+    plan = serving_plan(max_model_len=2048, max_num_seqs=64, quick=True)
+    terms = serving_probe.measure_join_warmup("localhost:1", tmp_path, "decode-1", plan, 100,
+                                              lambda note, step=True: notes.append((note, step)))
+    assert terms == {}
+    assert notes == [(notes[0][0], False)] and "NoHealthyWorker: the decode pool went away" in notes[0][0]
+
+
+def test_a_trace_without_runs_gives_no_terms_and_a_note(monkeypatch, tmp_path):
+    from planner.profiler import serving_probe
+    from planner.profiler.serving_fit import serving_plan
+
+    async def quiet(*args, **kwargs):
+        return []
+
+    notes = []
+    monkeypatch.setattr(serving_probe, "lone_runs", quiet)
+    plan = serving_plan(max_model_len=2048, max_num_seqs=64, quick=True)
+    assert serving_probe.measure_join_warmup("localhost:1", tmp_path, "decode-1", plan, 100,
+                                             lambda note, step=True: notes.append(note)) == {}
+    assert any("no request's first decode steps could be read" in note for note in notes)
