@@ -75,12 +75,15 @@ def thread_cpu_s(root_pid: int) -> dict[str, float]:
     from loadgen.proc_cpu import threads_cpu_s
 
     by: dict[str, float] = {}
+    processes: dict[int, str | None] = {}   # each process's name, read once
     for pid, _, comm, cpu_s in threads_cpu_s(root_pid):
-        try:
-            process = Path(f"/proc/{pid}/comm").read_text().strip()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        by[f"{process}/{comm}"] = by.get(f"{process}/{comm}", 0.0) + cpu_s
+        if pid not in processes:
+            try:
+                processes[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+            except (FileNotFoundError, ProcessLookupError):
+                processes[pid] = None   # it has exited
+        if processes[pid] is not None:
+            by[f"{processes[pid]}/{comm}"] = by.get(f"{processes[pid]}/{comm}", 0.0) + cpu_s
     return by
 
 
@@ -208,6 +211,7 @@ def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
     """The phases run (monotonic windows) and the workers' ids by role."""
     from launch.local import ClusterSpec, LocalCluster
     from loadgen.proc_cpu import core_busy_shares, per_core_ticks
+    from loadgen.runner import RunConfig
     from pdserve.engine import EngineSettings
     from pdserve.engine_step_trace import STEP_TRACE_ENV
     from planner.validation_shapes import validation_shapes
@@ -259,8 +263,6 @@ def measure(args, trace_dir: Path) -> tuple[list[Phase], dict[str, str]]:
                     together = lone_specs(args, args.lone_prompt) * int(name.removeprefix("batch"))
                     sent = sum(asyncio.run(send(target, together, seed=20 + i)) for i in range(2))
                 elif name.startswith("closed:"):
-                    from loadgen.runner import RunConfig
-
                     shape_name, in_flight = closed_arg(name.removeprefix("closed:"))
                     specs = shapes[shape_name].workload.build(rate_rps=1.0, num_requests=args.load_requests)
                     config = RunConfig(mode="concurrency", max_concurrency=in_flight)

@@ -144,8 +144,8 @@ def merged_serving(costs: Sequence[ServingCosts]) -> ServingCosts:
             merged[f.name] = ()
         elif f.name == "corun_decode_stretch_served":   # 0: not measured, not a stretch of 0
             merged[f.name] = statistics.median([v for v in values if v > 0] or [0.0])
-        elif f.name in JOIN_WARMUP_FIELDS:   # of the profiles that measured it (either term > 0)
-            measured = [getattr(c, f.name) for c in costs if c.join_warmup_cost_s(1) > 0]
+        elif f.name in JOIN_WARMUP_FIELDS:   # of the profiles that measured it
+            measured = [getattr(c, f.name) for c in costs if c.join_warmup_measured]
             merged[f.name] = statistics.median(measured or [0.0])
         else:
             merged[f.name] = statistics.median(values)

@@ -197,6 +197,11 @@ class ServingCosts:
             return interpolated_extra_s(self.served_step_extra_s, batch)
         return self.decode_step_s + batch * self.decode_cpu_s_per_token
 
+    @property
+    def join_warmup_measured(self) -> bool:
+        """Whether the profile measured a join warm-up (either term above 0)."""
+        return self.join_warmup_s > 0 or self.join_warmup_s_per_context_token > 0
+
     def join_warmup_cost_s(self, context_tokens: int) -> float:
         """What a request joining a decode batch with `context_tokens` adds to the steps after its
         join, in all (0 in a profile that did not measure it)."""

@@ -67,7 +67,7 @@ def print_summary(console: Console, profile: Profile, fit: FitReport) -> None:
                         if serving.corun_decode_stretch_served else "")
         console.print(f"  engines on the two workers' cores together: a prompt {serving.corun_prefill_stretch:.3f}x its"
                       f" time alone, a decode step {serving.corun_decode_stretch:.3f}x{served_corun}", markup=False)
-        if serving.join_warmup_cost_s(1) > 0:
+        if serving.join_warmup_measured:
             console.print(f"  a request's first decode steps over its steady step, in all: {serving.join_warmup_s * 1e3:.2f} ms"
                           f" + {serving.join_warmup_s_per_context_token * 1e6:.2f} us x context (`--join-warmup profile`"
                           f" spreads it over the steps after the join)", markup=False)
