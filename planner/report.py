@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from planner.search import FewestDevices, RateSearch, SplitSearch
-from planner.simulator.config import Topology
+from planner.simulator.topology import Topology
 
 
 KIND_COLORS = {"disaggregated": "tab:blue", "hybrid": "tab:green", "aggregated": "tab:orange"}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.metrics import SLO
-from planner.simulator.config import Topology
+from planner.simulator.topology import Topology
 from router.policies.placement import CostModel, PlacementConfig
 
 COST_FILE, PLACEMENT_FILE, CLUSTER_FILE = "cost.json", "placement.json", "cluster.json"

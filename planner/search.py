@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pdserve.roles import TOPOLOGIES
 from pdserve.roles import Topology as TopologyKind
 from planner.rate_search import SearchSettings, max_rate
-from planner.simulator.config import Topology
+from planner.simulator.topology import Topology
 
 AttainmentFn = Callable[[Topology, float], float]
 Progress = Callable[[str], None]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from loadgen.workload import RequestSpec
 from planner.perf_model import PerfModel
-from planner.simulator.config import Topology
+from planner.simulator.topology import Topology
 
 
 def prefill_load(requests: Sequence[RequestSpec], topology: Topology, model: PerfModel, chunk_tokens: int) -> float:

@@ -43,7 +43,7 @@ import numpy as np
 
 from planner.perf_model import PerfModel
 from planner.simulator.cost import cost_model_from
-from planner.simulator.config import SimSettings, SimulationError, Topology
+from planner.simulator.config import SimSettings, SimulationError
 from planner.simulator.core_share import HOP_SHARE_WHILE_STEPPING, WorkBesideSteps
 from planner.simulator.host import HostCpu, decode_call_wait_s, router_outputs_wait_s
 from planner.simulator.hybrid import HybridInstance
@@ -52,6 +52,7 @@ from planner.simulator.result import SimResult
 from planner.simulator.routing import SimRouter
 from planner.simulator.spread import ServiceSpread
 from planner.simulator.state import ItlLog, SimRequest
+from planner.simulator.topology import Topology
 from router.policies.placement import CostModel, Local
 
 ARRIVAL, HANDOFF, DECODE_CALL, TRANSFER_DONE, STEP_END, HOPS_DONE = 0, 1, 2, 3, 4, 5

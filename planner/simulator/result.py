@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from loadgen.metrics import DEFAULT_PERCENTILES, SLO, distribution_ms
-from planner.simulator.config import Topology
 from planner.simulator.state import ItlLog, SimRequest
+from planner.simulator.topology import Topology
 
 TIMELINE = ("arrival_s", "prefill_start_s", "first_token_s", "handed_off_s", "transfer_start_s", "transfer_end_s",
             "first_decode_token_s", "finish_s")
