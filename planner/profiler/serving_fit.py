@@ -22,6 +22,10 @@ SHORT_OUTPUT, LONG_OUTPUT = 2, 32
 # decode batch sizes the served steps are fitted on, each run BATCH_REPEATS times (one run is noisy);
 # batch sizes and prompts the engine table measures too (`planner.profiler.plan`)
 BATCHES, QUICK_BATCHES, BATCH_REPEATS = (1, 4, 8, 16, 32, 64), QUICK_ENGINE_BATCHES, 2
+# requests of each CPU run: a quick plan's (tests, smoke runs) read its terms to a few ms a request
+# of /proc's 10 ms ticks and takes half a minute less than at 24 (4 runs of ~7 s at the tiny model's
+# rate on a Zen 3 EPYC); the full plan's to a fraction of a millisecond
+LOAD_REQUESTS, QUICK_LOAD_REQUESTS = 60, 12
 # streams decoding beside the prompt-loss probes (`prompt_loss_probe`): one row each, the lower
 # ends of the "2-3", "8-15" and "32-63" buckets of `planner.validation_steps.BATCH_BUCKETS`
 PROMPT_LOSS_BATCHES = (2, 8, 32)
@@ -63,7 +67,7 @@ def serving_plan(max_model_len: int, max_num_seqs: int, quick: bool,
     sizes = sorted({min(b, max_num_seqs) for b in (QUICK_BATCHES if quick else BATCHES)})
     batches = tuple(sizes) if quick else tuple(sizes) * batch_repeats
     load_prompt = min(128, max_model_len // 4)
-    return ServingPlan(prompts, 3 if quick else 6, load_prompt, 24 if quick else 60, batches,
+    return ServingPlan(prompts, 3 if quick else 6, load_prompt, QUICK_LOAD_REQUESTS if quick else LOAD_REQUESTS, batches,
                        max_output_tokens=max_model_len - BATCH_PROMPT_TOKENS,
                        long_prompt_tokens=long_prompt_tokens(load_prompt, max_model_len),
                        prompt_loss_batches=(0, *(b for b in PROMPT_LOSS_BATCHES if b < max_num_seqs)),

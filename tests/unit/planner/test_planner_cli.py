@@ -9,7 +9,7 @@ import pytest
 from cli.main import main
 from router.policies.placement import CostModel, PlacementConfig
 
-SMALL = ["--num-prompts", "200", "--no-progress", "--tpot-slo-ms", "50"]
+SMALL = ["--num-prompts", "100", "--no-progress", "--tpot-slo-ms", "50"]
 
 
 def test_plan_prints_each_kinds_best_and_the_pick_and_writes_plot_json_and_router_files(tmp_path, capsys):

@@ -63,7 +63,7 @@ def _profile_that_moved(tmp_path, start_ms: float, end_ms: float):
 
 
 PLAN = ["plan", "--devices", "2", "--objective", "total", "--local-prefill-caps", "0", "--token-budgets", "0",
-        "--num-prompts", "200", "--no-progress", "--tpot-slo-ms", "50", "--label", "t"]
+        "--num-prompts", "100", "--no-progress", "--tpot-slo-ms", "50", "--label", "t"]
 
 
 def test_plan_by_default_ranks_by_the_goodput_on_a_machine_as_slow_as_its_profile_moved(tmp_path, capsys):
