@@ -20,7 +20,7 @@ if TYPE_CHECKING:   # speed.py and topology.py raise this module's SimulationErr
 
 DecodePick = Literal["handoff", "arrival"]
 SERVED_STEP_FORMS = ("line", "table")  # `SimSettings.served_step`
-HOP_MODELS = ("stretched", "queued", "prefill-core")  # `SimSettings.hops`
+HOP_MODELS = ("stretched", "queued", "prefill-core", "loaded")  # `SimSettings.hops`
 STEP_SPREADS = ("carried", "cut")  # `SimSettings.step_spread`
 PROMPT_LOSS_SOURCES = ("profile", "none")  # `SimSettings.prompt_loss`
 CORUN_SOURCES = ("served", "engines")  # `SimSettings.corun`
@@ -123,7 +123,10 @@ class SimSettings:
       `planner.simulator.host.router_outputs_wait_s`, `decode_call_wait_s`); or "prefill-core",
       those waits after the hop's CPU (`handoff_s`) runs on its prefill instance's core beside
       that instance's steps, at half the core while one runs (`planner.simulator.core_share`),
-      its first token's delivery taking the same stretch;
+      its first token's delivery taking the same stretch; or "loaded", the stretched hop to the decode
+      worker (not its first token's delivery) stretched again by the load on its prefill core: the
+      unbound processes' demand per router core and its prefill engine's busy share over
+      `host_window_s` (`planner.simulator.host.loaded_hop_stretch`);
     - `step_spread`: what a decode step's drawn spread (`serving.decode_step_spread_s`) could not
       take from a short step (the floor: `planner.simulator.spread.MIN_STEP_SHARE`): "carried" to
       the instance's next step, as a bunched client's next gap takes it, so the draws keep their

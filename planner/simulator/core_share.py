@@ -12,6 +12,7 @@ Pure state: the cluster's event loop drives it (`planner.simulator.engine`).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 # a hop's share of the prefill engine's core while the engine steps: processor sharing with its one
@@ -80,3 +81,28 @@ class WorkBesideSteps:
             self._left_s = {k: (key, max(0.0, left_s - elapsed_s * rate), added_s)
                             for k, (key, left_s, added_s) in self._left_s.items()}
         self._since_s = max(self._since_s, now)
+
+
+class BusyWindow:
+    """An engine's steps over the last `window_s`: the share of that window it spent stepping
+    (`SimSettings.hops` "loaded" reads it for its prefill instance). Pure state."""
+
+    def __init__(self, window_s: float) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self.window_s = window_s
+        self._steps: deque[tuple[float, float]] = deque()  # (start, end) in start order
+
+    def step(self, start_s: float, end_s: float) -> None:
+        """A step from `start_s` to `end_s` (its end may be ahead of the clock)."""
+        if end_s < start_s:
+            raise ValueError(f"a step cannot end ({end_s}) before it starts ({start_s})")
+        self._steps.append((start_s, end_s))
+
+    def busy_share(self, now: float) -> float:
+        """The share of (now - window_s, now] covered by steps, in [0, 1]."""
+        since = now - self.window_s
+        while self._steps and self._steps[0][1] <= since:
+            self._steps.popleft()
+        busy_s = sum(max(0.0, min(end, now) - max(start, since)) for start, end in self._steps)
+        return min(1.0, busy_s / self.window_s)

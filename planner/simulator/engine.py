@@ -25,6 +25,9 @@ the decode worker's API process behind its engine's last outputs before the inst
 (`planner.simulator.host.router_outputs_wait_s`, `decode_call_wait_s`). With "prefill-core" the
 hop's CPU runs beside its prefill instance's steps instead, at half that core while one runs
 (`planner.simulator.core_share`; a HOPS_DONE event when the next completes), then takes those waits.
+With "loaded" the stretched hop to the decode worker is stretched again by the load on its prefill
+core (the unbound processes' demand, the prefill engine's busy share:
+`planner.simulator.host.loaded_hop_stretch`); the first token's delivery to the client is not.
 A step that starts while another instance steps takes the measured co-run stretch too
 (`SimSettings.corun_stretches`: engines on different cores slowing each other, as the cluster
 showed it by default). Where the profile measured
@@ -44,8 +47,8 @@ import numpy as np
 from planner.perf_model import PerfModel
 from planner.simulator.cost import cost_model_from
 from planner.simulator.config import SimSettings, SimulationError
-from planner.simulator.core_share import HOP_SHARE_WHILE_STEPPING, WorkBesideSteps
-from planner.simulator.host import HostCpu, decode_call_wait_s, router_outputs_wait_s
+from planner.simulator.core_share import HOP_SHARE_WHILE_STEPPING, BusyWindow, WorkBesideSteps
+from planner.simulator.host import HostCpu, decode_call_wait_s, loaded_hop_stretch, router_outputs_wait_s
 from planner.simulator.hybrid import HybridInstance
 from planner.simulator.instances import ColocatedInstance, DecodeInstance, PrefillInstance, StepDone
 from planner.simulator.result import SimResult
@@ -132,6 +135,9 @@ class _Cluster:
         self._hops = {id(p): WorkBesideSteps(HOP_SHARE_WHILE_STEPPING) for p in self.prefill} \
             if settings.hops == "prefill-core" else {}
         self._hops_due: dict[int, int] = {}  # id of a prefill instance -> the version its HOPS_DONE was pushed at
+        # `hops` "loaded": each prefill instance's steps over the host's window
+        self._prefill_busy = {id(p): BusyWindow(settings.host_window_s) for p in self.prefill} \
+            if settings.hops == "loaded" else {}
 
     def _push(self, at_s: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._heap, (at_s, kind, self._seq, payload))
@@ -209,6 +215,8 @@ class _Cluster:
                     self._stepping_prefill.add(id(instance))
                     if self._hops:
                         self._hops[id(instance)].step_started(now, end_s)
+                    if self._prefill_busy:
+                        self._prefill_busy[id(instance)].step(now, end_s)
                 self._push(end_s, STEP_END, instance)
         self._dirty.clear()
 
@@ -238,7 +246,8 @@ class _Cluster:
                     request.hop_wait_s = self._router_outputs_wait_s()
                 else:
                     request.hop_stretch = self._host_stretch(now, prefill=True)
-                hop_s = self.settings.serving.handoff_s * request.hop_stretch + request.hop_wait_s
+                hop_s = (self.settings.serving.handoff_s * request.hop_stretch * self._hop_load_stretch(instance, now)
+                         + request.hop_wait_s)
                 self._push(now + hop_s + self.host.router_delay_s(now, hop_s), HANDOFF, request)
             else:  # a Local prompt: the first token streams from the decode instance
                 self.router.prefilled(request)
@@ -248,6 +257,13 @@ class _Cluster:
             self.host.request_moved(now, request.prompt_tokens)
         self._push_transfers(instance, done.transfers)
         self.host.tokens_emitted(now, instance.step_tokens)
+
+    def _hop_load_stretch(self, instance: PrefillInstance, now: float) -> float:
+        """`hops` "loaded": the hop's stretch by the load on its prefill core (1 otherwise)."""
+        if not self._prefill_busy:
+            return 1.0
+        per_core = self.host.load_cores(now) / max(self.host.router_cores or self.settings.serving.host_cores, 1e-9)
+        return loaded_hop_stretch(per_core, self._prefill_busy[id(instance)].busy_share(now))
 
     def _push_hops_due(self, now: float) -> None:
         """`hops` "prefill-core": after the steps that start now, when the next hop on each prefill

@@ -35,6 +35,15 @@ from collections import deque
 from planner.serving_costs import CLIENT_PLACEMENTS, ServingCosts  # noqa: F401  (re-exported)
 
 MAX_STOLEN = 0.9  # the share of a busy core the host's load may take (keeps the model finite)
+# `SimSettings.hops` "loaded": the share of a hop's time lost to the load on its prefill core, per
+# core of the unbound processes' demand there and per share of the time the prefill engine steps.
+# Fitted on 684 kept runs of four host kinds, the runs' mean loads against their measured hop in
+# over the simulator's: 0.65 and 0.40 (each kind left out in turn: 0.53-0.75 and 0.39-0.43); the
+# simulator reads the loads over its 0.5 s window, which swing with the bursts, and with those
+# weights put six validations' hop in at +31% (signed), so both are scaled by 0.7: -7%
+# (BENCHMARKS, "The hop in under load")
+HOP_LOSS_PER_UNBOUND_CORE = 0.45
+HOP_LOSS_PER_PREFILL_BUSY = 0.28
 REQUEST_MOMENTS = 3  # arrival, handoff, end: a request's CPU in the router and the client is spread over them
 ROUTER_CHARGES = ("window", "backlog")  # where a bound router's per-request CPU goes (`HostCpu`)
 
@@ -248,6 +257,23 @@ def wake_share_on_router(rest_cores: float, router_load_cores: float, busy_route
 
 def _stretch(stolen: float, most: float = MAX_STOLEN) -> float:
     return 1.0 / (1.0 - min(most, stolen))
+
+
+def loaded_hop_stretch(unbound_cores_per_core: float, prefill_busy_share: float, most: float = MAX_STOLEN) -> float:
+    """How much longer a prefilled request's hops take (on top of `HostCpu.stretch`'s stretch of a
+    step on its prefill core) where the unbound processes (the router, the client) demand
+    `unbound_cores_per_core` of each of the router's cores and its prefill engine stepped
+    `prefill_busy_share` of the recent window: 1 / (1 - the share of the hop's time they take),
+    that share `HOP_LOSS_PER_UNBOUND_CORE` x the first plus `HOP_LOSS_PER_PREFILL_BUSY` x the
+    second, at most `most`. The hop runs through the prefill worker's API process and the router's
+    event loop, each one thread queued behind the streams' tokens and the other requests' work on a
+    core the engine steps on: a processor-sharing stretch of the load's measured size, not a
+    queue modelled process by process. Pure."""
+    if unbound_cores_per_core < 0 or not 0 <= prefill_busy_share <= 1:
+        raise ValueError(f"loads must be >= 0 and a busy share in [0, 1], got {unbound_cores_per_core}, "
+                         f"{prefill_busy_share}")
+    return _stretch(HOP_LOSS_PER_UNBOUND_CORE * unbound_cores_per_core + HOP_LOSS_PER_PREFILL_BUSY * prefill_busy_share,
+                    most)
 
 
 def decode_call_wait_s(step_tokens: int, cpu_s_per_token: float, engine_stepping: bool) -> float:
