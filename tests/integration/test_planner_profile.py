@@ -119,8 +119,8 @@ def test_the_cluster_pass_measures_what_serving_adds_around_the_engines(quick_pr
 
 
 def test_the_cluster_pass_measures_a_prompt_step_beside_decode_streams(quick_profile):
-    # lone prompts of four lengths idle and beside 2, 8 and 32 streams, read off the prefill engine's
-    # trace: at least one batch of streams gives a row over idle, keyed by its bucket's smallest batch
+    # lone prompts of four lengths idle and beside 8 streams (a quick plan's one level), read off the
+    # prefill engine's trace: at least one batch of streams gives a row over idle, keyed by its bucket's smallest batch
     rows = load_profile(quick_profile[0]).serving.prompt_loss_by_batch
     assert rows and all(batch in (1, 2, 4, 8, 16, 32, 64) for batch, _, _ in rows)
     assert all(stretch < 10 and lost_s < 1.0 for _, stretch, lost_s in rows)   # a slowdown, not a broken read

@@ -12,7 +12,7 @@ import pytest
 
 from planner.profile_checks import ProfileError
 from planner.profiler.prompt_loss_fit import bucket_low, loss_over_idle
-from planner.profiler.serving_fit import PROMPT_LOSS_BATCHES, serving_plan
+from planner.profiler.serving_fit import PROMPT_LOSS_BATCHES, QUICK_PROMPT_LOSS_BATCHES, serving_plan
 from planner.serving_costs import ServingCosts
 from planner.simulator import SimulationError, Topology, simulate
 from planner_testkit import ROUND_MODEL, round_settings, spec
@@ -39,7 +39,9 @@ def test_each_batch_is_kept_as_its_increase_over_the_idle_line():
 
 def test_the_plan_probes_idle_and_the_batches_the_engine_admits():
     plan = serving_plan(max_model_len=2048, max_num_seqs=64, quick=True)
-    assert plan.prompt_loss_batches == (0, *PROMPT_LOSS_BATCHES) and plan.prompt_loss_repeats == 2
+    assert plan.prompt_loss_batches == (0, *QUICK_PROMPT_LOSS_BATCHES) and plan.prompt_loss_repeats == 2
+    full = serving_plan(max_model_len=2048, max_num_seqs=64, quick=False)
+    assert full.prompt_loss_batches == (0, *PROMPT_LOSS_BATCHES) and full.prompt_loss_repeats == 3
     assert plan.prompt_loss_lengths == (*plan.prompt_tokens, 1024)
     assert plan.cluster_steps == plan.steps + len(plan.prompt_loss_batches)
     small = serving_plan(max_model_len=512, max_num_seqs=8, quick=False)
