@@ -82,25 +82,24 @@ def steady_beside(steps: Sequence[TracedStep], joins: Sequence[TracedJoin],
     return out
 
 
-def steady_table(steps: Sequence[TracedStep], joins: Sequence[TracedJoin], prefill: Sequence[TracedStep],
+def steady_table(steady: Sequence[tuple[TracedStep, Beside]],
                  yardstick_s: Callable[[TracedStep], float]) -> dict[tuple[str, str], list[float]]:
-    """(batch label or "all", beside label) -> each steady step's time over `yardstick_s`. Pure."""
+    """(batch label or "all", beside label) -> each steady step's time over `yardstick_s`, from
+    `steady_beside`'s steps. Pure."""
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for step, what in steady_beside(steps, joins, prefill):
+    for step, what in steady:
         ratio = (step.end_s - step.start_s) / yardstick_s(step)
         cells[(batch_label(step.batch), what.label)].append(ratio)
         cells[("all", what.label)].append(ratio)
     return cells
 
 
-def handoff_excess_s(steps: Sequence[TracedStep], joins: Sequence[TracedJoin], prefill: Sequence[TracedStep],
-                     yardstick_s: Callable[[TracedStep], float]) -> float:
-    """Seconds the steady steps that took a Decode call in or ran a pull beside them took over the
-    steps of their batch (bucket) with neither, the prefill engine beside them or not alike: what the
-    handoffs added to the steps around them. Pure."""
+def handoff_excess_s(steady: Sequence[tuple[TracedStep, Beside]], yardstick_s: Callable[[TracedStep], float]) -> float:
+    """Seconds the steady steps (`steady_beside`'s) that took a Decode call in or ran a pull beside
+    them took over the steps of their batch (bucket) with neither, the prefill engine beside them or
+    not alike: what the handoffs added to the steps around them. Pure."""
     seen = [(batch_label(step.batch), what.prefill_share > MOST, bool(what.calls or what.pulls),
-             (step.end_s - step.start_s) / yardstick_s(step), yardstick_s(step))
-            for step, what in steady_beside(steps, joins, prefill)]
+             (step.end_s - step.start_s) / yardstick_s(step), yardstick_s(step)) for step, what in steady]
     quiet = defaultdict(list)
     for batch, prompt, handoff, ratio, _ in seen:
         if not handoff:
@@ -162,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     for trace_dir in sorted(set(traced)):
         shape_dir = trace_dir.parent.parent
         steps, joins = engine_steps(trace_dir, "decode-1"), engine_joins(trace_dir, "decode-1")
-        prefill = engine_steps(trace_dir, "prefill-0")
-        lines += table_lines(shape_dir.name, steady_table(steps, joins, prefill, yardstick))
+        steady = steady_beside(steps, joins, engine_steps(trace_dir, "prefill-0"))   # each step's neighbours, once
+        lines += table_lines(shape_dir.name, steady_table(steady, yardstick))
         over = time_over(steps, yardstick)
-        handoffs_s = handoff_excess_s(steps, joins, prefill, yardstick)
+        handoffs_s = handoff_excess_s(steady, yardstick)
         pulled = [j for j in joins if j.pulled]
         charged_s = sum(profile.serving.decode_request_cpu_s(j.prompt_tokens) for j in pulled)
         per_request_ms = 1e3 / max(len(pulled), 1)

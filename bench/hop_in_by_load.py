@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 from resimulate_kept import KEPT, RESULTS  # noqa: E402  (beside this file)
+from planner.simulator.host import MAX_STOLEN  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def fit_loss_weights(rows: Sequence[HopRow], simulated_ms: Sequence[float]) -> t
 
 
 def stretched_ms(rows: Sequence[HopRow], simulated_ms: Sequence[float], a: float, b: float,
-                 most: float = 0.9) -> np.ndarray:
+                 most: float = MAX_STOLEN) -> np.ndarray:
     """The simulated way in stretched by the fitted loss (at most `most` of the time). Pure."""
     lost = np.array([min(most, a * r.unbound_cores + b * r.prefill_busy) for r in rows])
     return np.array(simulated_ms) / (1 - lost)

@@ -262,7 +262,8 @@ class _Cluster:
         """`hops` "loaded": the hop's stretch by the load on its prefill core (1 otherwise)."""
         if not self._prefill_busy:
             return 1.0
-        per_core = self.host.load_cores(now) / max(self.host.router_cores or self.settings.serving.host_cores, 1e-9)
+        cores = self.host.router_cores or self.settings.serving.host_cores   # 0: the host is not modelled
+        per_core = self.host.load_cores(now) / cores if cores else 0.0
         return loaded_hop_stretch(per_core, self._prefill_busy[id(instance)].busy_share(now))
 
     def _push_hops_due(self, now: float) -> None:

@@ -42,7 +42,7 @@ def test_what_ran_beside_a_step_calls_accepted_pulls_in_flight_and_the_prefill_e
 def test_steady_steps_are_set_against_the_yardstick_by_batch_and_what_ran_beside():
     steps = [step(0.0, 0.010, 2), step(0.010, 0.030, 2), step(0.030, 0.045, 2, joined=1), step(0.045, 0.055, 9)]
     joins = [pulled(0.012, 0.013, 0.028)]            # accepted during the second step, pulled beside it
-    cells = BENCH["steady_table"](steps, joins, [step(0.046, 0.054, 1)], lambda s: 0.010)
+    cells = BENCH["steady_table"](BENCH["steady_beside"](steps, joins, [step(0.046, 0.054, 1)]), lambda s: 0.010)
     assert cells[("2-7", "-")] == pytest.approx([1.0])
     assert cells[("2-7", "call+pull")] == pytest.approx([2.0])
     assert cells[("8-31", "prompt")] == pytest.approx([1.0])   # 8 of its 10 ms beside a prompt
@@ -56,6 +56,7 @@ def test_the_handoffs_excess_is_over_the_quiet_steps_of_the_same_batch():
              step(0.045, 0.065, 9), step(0.065, 0.080, 9)]                          # a pull beside, quiet
     joins = [pulled(0.030, 0.031, 0.033), pulled(0.040, 0.050, 0.060)]
     # the calls' step: 2.5 against its batch's quiet 1.0 at 10 ms -> 15 ms; the pull's step 2.0 against 1.5 -> 5 ms
-    assert BENCH["handoff_excess_s"](steps, joins, [], lambda s: 0.010) == pytest.approx(0.020)
+    excess = lambda steps: BENCH["handoff_excess_s"](BENCH["steady_beside"](steps, joins, []), lambda s: 0.010)  # noqa: E731
+    assert excess(steps) == pytest.approx(0.020)
     # with no quiet step at a batch, that batch's handoff steps are not counted
-    assert BENCH["handoff_excess_s"](steps[:4], joins, [], lambda s: 0.010) == pytest.approx(0.015)
+    assert excess(steps[:4]) == pytest.approx(0.015)
