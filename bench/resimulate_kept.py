@@ -83,6 +83,7 @@ KEPT = (
     Kept("amx167-s70-second", "join_warmup_amx167_s70/tiny3", "join_warmup_amx167_s70/tiny_p3.json", "shm"),
     Kept("zen3-s71", "validate_zen3_s71/tiny", "validate_zen3_s71/tiny_p1.json", "shm"),
     Kept("zen3-s72", "validate_zen3_s72/tiny", "validate_zen3_s72/tiny_p1.json", "shm"),
+    Kept("amx167-s73", "validate_amx167_s73/tiny", "validate_amx167_s73/tiny_p1.json", "shm"),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 

@@ -46,6 +46,9 @@ class Comparison:
     simulated: dict[str, Any]
     phases: tuple[PhaseRow, ...] = ()  # where the run kept per-phase timings (`planner.validation_phases`)
     noise: dict[str, float | None] = field(default_factory=dict)  # latency key -> the measured one's sampling noise
+    # the simulation's prompt steps by the decode batch beside them, as the measured ones are read
+    # (`planner.validation_steps.simulated_prompt_stretch_by_decode_batch`)
+    simulated_prompt_steps: dict[str, dict] = field(default_factory=dict)
 
     def error(self, key: str) -> float:
         """Relative error of a latency; percentage-point difference (as a fraction) for attainment."""
@@ -286,6 +289,51 @@ def handoff_table(comparisons: Sequence[Comparison], title: str) -> Table | None
     return table
 
 
+def measured_prompt_stretch(measured: dict[str, Any]) -> dict[str, float]:
+    """The prompt steps' median stretch by decode batch bucket from a run's traced prefill workers
+    (`planner.validation_steps.prompt_stretch_by_decode_batch`, under `engine_steps`), each bucket's
+    medians weighted by their workers' steps where there are several; {} where none was traced."""
+    workers = measured.get("engine_steps", {}).get("prefill_workers", {}).values()
+    sums: dict[str, list[float]] = {}
+    for worker in workers:
+        for label, row in worker.get("stretch_by_decode_batch", {}).items():
+            total = sums.setdefault(label, [0.0, 0.0])
+            total[0] += row["median_stretch"] * row["steps"]
+            total[1] += row["steps"]
+    return {label: weighted / steps for label, (weighted, steps) in sums.items() if steps}
+
+
+def prompt_steps_compared(c: Comparison) -> dict[str, dict[str, float | None]]:
+    """Each decode batch bucket either side has: the measured and the simulated prompt steps'
+    median stretch over the model's step (None where that side has too few steps there); {} where
+    the run traced no prefill worker."""
+    measured = measured_prompt_stretch(c.measured)
+    if not measured:
+        return {}
+    simulated = {label: row["median_stretch"] for label, row in c.simulated_prompt_steps.items()}
+    labels = sorted({*measured, *simulated}, key=lambda label: int(label.split("-")[0].rstrip("+")))
+    return {label: {"measured": measured.get(label), "simulated": simulated.get(label)} for label in labels}
+
+
+def prompt_step_table(comparisons: Sequence[Comparison], title: str) -> Table | None:
+    """Each rate's prompt steps by the decode batch beside them: measured / simulated median
+    stretch over the model's step; None when no run traced its prefill workers."""
+    rows = [(c, compared) for c in comparisons if (compared := prompt_steps_compared(c))]
+    if not rows:
+        return None
+    labels = sorted({label for _, compared in rows for label in compared},
+                    key=lambda label: int(label.split("-")[0].rstrip("+")))
+    table = Table(title=title)
+    for column in ("rate req/s", "model", *(f"beside {label}" for label in labels)):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for c, compared in rows:
+        table.add_row(f"{c.rate_rps:.2f}", c.model,
+                      *(f"{cell(compared[label]['measured'])} / {cell(compared[label]['simulated'])}"
+                        if label in compared else "" for label in labels))
+    return table
+
+
 def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
     keys = [key for key, _ in METRICS]
     models = list(dict.fromkeys(c.model for c in comparisons))
@@ -297,7 +345,8 @@ def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
                   **({"noise": c.noise} if c.noise else {}),
                   **({"phases": [row.as_dict() for row in c.phases]} if c.phases else {}),
                   **({"handoff_ms": {"measured": m, "simulated": simulated_handoff_ms(c.simulated)}}
-                     if (m := measured_handoff_ms(c.measured)) is not None else {})} for c in comparisons],
+                     if (m := measured_handoff_ms(c.measured)) is not None else {}),
+                  **({"prompt_stretch": p} if (p := prompt_steps_compared(c)) else {})} for c in comparisons],
         "mean_abs_error": {m: mean_abs_errors(comparisons, m) for m in models},
     }
 

@@ -33,6 +33,7 @@ from planner.validation_noise import measured_noise
 from planner.validation_phases import phase_rows, simulated_phases
 from planner.validation import Comparison, plot_validation, to_json
 from planner.validation_speed import at_run_speed_as, run_speed_mode, with_profile_speed
+from planner.validation_steps import simulated_prompt_stretch_by_decode_batch
 from router.policies.placement import CostModel, PlacementConfig
 
 AUTO_RATE_SHARES = (0.3, 0.6, 0.9, 1.2)  # of the first profile's simulated goodput
@@ -250,7 +251,8 @@ def with_client_placement(profile: Profile, placement: str | None) -> tuple[Prof
 def _comparison(run: RateRun, model: str, result: SimResult, slo: SLO, noise: dict) -> Comparison:
     phases = () if run.phases is None else phase_rows(
         run.phases, simulated_phases(result.timeline, result.output_tokens, result.delivery_s))
-    return Comparison(run.rate_rps, model, run.measured, result.summary(slo), phases, noise)
+    return Comparison(run.rate_rps, model, run.measured, result.summary(slo), phases, noise,
+                      simulated_prompt_stretch_by_decode_batch(result.prefill_steps))
 
 
 def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, list[RateRun]]:

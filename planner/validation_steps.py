@@ -255,12 +255,34 @@ def prompt_stretch_by_decode_batch(prefill: Sequence[TracedStep], decode: Sequen
         step = prefill[i]
         k = int(np.searchsorted(starts, step.start_s, side="right")) - 1
         batch = ordered[k].decoding if k >= 0 and step.start_s - ordered[k].end_s < 0.2 else 0
-        label = "0" if batch == 0 else next(bucket_label(low, high) for low, high in BATCH_BUCKETS if low <= batch <= high)
         model = model_prompt_step_s(step.tokens, step.joined * (step.tokens / step.joined) ** 2)
-        buckets.setdefault(label, []).append((model, step.duration_s))
-    order = ["0", *(bucket_label(low, high) for low, high in BATCH_BUCKETS)]
+        buckets.setdefault(decode_batch_label(batch), []).append((model, step.duration_s))
+    return _stretch_rows(buckets, min_steps)
+
+
+def simulated_prompt_stretch_by_decode_batch(prefill_steps: np.ndarray, min_steps: int = 5) -> dict[str, dict]:
+    """The simulator's prompt steps (`SimResult.prefill_steps`: start, duration, the model's step,
+    the decode batch beside) as `prompt_stretch_by_decode_batch` reads the traced ones: per bucket
+    with at least `min_steps`, how many, their median stretch (duration over the model's step) and
+    where their lengths span enough the line's lost time and slope. The simulator's duration holds
+    the worker's per-prompt CPU, as the traced step holds what that CPU took of its core."""
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for _start_s, duration_s, model_s, batch in np.asarray(prefill_steps, dtype=float).reshape(-1, 4):
+        if model_s > 0:
+            buckets.setdefault(decode_batch_label(int(batch)), []).append((model_s, duration_s))
+    return _stretch_rows(buckets, min_steps)
+
+
+def decode_batch_label(batch: int) -> str:
+    """The `BATCH_BUCKETS` label of a decode batch, "0" for none (the decode side idle)."""
+    return "0" if batch <= 0 else next(bucket_label(low, high) for low, high in BATCH_BUCKETS if low <= batch <= high)
+
+
+def _stretch_rows(buckets: dict[str, list[tuple[float, float]]], min_steps: int) -> dict[str, dict]:
+    """(model, measured) seconds by bucket label -> the rows of `prompt_stretch_by_decode_batch`,
+    "0" first, then by rising batch."""
     rows = {}
-    for label in order:
+    for label in ["0", *(bucket_label(low, high) for low, high in BATCH_BUCKETS)]:
         pairs = np.array(buckets.get(label, ()), dtype=float).reshape(-1, 2)
         if len(pairs) < min_steps:
             continue

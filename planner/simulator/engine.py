@@ -131,6 +131,8 @@ class _Cluster:
         self.spread = ServiceSpread(settings.serving, settings.spread_seed)
         self._stepping: set[int] = set()  # ids of the instances with a step running
         self._stepping_prefill: set[int] = set()  # of those, the prefill instances (the router's cores)
+        # each prefill step as it started: (start s, duration s, the model's step s, decode batch beside)
+        self.prefill_steps: list[tuple[float, float, float, int]] = []
         # `hops` "prefill-core": each prefill instance's core serves its prefilled requests' hops beside its steps
         self._hops = {id(p): WorkBesideSteps(HOP_SHARE_WHILE_STEPPING) for p in self.prefill} \
             if settings.hops == "prefill-core" else {}
@@ -177,7 +179,8 @@ class _Cluster:
         waits = np.array([request.hop_wait_s for request in requests])
         delivery_s = np.maximum(0.0, self.settings.serving.first_token_s * hops + waits
                                 + self.spread.first_token_extra_s(len(requests)))
-        return SimResult.from_requests(requests, self.topology, self.itl, busy, delivery_s=delivery_s)
+        return SimResult.from_requests(requests, self.topology, self.itl, busy, delivery_s=delivery_s,
+                                       prefill_steps=self.prefill_steps)
 
     def _check_finished(self, requests: list[SimRequest]) -> None:
         unfinished = [r.index for r in requests if r.finish_s is None and not r.refused]
@@ -197,10 +200,11 @@ class _Cluster:
         for instance in self._dirty.values():
             prefill = isinstance(instance, PrefillInstance)
             stretch = self._host_stretch(now, prefill)
-            floor = {}
-            if prefill and self.settings.prompt_loss_rows:   # the prompt step measured beside the streams
+            floor, streaming = {}, 0
+            if prefill:
                 streaming = sum(d.step_tokens for d in self.decode if id(d) in self._stepping)
-                floor = {"floor": self.settings.prompt_loss_at(streaming)}
+                if self.settings.prompt_loss_rows:   # the prompt step measured beside the streams
+                    floor = {"floor": self.settings.prompt_loss_at(streaming)}
             if not prefill and self.settings.decode_speed is not None:   # the machine's speed as it moved
                 stretch *= self.settings.decode_speed.factor(instance.index, now)
             beside_another = len(self._stepping) - (id(instance) in self._stepping) > 0
@@ -210,6 +214,7 @@ class _Cluster:
             if end_s is not None:
                 if prefill:  # the router's queued CPU shares the step's core
                     end_s += self.host.router_delay_s(now, end_s - now)
+                    self.prefill_steps.append((now, end_s - now, instance.engine_step_s, streaming))
                 self._stepping.add(id(instance))
                 if prefill:
                     self._stepping_prefill.add(id(instance))

@@ -115,6 +115,7 @@ class PrefillInstance:
         self.step_tokens = 0  # tokens the last finished step emitted
         self._plan: list[Chunk] = []
         self._running = False
+        self.engine_step_s = 0.0  # the model's step (no serving CPU, no stretch) of the running or last step
 
     def enqueue(self, request: SimRequest) -> None:
         self.queue.append(request)
@@ -133,7 +134,8 @@ class PrefillInstance:
         fresh = [r for r in self.queue if r.prefill_start_s is None]  # before plan_chunks stamps them
         work = plan_chunks(self.queue, s.token_budget, s.max_num_seqs, now, self._plan)
         worker_cpu_s = sum(s.serving.prefill_request_cpu_s(r.prompt_tokens) for r in fresh if r.prefill_start_s is not None)
-        step_s = self._model.prefill_step_s(*work) + worker_cpu_s
+        self.engine_step_s = self._model.prefill_step_s(*work)
+        step_s = self.engine_step_s + worker_cpu_s
         duration = max(corun[0] * stretch * step_s, floor[1] + floor[0] * step_s)
         self._running, self.busy_s = True, self.busy_s + duration
         return now + duration

@@ -16,7 +16,8 @@ one misses) and `admitted_slo_attainment` over the ones not refused; goodput cou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,10 +49,15 @@ class SimResult:
     # computed the prompt (Local; False for a refused request)
     decode_instance: np.ndarray | None = None
     local_prefill: np.ndarray | None = None
+    # every prefill instance's step as it started, one row each: start s, duration s (what the
+    # instance was busy: stretches and serving CPU in), the model's step s, the decode batch
+    # stepping beside it (the tokens of the decode instances' running steps); (0, 4) without any
+    prefill_steps: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
 
     @classmethod
     def from_requests(cls, requests: list[SimRequest], topology: Topology, itl: ItlLog,
-                      busy_s: dict[str, list[float]], delivery_s: float | np.ndarray = 0.0) -> "SimResult":
+                      busy_s: dict[str, list[float]], delivery_s: float | np.ndarray = 0.0,
+                      prefill_steps: Sequence[tuple[float, float, float, int]] = ()) -> "SimResult":
         timeline = {name: np.array([getattr(r, name) for r in requests], dtype=float) for name in TIMELINE}
         return cls(topology, timeline,
                    prompt_tokens=np.array([r.prompt_tokens for r in requests], dtype=np.int64),
@@ -62,7 +68,8 @@ class SimResult:
                    decode_instance=np.array([NOT_PLACED if r.refused else r.decode_instance for r in requests],
                                             dtype=np.int64),
                    local_prefill=np.array([not r.refused and r.prefill_instance is None for r in requests],
-                                          dtype=bool))
+                                          dtype=bool),
+                   prefill_steps=np.array(prefill_steps, dtype=float).reshape(-1, 4))
 
     @property
     def num_requests(self) -> int:

@@ -1,8 +1,10 @@
 """The prompt step's stretch by the decode batch streaming beside it (`SimSettings.prompt_stretch`,
-a what-if), on a hand schedule of the round model."""
+a what-if), on a hand schedule of the round model, and the simulated prompt steps read by that batch
+as a validation sets them beside the traced ones."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from planner.simulator import SimulationError, Topology, simulate
@@ -57,3 +59,26 @@ def test_the_validation_takes_the_table_from_its_command_line_and_says_so_in_its
     for bad in ("4:2,0:1", "0-1.4", "a:1", "0:1+x", "0:1+-3"):
         with pytest.raises(argparse.ArgumentTypeError, match="BATCH:STRETCH"):
             parse(bad)
+
+
+def test_the_result_keeps_each_prompt_step_with_the_decode_batch_beside_it():
+    result = simulate([spec(0.0, 50, 20), spec(0.3, 50, 2)], Topology.disaggregated(1, 1),
+                      round_settings(prompt_stretch=((0, 1.0), (1, 2.0))), ROUND_MODEL)
+    # (start, duration, the model's step, decode batch): the first prompt alone, the second beside
+    # the first request's stream, at the table's 2x
+    assert result.prefill_steps == pytest.approx(np.array([[0.0, PROMPT_S, PROMPT_S, 0], [0.3, 2 * PROMPT_S, PROMPT_S, 1]]))
+
+
+def test_the_simulated_prompt_steps_are_read_by_decode_batch_as_the_traced_ones_are():
+    from planner.validation_steps import decode_batch_label, simulated_prompt_stretch_by_decode_batch
+
+    assert [decode_batch_label(b) for b in (0, 1, 3, 8, 40, 64, 500)] == ["0", "1", "2-3", "8-15", "32-63", "64+", "64+"]
+    # idle: five steps of 10 ms at 1.5x; beside 8-15 streams five of 10-40 ms model at 10 ms + 2x
+    idle = [(i, 0.015, 0.010, 0) for i in range(5)]
+    beside = [(10 + i, 0.010 + 2 * m, m, 9) for i, m in enumerate((0.010, 0.015, 0.020, 0.030, 0.040))]
+    rows = simulated_prompt_stretch_by_decode_batch(idle + beside + [(20, 0.05, 0.01, 2)])   # one 2-3 step: too few
+    assert list(rows) == ["0", "8-15"]
+    assert rows["0"] == {"steps": 5, "median_stretch": 1.5}                      # one length: no line
+    assert rows["8-15"]["median_stretch"] == pytest.approx(2 + 0.010 / 0.020)
+    assert rows["8-15"]["lost_ms"] == pytest.approx(10.0, abs=1e-3) and rows["8-15"]["slope"] == pytest.approx(2.0, abs=1e-4)
+    assert simulated_prompt_stretch_by_decode_batch(np.zeros((0, 4))) == {}

@@ -87,7 +87,7 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
     from loadgen.metrics import SLO
     from loadgen.workload import RequestSpec
     from planner import validation_runs
-    from planner.validation import handoff_table, phase_table, to_json
+    from planner.validation import handoff_table, phase_table, prompt_step_table, to_json
 
     profile_path = REPO / "planner" / "profiles" / "tiny_2cpu_served.json"
     sample = [RequestSpec(0.1 * i, 100, 6) for i in range(4)]
@@ -99,7 +99,10 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
     traced = {"workers": {"decode-0": {"handoff": {"requests": 3, "hops_ms": 2.0, "inside_ms": 8.0,
                                                    "hop_in_requests": 2, "hop_in_ms": 1.0}},
                           "decode-1": {"handoff": {"requests": 1, "hops_ms": 6.0, "inside_ms": 4.0,
-                                                   "hop_in_requests": 1, "hop_in_ms": 4.0}}}}
+                                                   "hop_in_requests": 1, "hop_in_ms": 4.0}}},
+              # its prefill worker's prompt steps by the decode batch beside them (validation_steps)
+              "prefill_workers": {"prefill-0": {"stretch_by_decode_batch": {
+                  "0": {"steps": 3, "median_stretch": 1.5}, "2-3": {"steps": 1, "median_stretch": 2.5}}}}}
     runs = [validation_runs.RateRun(1.0, sample, measured | {"engine_steps": traced}, None, phases,
                                     {"ms_per_product": 3.1, "wake_us": 70.0})]
     setup = validation_runs.ValidationSetup("tiny", SLO(ttft_s=0.2, tpot_s=0.02), {"shape": "uniform"}, "tcp")
@@ -116,6 +119,10 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
     handoff = to_json(comparisons)["runs"][0]["handoff_ms"]
     assert handoff["measured"] == {"hops": pytest.approx(3.0), "inside": pytest.approx(7.0), "hop_in": pytest.approx(2.0)}
     assert set(handoff["simulated"]) == {"hops", "inside", "hop_in"} and handoff["simulated"]["inside"] > 0
+    # the prompt steps: the trace's beside the simulation's (its four prompts: one each, too few to read)
+    assert to_json(comparisons)["runs"][0]["prompt_stretch"] == {"0": {"measured": 1.5, "simulated": None},
+                                                                "2-3": {"measured": 2.5, "simulated": None}}
+    assert prompt_step_table(comparisons, "prompts").row_count == 1
     assert again[0].measured["engine_steps"] == traced                     # kept, and back on a resimulation
     assert handoff_table(validation_runs.compare(again, [profile_path], "tcp", setup.slo), "handoff").row_count == 1
     assert phase_table([validation_runs.compare([validation_runs.RateRun(1.0, sample, measured, None)],
