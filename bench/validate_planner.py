@@ -70,8 +70,8 @@ from planner.simulator import SimSettings, SimulationError, Topology
 from planner.simulator.config import (CORUN_SOURCES, HOP_MODELS, JOIN_WARMUPS, PROMPT_LOSS_SOURCES, SERVED_STEP_FORMS,
                                       STEP_SPREADS)
 from planner.simulator.host import CLIENT_PLACEMENTS, ROUTER_CHARGES
-from planner.validation import (error_table, handoff_table, phase_table, prompt_step_table, verdict, verdict_table,
-                                write_summary)
+from planner.validation import (decode_step_table, error_table, handoff_table, phase_table, prompt_step_table, verdict,
+                                verdict_table, write_summary)
 from planner.validation_cluster import ClusterPlan, model_config, run_shape
 from planner.validation_repeats import repeats, repeats_table, write_repeats_files
 from planner.validation_runs import (NoRateMeetsSlos, ValidationSetup, compare, load_earlier, planned_router,
@@ -276,6 +276,11 @@ def validate(args: argparse.Namespace, runs, out_root: Path, source: Path | None
                                     "over the model's step, by the decode batch beside them")
         if prompts is not None:
             console.print(prompts)
+        decodes = decode_step_table([c for c in comparisons if c.model == args.profile[0].stem],
+                                    f"decode steps, {setup.topology.label}, {shape}: measured / simulated over the "
+                                    "model plus the served line, by batch (no join)")
+        if decodes is not None:
+            console.print(decodes)
         json_path, png = write_validation(out_dir, setup, args.profile, shape_runs, comparisons,
                                           source, what_if(args))
         console.print(f"wrote {json_path} and {png}")

@@ -18,7 +18,7 @@ crosses the target on the same grid of rates.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from rich.table import Table
 from loadgen.comparison.goodput import format_goodput
 from loadgen.sweep import goodput_on_grid
 from planner.validation_phases import PHASE_TITLES, PhaseRow
+from planner.validation_steps import measured_decode_stretch
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("median_ttft_ms", "TTFT p50"), ("p90_ttft_ms", "TTFT p90"),
@@ -49,6 +50,9 @@ class Comparison:
     # the simulation's prompt steps by the decode batch beside them, as the measured ones are read
     # (`planner.validation_steps.simulated_prompt_stretch_by_decode_batch`)
     simulated_prompt_steps: dict[str, dict] = field(default_factory=dict)
+    # and its decode steps without a join by batch, over the model and the served line
+    # (`planner.validation_steps.simulated_decode_stretch_by_batch`)
+    simulated_decode_steps: dict[str, dict] = field(default_factory=dict)
 
     def error(self, key: str) -> float:
         """Relative error of a latency; percentage-point difference (as a fraction) for attainment."""
@@ -307,10 +311,23 @@ def prompt_steps_compared(c: Comparison) -> dict[str, dict[str, float | None]]:
     """Each decode batch bucket either side has: the measured and the simulated prompt steps'
     median stretch over the model's step (None where that side has too few steps there); {} where
     the run traced no prefill worker."""
-    measured = measured_prompt_stretch(c.measured)
+    simulated = {label: row["median_stretch"] for label, row in c.simulated_prompt_steps.items()}
+    return _side_by_side(measured_prompt_stretch(c.measured), simulated)
+
+
+def decode_steps_compared(c: Comparison) -> dict[str, dict[str, float | None]]:
+    """Each batch bucket either side has: the decode steps without a join, measured and simulated,
+    over the profile's model plus its served line (`validation_steps.measured_decode_stretch`,
+    `simulated_decode_stretch_by_batch`; None where that side has too few steps); {} where the run
+    traced no decode worker."""
+    measured = measured_decode_stretch(c.measured.get("engine_steps", {}).get("workers", {}))
+    return _side_by_side({label: row["stretch"] for label, row in measured.items()},
+                         {label: row["stretch"] for label, row in c.simulated_decode_steps.items()})
+
+
+def _side_by_side(measured: dict[str, float], simulated: dict[str, float]) -> dict[str, dict[str, float | None]]:
     if not measured:
         return {}
-    simulated = {label: row["median_stretch"] for label, row in c.simulated_prompt_steps.items()}
     labels = sorted({*measured, *simulated}, key=lambda label: int(label.split("-")[0].rstrip("+")))
     return {label: {"measured": measured.get(label), "simulated": simulated.get(label)} for label in labels}
 
@@ -318,13 +335,24 @@ def prompt_steps_compared(c: Comparison) -> dict[str, dict[str, float | None]]:
 def prompt_step_table(comparisons: Sequence[Comparison], title: str) -> Table | None:
     """Each rate's prompt steps by the decode batch beside them: measured / simulated median
     stretch over the model's step; None when no run traced its prefill workers."""
-    rows = [(c, compared) for c in comparisons if (compared := prompt_steps_compared(c))]
+    return _bucket_table(comparisons, prompt_steps_compared, title)
+
+
+def decode_step_table(comparisons: Sequence[Comparison], title: str) -> Table | None:
+    """Each rate's decode steps without a join by batch: measured / simulated over the model plus
+    the served line; None when no run traced its decode workers."""
+    return _bucket_table(comparisons, decode_steps_compared, title)
+
+
+def _bucket_table(comparisons: Sequence[Comparison], compared_of: Callable[[Comparison], dict],
+                  title: str) -> Table | None:
+    rows = [(c, compared) for c in comparisons if (compared := compared_of(c))]
     if not rows:
         return None
     labels = sorted({label for _, compared in rows for label in compared},
                     key=lambda label: int(label.split("-")[0].rstrip("+")))
     table = Table(title=title)
-    for column in ("rate req/s", "model", *(f"beside {label}" for label in labels)):
+    for column in ("rate req/s", "model", *(f"batch {label}" for label in labels)):
         table.add_column(column, justify="left" if column == "model" else "right")
     cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for c, compared in rows:
@@ -346,7 +374,8 @@ def to_json(comparisons: Sequence[Comparison]) -> dict[str, Any]:
                   **({"phases": [row.as_dict() for row in c.phases]} if c.phases else {}),
                   **({"handoff_ms": {"measured": m, "simulated": simulated_handoff_ms(c.simulated)}}
                      if (m := measured_handoff_ms(c.measured)) is not None else {}),
-                  **({"prompt_stretch": p} if (p := prompt_steps_compared(c)) else {})} for c in comparisons],
+                  **({"prompt_stretch": p} if (p := prompt_steps_compared(c)) else {}),
+                  **({"decode_stretch": d} if (d := decode_steps_compared(c)) else {})} for c in comparisons],
         "mean_abs_error": {m: mean_abs_errors(comparisons, m) for m in models},
     }
 

@@ -33,7 +33,7 @@ from planner.validation_noise import measured_noise
 from planner.validation_phases import phase_rows, simulated_phases
 from planner.validation import Comparison, plot_validation, to_json
 from planner.validation_speed import at_run_speed_as, run_speed_mode, with_profile_speed
-from planner.validation_steps import simulated_prompt_stretch_by_decode_batch
+from planner.validation_steps import simulated_decode_stretch_by_batch, simulated_prompt_stretch_by_decode_batch
 from router.policies.placement import CostModel, PlacementConfig
 
 AUTO_RATE_SHARES = (0.3, 0.6, 0.9, 1.2)  # of the first profile's simulated goodput
@@ -252,7 +252,8 @@ def _comparison(run: RateRun, model: str, result: SimResult, slo: SLO, noise: di
     phases = () if run.phases is None else phase_rows(
         run.phases, simulated_phases(result.timeline, result.output_tokens, result.delivery_s))
     return Comparison(run.rate_rps, model, run.measured, result.summary(slo), phases, noise,
-                      simulated_prompt_stretch_by_decode_batch(result.prefill_steps))
+                      simulated_prompt_stretch_by_decode_batch(result.prefill_steps),
+                      simulated_decode_stretch_by_batch(result.decode_steps))
 
 
 def load_earlier(path: Path, default_transport: str) -> tuple[ValidationSetup, list[RateRun]]:

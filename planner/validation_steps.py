@@ -273,6 +273,44 @@ def simulated_prompt_stretch_by_decode_batch(prefill_steps: np.ndarray, min_step
     return _stretch_rows(buckets, min_steps)
 
 
+def simulated_decode_stretch_by_batch(decode_steps: np.ndarray, min_steps: int = 5) -> dict[str, dict]:
+    """The simulator's decode steps without a join (`SimResult.decode_steps`: start, duration, the
+    model's step plus the served line, batch, joins) per `BATCH_BUCKETS` bucket with at least
+    `min_steps`: how many, and their time over what the model and the served line put (sum over
+    sum: the stretch the host model, the co-run and the drawn spread gave them), as
+    `measured_decode_stretch` reads a traced decode worker's."""
+    sums: dict[str, list[float]] = {}
+    for _start_s, duration_s, served_s, batch, joins in np.asarray(decode_steps, dtype=float).reshape(-1, 5):
+        if joins == 0 and batch > 0:
+            total = sums.setdefault(decode_batch_label(int(batch)), [0.0, 0.0, 0])
+            total[0], total[1], total[2] = total[0] + duration_s, total[1] + served_s, total[2] + 1
+    return _sum_ratio_rows(sums, min_steps)
+
+
+def measured_decode_stretch(workers: dict[str, dict], min_steps: int = 5) -> dict[str, dict]:
+    """A run's traced decode workers' steps without a join (`decode_worker_summary`'s rows, under
+    `engine_steps`' "workers") per bucket with at least `min_steps` over every worker: how many, and
+    their mean step over the profile's model plus its served line at the same batch (sum over sum)."""
+    sums: dict[str, list[float]] = {}
+    for worker in workers.values():
+        for row in worker.get("rows", []):
+            if row.get("joins") or not row.get("steps"):
+                continue
+            total = sums.setdefault(row["batch"], [0.0, 0.0, 0])
+            total[0] += row["step_ms"] * row["steps"]
+            total[1] += (row["model_ms"] + row["served_extra_ms"]) * row["steps"]
+            total[2] += row["steps"]
+    return _sum_ratio_rows(sums, min_steps)
+
+
+def _sum_ratio_rows(sums: dict[str, list[float]], min_steps: int) -> dict[str, dict]:
+    """Bucket label -> [time, yardstick, steps] summed, to rows by rising batch: those with at least
+    `min_steps` steps, their count and time over yardstick."""
+    return {label: {"steps": int(sums[label][2]), "stretch": round(sums[label][0] / sums[label][1], 4)}
+            for label in [bucket_label(low, high) for low, high in BATCH_BUCKETS]
+            if label in sums and sums[label][2] >= min_steps and sums[label][1] > 0}
+
+
 def decode_batch_label(batch: int) -> str:
     """The `BATCH_BUCKETS` label of a decode batch, "0" for none (the decode side idle)."""
     return "0" if batch <= 0 else next(bucket_label(low, high) for low, high in BATCH_BUCKETS if low <= batch <= high)

@@ -180,7 +180,8 @@ class _Cluster:
         delivery_s = np.maximum(0.0, self.settings.serving.first_token_s * hops + waits
                                 + self.spread.first_token_extra_s(len(requests)))
         return SimResult.from_requests(requests, self.topology, self.itl, busy, delivery_s=delivery_s,
-                                       prefill_steps=self.prefill_steps)
+                                       prefill_steps=self.prefill_steps,
+                                       decode_steps=[step for d in self.decode for step in getattr(d, "steps", ())])
 
     def _check_finished(self, requests: list[SimRequest]) -> None:
         unfinished = [r.index for r in requests if r.finish_s is None and not r.refused]

@@ -180,6 +180,9 @@ class DecodeInstance:
         self._step_start_s: float | None = None
         self._owed_s = 0.0  # what the drawn spread could not take from the last step (`jittered`)
         self._warmup_owed_s = 0.0  # the join warm-up its batch's joins left to pay (`SimSettings.join_warmup`)
+        # each step as it started: (start s, duration s, the model's step plus the served line s, batch,
+        # joins); the line whatever `SimSettings.served_step` charges: the yardstick a traced step is read against
+        self.steps: list[tuple[float, float, float, int, int]] = []
 
     def kv_blocks_free(self) -> int:
         return self._settings.num_kv_blocks - self.used_blocks
@@ -224,12 +227,15 @@ class DecodeInstance:
         warmup_s = self._warmup_owed_s * JOIN_WARMUP_PAY_SHARE   # the earlier joins', from the step after theirs
         self._warmup_owed_s = warmup_owed_s(self._warmup_owed_s - warmup_s, [
             self._settings.join_warmup_cost_s(r.prompt_tokens + 1) for r in self._first_step])
-        modelled_s = stretch * corun[1] * (self._model.decode_step_s(size, self.batch.context_tokens)
-                                           + serving.decode_serving_s(size, self._settings.served_step == "table")
+        engine_s = self._model.decode_step_s(size, self.batch.context_tokens)
+        modelled_s = stretch * corun[1] * (engine_s + serving.decode_serving_s(size, self._settings.served_step == "table")
                                            + sum(serving.decode_request_cpu_s(r.prompt_tokens) for r in self._first_step)
                                            + warmup_s)
         duration, self._owed_s = jittered(modelled_s, extra_s, self._owed_s, self._settings.step_spread == "carried")
         self._step_start_s, self.busy_s, self.step_tokens = now, self.busy_s + duration, size
+        # read against the traced steps' yardstick, the served line whatever `served_step` charges
+        self.steps.append((now, duration, engine_s + serving.decode_serving_s(size, by_batch=False), size,
+                           len(self._first_step)))
         return now + duration
 
     def finish_step(self, now: float) -> StepDone:

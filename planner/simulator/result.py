@@ -53,11 +53,16 @@ class SimResult:
     # instance was busy: stretches and serving CPU in), the model's step s, the decode batch
     # stepping beside it (the tokens of the decode instances' running steps); (0, 4) without any
     prefill_steps: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    # every decode instance's step (disaggregated), one row each: start s, duration s, the model's
+    # step plus the served line s (the traced steps' yardstick, `validation_step_report.model_and_served`,
+    # whatever `served_step` charges), batch, joins
+    decode_steps: np.ndarray = field(default_factory=lambda: np.zeros((0, 5)))
 
     @classmethod
     def from_requests(cls, requests: list[SimRequest], topology: Topology, itl: ItlLog,
                       busy_s: dict[str, list[float]], delivery_s: float | np.ndarray = 0.0,
-                      prefill_steps: Sequence[tuple[float, float, float, int]] = ()) -> "SimResult":
+                      prefill_steps: Sequence[tuple[float, float, float, int]] = (),
+                      decode_steps: Sequence[tuple[float, float, float, int, int]] = ()) -> "SimResult":
         timeline = {name: np.array([getattr(r, name) for r in requests], dtype=float) for name in TIMELINE}
         return cls(topology, timeline,
                    prompt_tokens=np.array([r.prompt_tokens for r in requests], dtype=np.int64),
@@ -69,7 +74,8 @@ class SimResult:
                                             dtype=np.int64),
                    local_prefill=np.array([not r.refused and r.prefill_instance is None for r in requests],
                                           dtype=bool),
-                   prefill_steps=np.array(prefill_steps, dtype=float).reshape(-1, 4))
+                   prefill_steps=np.array(prefill_steps, dtype=float).reshape(-1, 4),
+                   decode_steps=np.array(decode_steps, dtype=float).reshape(-1, 5))
 
     @property
     def num_requests(self) -> int:

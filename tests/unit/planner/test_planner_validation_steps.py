@@ -203,3 +203,24 @@ def test_decode_steps_beside_the_prefill_engines_against_those_alone():
     assert rows[0].beside_s == pytest.approx(0.006) and rows[0].alone_s == pytest.approx(0.004)
     assert rows[0].ratio == pytest.approx(1.5)
     assert corun_by_batch(beside + alone, prefill, min_steps=11) == []     # too few on a side
+
+
+def test_decode_steps_without_a_join_are_read_over_the_model_and_served_line_on_both_sides():
+    from planner.validation_steps import measured_decode_stretch, simulated_decode_stretch_by_batch
+
+    # simulated: (start, duration, model + served, batch, joins); a join's step and a too-thin bucket left out
+    steps = [(i, 0.012, 0.010, 1, 0) for i in range(5)] + [(10, 0.05, 0.010, 1, 1)] \
+        + [(20 + i, 0.022 + 0.002 * i, 0.020, 9, 0) for i in range(6)] + [(40, 0.03, 0.02, 40, 0)]
+    assert simulated_decode_stretch_by_batch(np.array(steps)) == {
+        "1": {"steps": 5, "stretch": 1.2}, "8-15": {"steps": 6, "stretch": pytest.approx((6 * 0.022 + 0.030) / 0.12)}}
+    # measured: each worker's rows (ms), summed over workers by bucket, join rows left out
+    workers = {"decode-0": {"rows": [{"batch": "1", "joins": False, "steps": 10, "step_ms": 3.0, "model_ms": 2.0,
+                                      "served_extra_ms": 0.5},
+                                     {"batch": "1", "joins": True, "steps": 10, "step_ms": 9.0, "model_ms": 2.0,
+                                      "served_extra_ms": 0.5}]},
+               "decode-1": {"rows": [{"batch": "1", "joins": False, "steps": 30, "step_ms": 2.5, "model_ms": 2.0,
+                                      "served_extra_ms": 0.5},
+                                     {"batch": "2-3", "joins": False, "steps": 2, "step_ms": 4.0, "model_ms": 3.0,
+                                      "served_extra_ms": 0.5}]}}
+    assert measured_decode_stretch(workers) == {"1": {"steps": 40, "stretch": pytest.approx((30 + 75) / 100)}}
+    assert simulated_decode_stretch_by_batch(np.zeros((0, 5))) == {} and measured_decode_stretch({}) == {}

@@ -67,6 +67,11 @@ def test_the_result_keeps_each_prompt_step_with_the_decode_batch_beside_it():
     # (start, duration, the model's step, decode batch): the first prompt alone, the second beside
     # the first request's stream, at the table's 2x
     assert result.prefill_steps == pytest.approx(np.array([[0.0, PROMPT_S, PROMPT_S, 0], [0.3, 2 * PROMPT_S, PROMPT_S, 1]]))
+    # and each decode step: the first request's 19 (its first its join), then the second's one, alone;
+    # unstretched, each at the model's step (the round model has no served line)
+    decode = result.decode_steps
+    assert decode[:, 4].tolist() == [1] + [0] * 18 + [1] and set(decode[:, 3]) == {1}
+    assert decode[:, 1] == pytest.approx(decode[:, 2]) and decode[0, 2] == pytest.approx(0.01 + 0.005 + 1e-4 * 51)
 
 
 def test_the_simulated_prompt_steps_are_read_by_decode_batch_as_the_traced_ones_are():

@@ -123,6 +123,7 @@ def test_a_validation_keeps_its_measured_phases_and_a_resimulation_compares_them
     assert to_json(comparisons)["runs"][0]["prompt_stretch"] == {"0": {"measured": 1.5, "simulated": None},
                                                                 "2-3": {"measured": 2.5, "simulated": None}}
     assert prompt_step_table(comparisons, "prompts").row_count == 1
+    assert "decode_stretch" not in to_json(comparisons)["runs"][0]       # no decode worker's rows traced
     assert again[0].measured["engine_steps"] == traced                     # kept, and back on a resimulation
     assert handoff_table(validation_runs.compare(again, [profile_path], "tcp", setup.slo), "handoff").row_count == 1
     assert phase_table([validation_runs.compare([validation_runs.RateRun(1.0, sample, measured, None)],

@@ -1,17 +1,20 @@
-"""The prompt steps a cluster ran against those its simulation ran, by the decode batch streaming
-beside them, over every kept validation that traced its prefill worker.
+"""The steps a cluster's engines ran against those its simulation ran, by batch, over every kept
+validation that traced its workers: the prompt steps by the decode batch streaming beside them, and
+the decode steps (no join) by their own batch.
 
     .venv/bin/python bench/resimulate_kept.py --variant current= --out OUT      # the resimulations (minutes)
-    .venv/bin/python bench/prompt_steps_by_batch.py --resimulated current=OUT/runs/current \\
-        [--resimulated NAME=DIR ...] [--out prompt_steps.md] [--plot prompt_steps.png]
+    .venv/bin/python bench/steps_by_batch.py --resimulated current=OUT/runs/current \\
+        [--resimulated NAME=DIR ...] [--out steps.md] [--plot steps.png]
 
-Each resimulated validation.json's 1P+1D rates carry, per decode batch bucket, the measured prompt
-steps' median stretch over the model's step (the prefill engine's trace,
+Each resimulated validation.json's 1P+1D rates carry, per batch bucket, the measured prompt steps'
+median stretch over the model's step (the prefill engine's trace,
 `planner.validation_steps.prompt_stretch_by_decode_batch`) beside the simulated steps' read the same
-way (`SimResult.prefill_steps`, `planner.validation.prompt_steps_compared`). Prints, per
-resimulation, the mean measured and simulated stretch and the simulated one's mean error (signed and
-absolute, over the measured) by shape and bucket and by host kind; writes the same markdown to --out
-and a plot of every pair to --plot. Nothing runs on a cluster.
+way (`SimResult.prefill_steps`, `planner.validation.prompt_steps_compared`), and the decode steps'
+time over the profile's model plus its served line, measured and simulated
+(`planner.validation.decode_steps_compared`). Prints, per resimulation and side, the mean measured
+and simulated stretch and the simulated one's mean error (signed and absolute, over the measured) by
+shape and bucket and by host kind; writes the same markdown to --out and a plot of every pair to
+--plot. Nothing runs on a cluster.
 """
 
 from __future__ import annotations
@@ -31,11 +34,16 @@ sys.path.insert(0, str(REPO / "bench"))
 from resimulate_kept import KEPT  # noqa: E402  (beside this file)
 
 
+SIDES = {"prompt": "prompt_stretch", "decode": "decode_stretch"}   # side -> its key in a validation.json run
+
+
 @dataclass(frozen=True)
 class StepPair:
-    """One decode batch bucket of one rate of one kept validation: the median prompt step's stretch
-    over the model's step, measured and simulated."""
+    """One batch bucket of one rate of one kept validation, one side: the prompt steps' median
+    stretch over the model's step, or the decode steps' time over the model and the served line,
+    measured and simulated."""
     kept: str
+    side: str
     shape: str
     rate_rps: float
     bucket: str
@@ -53,32 +61,37 @@ class StepPair:
 
 
 def step_pairs(name: str, validation: dict) -> list[StepPair]:
-    """The pairs of one resimulated validation.json: each run's buckets where both sides read a
-    stretch (`prompt_stretch`). Pure."""
+    """The pairs of one resimulated validation.json: each run's buckets, on each side (`SIDES`),
+    where both the measured and the simulated read a stretch. Pure."""
     shape = validation.get("workload", {}).get("shape", "?")
-    return [StepPair(name, shape, run["rate_rps"], bucket, side["measured"], side["simulated"])
+    return [StepPair(name, side, shape, run["rate_rps"], bucket, pair["measured"], pair["simulated"])
+            for side, key in SIDES.items()
             for run in validation.get("runs", [])
-            for bucket, side in (run.get("prompt_stretch") or {}).items()
-            if side.get("measured") and side.get("simulated")]
+            for bucket, pair in (run.get(key) or {}).items()
+            if pair.get("measured") and pair.get("simulated")]
 
 
 def bucket_order(bucket: str) -> int:
     return int(bucket.split("-")[0].rstrip("+"))
 
 
+SIDE_TITLES = {"prompt": "prompt steps' median stretch over the model's step, by the decode batch beside them",
+               "decode": "decode steps (no join) over the model plus the served line, by their batch"}
+
+
 def summary_lines(title: str, pairs: Sequence[StepPair]) -> list[str]:
-    """Markdown: by shape and bucket, then by host kind, the pairs' count, mean measured and simulated
-    stretch and the simulated one's mean error, signed and absolute. Pure."""
+    """Markdown for one side's pairs: by shape and bucket, then by host kind, the pairs' count, mean
+    measured and simulated stretch and the simulated one's mean error, signed and absolute. Pure."""
     def row(label: str, chosen: Sequence[StepPair]) -> str:
         errors = np.array([p.error for p in chosen])
         return (f"| {label} | {len(chosen)} | {np.mean([p.measured for p in chosen]):.2f} | "
                 f"{np.mean([p.simulated for p in chosen]):.2f} | {100 * errors.mean():+.0f}% | {100 * np.abs(errors).mean():.0f}% |")
 
     head = ["| rows | n | measured | simulated | error | \\|error\\| |", "|---|---|---|---|---|---|"]
-    lines = [f"\n## {title}: prompt steps' median stretch over the model's step\n", *head, row("all", pairs)]
+    lines = [f"\n## {title}\n", *head, row("all", pairs)]
     for shape in sorted({p.shape for p in pairs}):
         for bucket in sorted({p.bucket for p in pairs if p.shape == shape}, key=bucket_order):
-            lines.append(row(f"{shape}, beside {bucket}", [p for p in pairs if p.shape == shape and p.bucket == bucket]))
+            lines.append(row(f"{shape}, batch {bucket}", [p for p in pairs if p.shape == shape and p.bucket == bucket]))
     lines += ["", *head]
     lines += [row(kind, [p for p in pairs if p.kind == kind]) for kind in sorted({p.kind for p in pairs})]
     return lines
@@ -91,13 +104,13 @@ def plot(pairs_by_name: dict[str, list[StepPair]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(pairs_by_name), figsize=(5.5 * len(pairs_by_name), 5), squeeze=False)
-    for ax, (name, pairs) in zip(axes[0], pairs_by_name.items()):
+    for ax, (name, pairs) in zip(axes[0], pairs_by_name.items()):   # name: "<resimulation>, <side>"
         for shape in sorted({p.shape for p in pairs}):
             chosen = [p for p in pairs if p.shape == shape]
             ax.scatter([p.measured for p in chosen], [p.simulated for p in chosen], s=14, label=shape, alpha=0.7)
         top = max([p.measured for p in pairs] + [p.simulated for p in pairs] + [1.0]) * 1.05
         ax.plot([1, top], [1, top], color="black", linewidth=0.8)
-        ax.set(title=f"{name}: prompt steps by decode batch", xlabel="measured stretch (median, per bucket)",
+        ax.set(title=name, xlabel="measured stretch (per rate and batch bucket)",
                ylabel="simulated stretch", xlim=(0.8, top), ylim=(0.8, top))
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -126,14 +139,17 @@ def kept_pairs(directory: Path, names: Iterable[str]) -> list[StepPair]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    lines, by_name = ["# Prompt steps beside decode streams: the cluster's against the simulation's"], {}
+    lines, by_name = ["# The engines' steps by batch: the cluster's against the simulation's"], {}
     for item in args.resimulated:
         name, _, directory = item.partition("=")
         pairs = kept_pairs(Path(directory), [kept.name for kept in KEPT])
         if not pairs:
-            raise SystemExit(f"{directory}: no resimulated kept validation with traced prompt steps")
-        by_name[name] = pairs
-        lines += summary_lines(name, pairs)
+            raise SystemExit(f"{directory}: no resimulated kept validation with traced steps")
+        for side in SIDES:
+            chosen = [p for p in pairs if p.side == side]
+            if chosen:
+                by_name[f"{name}, {side}"] = chosen
+                lines += summary_lines(f"{name}: {SIDE_TITLES[side]}", chosen)
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out:
