@@ -155,13 +155,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a what-if for the simulated side, in place of the profile's rows: a prefill step's stretch "
                         "by the decode batch streaming as it starts, and the ms it loses whatever its length (a step "
                         "of t ms takes LOST_MS + STRETCH x t), where longer than the host model's, e.g. "
-                        "2:1.4,8:2.1,32:2.9 or 2:1.3,8:1.9+12. Give them over the idle decode worker (1 + a batch's "
-                        "median stretch - the idle one's, from --step-trace's report): the idle excess is in the "
-                        "profile's first-token latency already")
+                        "2:1.4,8:2.1,32:2.9 or 2:1.3,8:1.9+12; 0:1.4 for the idle decode worker. The first token's "
+                        "delivery keeps the whole of the profile's first-token latency with these: give them over "
+                        "the idle decode worker (1 + a batch's median stretch - the idle one's, from --step-trace's "
+                        "report) and the idle excess stays there, or as measured (with a 0 row) and a lone prompt's "
+                        "idle excess is counted twice")
     p.add_argument("--prompt-loss", default=SimSettings.prompt_loss, choices=PROMPT_LOSS_SOURCES,
-                   help="a what-if for the simulated side: a prefill step beside decode streams takes the profile's "
-                        "measured loss over idle (profile, the simulator's own, where the profile measured it) or the "
-                        "host model's stretch alone (none, the simulator before); --prompt-stretch replaces either")
+                   help="a what-if for the simulated side: a prefill step takes the profile's measured loss as "
+                        "measured (profile, the simulator's own: the idle row with nothing streaming, each batch's "
+                        "row over idle added to it, and the idle part taken off the first token's delivery; a "
+                        "profile measured before the idle row was kept charges its rows over idle), the rows over "
+                        "idle alone whatever the profile holds (over-idle, the simulator before), or the host "
+                        "model's stretch alone (none); --prompt-stretch replaces any")
     p.add_argument("--corun", default=SimSettings.corun, choices=CORUN_SOURCES,
                    help="a what-if for the simulated side: a decode step beside a prompt step takes the co-run "
                         "stretch the profile read through the cluster (served, the simulator's own; the engines' "

@@ -144,6 +144,11 @@ def merged_serving(costs: Sequence[ServingCosts]) -> ServingCosts:
             merged[f.name] = ()
         elif f.name == "corun_decode_stretch_served":   # 0: not measured, not a stretch of 0
             merged[f.name] = statistics.median([v for v in values if v > 0] or [0.0])
+        elif f.name == "prompt_idle_loss":   # of the profiles that measured it, term by term
+            measured = [v for v in values if v]
+            merged[f.name] = tuple(statistics.median(column) for column in zip(*measured)) if measured else ()
+        elif f.name == "first_token_idle_excess_s":   # alike: 0 is "not measured"
+            merged[f.name] = statistics.median([getattr(c, f.name) for c in costs if c.prompt_idle_loss] or [0.0])
         elif f.name in JOIN_WARMUP_FIELDS:   # of the profiles that measured it
             measured = [getattr(c, f.name) for c in costs if c.join_warmup_measured]
             merged[f.name] = statistics.median(measured or [0.0])

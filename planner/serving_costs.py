@@ -103,6 +103,16 @@ class ServingCosts:
       than the same prompts with the decode worker idle (`prompt_loss_fit.loss_over_idle`), so the
       simulator charges a prefill step starting beside that batch or more at least lost s +
       stretch x t (`SimSettings.prompt_loss_at`); () in a profile measured before it was.
+    - `prompt_idle_loss`: (stretch, lost s) of the same prompts with the decode worker idle over
+      their engine step (`prompt_loss_fit.idle_loss`), which the rows above are over: the simulator
+      charges a prompt step of t at least lost s + stretch x t with nothing streaming, and adds it
+      to every row (`SimSettings.prompt_loss` "profile"); () in a profile measured before it was
+      (the rows are then charged over idle, the idle excess left in `first_token_s`).
+    - `first_token_idle_excess_s`: what of `first_token_s` that idle loss is at the lone requests'
+      median prompt (lost s + (stretch - 1) x its engine step and CPU,
+      `serving_probe.first_token_idle_excess_s`): the simulator takes it off
+      the first token's delivery where it charges the idle loss to the step, so a lone request's
+      TTFT is the measured one either way; 0 without `prompt_idle_loss`.
     A request's first decode steps (`planner.profiler.join_warmup`: lone requests' steps after
     their join over their own steady step, against the context):
     - `join_warmup_s`, `join_warmup_s_per_context_token`: what a request joining a decode batch
@@ -143,6 +153,8 @@ class ServingCosts:
     served_step_extra_s: tuple[tuple[float, float], ...] = ()
     client_placement: str = "router-room"
     prompt_loss_by_batch: tuple[tuple[float, float, float], ...] = ()
+    prompt_idle_loss: tuple[float, ...] = ()
+    first_token_idle_excess_s: float = 0.0
     corun_decode_stretch_served: float = 0.0
     join_warmup_s: float = 0.0
     join_warmup_s_per_context_token: float = 0.0
@@ -161,6 +173,9 @@ class ServingCosts:
                 continue
             if f.name == "prompt_loss_by_batch":
                 object.__setattr__(self, f.name, _loss_rows(value))
+                continue
+            if f.name == "prompt_idle_loss":
+                object.__setattr__(self, f.name, _idle_loss(value))
                 continue
             if f.name == "client_placement":
                 require(value in CLIENT_PLACEMENTS, f"serving.client_placement must be one of {CLIENT_PLACEMENTS}, "
@@ -280,6 +295,14 @@ def _loss_rows(value: Any) -> tuple[tuple[float, float, float], ...]:
                         "a whole batch of at least 1, a stretch of at least 1, seconds >= 0")
     require(all(a[0] < b[0] for a, b in zip(rows, rows[1:])), f"{what} (each batch once), got {value!r}")
     return rows
+
+
+def _idle_loss(value: Any) -> tuple[float, ...]:
+    if value in ((), []):
+        return ()
+    (row,) = _number_rows([value], 2, "serving.prompt_idle_loss must be [stretch, lost s] or empty",
+                          lambda row: row[0] >= 1 and row[1] >= 0, "a stretch of at least 1, seconds >= 0")
+    return row
 
 
 def _windows(value: Any) -> tuple[tuple[float, float], ...]:

@@ -11,10 +11,14 @@ decode batch's prompt steps are fitted as
 
     measured = lost_s + slope x model      (`planner.validation_steps.step_loss_fit`)
 
-and kept as the increase over the same fit with the decode worker idle: what the lone requests'
-latencies (`ServingCosts.first_token_s`, measured idle) do not already hold. The simulator charges
-a prompt step of t beside b streams at least t x stretch + lost_s, the row of the largest batch
-not above b (`SimSettings.prompt_loss_at`).
+and kept as the increase over the same fit with the decode worker idle (`loss_over_idle`), beside the
+idle fit itself (`idle_loss`). The simulator charges a prompt step of t beside b streams at least
+t x stretch + lost_s, the row of the largest batch not above b (`SimSettings.prompt_loss_at`), each
+row the idle one plus its increase, and the idle row itself with nothing streaming: the step takes
+the engine for that long, where a prompt queued behind it waits. (Charged over idle alone, as
+before, the idle excess sat in the lone requests' latency, `ServingCosts.first_token_s`: a constant
+beside every prompt's TTFT, never in the prefill engine's busy time, so long prompts and prompts
+queued behind others paid too little: BENCHMARKS, "Prompt steps charged as measured".)
 """
 
 from __future__ import annotations
@@ -58,6 +62,19 @@ def loss_over_idle(by_bucket: Mapping[str, Mapping]) -> tuple[tuple[int, float, 
             stretch, lost_s = 1.0 + row["median_stretch"] - idle["median_stretch"], 0.0
         rows.append((bucket_low(label), round(max(MIN_STRETCH, stretch), 4), round(max(0.0, lost_s), 6)))
     return tuple(rows)
+
+
+def idle_loss(by_bucket: Mapping[str, Mapping]) -> tuple[float, float] | None:
+    """The idle row "0" of `prompt_stretch_by_decode_batch` as (stretch, lost_s) over the model's
+    step: the line's slope and fixed part (slope at least `MIN_STRETCH`, lost at least 0), or with no
+    line its median stretch and no fixed part; None without the row. What a lone prompt's step takes
+    on the served prefill worker with nothing beside it, which `loss_over_idle`'s rows are over."""
+    idle = by_bucket.get("0")
+    if idle is None:
+        return None
+    if "lost_ms" in idle:
+        return round(max(MIN_STRETCH, idle["slope"]), 4), round(max(0.0, idle["lost_ms"] / 1e3), 6)
+    return round(max(MIN_STRETCH, idle["median_stretch"]), 4), 0.0
 
 
 def served_decode_corun(rows: Sequence[CorunRow], stream: StreamCpu, host_cores: float,

@@ -272,8 +272,8 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
         steps = measure_served_steps(cluster.grpc_target, UnboundCpu.of_router(pids["router"]), model, engine_rows, cpu,
                                      cpu.router_request_cpu_s(BATCH_PROMPT_TOKENS), info.vocab_size, plan, advance,
                                      idle_cores=idle)
-        prompt_loss, corun_rows = measured_prompt_loss(cluster.grpc_target, Path(trace_dir), *ids, model, plan,
-                                                       info.vocab_size, advance)
+        prompt_loss, idle_loss, corun_rows = measured_prompt_loss(cluster.grpc_target, Path(trace_dir), *ids, model,
+                                                                  plan, info.vocab_size, advance)
     lone_prompt = statistics.median(plan.prompt_tokens)  # the lone latencies are medians over these
     served = replace(cpu, decode_step_s=steps.decode_step_s, decode_cpu_s_per_token=steps.decode_cpu_s_per_token,
                      host_cpu_s_per_token=steps.host_cpu_s_per_token,
@@ -281,13 +281,18 @@ def measure_serving(engine: EngineSettings, transport: str, cores: tuple[str, st
                      host_cpu_s_per_step=steps.host_cpu_s_per_step, router_cpu_s_per_step=steps.router_cpu_s_per_step,
                      decode_step_spread_s=steps.spread_s, served_batch_runs=steps.batch_runs,
                      served_batch_windows_s=steps.batch_windows_s,
-                     served_step_extra_s=steps.extra_by_batch, prompt_loss_by_batch=prompt_loss)
+                     served_step_extra_s=steps.extra_by_batch, prompt_loss_by_batch=prompt_loss,
+                     prompt_idle_loss=idle_loss)
     served = replace(with_served_corun(served, corun_rows, advance), **warmup)
     # the lone handoff held the request's first decode step alone: what serving adds to it is charged there
     handoff_s, idle_join_s = split_lone_handoff(
         lone.handoff_s - cpu.decode_request_cpu_s(lone_prompt) - served.decode_serving_s(1, by_batch=False),
         lone.way_in_s)
-    return replace(served, first_token_s=max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt)),
+    first_token_s = max(0.0, lone.first_token_s - cpu.prefill_request_cpu_s(lone_prompt))
+    # the idle loss the simulator charges a prompt's step is in the lone latency: the part it is of it
+    excess_s = min(first_token_s, first_token_idle_excess_s(idle_loss, model, int(lone_prompt),
+                                                           cpu.prefill_request_cpu_s(lone_prompt)))
+    return replace(served, first_token_s=first_token_s, first_token_idle_excess_s=excess_s,
                    handoff_s=handoff_s, idle_join_s=idle_join_s, first_token_spread_s=lone.first_token_spread_s)
 
 
@@ -332,11 +337,14 @@ def measure_join_warmup(target: str, trace_dir: Path, decode_id: str, plan: Serv
 
 
 def measured_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_id: str, model: PerfModel,
-                         plan: ServingPlan, vocab_size: int, advance) -> tuple[tuple[tuple[int, float, float], ...], list]:
-    """`prompt_loss_probe.measure_prompt_loss`'s rows and its decode side's co-run rows, or () and
-    [] with a note where the probes could not be read (the trace not written, or a stream broken):
-    the profile keeps what it measured."""
+                         plan: ServingPlan, vocab_size: int, advance
+                         ) -> tuple[tuple[tuple[int, float, float], ...], tuple[float, ...], list]:
+    """`prompt_loss_probe.measure_prompt_loss`'s rows over idle, the idle row itself
+    (`prompt_loss_fit.idle_loss`: (stretch, lost s), () where not read) and its decode side's
+    co-run rows; (), () and [] with a note where the probes could not be read (the trace not
+    written, or a stream broken): the profile keeps what it measured."""
     from pdserve.errors import ServeError
+    from planner.profiler.prompt_loss_fit import idle_loss
     from planner.profiler.prompt_loss_probe import measure_prompt_loss
 
     try:
@@ -345,11 +353,24 @@ def measured_prompt_loss(target: str, trace_dir: Path, prefill_id: str, decode_i
     except (ServeError, *BROKEN_CONNECTION, OSError) as why:   # a probe the profile can go without
         advance(f"serving: the prompt steps beside streams were not measured ({type(why).__name__}: {why}); "
                 "the simulator charges the host model alone there", step=False)
-        return (), []
+        return (), (), []
     if not rows:
         advance(f"serving: the prompt steps beside streams gave no row over idle (buckets read: {sorted(by_bucket)}); "
                 "the simulator charges the host model alone there", step=False)
-    return rows, corun_rows
+    return rows, idle_loss(by_bucket) or (), corun_rows
+
+
+def first_token_idle_excess_s(idle: Sequence[float], model: PerfModel, prompt_tokens: int, cpu_s: float) -> float:
+    """What the idle loss (`prompt_loss_fit.idle_loss`: (stretch, lost s)) charged to a lone
+    prompt's step adds to it: the simulator charges an idle step of t (the model's) and the
+    worker's CPU `cpu_s` for it t + `cpu_s` without the loss and lost s + stretch x (t + `cpu_s`)
+    with it (`PrefillInstance.start_step`), so lost s + (stretch - 1) x (t + `cpu_s`); 0 without an
+    idle loss. (The stretch over the model's step alone, as the trace reads it, fitted the kept
+    validation worse: BENCHMARKS, "Prompt steps charged as measured".) Pure."""
+    if not idle:
+        return 0.0
+    stretch, lost_s = idle
+    return lost_s + (stretch - 1.0) * (model.prefill_step_s(prompt_tokens, prompt_tokens ** 2) + cpu_s)
 
 
 def with_served_corun(served: ServingCosts, rows: Sequence, advance) -> ServingCosts:

@@ -73,6 +73,12 @@ def print_summary(console: Console, profile: Profile, fit: FitReport) -> None:
                           f" spreads it over the steps after the join)", markup=False)
         if line := served_step_line(serving, m, profile.decode):
             console.print("  " + line, markup=False)
+        if serving.prompt_idle_loss:
+            stretch, lost_s = serving.prompt_idle_loss
+            console.print(f"  a prompt step with the decode worker idle: {stretch:.2f}x the engine's + {lost_s * 1e3:.1f} ms "
+                          f"(of the first token's +{serving.first_token_s * 1e3:.2f} ms, "
+                          f"{serving.first_token_idle_excess_s * 1e3:.2f} ms at the lone prompts), charged to the step",
+                          markup=False)
         if serving.prompt_loss_by_batch:
             console.print("  a prompt step beside decode streams, over the same step with the decode worker idle: "
                           + ", ".join(f"{batch:g}+ streams {stretch:.2f}x + {lost_s * 1e3:.1f} ms"

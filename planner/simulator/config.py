@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
 from planner.profile import Profile
@@ -22,7 +23,7 @@ DecodePick = Literal["handoff", "arrival"]
 SERVED_STEP_FORMS = ("line", "table")  # `SimSettings.served_step`
 HOP_MODELS = ("stretched", "queued", "prefill-core", "loaded")  # `SimSettings.hops`
 STEP_SPREADS = ("carried", "cut")  # `SimSettings.step_spread`
-PROMPT_LOSS_SOURCES = ("profile", "none")  # `SimSettings.prompt_loss`
+PROMPT_LOSS_SOURCES = ("profile", "over-idle", "none")  # `SimSettings.prompt_loss`
 CORUN_SOURCES = ("served", "engines")  # `SimSettings.corun`
 JOIN_WARMUPS = ("profile", "none")     # `SimSettings.join_warmup`
 # the share of a decode instance's unpaid join warm-up each of its steps pays (`SimSettings.join_warmup`):
@@ -80,6 +81,18 @@ class RouterSettings:
     def placement_for(self, topology: Topology) -> PlacementConfig:
         """The policy the router of `topology` runs: this one with the topology's local prefill cap."""
         return replace(self.placement, local_prefill_max_tokens=topology.local_prefill_max_tokens)
+
+
+def prompt_rows_as_measured(over_idle: tuple[tuple[float, float, float], ...],
+                            idle: tuple[float, ...]) -> tuple[tuple[float, float, float], ...]:
+    """A profile's prompt-loss rows as measured: the idle row (stretch, lost s) at batch 0, then each
+    row over idle (batch, stretch, lost s) with the idle one added (stretch + idle stretch - 1, lost
+    s + idle lost s); the rows over idle as they are where there is no idle row. Pure."""
+    if not idle:
+        return over_idle
+    stretch, lost_s = idle
+    return ((0, stretch, lost_s), *((batch, row_stretch + stretch - 1.0, row_lost_s + lost_s)
+                                    for batch, row_stretch, row_lost_s in over_idle))
 
 
 @dataclass(frozen=True)
@@ -146,10 +159,14 @@ class SimSettings:
       rows read off a loaded cluster's traced steps (the step report's `stretch_by_decode_batch`)
       go in over idle, as the profile keeps its own (`prompt_loss_fit.loss_over_idle`). () (the
       default): the profile's rows, per `prompt_loss`. A what-if, in place of the profile's rows;
-    - `prompt_loss`: with no `prompt_stretch`, whether a prefill step beside streams takes the
-      profile's measured loss (`ServingCosts.prompt_loss_by_batch`, "profile", the default) or the
-      host model's stretch alone ("none", the simulator before; a profile measured before the
-      probe has no rows and charges the host model alone either way);
+    - `prompt_loss`: with no `prompt_stretch`, what a prefill step takes beyond the host model's
+      stretch. "profile" (the default): the profile's measured loss as measured, the idle row
+      (`ServingCosts.prompt_idle_loss`) with nothing streaming and each row over idle
+      (`prompt_loss_by_batch`) added to it, the idle part then taken off the first token's
+      delivery (`first_token_delivery_s`); in a profile measured before the idle row was kept, the
+      rows over idle alone. "over-idle": the rows over idle alone whatever the profile holds (the
+      simulator before: the idle excess left in `first_token_s`, a constant beside every TTFT and
+      never in the prefill engine's busy time). "none": the host model's stretch alone;
     - `corun`: which co-run stretch a decode step beside another instance's step takes: "served"
       (the default), the profile's read through the cluster beside its prompt-loss probes
       (`ServingCosts.corun_decode_stretch_served`), the two engines' where it has none; or
@@ -258,11 +275,23 @@ class SimSettings:
         return replace(self, token_budget=budget, num_kv_blocks=self.num_kv_blocks * width,
                        router=replace(self.router, cost=None))
 
-    @property
+    @cached_property
     def prompt_loss_rows(self) -> tuple[tuple, ...]:
         """The rows a prefill step beside streams is charged by: `prompt_stretch`, else the
-        profile's (`prompt_loss` "profile"), else none."""
-        return self.prompt_stretch or (self.serving.prompt_loss_by_batch if self.prompt_loss == "profile" else ())
+        profile's as `prompt_loss` says (`prompt_rows_as_measured` for "profile"), else none."""
+        if self.prompt_stretch:
+            return self.prompt_stretch
+        if self.prompt_loss == "profile":
+            return prompt_rows_as_measured(self.serving.prompt_loss_by_batch, self.serving.prompt_idle_loss)
+        return self.serving.prompt_loss_by_batch if self.prompt_loss == "over-idle" else ()
+
+    @property
+    def first_token_delivery_s(self) -> float:
+        """What the router and the hops add to a first token (`ServingCosts.first_token_s`), less
+        the idle loss of the lone prompts it was measured on where the prompt step is charged it
+        (`prompt_loss` "profile" on a profile with `prompt_idle_loss`, no `prompt_stretch`)."""
+        charged = not self.prompt_stretch and self.prompt_loss == "profile" and self.serving.prompt_idle_loss
+        return self.serving.first_token_s - (self.serving.first_token_idle_excess_s if charged else 0.0)
 
     def prompt_loss_at(self, decode_batch: int) -> tuple[float, float]:
         """`prompt_loss_rows`' (stretch, lost_s) at `decode_batch` streaming: the row of the largest

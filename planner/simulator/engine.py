@@ -17,7 +17,8 @@ its decode instance `handoff_s` after its first token; the workers' per-request 
 lengthens their steps; the host's unbound load (`planner.simulator.host`: the router's part on
 the prefill instances' cores where there are any, the client's where there is room) stretches
 steps that share a core with it; `first_token_s` is added to what the client sees (TTFT and
-end-to-end latency, not TPOT). A prefilled request's two hops (`first_token_s`, `handoff_s`) take
+end-to-end latency, not TPOT), less what of it the prompt step is charged as measured
+(`SimSettings.first_token_delivery_s`). A prefilled request's two hops (`first_token_s`, `handoff_s`) take
 the stretch of a prefill step starting as its prompt finishes: their CPU is on the router's cores.
 With `SimSettings.hops` "queued" the hops are the profile's latencies unstretched, each plus the
 router's wait behind the decode side's running steps' outputs, and the Decode call then waits in
@@ -117,7 +118,7 @@ class _Cluster:
         router = settings.router
         self.router = SimRouter(topology.kind, topology.num_prefill, self.decode, router.placement_for(topology),
                                 cost, router.slo, settings.block_size, router.admission,
-                                delivery_s=settings.serving.first_token_s, calibrated=router.calibrated)
+                                delivery_s=settings.first_token_delivery_s, calibrated=router.calibrated)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._dirty: dict[int, Instance] = {}
@@ -177,7 +178,7 @@ class _Cluster:
                 "colocated": [i.busy_s for i in self.decode] if self.topology.is_colocated else []}
         hops = np.array([request.hop_stretch for request in requests])
         waits = np.array([request.hop_wait_s for request in requests])
-        delivery_s = np.maximum(0.0, self.settings.serving.first_token_s * hops + waits
+        delivery_s = np.maximum(0.0, self.settings.first_token_delivery_s * hops + waits
                                 + self.spread.first_token_extra_s(len(requests)))
         return SimResult.from_requests(requests, self.topology, self.itl, busy, delivery_s=delivery_s,
                                        prefill_steps=self.prefill_steps,

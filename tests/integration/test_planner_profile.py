@@ -125,6 +125,13 @@ def test_the_cluster_pass_measures_a_prompt_step_beside_decode_streams(quick_pro
     assert rows and all(batch in (1, 2, 4, 8, 16, 32, 64) for batch, _, _ in rows)
     assert all(stretch < 10 and lost_s < 1.0 for _, stretch, lost_s in rows)   # a slowdown, not a broken read
     assert "a prompt step beside decode streams" in " ".join(quick_profile[1].split())
+    # and the idle fit those rows are over, which the simulator charges to the step as measured; the
+    # part of the first token's latency it is, no more than that latency
+    serving = load_profile(quick_profile[0]).serving
+    stretch, lost_s = serving.prompt_idle_loss
+    assert 1.0 <= stretch < 10 and 0 <= lost_s < 1.0
+    assert 0 <= serving.first_token_idle_excess_s <= serving.first_token_s
+    assert "a prompt step with the decode worker idle" in " ".join(quick_profile[1].split())
     # the decode side of the same windows: the streams' steps beside the probes' prompts, or a note
     # that too few ran beside one (the quick plan's two repeats)
     served, report = load_profile(quick_profile[0]).serving.corun_decode_stretch_served, " ".join(quick_profile[1].split())

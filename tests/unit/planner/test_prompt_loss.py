@@ -1,4 +1,5 @@
-"""A prompt step beside decode streams: its rows over idle (`planner.profiler.prompt_loss_fit`), the
+"""A prompt step beside decode streams: its rows over idle and the idle row itself
+(`planner.profiler.prompt_loss_fit`), charged as measured (`SimSettings.prompt_loss`), the
 probe's plan (`ServingPlan`, `prompt_loss_probe.stream_output_tokens`), the profile's rows
 (`ServingCosts.prompt_loss_by_batch`) and what the simulator charges with them, on a hand schedule;
 and the decode side of the same probes (`prompt_loss_fit.served_decode_corun`,
@@ -91,6 +92,75 @@ def test_the_simulator_charges_the_profiles_loss_unless_told_not_to():
         round_settings(prompt_loss="measured")
 
 
+def test_the_idle_row_is_kept_as_measured_with_its_line_or_its_median():
+    from planner.profiler.prompt_loss_fit import idle_loss
+
+    assert idle_loss({"0": {"steps": 12, "median_stretch": 1.48, "lost_ms": 0.7, "slope": 1.38}}) == (1.38, 0.0007)
+    assert idle_loss({"0": {"steps": 5, "median_stretch": 1.3}}) == (1.3, 0.0)             # no line: the median
+    # a slope under 1 or a negative fixed part is noise: at least the model's step, no time given back
+    assert idle_loss({"0": {"steps": 9, "median_stretch": 1.1, "lost_ms": -2.0, "slope": 0.9}}) == (1.0, 0.0)
+    assert idle_loss({"8-15": {"steps": 9, "median_stretch": 2.0}}) is None
+
+
+def test_the_rows_as_measured_are_each_row_over_idle_added_to_the_idle_one():
+    from planner.simulator.config import prompt_rows_as_measured
+
+    over_idle = ((2, 1.3, 0.001), (8, 1.8, 0.004))
+    assert prompt_rows_as_measured(over_idle, (1.4, 0.0007)) == (
+        (0, 1.4, 0.0007), (2, pytest.approx(1.7), pytest.approx(0.0017)), (8, pytest.approx(2.2), pytest.approx(0.0047)))
+    assert prompt_rows_as_measured(over_idle, ()) == over_idle      # a profile measured before the idle row
+    assert prompt_rows_as_measured((), (1.2, 0.0)) == ((0, 1.2, 0.0),)
+
+
+def test_the_first_tokens_idle_excess_is_the_idle_loss_of_the_lone_prompt_and_its_cpu():
+    from planner.profiler.serving_probe import first_token_idle_excess_s
+
+    step_s = ROUND_MODEL.prefill_step_s(128, 128 ** 2)
+    assert first_token_idle_excess_s((1.5, 0.002), ROUND_MODEL, 128, cpu_s=0.004) == pytest.approx(
+        0.002 + 0.5 * (step_s + 0.004))
+    assert first_token_idle_excess_s((), ROUND_MODEL, 128, cpu_s=0.004) == 0.0
+
+
+def test_the_idle_row_is_checked_and_merged_as_measured():
+    from planner.profile_merge import merged_serving
+
+    assert ServingCosts(prompt_idle_loss=[1.4, 0.0007]).prompt_idle_loss == (1.4, 0.0007)
+    assert ServingCosts(prompt_idle_loss=[]).prompt_idle_loss == ()
+    for bad in ([0.9, 0.0], [1.2, -0.001], [1.2], [1.2, float("nan")], "1.2"):
+        with pytest.raises(ProfileError, match="prompt_idle_loss"):
+            ServingCosts(prompt_idle_loss=bad)
+    a = ServingCosts(first_token_s=0.008, prompt_idle_loss=(1.4, 0.001), first_token_idle_excess_s=0.003)
+    b = ServingCosts(first_token_s=0.010, prompt_idle_loss=(1.2, 0.003), first_token_idle_excess_s=0.002)
+    older = ServingCosts(first_token_s=0.009)
+    merged = merged_serving([a, b, older])
+    # of the profiles that measured it, term by term; the first token the median of all three
+    assert merged.prompt_idle_loss == pytest.approx((1.3, 0.002)) and merged.first_token_idle_excess_s == pytest.approx(0.0025)
+    assert merged.first_token_s == pytest.approx(0.009)
+    assert merged_serving([older, older]).prompt_idle_loss == () and merged_serving([older, older]).first_token_idle_excess_s == 0
+
+
+def test_the_simulator_charges_the_idle_row_to_the_step_and_takes_it_off_the_first_tokens_delivery():
+    # the lone prompt's idle excess (0.02 + 0.2 x its step) moves from the delivery to the step:
+    # alone, the first token the client sees is where it was; queued behind it, the second waits longer
+    excess_s = 0.02 + 0.2 * PROMPT_S
+    measured = ServingCosts(first_token_s=0.08, prompt_idle_loss=(1.2, 0.02), first_token_idle_excess_s=excess_s,
+                            prompt_loss_by_batch=((1, 1.5, 0.01),))
+    settings = round_settings(serving=measured)
+    assert settings.prompt_loss_rows == ((0, 1.2, 0.02), (1, pytest.approx(1.7), pytest.approx(0.03)))
+    assert settings.first_token_delivery_s == pytest.approx(0.08 - excess_s)
+    lone = simulate([spec(0.0, 50, 1)], Topology.disaggregated(1, 1), settings, ROUND_MODEL)
+    assert float(lone.timeline["first_token_s"][0]) == pytest.approx(0.02 + 1.2 * PROMPT_S)   # the step
+    assert float(lone.ttft_s[0]) == pytest.approx(PROMPT_S + 0.08)   # what a lone request measured
+    before = round_settings(serving=measured, prompt_loss="over-idle")
+    assert before.prompt_loss_rows == ((1, 1.5, 0.01),) and before.first_token_delivery_s == 0.08
+    # two prompts at once share one step of 100 tokens: its idle loss once, the delivery less the lone excess
+    pair = simulate([spec(0.0, 50, 1), spec(0.0, 50, 1)], Topology.disaggregated(1, 1), settings, ROUND_MODEL)
+    pair_step_s = ROUND_MODEL.prefill_step_s(100, 2 * 50 ** 2)
+    assert pair.ttft_s == pytest.approx([0.02 + 1.2 * pair_step_s + 0.08 - excess_s] * 2)
+    # a what-if's rows keep the whole delivery
+    assert round_settings(serving=measured, prompt_stretch=((0, 1.1),)).first_token_delivery_s == 0.08
+
+
 def test_a_bucket_is_described_with_its_line_and_error_or_why_it_has_none():
     from planner.profiler.prompt_loss_probe import describe
 
@@ -110,9 +180,9 @@ def test_a_probe_that_fails_leaves_the_profile_without_rows_and_says_why(monkeyp
     notes = []
     monkeypatch.setattr(prompt_loss_probe, "measure_prompt_loss", broken)
     plan = serving_plan(max_model_len=2048, max_num_seqs=64, quick=True)
-    rows, corun_rows = measured_prompt_loss("localhost:1", tmp_path, "prefill-0", "decode-1", ROUND_MODEL, plan,
-                                            100, lambda note, step=True: notes.append((note, step)))
-    assert rows == () and corun_rows == []
+    rows, idle, corun_rows = measured_prompt_loss("localhost:1", tmp_path, "prefill-0", "decode-1", ROUND_MODEL, plan,
+                                                  100, lambda note, step=True: notes.append((note, step)))
+    assert rows == () and idle == () and corun_rows == []
     assert notes == [(notes[0][0], False)] and "NoHealthyWorker: the decode pool went away" in notes[0][0]
     assert "the host model alone" in notes[0][0]
 
