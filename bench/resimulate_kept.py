@@ -87,6 +87,7 @@ KEPT = (
     # the same runs with a profile of the same VM 20 minutes after them, the first kept with the idle
     # prompt row (`serving.prompt_idle_loss`): what the simulator charges as measured
     Kept("amx167-s73-p2", "validate_amx167_s73/tiny", "validate_amx167_s73/tiny_p2.json", "shm"),
+    Kept("amx167-s73-second", "validate_amx167_s73/second/tiny", "validate_amx167_s73/second/tiny_p3.json", "shm"),
 )
 PERCENTILES = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms")
 
