@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 from resimulate_kept import KEPT  # noqa: E402  (beside this file)
+from planner.profiler.prompt_loss_fit import bucket_low  # noqa: E402
 
 
 SIDES = {"prompt": "prompt_stretch", "decode": "decode_stretch"}   # side -> its key in a validation.json run
@@ -71,10 +72,6 @@ def step_pairs(name: str, validation: dict) -> list[StepPair]:
             if pair.get("measured") and pair.get("simulated")]
 
 
-def bucket_order(bucket: str) -> int:
-    return int(bucket.split("-")[0].rstrip("+"))
-
-
 SIDE_TITLES = {"prompt": "prompt steps' median stretch over the model's step, by the decode batch beside them",
                "decode": "decode steps (no join) over the model plus the served line, by their batch"}
 
@@ -90,7 +87,7 @@ def summary_lines(title: str, pairs: Sequence[StepPair]) -> list[str]:
     head = ["| rows | n | measured | simulated | error | \\|error\\| |", "|---|---|---|---|---|---|"]
     lines = [f"\n## {title}\n", *head, row("all", pairs)]
     for shape in sorted({p.shape for p in pairs}):
-        for bucket in sorted({p.bucket for p in pairs if p.shape == shape}, key=bucket_order):
+        for bucket in sorted({p.bucket for p in pairs if p.shape == shape}, key=bucket_low):
             lines.append(row(f"{shape}, batch {bucket}", [p for p in pairs if p.shape == shape and p.bucket == bucket]))
     lines += ["", *head]
     lines += [row(kind, [p for p in pairs if p.kind == kind]) for kind in sorted({p.kind for p in pairs})]

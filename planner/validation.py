@@ -27,6 +27,7 @@ from rich.table import Table
 
 from loadgen.comparison.goodput import format_goodput
 from loadgen.sweep import goodput_on_grid
+from planner.profiler.prompt_loss_fit import bucket_low
 from planner.validation_phases import PHASE_TITLES, PhaseRow
 from planner.validation_steps import measured_decode_stretch
 
@@ -328,7 +329,7 @@ def decode_steps_compared(c: Comparison) -> dict[str, dict[str, float | None]]:
 def _side_by_side(measured: dict[str, float], simulated: dict[str, float]) -> dict[str, dict[str, float | None]]:
     if not measured:
         return {}
-    labels = sorted({*measured, *simulated}, key=lambda label: int(label.split("-")[0].rstrip("+")))
+    labels = sorted({*measured, *simulated}, key=bucket_low)
     return {label: {"measured": measured.get(label), "simulated": simulated.get(label)} for label in labels}
 
 
@@ -349,8 +350,7 @@ def _bucket_table(comparisons: Sequence[Comparison], compared_of: Callable[[Comp
     rows = [(c, compared) for c in comparisons if (compared := compared_of(c))]
     if not rows:
         return None
-    labels = sorted({label for _, compared in rows for label in compared},
-                    key=lambda label: int(label.split("-")[0].rstrip("+")))
+    labels = sorted({label for _, compared in rows for label in compared}, key=bucket_low)
     table = Table(title=title)
     for column in ("rate req/s", "model", *(f"batch {label}" for label in labels)):
         table.add_column(column, justify="left" if column == "model" else "right")
